@@ -1,0 +1,25 @@
+"""Facts of the OpenKBP format, fixed once and used everywhere.
+
+Volumes are ``(128, 128, 128)`` arrays indexed by the flat C-order index of the CSV files. In the
+OpenKBP data, axis 0 runs anterior to posterior, axis 1 from the patient's right to left and axis
+2 superior to inferior (the slice axis); ``voxel_dimensions`` gives the spacing of the three axes
+in mm, in the same order.
+"""
+
+VOLUME_SHAPE = (128, 128, 128)
+NUM_VOXELS = VOLUME_SHAPE[0] * VOLUME_SHAPE[1] * VOLUME_SHAPE[2]
+
+OARS = ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible")
+TARGETS = ("PTV56", "PTV63", "PTV70")
+# The challenge's channel order: bit k of a packed ``structure_masks`` volume is STRUCTURES[k].
+STRUCTURES = OARS + TARGETS
+PRESCRIPTIONS_GY = {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 70.0}
+
+CT_MAX = 4095  # CT grey values are clipped to [0, CT_MAX], as the challenge recommends.
+LEFT_RIGHT_AXIS = 1  # spatial axis that runs from the patient's right to left
+
+# File names inside a patient folder.
+CT_FILE = "ct.csv"
+DOSE_FILE = "dose.csv"
+POSSIBLE_DOSE_MASK_FILE = "possible_dose_mask.csv"
+VOXEL_DIMENSIONS_FILE = "voxel_dimensions.csv"

@@ -1,0 +1,297 @@
+"""A compact HDF5 cache of a dataset split, and its pre-stacked in-memory arrays.
+
+Parsing the CSVs of a patient takes tens of milliseconds; loading its cached record takes a few.
+One cache file holds one split (``train-pats/``, ...), every array stacked patients first, one
+HDF5 chunk per patient, uncompressed so that loading is a plain read:
+
+===================== ============================ ========= ===============
+dataset               shape                        dtype     per patient
+===================== ============================ ========= ===============
+ct                    (N, 128, 128, 128)           uint16    4 MiB
+structure_masks       (N, 128, 128, 128)           uint16    4 MiB (bit k = STRUCTURES[k])
+possible_dose_mask    (N, 128, 128, 128)           bool      2 MiB
+dose                  (N, 128, 128, 128)           float32   8 MiB (Gy; zeros without dose.csv)
+has_dose              (N,)                         bool
+voxel_dimensions      (N, 3)                       float64   (mm)
+structure_present     (N, 10)                      bool
+patient_ids           (N,)                         str
+===================== ============================ ========= ===============
+
+The cache is trusted only if its format version, its build options and the size and modification
+time of every source file match; otherwise, or if it is truncated or unreadable, it is rebuilt.
+It is written to a temporary file beside its final name and moved into place, so a build killed
+midway leaves nothing that looks valid. It never lives beside the CSVs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from provided_code.constants import STRUCTURES, VOLUME_SHAPE
+from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
+from provided_code.progress import Progress, no_progress
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+_VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
+
+
+class CacheError(RuntimeError):
+    """A cache file is missing, stale, truncated or unreadable (it will be rebuilt)."""
+
+
+def default_cache_dir() -> Path:
+    """``$OPENKBP_CACHE_DIR``, else ``$XDG_CACHE_HOME/provided_code``, else ``~/.cache/provided_code``."""
+    if os.environ.get("OPENKBP_CACHE_DIR"):
+        return Path(os.environ["OPENKBP_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "provided_code"
+
+
+@dataclasses.dataclass
+class SplitArrays:
+    """A split's patients stacked into contiguous arrays, patients first (see the module table)."""
+
+    patient_ids: list[str]
+    ct: np.ndarray
+    structure_masks: np.ndarray
+    possible_dose_mask: np.ndarray
+    dose: np.ndarray
+    has_dose: np.ndarray
+    voxel_dimensions: np.ndarray  # mm, of the 128³ grid whatever the resolution
+    structure_present: np.ndarray
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # patient id -> reason
+
+    def __len__(self) -> int:
+        return len(self.patient_ids)
+
+    @property
+    def resolution(self) -> int:
+        return self.ct.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, name).nbytes for name in
+                   ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
+                    "voxel_dimensions", "structure_present"))
+
+    def select(self, rows: np.ndarray) -> "SplitArrays":
+        """The patients at ``rows`` (a copy)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return dataclasses.replace(
+            self,
+            patient_ids=[self.patient_ids[i] for i in rows],
+            **{name: getattr(self, name)[rows] for name in
+               ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
+                "voxel_dimensions", "structure_present")},
+            skipped=dict(self.skipped),
+        )
+
+
+def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None) -> Path:
+    """Where the cache of ``split_dir`` lives: named after the split, keyed by its absolute path."""
+    split_dir = Path(split_dir).resolve()
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = hashlib.sha256(str(split_dir).encode()).hexdigest()[:12]
+    return cache_dir / f"{split_dir.name}-{key}.h5"
+
+
+def source_fingerprint(folders: list[Path]) -> str:
+    """Size and modification time of every file in every patient folder, as canonical JSON."""
+    entries = {}
+    for folder in folders:
+        files = {}
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            if entry.is_file():
+                stat = entry.stat()
+                files[entry.name] = [stat.st_size, stat.st_mtime_ns]
+        entries[folder.name] = files
+    return json.dumps(entries, sort_keys=True)
+
+
+def load_split(
+    split_dir: os.PathLike | str,
+    cache_dir: os.PathLike | str | None = None,
+    require_dose: bool = True,
+    skip_incomplete: bool = False,
+    progress: Progress = no_progress,
+    workers: int | None = None,
+) -> SplitArrays:
+    """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
+
+    ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
+    skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
+    listed in ``SplitArrays.skipped`` instead of raising :class:`PatientDataError`.
+    """
+    split_dir = Path(split_dir)
+    folders = discover_patients(split_dir)
+    path = cache_path_for(split_dir, cache_dir)
+    fingerprint = source_fingerprint(folders)
+    try:
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
+        logger.info("Loaded %d patients of %s from cache %s", len(arrays), split_dir, path)
+    except CacheError as error:
+        if path.exists():
+            logger.warning("Rebuilding cache %s: %s", path, error)
+        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
+
+    if require_dose and not arrays.has_dose.all():
+        missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
+        if not skip_incomplete:
+            raise PatientDataError(missing[0], split_dir / missing[0] / "dose.csv",
+                                   "file is missing (a dose is required for training)")
+        skipped = dict(arrays.skipped)
+        skipped.update({pid: "dose.csv is missing" for pid in missing})
+        arrays = arrays.select(np.flatnonzero(arrays.has_dose))
+        arrays.skipped = skipped
+    if arrays.skipped:
+        logger.warning(
+            "Skipped %d incomplete patient(s) of %s: %s", len(arrays.skipped), split_dir,
+            "; ".join(f"{pid} ({why})" for pid, why in arrays.skipped.items()),
+        )
+    if len(arrays) == 0:
+        raise PatientDataError("(all)", split_dir, "no complete patient is left after skipping")
+    return arrays
+
+
+def _read_or_error(folder: Path) -> Patient | PatientDataError:
+    try:
+        return read_patient(folder, require_dose=False)
+    except PatientDataError as error:
+        return error
+
+
+def build_cache(
+    split_dir: Path,
+    path: Path,
+    folders: list[Path],
+    fingerprint: str,
+    skip_incomplete: bool,
+    progress: Progress = no_progress,
+    workers: int | None = None,
+) -> None:
+    """Parse every patient folder (in parallel) and write the cache atomically to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
+        raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
+    workers = max(1, min(workers or os.cpu_count() or 1, len(folders)))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    count = len(folders)
+    skipped: dict[str, str] = {}
+    try:
+        with h5py.File(tmp, "w") as h5:
+            volumes = {
+                name: h5.create_dataset(name, (count, *VOLUME_SHAPE), dtype=dtype,
+                                        maxshape=(None, *VOLUME_SHAPE), chunks=(1, *VOLUME_SHAPE))
+                for name, dtype in _VOLUMES.items()
+            }
+            has_dose = np.zeros(count, bool)
+            voxel_dimensions = np.zeros((count, 3))
+            structure_present = np.zeros((count, len(STRUCTURES)), bool)
+            patient_ids: list[str] = []
+            with _patient_reader(workers) as read:
+                for result in progress(read(folders), count, f"Caching {split_dir.name}"):
+                    if isinstance(result, PatientDataError):
+                        if not skip_incomplete:
+                            raise result
+                        skipped[result.patient_id] = f"{Path(result.path).name}: {result.problem}"
+                        continue
+                    row = len(patient_ids)
+                    patient_ids.append(result.patient_id)
+                    volumes["ct"][row] = result.ct
+                    volumes["structure_masks"][row] = result.structure_masks
+                    volumes["possible_dose_mask"][row] = result.possible_dose_mask
+                    if result.dose is not None:
+                        volumes["dose"][row] = result.dose
+                        has_dose[row] = True
+                    voxel_dimensions[row] = result.voxel_dimensions
+                    bits = np.bitwise_or.reduce(result.structure_masks, axis=None)
+                    structure_present[row] = [(bits >> k) & 1 for k in range(len(STRUCTURES))]
+            kept = len(patient_ids)
+            for dataset in volumes.values():
+                dataset.resize(kept, axis=0)
+            h5.create_dataset("has_dose", data=has_dose[:kept])
+            h5.create_dataset("voxel_dimensions", data=voxel_dimensions[:kept])
+            h5.create_dataset("structure_present", data=structure_present[:kept])
+            h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
+                              dtype=h5py.string_dtype())
+            h5.attrs["format_version"] = CACHE_FORMAT_VERSION
+            h5.attrs["source_dir"] = str(split_dir.resolve())
+            h5.attrs["fingerprint"] = fingerprint
+            h5.attrs["skip_incomplete"] = skip_incomplete
+            h5.attrs["skipped"] = json.dumps(skipped)
+            h5.attrs["complete"] = True  # written last
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    logger.info("Cached %d patients of %s in %s (%d skipped)", kept, split_dir, path, len(skipped))
+
+
+class _patient_reader:
+    """Context manager yielding ``read(folders) -> iterator of Patient | PatientDataError``, in order."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.pool = None
+
+    def __enter__(self):
+        if self.workers > 1:
+            # spawn, not fork: the caller may have started TensorFlow's threads already
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"))
+            return lambda folders: self.pool.map(_read_or_error, folders)
+        return lambda folders: map(_read_or_error, folders)
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        return False
+
+
+def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None) -> SplitArrays:
+    """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale or broken."""
+    if not path.is_file():
+        raise CacheError(f"no cache file at {path}")
+    try:
+        with h5py.File(path, "r") as h5:
+            attrs = h5.attrs
+            if attrs.get("format_version") != CACHE_FORMAT_VERSION or not attrs.get("complete", False):
+                raise CacheError(f"{path} has format {attrs.get('format_version')!r}, "
+                                 f"expected {CACHE_FORMAT_VERSION}, or is incomplete")
+            if fingerprint is not None and attrs["fingerprint"] != fingerprint:
+                raise CacheError(f"{path} is stale: the source files changed since it was built")
+            if skip_incomplete is not None and bool(attrs["skip_incomplete"]) != skip_incomplete:
+                raise CacheError(f"{path} was built with skip_incomplete={bool(attrs['skip_incomplete'])}")
+            patient_ids = [p.decode() if isinstance(p, bytes) else p for p in h5["patient_ids"][()]]
+            count = len(patient_ids)
+            arrays = {}
+            for name, dtype in _VOLUMES.items():
+                dataset = h5[name]
+                if dataset.shape != (count, *VOLUME_SHAPE) or dataset.dtype != np.dtype(dtype):
+                    raise CacheError(f"{path}: dataset {name} has shape {dataset.shape} and dtype "
+                                     f"{dataset.dtype}, expected {(count, *VOLUME_SHAPE)} {np.dtype(dtype)}")
+                arrays[name] = np.empty(dataset.shape, dataset.dtype)
+                if count:
+                    dataset.read_direct(arrays[name])
+            small = {name: h5[name][()] for name in ("has_dose", "voxel_dimensions", "structure_present")}
+            skipped = json.loads(attrs["skipped"])
+    except CacheError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
+        raise CacheError(f"{path} is unreadable or truncated ({error})") from error
+    if small["voxel_dimensions"].shape != (count, 3) or small["has_dose"].shape != (count,):
+        raise CacheError(f"{path}: per-patient tables do not match {count} patients")
+    return SplitArrays(patient_ids=patient_ids, skipped=skipped, **arrays, **small)

@@ -1,0 +1,235 @@
+"""Reading and writing the OpenKBP sparse-CSV patient format.
+
+A patient folder ``pt_<N>/`` holds ``ct.csv``, ``dose.csv`` (absent where only predicting),
+``possible_dose_mask.csv``, ``voxel_dimensions.csv`` and one CSV per contoured structure. Every
+volume CSV has the header ``,data``; its first column is a flat C-order index into the 128³
+volume and its second the value (empty for masks). Only listed voxels are non-zero.
+
+In memory a patient is a :class:`Patient`: ``ct`` as uint16 clipped to [0, 4095],
+``structure_masks`` as one uint16 bitfield volume (bit k set where structure
+``STRUCTURES[k]`` is), ``possible_dose_mask`` as bool, ``dose`` in Gy as float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from provided_code.constants import (
+    CT_FILE,
+    CT_MAX,
+    DOSE_FILE,
+    NUM_VOXELS,
+    POSSIBLE_DOSE_MASK_FILE,
+    STRUCTURES,
+    VOLUME_SHAPE,
+    VOXEL_DIMENSIONS_FILE,
+)
+
+_PATIENT_FOLDER = re.compile(r"^pt_(\d+)$")
+
+
+class PatientDataError(ValueError):
+    """A patient's files are missing or malformed. The message names patient, file and problem."""
+
+    def __init__(self, patient_id: str, path: os.PathLike | str, problem: str):
+        self.patient_id = patient_id
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"Patient {patient_id}: {self.path}: {problem}")
+
+    def __reduce__(self):  # survive the trip back from a worker process
+        return type(self), (self.patient_id, self.path, self.problem)
+
+
+class SplitError(ValueError):
+    """A dataset split folder is missing or holds no patients."""
+
+
+@dataclasses.dataclass
+class Patient:
+    patient_id: str  # folder name, e.g. "pt_12"
+    ct: np.ndarray  # (128, 128, 128) uint16, clipped to [0, 4095]
+    structure_masks: np.ndarray  # (128, 128, 128) uint16, bit k = STRUCTURES[k]
+    possible_dose_mask: np.ndarray  # (128, 128, 128) bool
+    voxel_dimensions: np.ndarray  # (3,) float64, mm
+    dose: np.ndarray | None  # (128, 128, 128) float32 Gy, None when the folder has no dose.csv
+
+
+def patient_number(patient_id: str) -> int:
+    """The number of a ``pt_<N>`` name (raises ValueError for anything else)."""
+    match = _PATIENT_FOLDER.match(patient_id)
+    if match is None:
+        raise ValueError(
+            f"Invalid `patient_id`. Expected a name of the form pt_<N>. Received: patient_id={patient_id!r}"
+        )
+    return int(match.group(1))
+
+
+def discover_patients(split_dir: os.PathLike | str) -> list[Path]:
+    """The ``pt_<N>`` folders of a split, ordered by patient number (pt_2 before pt_10)."""
+    split_dir = Path(split_dir)
+    if not split_dir.is_dir():
+        raise SplitError(f"Split folder {split_dir} does not exist or is not a folder.")
+    folders = [p for p in split_dir.iterdir() if p.is_dir() and _PATIENT_FOLDER.match(p.name)]
+    if not folders:
+        raise SplitError(f"Split folder {split_dir} holds no pt_<N> patient folders.")
+    return sorted(folders, key=lambda p: patient_number(p.name))
+
+
+def read_sparse_csv(path: Path, patient_id: str, with_values: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Flat indices (int64) and, if ``with_values``, values (float64) of one sparse volume CSV."""
+    if not path.is_file():
+        raise PatientDataError(patient_id, path, "file is missing")
+    try:
+        frame = pd.read_csv(path, header=0)
+    except pd.errors.EmptyDataError:
+        raise PatientDataError(patient_id, path, "file is empty; expected the header ',data'") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise PatientDataError(patient_id, path, f"not a readable CSV ({error})") from None
+    if list(frame.columns) != ["Unnamed: 0", "data"]:
+        raise PatientDataError(
+            patient_id, path, f"header is {','.join(map(str, frame.columns))!r}; expected ',data'"
+        )
+    indices = _numeric_column(frame.iloc[:, 0], patient_id, path, "index")
+    whole = indices == np.floor(indices)
+    if not np.all(whole):
+        line = int(np.flatnonzero(~whole)[0]) + 2
+        raise PatientDataError(patient_id, path, f"index on line {line} is not a whole number")
+    indices = indices.astype(np.int64)
+    outside = (indices < 0) | (indices >= NUM_VOXELS)
+    if np.any(outside):
+        row = int(np.flatnonzero(outside)[0])
+        raise PatientDataError(
+            patient_id, path,
+            f"index {indices[row]} on line {row + 2} is outside 0..{NUM_VOXELS - 1}",
+        )
+    values = _numeric_column(frame.iloc[:, 1], patient_id, path, "value") if with_values else None
+    return indices, values
+
+
+def _numeric_column(column: pd.Series, patient_id: str, path: Path, what: str) -> np.ndarray:
+    """A column as float64; names the first line that is not a finite number."""
+    if pd.api.types.is_numeric_dtype(column.dtype):
+        numbers = column.to_numpy(dtype=np.float64)
+    else:  # pandas found text: coerce to locate the offending line
+        numbers = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(numbers)
+    if np.any(bad):
+        row = int(np.flatnonzero(bad)[0])
+        raise PatientDataError(
+            patient_id, path,
+            f"{what} {column.iloc[row]!r} on line {row + 2} is not a finite number",
+        )
+    return numbers
+
+
+def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:
+    """The three voxel spacings in mm, one per line, no header."""
+    if not path.is_file():
+        raise PatientDataError(patient_id, path, "file is missing")
+    try:
+        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except ValueError as error:
+        raise PatientDataError(patient_id, path, f"expected three positive numbers ({error})") from None
+    if values.shape != (3,) or not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise PatientDataError(
+            patient_id, path, f"expected three positive numbers, one per line; found {values.tolist()}"
+        )
+    return values
+
+
+def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patient:
+    """Read one patient folder. Raises :class:`PatientDataError` for missing or malformed files."""
+    folder = Path(folder)
+    patient_id = folder.name
+
+    ct_indices, ct_values = read_sparse_csv(folder / CT_FILE, patient_id, with_values=True)
+    ct = np.zeros(NUM_VOXELS, np.uint16)
+    ct[ct_indices] = np.clip(np.rint(ct_values), 0, CT_MAX)
+
+    mask_indices, _ = read_sparse_csv(folder / POSSIBLE_DOSE_MASK_FILE, patient_id, with_values=False)
+    possible_dose_mask = np.zeros(NUM_VOXELS, bool)
+    possible_dose_mask[mask_indices] = True
+
+    structure_masks = np.zeros(NUM_VOXELS, np.uint16)
+    for bit, name in enumerate(STRUCTURES):
+        path = folder / f"{name}.csv"
+        if path.is_file():  # a structure that was not contoured has no file
+            indices, _ = read_sparse_csv(path, patient_id, with_values=False)
+            structure_masks[indices] |= np.uint16(1 << bit)
+
+    voxel_dimensions = read_voxel_dimensions(folder / VOXEL_DIMENSIONS_FILE, patient_id)
+
+    dose = None
+    dose_path = folder / DOSE_FILE
+    if dose_path.is_file() or require_dose:
+        dose_indices, dose_values = read_sparse_csv(dose_path, patient_id, with_values=True)
+        dose = np.zeros(NUM_VOXELS, np.float32)
+        dose[dose_indices] = dose_values
+
+    return Patient(
+        patient_id=patient_id,
+        ct=ct.reshape(VOLUME_SHAPE),
+        structure_masks=structure_masks.reshape(VOLUME_SHAPE),
+        possible_dose_mask=possible_dose_mask.reshape(VOLUME_SHAPE),
+        voxel_dimensions=voxel_dimensions,
+        dose=None if dose is None else dose.reshape(VOLUME_SHAPE),
+    )
+
+
+def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask: np.ndarray | None = None) -> None:
+    """Write a 128³ dose (Gy) as a sparse OpenKBP CSV, atomically.
+
+    With ``possible_dose_mask`` every voxel of the mask is listed (zeros included), as the
+    challenge's own ``dose.csv`` files do; without it, every non-zero voxel. Values are written
+    as the shortest decimal that reads back to the same float32.
+    """
+    path = Path(path)
+    dose = np.asarray(dose)
+    if dose.shape != VOLUME_SHAPE:
+        raise ValueError(f"Invalid `dose`. Expected shape {VOLUME_SHAPE}. Received: dose.shape={dose.shape}")
+    flat = dose.reshape(-1).astype(np.float32)
+    if not np.all(np.isfinite(flat)):
+        raise ValueError(f"Invalid `dose` for {path}. Expected finite values. Received: NaN or infinity")
+    if possible_dose_mask is None:
+        indices = np.flatnonzero(flat)
+    else:
+        indices = np.flatnonzero(np.asarray(possible_dose_mask).reshape(-1))
+    write_sparse_csv(path, indices, flat[indices])
+
+
+def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.ndarray | None) -> None:
+    """Write flat indices and values (None for a mask) in the OpenKBP sparse format, atomically.
+
+    Float values are written as the shortest decimal that reads back to the same number in their
+    dtype (float32 7.675 is written ``7.675``).
+    """
+    index_text = np.asarray(indices, dtype=np.int64).astype(str)
+    if values is None:
+        lines = np.char.add(index_text, ",\n")
+    else:
+        lines = np.char.add(np.char.add(index_text, ","), np.char.add(np.asarray(values).astype(str), "\n"))
+    write_text_atomic(Path(path), ",data\n" + "".join(lines.tolist()))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then move it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,86 @@
+"""Reduced resolution for small hardware: 128³ → 64³ or 32³ and back.
+
+Down: CT and dose by block mean, masks by block max (for the packed ``structure_masks`` bitfield
+that is a bitwise OR over the block). Up (predictions only): separable linear interpolation back
+to 128³, then zero outside the possible-dose mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from provided_code.constants import VOLUME_SHAPE
+
+RESOLUTIONS = (128, 64, 32)
+
+
+def check_resolution(resolution: int) -> int:
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"Invalid `resolution`. Expected one of {RESOLUTIONS}. Received: resolution={resolution}")
+    return VOLUME_SHAPE[0] // resolution
+
+
+def _blocks(volume: np.ndarray, factor: int) -> np.ndarray:
+    """View (..., R*f, R*f, R*f) as (..., R, f, R, f, R, f)."""
+    *lead, a, b, c = volume.shape
+    return volume.reshape(*lead, a // factor, factor, b // factor, factor, c // factor, factor)
+
+
+def block_mean(volume: np.ndarray, factor: int) -> np.ndarray:
+    """Mean over f³ blocks of the last three axes, as float32."""
+    if factor == 1:
+        return volume.astype(np.float32, copy=False)
+    return _blocks(volume, factor).mean(axis=(-5, -3, -1), dtype=np.float32)
+
+
+def block_or(volume: np.ndarray, factor: int) -> np.ndarray:
+    """Bitwise OR (for bool: any) over f³ blocks of the last three axes."""
+    if factor == 1:
+        return volume
+    blocks = _blocks(volume, factor)
+    return np.bitwise_or.reduce(np.bitwise_or.reduce(np.bitwise_or.reduce(blocks, -1), -2), -3)
+
+
+def downsample_split(arrays, resolution: int):
+    """A :class:`~provided_code.data.cache.SplitArrays` at ``resolution``³ (patient by patient)."""
+    factor = check_resolution(resolution)
+    if factor == 1:
+        return arrays
+    shape = (len(arrays), resolution, resolution, resolution)
+    ct = np.empty(shape, np.uint16)
+    structure_masks = np.empty(shape, np.uint16)
+    possible_dose_mask = np.empty(shape, bool)
+    dose = np.empty(shape, np.float32)
+    for i in range(len(arrays)):
+        ct[i] = np.rint(block_mean(arrays.ct[i], factor))
+        structure_masks[i] = block_or(arrays.structure_masks[i], factor)
+        possible_dose_mask[i] = block_or(arrays.possible_dose_mask[i], factor)
+        dose[i] = block_mean(arrays.dose[i], factor)
+    return dataclasses.replace(arrays, ct=ct, structure_masks=structure_masks,
+                               possible_dose_mask=possible_dose_mask, dose=dose)
+
+
+def _linear_along(volume: np.ndarray, axis: int, factor: int) -> np.ndarray:
+    """Upsample one axis by ``factor``, sampling at the centres of the fine voxels."""
+    size = volume.shape[axis]
+    centres = (np.arange(size * factor) + 0.5) / factor - 0.5
+    centres = np.clip(centres, 0, size - 1)
+    low = np.floor(centres).astype(np.int64)
+    high = np.minimum(low + 1, size - 1)
+    weight = (centres - low).astype(np.float32)
+    shape = [1] * volume.ndim
+    shape[axis] = -1
+    weight = weight.reshape(shape)
+    return np.take(volume, low, axis=axis) * (1 - weight) + np.take(volume, high, axis=axis) * weight
+
+
+def upsample_dose(dose: np.ndarray, possible_dose_mask: np.ndarray) -> np.ndarray:
+    """A (R, R, R) dose back to 128³ by linear interpolation, zero outside the 128³ mask."""
+    factor = VOLUME_SHAPE[0] // dose.shape[0]
+    result = dose.astype(np.float32)
+    if factor > 1:
+        for axis in range(3):
+            result = _linear_along(result, axis, factor)
+    return np.where(possible_dose_mask, result, np.float32(0)).astype(np.float32)

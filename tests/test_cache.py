@@ -1,0 +1,183 @@
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.constants import CT_MAX, STRUCTURES
+from provided_code.data.cache import CacheError, cache_path_for, load_cache, load_split
+from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
+from tests.conftest import SAMPLE_DIR, requires_sample
+
+
+def _files(folder):
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_cache_matches_csvs_and_is_compact(phantom_split, tmp_path):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=2)
+    assert arrays.patient_ids == ["pt_1", "pt_2", "pt_3"]
+    for row, pid in enumerate(arrays.patient_ids):
+        patient = read_patient(phantom_split / pid)
+        assert np.array_equal(arrays.ct[row], patient.ct)
+        assert np.array_equal(arrays.structure_masks[row], patient.structure_masks)
+        assert np.array_equal(arrays.possible_dose_mask[row], patient.possible_dose_mask)
+        assert np.array_equal(arrays.dose[row], patient.dose)
+        assert np.array_equal(arrays.voxel_dimensions[row], patient.voxel_dimensions)
+    assert arrays.structure_present.all() and arrays.has_dose.all()
+    for name in ("ct", "structure_masks", "possible_dose_mask", "dose"):
+        assert getattr(arrays, name).flags["C_CONTIGUOUS"]
+    assert arrays.nbytes / len(arrays) <= 40e6  # the issue's RAM budget per patient at 128³
+    # The cache lives in the cache folder, never beside the CSVs.
+    assert cache_path_for(phantom_split, tmp_path / "c").parent == tmp_path / "c"
+    assert _files(phantom_split) == ["pt_1", "pt_2", "pt_3"]
+
+
+def test_cache_is_reused_then_rebuilt_when_a_source_changes(phantom_split, tmp_path, caplog):
+    cache_dir = tmp_path / "c"
+    load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    path = cache_path_for(phantom_split, cache_dir)
+    built = path.stat().st_mtime_ns
+    load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    assert path.stat().st_mtime_ns == built  # reused
+
+    dose_path = phantom_split / "pt_2" / "dose.csv"
+    dose = read_patient(phantom_split / "pt_2").dose
+    dose[dose > 0] += 1.0
+    write_dose_csv(dose_path, dose)
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    assert "is stale" in caplog.text
+    assert np.array_equal(arrays.dose[1], dose)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, damage):
+    cache_dir = tmp_path / "c"
+    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    path = cache_path_for(phantom_split, cache_dir)
+    size = path.stat().st_size
+    if damage == "truncate":
+        with open(path, "r+b") as handle:
+            handle.truncate(size // 2)
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(4096))
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(CacheError):
+        load_cache(path)
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    assert "Rebuilding cache" in caplog.text
+    assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
+
+
+def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_path):
+    cache_dir = tmp_path / "c"
+    script = textwrap.dedent(f"""
+        import os, signal
+        from provided_code.data.cache import load_split
+        def progress(items, length, label):
+            for done, item in enumerate(items):
+                if done == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield item
+        load_split({str(phantom_split)!r}, cache_dir={str(cache_dir)!r}, workers=1, progress=progress)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+    path = cache_path_for(phantom_split, cache_dir)
+    assert not path.exists()
+    assert any(name.endswith(".tmp") for name in _files(cache_dir))  # the half-written temp file
+    arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    assert len(arrays) == 3 and path.exists()
+
+
+def test_bad_patient_leaves_no_cache_behind(phantom_split, tmp_path):
+    (phantom_split / "pt_3" / "ct.csv").unlink()
+    cache_dir = tmp_path / "c"
+    with pytest.raises(PatientDataError, match=r"Patient pt_3: .*ct\.csv: file is missing"):
+        load_split(phantom_split, cache_dir=cache_dir, workers=2)
+    assert _files(cache_dir) == []
+
+
+def test_missing_dose_is_an_error_when_training_only(phantom_split, tmp_path):
+    (phantom_split / "pt_1" / "dose.csv").unlink()
+    with pytest.raises(PatientDataError, match=r"Patient pt_1: .*dose\.csv: file is missing"):
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", require_dose=False, workers=1)
+    assert arrays.has_dose.tolist() == [False, True, True]
+    assert not arrays.dose[0].any()
+
+
+def test_skip_incomplete_reports_what_it_skipped(phantom_split, tmp_path, caplog):
+    (phantom_split / "pt_1" / "possible_dose_mask.csv").unlink()
+    (phantom_split / "pt_3" / "dose.csv").unlink()
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=tmp_path / "c", skip_incomplete=True, workers=1)
+    assert arrays.patient_ids == ["pt_2"]
+    assert set(arrays.skipped) == {"pt_1", "pt_3"}
+    assert "Skipped 2 incomplete patient(s)" in caplog.text
+    assert "possible_dose_mask.csv: file is missing" in caplog.text and "dose.csv is missing" in caplog.text
+
+
+def test_cache_dir_inside_the_data_is_refused(phantom_split):
+    with pytest.raises(ValueError, match="outside the data"):
+        load_split(phantom_split, cache_dir=phantom_split / "cache", workers=1)
+
+
+@requires_sample
+def test_skip_incomplete_on_the_real_broken_patients(tmp_path):
+    # pt_8 lacks ct.csv, pt_38 lacks possible_dose_mask.csv and dose.csv: nothing is left.
+    with pytest.raises(PatientDataError, match="no complete patient"):
+        load_split(SAMPLE_DIR / "broken", cache_dir=tmp_path / "c", skip_incomplete=True, workers=1)
+    # Beside complete patients, the broken ones are skipped and named.
+    mixed = tmp_path / "mixed"
+    for source in [SAMPLE_DIR / "broken" / "pt_8", SAMPLE_DIR / "train-pats" / "pt_9", SAMPLE_DIR / "broken" / "pt_38"]:
+        shutil.copytree(source, mixed / source.name)
+    arrays = load_split(mixed, cache_dir=tmp_path / "c", skip_incomplete=True, workers=2)
+    assert arrays.patient_ids == ["pt_9"]
+    assert arrays.skipped == {"pt_8": "ct.csv: file is missing",
+                              "pt_38": "possible_dose_mask.csv: file is missing"}
+
+
+@requires_sample
+@pytest.mark.parametrize("split", ["train-pats", "validation-pats"])
+def test_real_round_trip_csv_cache_arrays_csv(tmp_path, split):
+    """CSV -> cache -> arrays -> CSV gives the same sparse entries (CT after clipping)."""
+    arrays = load_split(SAMPLE_DIR / split, cache_dir=tmp_path / "c")
+    assert len(arrays) == {"train-pats": 20, "validation-pats": 6}[split]
+    out = tmp_path / "out"
+    for row, pid in enumerate(arrays.patient_ids):
+        source = SAMPLE_DIR / split / pid
+
+        def original(name):
+            return pd.read_csv(source / name, index_col=0)
+
+        ct = original("ct.csv")
+        flat_ct = arrays.ct[row].reshape(-1)
+        write_sparse_csv(out / "ct.csv", np.flatnonzero(flat_ct), flat_ct[flat_ct != 0])
+        again = pd.read_csv(out / "ct.csv", index_col=0)
+        assert np.array_equal(again.index, ct.index)
+        assert np.array_equal(again["data"], np.clip(ct["data"], 0, CT_MAX))
+
+        write_dose_csv(out / "dose.csv", arrays.dose[row], arrays.possible_dose_mask[row])
+        dose, again = original("dose.csv"), pd.read_csv(out / "dose.csv", index_col=0)
+        assert np.array_equal(again.index, dose.index)
+        assert np.array_equal(again["data"].to_numpy(), dose["data"].to_numpy())  # exact, as text
+
+        assert np.array_equal(np.flatnonzero(arrays.possible_dose_mask[row]),
+                              original("possible_dose_mask.csv").index)
+        for bit, name in enumerate(STRUCTURES):
+            indices = np.flatnonzero(arrays.structure_masks[row].reshape(-1) & (1 << bit))
+            expected = np.sort(original(f"{name}.csv").index) if (source / f"{name}.csv").exists() else []
+            assert np.array_equal(indices, expected), (pid, name)
+            assert arrays.structure_present[row, bit] == (len(expected) > 0)
+        assert np.array_equal(arrays.voxel_dimensions[row], np.loadtxt(source / "voxel_dimensions.csv"))
+    shutil.rmtree(out)

@@ -1,0 +1,144 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.constants import CT_MAX, NUM_VOXELS, STRUCTURES, VOLUME_SHAPE
+from provided_code.data.csv_io import (
+    PatientDataError,
+    SplitError,
+    discover_patients,
+    read_patient,
+    read_sparse_csv,
+    write_dose_csv,
+)
+from tests.conftest import SAMPLE_DIR, requires_sample
+
+
+def test_discover_orders_by_patient_number(tmp_path):
+    for name in ["pt_10", "pt_2", "pt_1", "notes", "pt_x"]:
+        (tmp_path / name).mkdir()
+    assert [p.name for p in discover_patients(tmp_path)] == ["pt_1", "pt_2", "pt_10"]
+
+
+def test_empty_or_missing_split_is_an_error(tmp_path):
+    with pytest.raises(SplitError, match="holds no pt_<N>"):
+        discover_patients(tmp_path)
+    with pytest.raises(SplitError, match="does not exist"):
+        discover_patients(tmp_path / "nope")
+
+
+def test_phantom_patient_reads_back(phantom_split):
+    patient = read_patient(phantom_split / "pt_1")
+    assert patient.patient_id == "pt_1"
+    assert patient.ct.shape == VOLUME_SHAPE and patient.ct.dtype == np.uint16
+    assert patient.structure_masks.dtype == np.uint16
+    assert patient.possible_dose_mask.dtype == bool
+    assert patient.dose.dtype == np.float32
+    assert np.all(patient.dose[~patient.possible_dose_mask] == 0)
+    assert np.bitwise_or.reduce(patient.structure_masks, axis=None) == (1 << len(STRUCTURES)) - 1
+
+
+@pytest.mark.parametrize(
+    "filename, breakage, problem",
+    [
+        ("ct.csv", None, "file is missing"),
+        ("possible_dose_mask.csv", None, "file is missing"),
+        ("dose.csv", None, "file is missing"),
+        ("ct.csv", ",data\n12,abc\n", "'abc' on line 2 is not a finite number"),
+        ("dose.csv", ",data\n12,1.5\n13,nan\n", "on line 3 is not a finite number"),
+        ("dose.csv", ",data\n12,1.5\n13,\n", "on line 3 is not a finite number"),
+        ("ct.csv", f",data\n{NUM_VOXELS},5\n", f"index {NUM_VOXELS} on line 2 is outside"),
+        ("Brainstem.csv", ",data\n-1,\n", "index -1 on line 2 is outside"),
+        ("PTV70.csv", ",data\n1.5,\n", "not a whole number"),
+        ("ct.csv", "", "file is empty"),
+        ("ct.csv", "index,value\n1,2\n", "expected ',data'"),
+        ("voxel_dimensions.csv", "3.5\n3.5\n", "expected three positive numbers"),
+        ("voxel_dimensions.csv", "3.5\n-3.5\n2\n", "expected three positive numbers"),
+        ("voxel_dimensions.csv", "3.5\nabc\n2\n", "expected three positive numbers"),
+    ],
+)
+def test_bad_input_names_patient_file_and_problem(phantom_split, filename, breakage, problem):
+    path = phantom_split / "pt_2" / filename
+    if breakage is None:
+        path.unlink()
+    else:
+        path.write_text(breakage)
+    with pytest.raises(PatientDataError) as caught:
+        read_patient(phantom_split / "pt_2", require_dose=True)
+    message = str(caught.value)
+    assert message.startswith("Patient pt_2: ")
+    assert str(path) in message
+    assert problem in message
+
+
+def test_dose_is_optional_when_not_required(phantom_split):
+    (phantom_split / "pt_1" / "dose.csv").unlink()
+    assert read_patient(phantom_split / "pt_1", require_dose=False).dose is None
+
+
+def test_missing_structure_is_an_empty_channel(phantom_split):
+    (phantom_split / "pt_1" / "Larynx.csv").unlink()
+    patient = read_patient(phantom_split / "pt_1")
+    bit = STRUCTURES.index("Larynx")
+    assert not np.any(patient.structure_masks & (1 << bit))
+
+
+def test_dose_csv_round_trip_exact(tmp_path):
+    rng = np.random.default_rng(0)
+    dose = np.zeros(VOLUME_SHAPE, np.float32)
+    region = (slice(40, 60), slice(50, 70), slice(30, 50))
+    dose[region] = rng.uniform(0, 80, (20, 20, 20)).astype(np.float32)
+    write_dose_csv(tmp_path / "dose.csv", dose)
+    indices, values = read_sparse_csv(tmp_path / "dose.csv", "pt_0", with_values=True)
+    back = np.zeros(NUM_VOXELS, np.float32)
+    back[indices] = values
+    assert np.array_equal(back.reshape(VOLUME_SHAPE), dose)
+    frame = pd.read_csv(tmp_path / "dose.csv", index_col=0)
+    assert np.array_equal(frame["data"].to_numpy(np.float32), dose.reshape(-1)[frame.index.to_numpy()])
+
+
+def test_all_zero_dose_round_trips(tmp_path):
+    zero = np.zeros(VOLUME_SHAPE, np.float32)
+    write_dose_csv(tmp_path / "a.csv", zero)
+    assert pd.read_csv(tmp_path / "a.csv", index_col=0).empty
+    indices, values = read_sparse_csv(tmp_path / "a.csv", "pt_0", with_values=True)
+    assert indices.size == 0 and values.size == 0
+    mask = np.zeros(VOLUME_SHAPE, bool)
+    mask[10:12, 10:12, 10:12] = True
+    write_dose_csv(tmp_path / "b.csv", zero, possible_dose_mask=mask)
+    indices, values = read_sparse_csv(tmp_path / "b.csv", "pt_0", with_values=True)
+    assert np.array_equal(indices, np.flatnonzero(mask)) and np.all(values == 0)
+
+
+def test_write_dose_rejects_bad_shape_and_nan(tmp_path):
+    with pytest.raises(ValueError, match="Expected shape"):
+        write_dose_csv(tmp_path / "x.csv", np.zeros((64, 64, 64)))
+    bad = np.zeros(VOLUME_SHAPE, np.float32)
+    bad[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        write_dose_csv(tmp_path / "x.csv", bad)
+    assert not (tmp_path / "x.csv").exists()
+
+
+@requires_sample
+def test_real_broken_patients_are_rejected_with_the_file_named():
+    with pytest.raises(PatientDataError, match=r"Patient pt_8: .*pt_8/ct\.csv: file is missing"):
+        read_patient(SAMPLE_DIR / "broken" / "pt_8")
+    with pytest.raises(PatientDataError, match=r"Patient pt_38: .*pt_38/possible_dose_mask\.csv: file is missing"):
+        read_patient(SAMPLE_DIR / "broken" / "pt_38")
+
+
+@requires_sample
+def test_real_patient_ct_is_clipped_and_float32_dose_is_exact_enough():
+    folder = SAMPLE_DIR / "train-pats" / "pt_6"  # its CT reaches 19798
+    patient = read_patient(folder)
+    raw = pd.read_csv(folder / "ct.csv", index_col=0)
+    assert raw["data"].max() > CT_MAX
+    assert patient.ct.max() == CT_MAX
+    frame = pd.read_csv(folder / "dose.csv", index_col=0)
+    stored = patient.dose.reshape(-1)[frame.index.to_numpy()]
+    error = np.abs(stored.astype(np.float64) - frame["data"].to_numpy())
+    # float32 carries 24 bits: below 128 Gy the error is at most 2**-18 Gy (3.8e-6), far below the
+    # CSV's 1e-3 Gy resolution, and the shortest float32 decimal recovers the CSV text exactly.
+    assert error.max() <= 2.0 ** -18
+    assert np.array_equal(stored.astype(str).astype(np.float64), frame["data"].to_numpy())
