@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -222,9 +222,10 @@ def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.nd
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, then move it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
+        # os.open with 0o666 (not mkstemp's 0o600): the final file gets the usual umask permissions
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", newline="") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

@@ -38,6 +38,8 @@ def training_dataset(arrays, batch_size: int, seed: int, first_epoch: int, epoch
             yield take_batch(arrays, rows)
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=_signature(arrays.resolution))
+    # A known length lets Keras plan epochs instead of discovering the end by running off it.
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(schedule)))
     return dataset.prefetch(prefetch)
 
 

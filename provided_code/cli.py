@@ -1,0 +1,90 @@
+"""Command-line entry points. The only place that prints; TensorFlow is imported after parsing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Iterable, Iterator, TypeVar
+
+import click
+
+from provided_code.config import PRECISIONS, TrainConfig
+from provided_code.data.resample import RESOLUTIONS
+
+T = TypeVar("T")
+DEFAULTS = TrainConfig()
+
+
+def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T]:
+    """A progress bar on stderr, for the library's ``progress`` hook."""
+    with click.progressbar(iterable, length=length, label=label, file=sys.stderr) as bar:
+        yield from bar
+
+
+def _setup_logging() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def _user_errors():
+    """The exceptions that mean bad input (shown as a message, not a traceback)."""
+    from provided_code.config import ConfigError
+    from provided_code.data.csv_io import PatientDataError, SplitError
+
+    errors = [ConfigError, PatientDataError, SplitError, FileNotFoundError]
+    return tuple(errors)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
+@click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")
+@click.option("--data-dir", default=DEFAULTS.data_dir, help="Folder holding train-pats/, validation-pats/, test-pats/.")
+@click.option("--results-dir", default=DEFAULTS.results_dir, help="Where results/<model-name>/ goes.")
+@click.option("--model-name", default=DEFAULTS.model_name, help="Run name: results/<model-name>/.")
+@click.option("--batch-size", type=int, default=DEFAULTS.batch_size, help="Patients per step (per device).")
+@click.option("--learning-rate", type=float, default=DEFAULTS.learning_rate, help="Adam learning rate.")
+@click.option("--save-every", type=int, default=DEFAULTS.save_every, help="Checkpoint every N epochs (and at the last).")
+@click.option("--keep", type=int, default=DEFAULTS.keep, help="Newest checkpoints to keep.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULTS.precision,
+              help="Dtype policy; auto = mixed_float16 on tensor-core GPUs, float32 on CPU.")
+@click.option("--xla/--no-xla", default=DEFAULTS.xla, help="Compile the train step with XLA.")
+@click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default=str(DEFAULTS.resolution),
+              help="Train at 128³, or block-averaged 64³ / 32³ for small hardware.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, help="Seed for weights, dropout and shuffling.")
+@click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
+@click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
+@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
+@click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
+@click.option("--epoch", type=int, default=None, help="With --predict-only: the checkpoint epoch [default: newest].")
+@click.option("--stage", type=click.Choice(["validation", "test"]), default="validation",
+              help="With --predict-only: the split to predict.")
+@click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
+@click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
+def main(predict_only, epoch, stage, tta, plots, resolution, **options):
+    """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
+
+    Example: python runpod_train.py --filters 64 --epochs 100
+    """
+    _setup_logging()
+    try:
+        config = TrainConfig(resolution=int(resolution), **options)
+        if predict_only:
+            from provided_code.predict import predict_stage
+
+            report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress)
+            click.echo(report.summary())
+            return
+        from provided_code.training.train import train
+
+        result = train(config, progress=click_progress, verbose=1)
+    except _user_errors() as error:
+        raise click.ClickException(str(error)) from None
+    if result.first_epoch >= result.last_epoch:
+        click.echo(f"Model {config.model_name} is already trained to epoch {result.first_epoch}; nothing to do.")
+    else:
+        click.echo(f"Trained {config.model_name} from epoch {result.first_epoch} to {result.last_epoch} "
+                   f"({result.policy} on {result.device}).")
+    click.echo(f"Checkpoint: {result.checkpoint}")
+    click.echo(f"Log: {config.run_dir / 'training_log.csv'}")

@@ -1,0 +1,106 @@
+"""The one configuration of a training run, saved as JSON beside its checkpoints.
+
+Importing this module imports neither TensorFlow nor Keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from provided_code.data.resample import RESOLUTIONS
+
+PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
+CONFIG_FILE = "config.json"
+
+
+class ConfigError(ValueError):
+    """A bad setting, or a resume whose settings contradict the saved run."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    # -- architecture: fixed for the life of a model; a resume must match these --
+    filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
+    resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
+    # -- optimisation --
+    epochs: int = 100  # total epochs; a resumed run continues up to this number
+    batch_size: int = 2  # patients per step (per device)
+    learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999, mean absolute error
+    seed: int = 0  # weights, dropout and the per-epoch shuffle
+    # -- hardware --
+    precision: str = "auto"  # auto: mixed_float16 on a GPU with compute capability >= 7.0, else float32;
+    #                          saved resolved, and a resume with auto keeps the saved policy
+    xla: bool = True  # compile the train step with XLA (jit_compile)
+    # -- where things go --
+    model_name: str = "unet"  # results/<model_name>/
+    data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)
+    results_dir: str = "results"
+    cache_dir: str | None = None  # None: $OPENKBP_CACHE_DIR or ~/.cache/provided_code
+    skip_incomplete: bool = False  # leave out patients with missing files instead of stopping
+    # -- checkpoints and logs --
+    save_every: int = 10  # write results/<model_name>/models/epoch_<N>.keras every N epochs and at the end
+    keep: int = 5  # newest checkpoints kept
+    tensorboard: bool = False  # also write TensorBoard events under results/<model_name>/tensorboard/
+
+    ARCHITECTURE = ("filters", "resolution")
+
+    def __post_init__(self):
+        def positive(name):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Invalid `{name}`. Expected an integer >= 1. Received: {name}={value!r}")
+
+        for name in ("filters", "epochs", "batch_size", "save_every", "keep"):
+            positive(name)
+        if self.resolution not in RESOLUTIONS:
+            raise ConfigError(f"Invalid `resolution`. Expected one of {RESOLUTIONS}. "
+                              f"Received: resolution={self.resolution!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"Invalid `precision`. Expected one of {PRECISIONS}. "
+                              f"Received: precision={self.precision!r}")
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise ConfigError(f"Invalid `learning_rate`. Expected a number > 0. "
+                              f"Received: learning_rate={self.learning_rate!r}")
+        if not self.model_name or os.sep in self.model_name or self.model_name in (".", ".."):
+            raise ConfigError(f"Invalid `model_name`. Expected a plain folder name. "
+                              f"Received: model_name={self.model_name!r}")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.results_dir) / self.model_name
+
+    @property
+    def models_dir(self) -> Path:
+        return self.run_dir / "models"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainConfig":
+        known = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in json.loads(text).items() if key in known})
+
+    def check_resume(self, saved: "TrainConfig") -> None:
+        """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
+        changed = [f"{name}: saved {getattr(saved, name)!r}, requested {getattr(self, name)!r}"
+                   for name in self.ARCHITECTURE if getattr(saved, name) != getattr(self, name)]
+        if self.precision != "auto" and saved.precision != self.precision:
+            changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
+        if changed:
+            raise ConfigError(
+                f"Cannot resume model {self.model_name!r} in {self.models_dir}: its saved config differs ("
+                + "; ".join(changed) + "). Pass the saved values, or choose a new --model-name.")
+
+
+def read_saved_config(models_dir: Path) -> TrainConfig | None:
+    path = models_dir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return TrainConfig.from_json(path.read_text())
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"Invalid saved config {path}: {error}") from None

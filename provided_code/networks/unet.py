@@ -1,0 +1,65 @@
+"""The OpenKBP generator: a 3D U-Net from CT and structures to dose. A pure builder, no I/O."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+
+from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
+
+LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
+
+
+def num_levels(resolution: int) -> int:
+    """Encoder levels for a cubic input: log2(resolution) - 1, at most 6 (128³ → 6, 32³ → 4)."""
+    if resolution < 8 or resolution & (resolution - 1):
+        raise ValueError(f"Invalid `resolution`. Expected a power of two >= 8. Received: resolution={resolution}")
+    return min(len(LEVEL_MULTIPLIERS), int(math.log2(resolution)) - 1)
+
+
+def build_unet(config) -> keras.Model:
+    """Build (not compile) the generator for ``config.resolution`` and ``config.filters``.
+
+    Inputs, layout ``(batch, d0, d1, d2)`` with ``d = config.resolution`` (a power of two >= 8,
+    divisible by 2**levels): ``ct`` uint16 grey values in [0, 4095] and ``structure_masks`` uint16
+    bitfield (bit k = ``STRUCTURES[k]``); both are cast on the device by :class:`CompactInputs`.
+    Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
+
+    Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + batch norm (not on
+    the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
+    (kernel 4, stride 2, no bias) + batch norm (+ SpatialDropout3D(0.2) on alternate blocks) +
+    ReLU, concatenating the encoder's features of the same size. Then a Conv3DTranspose to one
+    channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the dtype policy.
+    """
+    resolution, filters = config.resolution, config.filters
+    levels = num_levels(resolution)
+    shape = (resolution, resolution, resolution)
+    ct = keras.Input(shape, dtype="uint16", name="ct")
+    structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
+    x = CompactInputs(name="compact_inputs")([ct, structure_masks])
+
+    skips = []
+    for level in range(levels):
+        x = keras.layers.Conv3D(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
+                                use_bias=False, name=f"encoder_{level + 1}_conv")(x)
+        if level < levels - 1:
+            x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, name=f"encoder_{level + 1}_bn")(x)
+        x = keras.layers.LeakyReLU(negative_slope=0.2, name=f"encoder_{level + 1}_act")(x)
+        skips.append(x)
+
+    for block, level in enumerate(range(levels - 2, -1, -1)):
+        if block > 0:
+            x = keras.layers.Concatenate(name=f"decoder_{level + 1}_skip")([x, skips[level + 1]])
+        x = keras.layers.Conv3DTranspose(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
+                                         use_bias=False, name=f"decoder_{level + 1}_conv")(x)
+        x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, name=f"decoder_{level + 1}_bn")(x)
+        if block % 2 == 1:
+            x = keras.layers.SpatialDropout3D(0.2, name=f"decoder_{level + 1}_dropout")(x)
+        x = keras.layers.ReLU(name=f"decoder_{level + 1}_act")(x)
+
+    x = keras.layers.Concatenate(name="decoder_0_skip")([x, skips[0]])
+    x = keras.layers.Conv3DTranspose(1, 4, strides=2, padding="same", dtype="float32", name="dose_conv")(x)
+    x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
+    dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    return keras.Model(inputs={"ct": ct, "structure_masks": structure_masks}, outputs=dose, name="unet")

@@ -1,0 +1,85 @@
+"""Rotating ``.keras`` checkpoints: ``models/epoch_<N>.keras``, atomically written, newest kept."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import keras
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
+
+
+def list_checkpoints(models_dir: Path) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of every checkpoint, newest first."""
+    if not models_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), models_dir / name) for name in os.listdir(models_dir)
+             if (m := _CHECKPOINT.match(name))]
+    return sorted(found, reverse=True)
+
+
+def load_newest(models_dir: Path, epoch: int | None = None, compile: bool = True) -> tuple[int, keras.Model] | None:
+    """The newest checkpoint that loads (or exactly ``epoch``), as ``(epoch, model)``.
+
+    A checkpoint that fails to load (truncated, corrupt) is reported and the previous one tried.
+    Returns None when there is no checkpoint at all; raises if ``epoch`` is given and unloadable.
+    """
+    import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
+
+    candidates = list_checkpoints(models_dir)
+    if epoch is not None:
+        candidates = [(e, p) for e, p in candidates if e == epoch]
+        if not candidates:
+            raise FileNotFoundError(f"No checkpoint for epoch {epoch} in {models_dir} "
+                                    f"(have: {[e for e, _ in list_checkpoints(models_dir)]})")
+    for found_epoch, path in candidates:
+        try:
+            return found_epoch, keras.models.load_model(path, compile=compile)
+        except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
+            if epoch is not None:
+                raise RuntimeError(f"Checkpoint {path} does not load: {error}") from error
+            logger.warning("Checkpoint %s does not load (%s: %s); trying the previous one",
+                           path, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+    if candidates:
+        logger.warning("No checkpoint in %s loads; starting from scratch", models_dir)
+    return None
+
+
+class RotatingCheckpoint(keras.callbacks.Callback):
+    """Save ``epoch_<N>.keras`` every ``save_every`` epochs and at epoch ``epochs``; keep the newest ``keep``.
+
+    Each file is written under a temporary name in the same folder and moved into place; older
+    checkpoints are deleted only after the new one is in place.
+    """
+
+    def __init__(self, models_dir: Path, save_every: int, keep: int, epochs: int):
+        super().__init__()
+        self.models_dir = Path(models_dir)
+        self.save_every = save_every
+        self.keep = keep
+        self.epochs = epochs
+
+    def on_train_begin(self, logs=None):
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(self.models_dir):  # left by a process killed mid-save
+            if name.startswith(".tmp-"):
+                (self.models_dir / name).unlink()
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if done % self.save_every and done != self.epochs:
+            return
+        final = self.models_dir / f"epoch_{done}.keras"
+        tmp = self.models_dir / f".tmp-epoch_{done}.keras"
+        self.model.save(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        logger.info("Saved checkpoint %s", final)
+        for _, old in list_checkpoints(self.models_dir)[self.keep:]:
+            old.unlink()

@@ -1,0 +1,80 @@
+"""A per-epoch CSV log that survives resumes: one header, each epoch exactly once."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import time
+from pathlib import Path
+
+import keras
+
+from provided_code.data.csv_io import write_text_atomic
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = ("epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s")
+
+
+def read_log(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+class EpochCSVLogger(keras.callbacks.Callback):
+    """Append one row per finished epoch to ``path`` (epochs counted from 1).
+
+    On train begin, rows after ``initial_epoch`` (epochs the process finished but did not
+    checkpoint before it died) are dropped, since training repeats them. Rows are flushed and
+    fsynced as they are written.
+    """
+
+    def __init__(self, path: Path, initial_epoch: int, samples_per_epoch: int):
+        super().__init__()
+        self.path = Path(path)
+        self.initial_epoch = initial_epoch
+        self.samples_per_epoch = samples_per_epoch
+
+    def on_train_begin(self, logs=None):
+        rows = read_log(self.path)
+        kept = [row for row in rows if int(row["epoch"]) <= self.initial_epoch]
+        if len(kept) != len(rows) or not self.path.is_file():
+            if len(kept) != len(rows):
+                logger.info("Dropping %d log row(s) after epoch %d from %s (not checkpointed)",
+                            len(rows) - len(kept), self.initial_epoch, self.path)
+            buffer = io.StringIO()
+            writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(kept)
+            write_text_atomic(self.path, buffer.getvalue())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
+        self._train_end = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._train_end = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        now = time.perf_counter()
+        train_seconds = (self._train_end or now) - self._epoch_start
+        row = {
+            "epoch": epoch + 1,
+            "loss": logs.get("loss", ""),
+            "val_loss": logs.get("val_loss", ""),
+            "learning_rate": f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}",
+            "epoch_seconds": round(now - self._epoch_start, 3),
+            "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),
+        }
+        with open(self.path, "a", newline="") as handle:
+            csv.DictWriter(handle, COLUMNS, lineterminator="\n").writerow(row)
+            handle.flush()
+            os.fsync(handle.fileno())
+        logger.info("epoch %d: loss %.4f%s, %.1f s, %.2f samples/s", row["epoch"], row["loss"],
+                    f", val_loss {row['val_loss']:.4f}" if row["val_loss"] != "" else "",
+                    row["epoch_seconds"], row["samples_per_s"])

@@ -1,0 +1,149 @@
+"""One training run, top to bottom: data, hardware, resume, model, fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
+from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data.csv_io import write_text_atomic
+from provided_code.data.resample import downsample_split
+from provided_code.data.tf_dataset import evaluation_dataset, steps_per_epoch, training_dataset
+from provided_code.networks.unet import build_unet
+from provided_code.progress import Progress, no_progress
+from provided_code.training.checkpoints import RotatingCheckpoint, list_checkpoints, load_newest
+from provided_code.training.epoch_log import EpochCSVLogger
+from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
+from provided_code.training.hardware import describe_devices, resolve_precision
+
+logger = logging.getLogger(__name__)
+
+LOG_FILE = "training_log.csv"
+OPENKBP_SOURCE = ("OpenKBP data comes from the challenge's public repository "
+                  "(https://github.com/ababier/open-kbp, folder provided-data/). Download it and pass "
+                  "--data-dir PATH, the folder that holds train-pats/ (and validation-pats/, test-pats/); "
+                  "or run `bash scripts/demo` to try the whole pipeline on synthetic phantoms.")
+
+
+class DataNotFoundError(FileNotFoundError):
+    """The data folder or its training split is missing; the message says where data comes from."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    first_epoch: int  # epochs already done when this run started
+    last_epoch: int  # epochs done when it finished
+    policy: str
+    device: str
+    checkpoint: Path | None  # the newest checkpoint
+
+
+def load_training_data(config: TrainConfig, split: str, progress: Progress = no_progress) -> SplitArrays:
+    """A split with reference doses, at the config's resolution."""
+    split_dir = Path(config.data_dir) / split
+    arrays = load_split(split_dir, cache_dir=config.cache_dir, require_dose=True,
+                        skip_incomplete=config.skip_incomplete, progress=progress)
+    return downsample_split(arrays, config.resolution)
+
+
+def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
+          strategy: tf.distribute.Strategy | None = None) -> TrainResult:
+    """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint."""
+    # -- 1. Settings: a resume must not silently change the model.
+    saved = read_saved_config(config.models_dir)
+    if saved is not None:
+        config.check_resume(saved)
+
+    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
+                          "(or pip install tensorboard)")
+
+    # -- 2. Data: parsed once into the cache, stacked in memory, batches by fancy indexing.
+    train_dir = Path(config.data_dir) / "train-pats"
+    if not train_dir.is_dir():
+        raise DataNotFoundError(f"No training data: {train_dir} does not exist. {OPENKBP_SOURCE}")
+    train_arrays = load_training_data(config, "train-pats", progress)
+    validation_arrays = None
+    if (Path(config.data_dir) / "validation-pats").is_dir():
+        validation_arrays = load_training_data(config, "validation-pats", progress)
+    logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
+                f", validating on {len(validation_arrays)}" if validation_arrays is not None else "")
+
+    # -- 3. Hardware: precision policy, determinism, strategy.
+    device, capabilities = describe_devices()
+    if saved is not None and config.precision == "auto":
+        policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
+    else:
+        policy = resolve_precision(config.precision, capabilities)
+    # The saved config records the concrete policy; loading under it restores the loss-scale optimizer.
+    config = dataclasses.replace(config, precision=policy)
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(config.seed)
+    if not capabilities:  # CPU: deterministic ops, so a resumed run equals an uninterrupted one
+        tf.config.experimental.enable_op_determinism()
+        if config.xla:
+            logger.warning("XLA is on and no GPU is visible: on CPUs XLA's 3D convolutions measured "
+                           "many times slower than TensorFlow's own; --no-xla is faster here")
+    strategy = strategy or tf.distribute.get_strategy()
+
+    # -- 4. Model: the newest checkpoint that loads, else a new one.
+    with strategy.scope():
+        resumed = load_newest(config.models_dir)
+        if resumed is not None:
+            initial_epoch, model = resumed
+            logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
+        else:
+            initial_epoch = 0
+            model = build_unet(config)
+            model.compile(
+                optimizer=keras.optimizers.Adam(config.learning_rate, beta_1=0.5, beta_2=0.999),
+                loss="mean_absolute_error",
+            )
+        model.jit_compile = config.xla
+    logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
+                type(model.optimizer).__name__, "on" if config.xla else "off")
+
+    config.models_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+    if initial_epoch >= config.epochs:
+        logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
+                    config.model_name, initial_epoch, config.epochs)
+        return TrainResult(initial_epoch, initial_epoch, policy, device, _newest(config))
+
+    # -- 5. Fit: one dataset over the remaining epochs, so each epoch's order depends on (seed, epoch).
+    callbacks = [
+        ReseedDropoutEachEpoch(config.seed),
+        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
+        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+    ]
+    if config.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+    model.fit(
+        training_dataset(train_arrays, config.batch_size, config.seed, initial_epoch, config.epochs),
+        steps_per_epoch=steps_per_epoch(len(train_arrays), config.batch_size),
+        epochs=config.epochs,
+        initial_epoch=initial_epoch,
+        validation_data=(evaluation_dataset(validation_arrays, config.batch_size)
+                         if validation_arrays is not None else None),
+        callbacks=callbacks,
+        shuffle=False,  # the dataset is already shuffled, per epoch, by seed
+        verbose=verbose,
+    )
+    return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
+
+
+def _newest(config: TrainConfig) -> Path | None:
+    checkpoints = list_checkpoints(config.models_dir)
+    return checkpoints[0][1] if checkpoints else None
+
+
+def model_weights(model: keras.Model) -> list[np.ndarray]:
+    """Every weight of ``model`` (trainable and not) as numpy arrays, for comparisons."""
+    return [np.asarray(keras.ops.convert_to_numpy(w)) for w in model.weights]

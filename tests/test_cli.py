@@ -1,0 +1,34 @@
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args, **kwargs):
+    return subprocess.run([sys.executable, str(REPO / "runpod_train.py"), *args], capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+def test_help_answers_without_importing_tensorflow():
+    probe = ("import sys, runpy; sys.argv = ['runpod_train.py', '--help']\n"
+             "try:\n    runpy.run_path(%r, run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'h5py') if m in sys.modules))"
+             % str(REPO / "runpod_train.py"))
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "--filters INTEGER" in result.stdout and "--predict-only" in result.stdout
+    assert "LOADED []" in result.stdout
+
+
+def test_missing_data_folder_says_where_data_comes_from(tmp_path):
+    result = run("--data-dir", str(tmp_path / "nope"), "--results-dir", str(tmp_path / "r"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "No training data" in result.stderr and "open-kbp" in result.stderr and "--data-dir" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_flag_value_is_a_clear_error(tmp_path):
+    result = run("--filters", "0", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Invalid `filters`. Expected an integer >= 1. Received: filters=0" in result.stderr

@@ -1,0 +1,21 @@
+import pytest
+
+from provided_code.config import ConfigError, TrainConfig
+
+
+@pytest.mark.parametrize("field, value", [("filters", 0), ("epochs", -1), ("batch_size", 1.5),
+                                          ("resolution", 48), ("precision", "half"),
+                                          ("learning_rate", 0), ("model_name", "a/b"), ("keep", True)])
+def test_bad_settings_are_named(field, value):
+    with pytest.raises(ConfigError, match=f"Invalid `{field}`.*Received: {field}="):
+        TrainConfig(**{field: value})
+
+
+def test_json_round_trip_and_resume_check():
+    config = TrainConfig(filters=8, resolution=32, epochs=3)
+    assert TrainConfig.from_json(config.to_json()) == config
+    TrainConfig(filters=8, resolution=32, epochs=10, learning_rate=1e-3).check_resume(config)
+    with pytest.raises(ConfigError, match="filters: saved 8, requested 16"):
+        TrainConfig(filters=16, resolution=32).check_resume(config)
+    with pytest.raises(ConfigError, match="precision"):
+        TrainConfig(filters=8, resolution=32, precision="mixed_float16").check_resume(config)

@@ -1,0 +1,150 @@
+import csv
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.training.train import DataNotFoundError, model_weights, train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def config(phantom_data, tmp_path) -> TrainConfig:
+    return TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla=False,
+                       data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
+                       model_name="tiny", cache_dir=str(tmp_path / "cache"))
+
+
+def log_epochs(config) -> list[int]:
+    with open(config.run_dir / "training_log.csv", newline="") as handle:
+        return [int(row["epoch"]) for row in csv.DictReader(handle)]
+
+
+def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
+    result = train(config)
+    assert (result.first_epoch, result.last_epoch) == (0, 3)
+    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [3, 2]  # keep=2
+    assert log_epochs(config) == [1, 2, 3]
+    with open(config.run_dir / "training_log.csv", newline="") as handle:
+        row = next(csv.DictReader(handle))
+    assert set(row) == {"epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s"}
+    assert float(row["val_loss"]) > 0 and float(row["learning_rate"]) == pytest.approx(2e-4)
+    saved = TrainConfig.from_json((config.models_dir / "config.json").read_text())
+    assert saved == dataclasses.replace(config, precision="float32")  # auto, resolved on this CPU
+    assert not [name for name in os.listdir(config.models_dir) if name.startswith(".")]
+
+    again = train(config)  # already at --epochs: nothing to do, nothing written twice
+    assert (again.first_epoch, again.last_epoch) == (3, 3)
+    assert log_epochs(config) == [1, 2, 3]
+
+
+def test_resumed_run_equals_an_uninterrupted_one(config):
+    whole = dataclasses.replace(config, epochs=4, model_name="whole", save_every=4)
+    train(whole)
+    halves = dataclasses.replace(config, epochs=2, model_name="halves", save_every=2)
+    train(halves)
+    keras.backend.clear_session()
+    result = train(dataclasses.replace(halves, epochs=4))
+    assert result.first_epoch == 2
+    assert log_epochs(halves) == [1, 2, 3, 4]
+    _, a = load_newest(whole.models_dir)
+    _, b = load_newest(halves.models_dir)
+    assert len(a.optimizer.variables) == len(b.optimizer.variables)
+    for x, y in zip(model_weights(a), model_weights(b)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # deterministic ops on CPU: in practice exact
+
+
+def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
+    train(dataclasses.replace(config, epochs=2))
+    newest = config.models_dir / "epoch_2.keras"
+    with open(newest, "r+b") as handle:
+        handle.truncate(newest.stat().st_size // 3)
+    keras.backend.clear_session()
+    with caplog.at_level(logging.WARNING):
+        result = train(config)
+    assert "epoch_2.keras does not load" in caplog.text
+    assert result.first_epoch == 1
+    assert log_epochs(config) == [1, 2, 3]  # the row of the lost epoch 2 was replaced, not duplicated
+
+
+def test_resume_with_other_architecture_is_an_error(config):
+    train(dataclasses.replace(config, epochs=1))
+    with pytest.raises(ConfigError, match="filters: saved 4, requested 8"):
+        train(dataclasses.replace(config, filters=8))
+
+
+def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
+    mixed = dataclasses.replace(config, precision="mixed_float16", epochs=1, tensorboard=True)
+    result = train(mixed)
+    assert result.policy == "mixed_float16"
+    assert any((config.run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    keras.backend.clear_session()
+    keras.mixed_precision.set_global_policy("float32")
+    epoch, model = load_newest(config.models_dir)
+    assert epoch == 1
+    assert model.get_layer("encoder_1_conv").dtype_policy.name == "mixed_float16"
+    ct = np.zeros((1, 32, 32, 32), np.uint16)
+    assert model({"ct": ct, "structure_masks": ct}).dtype == "float32"
+    keras.backend.clear_session()
+    # precision auto on resume: the saved policy wins, and loss scaling comes back with it.
+    with caplog.at_level(logging.INFO):
+        resumed = train(dataclasses.replace(mixed, epochs=2, precision="auto"))
+    assert resumed.first_epoch == 1 and resumed.policy == "mixed_float16"
+    assert "dtype policy mixed_float16 (LossScaleOptimizer)" in caplog.text
+    assert log_epochs(config) == [1, 2]
+
+
+def test_xla_compiled_run(config, caplog):
+    with caplog.at_level(logging.INFO):
+        train(dataclasses.replace(config, xla=True, epochs=1))
+    assert "XLA on" in caplog.text and "XLA is on and no GPU is visible" in caplog.text
+    assert log_epochs(config) == [1]
+
+
+def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
+    with pytest.raises(DataNotFoundError, match="provided-data/.*--data-dir"):
+        train(dataclasses.replace(config, data_dir=str(tmp_path / "nowhere")))
+
+
+def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
+    command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
+               "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,
+               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "40", "--save-every", "2",
+               "--keep", "3"]
+    log = Path(config.results_dir) / "killed" / "training_log.csv"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) > 5:  # header + 5 epochs
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "training finished before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = len(log.read_text().splitlines()) - 1
+    assert 5 <= killed_at < 40
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Resuming killed from epoch" in rerun.stderr
+    killed = dataclasses.replace(config, model_name="killed")
+    assert log_epochs(killed) == list(range(1, 41))
+    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [40, 38, 36]
