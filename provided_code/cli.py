@@ -33,8 +33,7 @@ def _user_errors():
     from provided_code.config import ConfigError
     from provided_code.data.csv_io import PatientDataError, SplitError
 
-    errors = [ConfigError, PatientDataError, SplitError, FileNotFoundError]
-    return tuple(errors)
+    return ConfigError, PatientDataError, SplitError, FileNotFoundError
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -88,3 +87,27 @@ def main(predict_only, epoch, stage, tta, plots, resolution, **options):
                    f"({result.policy} on {result.device}).")
     click.echo(f"Checkpoint: {result.checkpoint}")
     click.echo(f"Log: {config.run_dir / 'training_log.csv'}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--reference", "reference_dir", required=True,
+              help="Folder of pt_<N>/ patient folders with dose.csv (e.g. provided-data/validation-pats).")
+@click.option("--predictions", "prediction_dir", required=True, help="Folder of pt_<N>.csv predicted doses.")
+@click.option("--json", "json_path", default=None,
+              help="Write the JSON summary here (and the per-patient CSV beside it, same name with .csv).")
+@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
+def score_command(reference_dir, prediction_dir, json_path, cache_dir):
+    """Score predicted doses with the OpenKBP challenge's dose score and DVH score (Gy)."""
+    import json
+    from pathlib import Path
+
+    _setup_logging()
+    from provided_code.metrics.scoring import score_prediction_folder
+
+    try:
+        scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)
+    except _user_errors() as error:
+        raise click.ClickException(str(error)) from None
+    if json_path is not None:
+        scores.write_reports(Path(json_path), Path(json_path).with_suffix(".csv"))
+    click.echo(json.dumps(scores.summary(), indent=2))

@@ -12,10 +12,16 @@ structure_masks       (N, 128, 128, 128)           uint16    4 MiB (bit k = STRU
 possible_dose_mask    (N, 128, 128, 128)           bool      2 MiB
 dose                  (N, 128, 128, 128)           float32   8 MiB (Gy; zeros without dose.csv)
 has_dose              (N,)                         bool
+dose_decimals         (N,)                         int8      (see below)
 voxel_dimensions      (N, 3)                       float64   (mm)
 structure_present     (N, 10)                      bool
 patient_ids           (N,)                         str
 ===================== ============================ ========= ===============
+
+Dose is stored as float32, within 2**-18 Gy of the CSV below 128 Gy. ``dose_decimals`` records
+the fewest decimals (0 to 5) that write every value of the patient's ``dose.csv`` exactly (3 for
+the challenge's data; -1 if none do): :func:`exact_dose` rounds back to the CSV's float64 values,
+exactly, since the float32 error is far below half a step of that grid.
 
 The cache is trusted only if its format version, its build options and the size and modification
 time of every source file match; otherwise, or if it is truncated or unreadable, it is rebuilt.
@@ -43,7 +49,7 @@ from provided_code.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 
 
@@ -69,6 +75,7 @@ class SplitArrays:
     possible_dose_mask: np.ndarray
     dose: np.ndarray
     has_dose: np.ndarray
+    dose_decimals: np.ndarray
     voxel_dimensions: np.ndarray  # mm, of the 128³ grid whatever the resolution
     structure_present: np.ndarray
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # patient id -> reason
@@ -84,7 +91,7 @@ class SplitArrays:
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in
                    ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
-                    "voxel_dimensions", "structure_present"))
+                    "dose_decimals", "voxel_dimensions", "structure_present"))
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
         """The patients at ``rows`` (a copy)."""
@@ -94,7 +101,7 @@ class SplitArrays:
             patient_ids=[self.patient_ids[i] for i in rows],
             **{name: getattr(self, name)[rows] for name in
                ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
-                "voxel_dimensions", "structure_present")},
+                "dose_decimals", "voxel_dimensions", "structure_present")},
             skipped=dict(self.skipped),
         )
 
@@ -166,6 +173,12 @@ def load_split(
     return arrays
 
 
+def exact_dose(dose: np.ndarray, decimals: int) -> np.ndarray:
+    """Float64 dose as its CSV gave it: float32 values rounded back to their decimal grid."""
+    dose = np.asarray(dose, dtype=np.float64)
+    return np.round(dose, decimals) if decimals >= 0 else dose
+
+
 def _read_or_error(folder: Path) -> Patient | PatientDataError:
     try:
         return read_patient(folder, require_dose=False)
@@ -198,6 +211,7 @@ def build_cache(
                 for name, dtype in _VOLUMES.items()
             }
             has_dose = np.zeros(count, bool)
+            dose_decimals = np.full(count, -1, np.int8)
             voxel_dimensions = np.zeros((count, 3))
             structure_present = np.zeros((count, len(STRUCTURES)), bool)
             patient_ids: list[str] = []
@@ -216,6 +230,7 @@ def build_cache(
                     if result.dose is not None:
                         volumes["dose"][row] = result.dose
                         has_dose[row] = True
+                        dose_decimals[row] = result.dose_decimals
                     voxel_dimensions[row] = result.voxel_dimensions
                     bits = np.bitwise_or.reduce(result.structure_masks, axis=None)
                     structure_present[row] = [(bits >> k) & 1 for k in range(len(STRUCTURES))]
@@ -223,6 +238,7 @@ def build_cache(
             for dataset in volumes.values():
                 dataset.resize(kept, axis=0)
             h5.create_dataset("has_dose", data=has_dose[:kept])
+            h5.create_dataset("dose_decimals", data=dose_decimals[:kept])
             h5.create_dataset("voxel_dimensions", data=voxel_dimensions[:kept])
             h5.create_dataset("structure_present", data=structure_present[:kept])
             h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
@@ -268,8 +284,9 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
     try:
         with h5py.File(path, "r") as h5:
             attrs = h5.attrs
-            if attrs.get("format_version") != CACHE_FORMAT_VERSION or not attrs.get("complete", False):
-                raise CacheError(f"{path} has format {attrs.get('format_version')!r}, "
+            version = attrs.get("format_version")
+            if version != CACHE_FORMAT_VERSION or not attrs.get("complete", False):
+                raise CacheError(f"{path} has format {None if version is None else int(version)}, "
                                  f"expected {CACHE_FORMAT_VERSION}, or is incomplete")
             if fingerprint is not None and attrs["fingerprint"] != fingerprint:
                 raise CacheError(f"{path} is stale: the source files changed since it was built")
@@ -286,7 +303,8 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                 arrays[name] = np.empty(dataset.shape, dataset.dtype)
                 if count:
                     dataset.read_direct(arrays[name])
-            small = {name: h5[name][()] for name in ("has_dose", "voxel_dimensions", "structure_present")}
+            small = {name: h5[name][()] for name in ("has_dose", "dose_decimals", "voxel_dimensions",
+                                                           "structure_present")}
             skipped = json.loads(attrs["skipped"])
     except CacheError:
         raise

@@ -60,6 +60,7 @@ class Patient:
     possible_dose_mask: np.ndarray  # (128, 128, 128) bool
     voxel_dimensions: np.ndarray  # (3,) float64, mm
     dose: np.ndarray | None  # (128, 128, 128) float32 Gy, None when the folder has no dose.csv
+    dose_decimals: int = -1  # fewest decimals (0..5) that write every dose.csv value exactly; -1: none
 
 
 def patient_number(patient_id: str) -> int:
@@ -167,12 +168,13 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
 
     voxel_dimensions = read_voxel_dimensions(folder / VOXEL_DIMENSIONS_FILE, patient_id)
 
-    dose = None
+    dose, dose_decimals = None, -1
     dose_path = folder / DOSE_FILE
     if dose_path.is_file() or require_dose:
         dose_indices, dose_values = read_sparse_csv(dose_path, patient_id, with_values=True)
         dose = np.zeros(NUM_VOXELS, np.float32)
         dose[dose_indices] = dose_values
+        dose_decimals = decimals_of(dose_values)
 
     return Patient(
         patient_id=patient_id,
@@ -181,7 +183,16 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
         possible_dose_mask=possible_dose_mask.reshape(VOLUME_SHAPE),
         voxel_dimensions=voxel_dimensions,
         dose=None if dose is None else dose.reshape(VOLUME_SHAPE),
+        dose_decimals=dose_decimals,
     )
+
+
+def decimals_of(values: np.ndarray, most: int = 5) -> int:
+    """The fewest decimals (0..most) that write every value exactly, or -1."""
+    for decimals in range(most + 1):
+        if np.array_equal(np.round(values, decimals), values):
+            return decimals
+    return -1
 
 
 def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask: np.ndarray | None = None) -> None:

@@ -1,0 +1,182 @@
+"""The OpenKBP challenge's dose score and DVH score, vectorised.
+
+Dose score: per patient, the sum of |reference − predicted| over all voxels divided by the number
+of voxels in the possible-dose mask; averaged over patients. DVH score: for every organ at risk
+D_0.1cc and mean dose, for every target D99, D95 and D1; the mean absolute difference between
+reference and prediction over every (patient, structure, metric) entry that exists (a structure
+missing from a patient is left out). D_0.1cc is the percentile 100 − v/n·100 of the structure's
+doses, v = max(1, round(100 / voxel volume in mm³)), n its voxel count; D99, D95 and D1 are the
+1st, 5th and 99th percentiles; numpy's linear interpolation throughout, in float64.
+
+A patient's metrics are a ``(len(STRUCTURES), len(METRICS))`` table, NaN where a metric does not
+apply to the structure or the structure is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from provided_code.constants import NUM_VOXELS, OARS, STRUCTURES
+from provided_code.data.cache import exact_dose, load_split
+from provided_code.data.csv_io import PatientDataError, read_sparse_csv, write_text_atomic
+from provided_code.progress import Progress, no_progress
+
+METRICS = ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
+OAR_METRICS = METRICS[:2]
+TARGET_METRICS = METRICS[2:]
+_TARGET_PERCENTILES = [1.0, 5.0, 99.0]  # D99, D95, D1
+
+
+def structure_indices(structure_masks: np.ndarray) -> list[np.ndarray]:
+    """Flat voxel indices of each structure (empty where absent), from the packed bitfield."""
+    flat = structure_masks.reshape(-1)
+    inside = np.flatnonzero(flat)
+    bits = flat[inside]
+    return [inside[(bits >> k) & 1 == 1] for k in range(len(STRUCTURES))]
+
+
+def dvh_metrics(dose: np.ndarray, indices: list[np.ndarray], voxel_dimensions: np.ndarray) -> np.ndarray:
+    """The metric table of one dose (flat or 128³, converted to float64)."""
+    dose = np.asarray(dose, dtype=np.float64).reshape(-1)
+    voxels_in_tenth_cc = max(1.0, float(np.round(100.0 / np.prod(voxel_dimensions))))
+    table = np.full((len(STRUCTURES), len(METRICS)), np.nan)
+    for k, (name, voxels) in enumerate(zip(STRUCTURES, indices)):
+        if voxels.size == 0:
+            continue
+        roi = dose[voxels]
+        if name in OARS:
+            table[k, 0] = np.percentile(roi, 100.0 - voxels_in_tenth_cc / roi.size * 100.0)
+            table[k, 1] = roi.mean()
+        else:
+            table[k, 2:] = np.percentile(roi, _TARGET_PERCENTILES)
+    return table
+
+
+def dose_error(reference: np.ndarray, predicted: np.ndarray, possible_dose_mask: np.ndarray) -> float:
+    """Sum of |reference − predicted| over all voxels over the possible-dose mask's voxel count."""
+    difference = np.abs(np.asarray(reference, np.float64).reshape(-1) - np.asarray(predicted, np.float64).reshape(-1))
+    return float(difference.sum() / np.count_nonzero(possible_dose_mask))
+
+
+@dataclasses.dataclass
+class Scores:
+    patient_ids: list[str]
+    dose_errors: np.ndarray  # (P,) Gy
+    reference: np.ndarray  # (P, structures, metrics) Gy, NaN where absent
+    predicted: np.ndarray  # same
+
+    @property
+    def dose_score(self) -> float:
+        return float(np.mean(self.dose_errors))
+
+    @property
+    def differences(self) -> np.ndarray:
+        return np.abs(self.reference - self.predicted)
+
+    @property
+    def dvh_score(self) -> float:
+        return float(np.nanmean(self.differences))
+
+    def summary(self) -> dict:
+        differences = self.differences
+        with warnings.catch_warnings():  # a structure absent in every patient has an empty mean
+            warnings.simplefilter("ignore", RuntimeWarning)
+            by_structure = np.nanmean(differences, axis=(0, 2))
+            by_metric = np.nanmean(differences, axis=(0, 1))
+        return {
+            "dose_score": self.dose_score,
+            "dvh_score": self.dvh_score,
+            "patients": len(self.patient_ids),
+            "dvh_by_structure": {name: _number(value) for name, value in zip(STRUCTURES, by_structure)},
+            "dvh_by_metric": {name: _number(value) for name, value in zip(METRICS, by_metric)},
+        }
+
+    def per_patient(self) -> pd.DataFrame:
+        """One row per patient: dose error, and each metric's reference, predicted and difference."""
+        columns = {"patient_id": self.patient_ids, "dose_error": self.dose_errors}
+        for k, structure in enumerate(STRUCTURES):
+            for metric in OAR_METRICS if structure in OARS else TARGET_METRICS:
+                m = METRICS.index(metric)
+                columns[f"{structure}_{metric}_reference"] = self.reference[:, k, m]
+                columns[f"{structure}_{metric}_predicted"] = self.predicted[:, k, m]
+                columns[f"{structure}_{metric}_difference"] = self.predicted[:, k, m] - self.reference[:, k, m]
+        return pd.DataFrame(columns)
+
+    def write_reports(self, json_path: Path, csv_path: Path) -> None:
+        """The JSON summary and the per-patient CSV, each written atomically."""
+        write_text_atomic(Path(json_path), json.dumps(self.summary(), indent=2) + "\n")
+        buffer = io.StringIO()
+        self.per_patient().to_csv(buffer, index=False)
+        write_text_atomic(Path(csv_path), buffer.getvalue())
+
+
+def _number(value: float) -> float | None:
+    return None if np.isnan(value) else float(value)
+
+
+def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progress = no_progress) -> Scores:
+    """Scores of ``predicted(row)`` (a 128³ dose, any float dtype) against each reference of ``arrays``.
+
+    ``arrays`` is a 128³ :class:`~provided_code.data.cache.SplitArrays` with reference doses; they
+    are restored to the CSV's exact float64 values before scoring. One patient at a time.
+    """
+    missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
+    if missing:
+        raise ValueError(f"Cannot score: no reference dose.csv for {', '.join(missing)}")
+    count = len(arrays)
+    errors = np.empty(count)
+    reference_tables = np.empty((count, len(STRUCTURES), len(METRICS)))
+    predicted_tables = np.empty_like(reference_tables)
+    for row in progress(range(count), count, "Scoring"):
+        reference = exact_dose(arrays.dose[row], int(arrays.dose_decimals[row]))
+        prediction = np.asarray(predicted(row), dtype=np.float64)
+        indices = structure_indices(arrays.structure_masks[row])
+        errors[row] = dose_error(reference, prediction, arrays.possible_dose_mask[row])
+        reference_tables[row] = dvh_metrics(reference, indices, arrays.voxel_dimensions[row])
+        predicted_tables[row] = dvh_metrics(prediction, indices, arrays.voxel_dimensions[row])
+    return Scores(list(arrays.patient_ids), errors, reference_tables, predicted_tables)
+
+
+def check_prediction_folder(folder: os.PathLike | str, patient_ids: list[str]) -> Path:
+    """``folder`` must hold exactly one ``pt_<N>.csv`` per patient: names the missing and extra ones."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Prediction folder {folder} does not exist.")
+    found = {path.stem for path in folder.glob("pt_*.csv")}
+    missing = [pid for pid in patient_ids if pid not in found]
+    extra = sorted(found - set(patient_ids), key=lambda pid: (len(pid), pid))
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append("no prediction for " + ", ".join(missing)
+                            + " (expected " + ", ".join(f"{pid}.csv" for pid in missing) + ")")
+        if extra:
+            problems.append("predictions for patients not in the reference: "
+                            + ", ".join(f"{pid}.csv" for pid in extra))
+        raise PatientDataError(", ".join(missing + extra), folder, "; ".join(problems))
+    return folder
+
+
+def read_prediction(folder: Path, patient_id: str) -> np.ndarray:
+    """A flat float64 dose from ``folder/<patient_id>.csv``."""
+    indices, values = read_sparse_csv(Path(folder) / f"{patient_id}.csv", patient_id, with_values=True)
+    dose = np.zeros(NUM_VOXELS)
+    dose[indices] = values
+    return dose
+
+
+def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
+                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> Scores:
+    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir``."""
+    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=True, progress=progress)
+    folder = check_prediction_folder(prediction_dir, arrays.patient_ids)
+    return score_split(arrays, lambda row: read_prediction(folder, arrays.patient_ids[row]), progress)

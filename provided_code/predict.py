@@ -1,0 +1,145 @@
+"""``--predict-only``: a trained model's predictions for a stage, in the challenge's format, scored."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import zipfile
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from provided_code.config import TrainConfig, read_saved_config
+from provided_code.constants import LEFT_RIGHT_AXIS, STRUCTURES
+from provided_code.data.batches import epoch_batches
+from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data.csv_io import write_dose_csv
+from provided_code.data.resample import downsample_split, upsample_dose
+from provided_code.metrics.scoring import Scores, score_split
+from provided_code.progress import Progress, no_progress
+from provided_code.training.checkpoints import load_newest
+
+logger = logging.getLogger(__name__)
+
+_RIGHT_PAROTID = 1 << STRUCTURES.index("RightParotid")
+_LEFT_PAROTID = 1 << STRUCTURES.index("LeftParotid")
+
+
+@dataclasses.dataclass
+class PredictionReport:
+    stage: str
+    epoch: int
+    patients: int
+    predictions_dir: Path
+    submission: Path
+    scores: Scores | None
+    scores_path: Path | None
+
+    def summary(self) -> str:
+        lines = [f"Predicted {self.patients} {self.stage} patients with the epoch {self.epoch} checkpoint.",
+                 f"Predictions: {self.predictions_dir}", f"Submission: {self.submission}"]
+        if self.scores is not None:
+            lines += [f"Scores: {self.scores_path}",
+                      f"DVH score {self.scores.dvh_score:.4f} Gy, dose score {self.scores.dose_score:.4f} Gy"]
+        else:
+            lines.append("No reference doses in this stage: not scored.")
+        return "\n".join(lines)
+
+
+def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
+    """Flip a bitfield volume left-right and swap the RightParotid and LeftParotid bits."""
+    flipped = np.flip(structure_masks, axis=axis)
+    right = (flipped & _RIGHT_PAROTID) != 0
+    left = (flipped & _LEFT_PAROTID) != 0
+    swapped = flipped & ~np.uint16(_RIGHT_PAROTID | _LEFT_PAROTID)
+    return swapped | np.where(right, _LEFT_PAROTID, 0).astype(np.uint16) | np.where(left, _RIGHT_PAROTID, 0).astype(np.uint16)
+
+
+def predict_arrays(model: keras.Model, arrays: SplitArrays, batch_size: int, tta: bool = False,
+                   progress: Progress = no_progress) -> np.ndarray:
+    """Doses ``(N, R, R, R)`` float32 Gy at the arrays' resolution, in batches.
+
+    With ``tta``, the mean of the prediction and the left-right mirrored prediction of the
+    mirrored patient (parotids swapped), mirrored back.
+    """
+    axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
+    out = np.empty(arrays.ct.shape, np.float32)
+    batches = epoch_batches(len(arrays), batch_size, seed=0, epoch=0, shuffle=False)
+    for rows in progress(batches, len(batches), "Predicting"):
+        inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
+        dose = np.asarray(model.predict_on_batch(inputs))[..., 0]
+        if tta:
+            mirrored = {"ct": np.ascontiguousarray(np.flip(inputs["ct"], axis)),
+                        "structure_masks": np.ascontiguousarray(mirror_left_right(inputs["structure_masks"], axis))}
+            dose = 0.5 * (dose + np.flip(np.asarray(model.predict_on_batch(mirrored))[..., 0], axis))
+        out[rows] = dose
+    return out
+
+
+def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | None = None, tta: bool = False,
+                  plots: bool = False, progress: Progress = no_progress) -> PredictionReport:
+    """Predict every patient of ``<data_dir>/<stage>-pats`` with a trained model; write and score.
+
+    ``config`` names the model, data, results and cache folders; the architecture comes from the
+    model's saved config.
+    """
+    if plots:
+        from provided_code.plots import require_matplotlib
+
+        require_matplotlib()
+    saved = read_saved_config(config.models_dir)
+    if saved is None:
+        raise FileNotFoundError(f"No trained model {config.model_name!r}: {config.models_dir} has no config.json. "
+                                f"Train it first, or pass the --model-name and --results-dir it was trained with.")
+    keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
+    loaded = load_newest(config.models_dir, epoch=epoch, compile=False)
+    if loaded is None:
+        raise FileNotFoundError(f"No checkpoint of model {config.model_name!r} loads from {config.models_dir}.")
+    epoch, model = loaded
+
+    stage_dir = Path(config.data_dir) / f"{stage}-pats"
+    arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
+                        skip_incomplete=config.skip_incomplete, progress=progress)
+    low = predict_arrays(model, downsample_split(arrays, saved.resolution), config.batch_size, tta, progress)
+
+    predictions_dir = config.run_dir / f"{stage}-predictions"
+    predictions = np.empty(arrays.dose.shape, np.float32)
+    for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
+        predictions[row] = upsample_dose(low[row], arrays.possible_dose_mask[row])
+        write_dose_csv(predictions_dir / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
+    submission = _write_submission(predictions_dir, arrays.patient_ids,
+                                   config.run_dir / "submissions" / f"{config.model_name}_{stage}_epoch_{epoch}.zip")
+    logger.info("Wrote %d predictions to %s and %s", len(arrays), predictions_dir, submission)
+
+    scores = scores_path = None
+    if arrays.has_dose.all():
+        scores = score_split(arrays, lambda row: predictions[row], progress)
+        scores_path = config.run_dir / f"{stage}-scores.json"
+        scores.write_reports(scores_path, config.run_dir / f"{stage}-scores.csv")
+    elif arrays.has_dose.any():
+        logger.warning("Only some %s patients have dose.csv: not scored", stage)
+    if plots:
+        from provided_code.plots import plot_patient
+
+        plot_dir = config.run_dir / f"{stage}-plots"
+        for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Plotting")):
+            plot_patient(plot_dir, pid, arrays, row, predictions[row])
+        logger.info("Wrote plots to %s", plot_dir)
+    return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path)
+
+
+def _write_submission(predictions_dir: Path, patient_ids: list[str], path: Path) -> Path:
+    """A zip of the prediction CSVs, written beside its final name and moved into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for pid in patient_ids:
+                archive.write(predictions_dir / f"{pid}.csv", arcname=f"{pid}.csv")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path

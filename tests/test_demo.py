@@ -1,0 +1,17 @@
+import re
+
+from click.testing import CliRunner
+
+from provided_code.demo import main
+
+
+def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(tmp_path):
+    """The same code path as `bash scripts/demo`, smaller: phantoms, train, predict, score, plots."""
+    result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--train-patients", "4",
+                                       "--validation-patients", "2", "--epochs", "3", "--filters", "4"])
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert re.search(r"dose score \d+\.\d+ Gy", last)
+    assert (tmp_path / "demo" / "validation-scores.json").exists()
+    assert len(list((tmp_path / "demo" / "validation-predictions").glob("pt_*.csv"))) == 2
+    assert len(list((tmp_path / "demo-data" / "train-pats").iterdir())) == 4

@@ -1,0 +1,116 @@
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.constants import STRUCTURES, VOLUME_SHAPE
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import read_sparse_csv
+from provided_code.data.phantoms import write_phantom_split
+from provided_code.data.resample import downsample_split
+from provided_code.predict import mirror_left_right, predict_arrays, predict_stage
+from provided_code.training.checkpoints import load_newest
+from provided_code.training.train import train
+
+
+@pytest.fixture(scope="module")
+def trained(phantom_data, tmp_path_factory) -> TrainConfig:
+    root = tmp_path_factory.mktemp("predict")
+    data = root / "data"
+    shutil.copytree(phantom_data, data)
+    write_phantom_split(data / "test-pats", 2, first_number=241, with_dose=False)
+    config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla=False, data_dir=str(data),
+                         results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
+    train(config)
+    keras.backend.clear_session()
+    return config
+
+
+def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained):
+    report = predict_stage(trained, stage="validation")
+    assert report.epoch == 2 and report.patients == 2
+    files = sorted(p.name for p in report.predictions_dir.iterdir())
+    assert files == ["pt_201.csv", "pt_202.csv"]
+    assert report.predictions_dir == Path(trained.results_dir) / "m" / "validation-predictions"
+    with zipfile.ZipFile(report.submission) as archive:
+        assert sorted(archive.namelist()) == files
+    arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
+    for row, pid in enumerate(arrays.patient_ids):
+        indices, values = read_sparse_csv(report.predictions_dir / f"{pid}.csv", pid, with_values=True)
+        assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[row]))  # 128³, inside the mask
+        assert np.all(values >= 0)
+    summary = json.loads(report.scores_path.read_text())
+    assert summary["patients"] == 2 and summary["dose_score"] == pytest.approx(report.scores.dose_score)
+    per_patient = pd.read_csv(Path(trained.results_dir) / "m" / "validation-scores.csv")
+    assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
+    assert "PTV70_D_99_difference" in per_patient.columns
+
+    command = Path(sys.executable).parent / "openkbp-score"
+    out = Path(trained.results_dir) / "standalone.json"
+    result = subprocess.run([str(command), "--reference", str(Path(trained.data_dir) / "validation-pats"),
+                             "--predictions", str(report.predictions_dir), "--json", str(out),
+                             "--cache-dir", trained.cache_dir], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed == json.loads(out.read_text())
+    assert printed["dose_score"] == pytest.approx(summary["dose_score"], abs=1e-9)
+    assert printed["dvh_score"] == pytest.approx(summary["dvh_score"], abs=1e-9)
+    assert out.with_suffix(".csv").exists()
+
+
+def test_stage_without_reference_doses_is_predicted_not_scored(trained):
+    report = predict_stage(trained, stage="test", epoch=1)
+    assert report.epoch == 1 and report.scores is None
+    assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["pt_241.csv", "pt_242.csv"]
+    assert "not scored" in report.summary()
+
+
+def test_mirror_swaps_the_parotids():
+    bits = np.zeros((1, 2, 4, 2), np.uint16)
+    right, left = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
+    bits[0, 0, 0, 0] = right | 1
+    bits[0, 1, 3, 1] = left
+    mirrored = mirror_left_right(bits, axis=2)
+    assert mirrored[0, 0, 3, 0] == left | 1 and mirrored[0, 1, 0, 1] == right
+    assert np.array_equal(mirror_left_right(mirrored, axis=2), bits)
+
+
+def test_tta_prediction_is_left_right_equivariant(trained):
+    _, model = load_newest(trained.models_dir, compile=False)
+    arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir), 32)
+    mirrored = dataclasses.replace(arrays, ct=np.ascontiguousarray(np.flip(arrays.ct, 2)),
+                                   structure_masks=np.ascontiguousarray(mirror_left_right(arrays.structure_masks, 2)))
+    plain = predict_arrays(model, arrays, batch_size=2, tta=True)
+    flipped = predict_arrays(model, mirrored, batch_size=2, tta=True)
+    np.testing.assert_allclose(np.flip(flipped, 2), plain, atol=1e-5)
+    assert not np.allclose(predict_arrays(model, arrays, batch_size=2), plain, atol=1e-5)
+
+
+def test_plots_are_written_or_explained(trained, monkeypatch):
+    pytest.importorskip("matplotlib")
+    report = predict_stage(trained, stage="validation", plots=True)
+    plots = sorted(p.name for p in (report.predictions_dir.parent / "validation-plots").iterdir())
+    assert plots == ["pt_201_dvh.png", "pt_201_slices.png", "pt_202_dvh.png", "pt_202_slices.png"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ConfigError, match="pip install 'provided_code\\[plots\\]'"):
+        predict_stage(trained, stage="validation", plots=True)
+
+
+def test_unknown_model_is_a_clear_error(trained):
+    with pytest.raises(FileNotFoundError, match="No trained model 'nope'"):
+        predict_stage(dataclasses.replace(trained, model_name="nope"))
+
+
+def test_predictions_are_full_size(trained):
+    report = predict_stage(trained, stage="validation", tta=True)
+    indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
+    assert indices.max() < np.prod(VOLUME_SHAPE) and values.size > 32 ** 3

@@ -1,0 +1,91 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from provided_code.constants import STRUCTURES
+from provided_code.data.cache import exact_dose, load_split
+from provided_code.data.csv_io import PatientDataError, write_dose_csv
+from provided_code.metrics.dvh_loop import score_folders_loop
+from provided_code.metrics.scoring import METRICS, score_prediction_folder, score_split
+from tests.conftest import SAMPLE_DIR, requires_sample
+
+
+def reference(arrays, row):
+    return exact_dose(arrays.dose[row], int(arrays.dose_decimals[row]))
+
+
+def test_uniform_offset_of_one_gray_scores_exactly_one(phantom_split, tmp_path):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    scores = score_split(arrays, lambda row: reference(arrays, row) + arrays.possible_dose_mask[row])
+    assert scores.dose_errors.tolist() == [1.0, 1.0, 1.0]
+    assert scores.dose_score == 1.0
+
+
+def test_absent_structure_is_left_out_of_the_dvh_mean(phantom_split, tmp_path):
+    (phantom_split / "pt_2" / "Larynx.csv").unlink()
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    scores = score_split(arrays, lambda row: reference(arrays, row) * 1.1)
+    larynx = STRUCTURES.index("Larynx")
+    assert np.isnan(scores.reference[1, larynx]).all() and np.isnan(scores.predicted[1, larynx]).all()
+    entries = [abs(r - p) for r, p in zip(scores.reference.ravel(), scores.predicted.ravel()) if not np.isnan(r)]
+    assert len(entries) == 3 * (7 * 2 + 3 * 3) - 2  # pt_2 lacks Larynx's two metrics
+    assert scores.dvh_score == pytest.approx(np.mean(entries), abs=1e-12)
+    summary = scores.summary()
+    assert summary["patients"] == 3 and set(summary["dvh_by_metric"]) == set(METRICS)
+
+
+def _write_perturbed(arrays, folder, seed):
+    rng = np.random.default_rng(seed)
+    for row, pid in enumerate(arrays.patient_ids):
+        dose = arrays.dose[row] * rng.uniform(0.9, 1.1, arrays.dose[row].shape).astype(np.float32) + 0.5
+        write_dose_csv(folder / f"{pid}.csv", dose, arrays.possible_dose_mask[row])
+
+
+def test_agrees_with_the_plain_loop_on_phantoms(phantom_data, tmp_path):
+    split = phantom_data / "validation-pats"
+    arrays = load_split(split, cache_dir=tmp_path / "c", workers=1)
+    _write_perturbed(arrays, tmp_path / "pred", seed=1)
+    scores = score_prediction_folder(split, tmp_path / "pred", cache_dir=tmp_path / "c")
+    dose_score, dvh_score = score_folders_loop(split, tmp_path / "pred", arrays.patient_ids)
+    assert abs(scores.dose_score - dose_score) < 1e-6 and abs(scores.dvh_score - dvh_score) < 1e-6
+    assert scores.dose_score > 0.5 and scores.dvh_score > 0.1
+
+
+@requires_sample
+def test_agrees_with_the_plain_loop_on_real_patients(tmp_path):
+    split = SAMPLE_DIR / "validation-pats"
+    arrays = load_split(split, cache_dir=tmp_path / "c")
+    _write_perturbed(arrays, tmp_path / "pred", seed=2)
+    scores = score_prediction_folder(split, tmp_path / "pred", cache_dir=tmp_path / "c")
+    dose_score, dvh_score = score_folders_loop(split, tmp_path / "pred", arrays.patient_ids)
+    assert abs(scores.dose_score - dose_score) < 1e-6, (scores.dose_score, dose_score)
+    assert abs(scores.dvh_score - dvh_score) < 1e-6, (scores.dvh_score, dvh_score)
+
+
+def test_all_zero_prediction_writes_reads_back_and_scores(phantom_split, tmp_path):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    for pid in arrays.patient_ids:
+        write_dose_csv(tmp_path / "zero" / f"{pid}.csv", np.zeros((128, 128, 128), np.float32))
+    scores = score_prediction_folder(phantom_split, tmp_path / "zero", cache_dir=tmp_path / "c")
+    expected = [reference(arrays, r).sum() / arrays.possible_dose_mask[r].sum() for r in range(3)]
+    assert np.allclose(scores.dose_errors, expected)
+    assert np.all(np.nan_to_num(scores.predicted) == 0) and np.isfinite(scores.dvh_score)
+    scores.write_reports(tmp_path / "s.json", tmp_path / "s.csv")
+    assert json.loads((tmp_path / "s.json").read_text())["patients"] == 3
+
+
+def test_prediction_folder_problems_name_patients_and_files(phantom_split, tmp_path):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    folder = tmp_path / "pred"
+    _write_perturbed(arrays, folder, seed=3)
+    (folder / "pt_2.csv").unlink()
+    shutil.copy(folder / "pt_1.csv", folder / "pt_9.csv")
+    with pytest.raises(PatientDataError, match=r"no prediction for pt_2 \(expected pt_2\.csv\).*not in the reference: pt_9\.csv"):
+        score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
+    (folder / "pt_9.csv").unlink()
+    shutil.copy(folder / "pt_1.csv", folder / "pt_2.csv")
+    (folder / "pt_3.csv").write_text(",data\n5,abc\n")
+    with pytest.raises(PatientDataError, match=r"Patient pt_3: .*pt_3\.csv: value 'abc' on line 2"):
+        score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
