@@ -52,6 +52,10 @@ def _user_errors():
 @click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default=str(DEFAULTS.resolution),
               help="Train at 128³, or block-averaged 64³ / 32³ for small hardware.")
 @click.option("--seed", type=int, default=DEFAULTS.seed, help="Seed for weights, dropout and shuffling.")
+@click.option("--devices", default=DEFAULTS.devices,
+              help="N or 'all': MirroredStrategy over N GPUs; without GPUs, N logical CPU devices (a testing aid).")
+@click.option("--multi-worker", is_flag=True, help="MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG.")
+@click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
 @click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")

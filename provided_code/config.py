@@ -25,15 +25,19 @@ class TrainConfig:
     # -- architecture: fixed for the life of a model; a resume must match these --
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
+    dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
-    batch_size: int = 2  # patients per step (per device)
+    batch_size: int = 2  # patients per step per device; the global batch is this × replicas
     learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999, mean absolute error
+    scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
     seed: int = 0  # weights, dropout and the per-epoch shuffle
     # -- hardware --
     precision: str = "auto"  # auto: mixed_float16 on a GPU with compute capability >= 7.0, else float32;
     #                          saved resolved, and a resume with auto keeps the saved policy
     xla: bool = True  # compile the train step with XLA (jit_compile)
+    devices: str = "1"  # "N" or "all": MirroredStrategy over N GPUs (no GPU: N logical CPU devices)
+    multi_worker: bool = False  # MultiWorkerMirroredStrategy, cluster from the TF_CONFIG variable
     # -- where things go --
     model_name: str = "unet"  # results/<model_name>/
     data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)
@@ -45,7 +49,7 @@ class TrainConfig:
     keep: int = 5  # newest checkpoints kept
     tensorboard: bool = False  # also write TensorBoard events under results/<model_name>/tensorboard/
 
-    ARCHITECTURE = ("filters", "resolution")
+    ARCHITECTURE = ("filters", "resolution", "dropout")
 
     def __post_init__(self):
         def positive(name):
@@ -64,6 +68,10 @@ class TrainConfig:
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise ConfigError(f"Invalid `learning_rate`. Expected a number > 0. "
                               f"Received: learning_rate={self.learning_rate!r}")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
+            raise ConfigError(f"Invalid `dropout`. Expected a number in [0, 1). Received: dropout={self.dropout!r}")
+        if not (self.devices == "all" or (str(self.devices).isdigit() and int(self.devices) >= 1)):
+            raise ConfigError(f"Invalid `devices`. Expected a number >= 1 or 'all'. Received: devices={self.devices!r}")
         if not self.model_name or os.sep in self.model_name or self.model_name in (".", ".."):
             raise ConfigError(f"Invalid `model_name`. Expected a plain folder name. "
                               f"Received: model_name={self.model_name!r}")

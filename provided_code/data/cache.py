@@ -38,6 +38,7 @@ import json
 import logging
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 import h5py
@@ -265,9 +266,10 @@ class _patient_reader:
 
     def __enter__(self):
         if self.workers > 1:
-            # spawn, not fork: the caller may have started TensorFlow's threads already
+            # fork starts fast, but not once TensorFlow's threads run in this process: then spawn
+            method = "spawn" if "tensorflow" in sys.modules else "fork"
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self.workers, mp_context=multiprocessing.get_context(method))
             return lambda folders: self.pool.map(_read_or_error, folders)
         return lambda folders: map(_read_or_error, folders)
 

@@ -44,27 +44,21 @@ def structure_indices(structure_masks: np.ndarray) -> list[np.ndarray]:
     return [inside[(bits >> k) & 1 == 1] for k in range(len(STRUCTURES))]
 
 
-def dvh_metrics(dose: np.ndarray, indices: list[np.ndarray], voxel_dimensions: np.ndarray) -> np.ndarray:
-    """The metric table of one dose (flat or 128³, converted to float64)."""
-    dose = np.asarray(dose, dtype=np.float64).reshape(-1)
+def dvh_metrics(dose_at: Callable[[np.ndarray], np.ndarray], indices: list[np.ndarray],
+                voxel_dimensions: np.ndarray) -> np.ndarray:
+    """The metric table of one dose; ``dose_at(flat_indices)`` gives its float64 values there."""
     voxels_in_tenth_cc = max(1.0, float(np.round(100.0 / np.prod(voxel_dimensions))))
     table = np.full((len(STRUCTURES), len(METRICS)), np.nan)
     for k, (name, voxels) in enumerate(zip(STRUCTURES, indices)):
         if voxels.size == 0:
             continue
-        roi = dose[voxels]
+        roi = dose_at(voxels)
         if name in OARS:
             table[k, 0] = np.percentile(roi, 100.0 - voxels_in_tenth_cc / roi.size * 100.0)
             table[k, 1] = roi.mean()
         else:
             table[k, 2:] = np.percentile(roi, _TARGET_PERCENTILES)
     return table
-
-
-def dose_error(reference: np.ndarray, predicted: np.ndarray, possible_dose_mask: np.ndarray) -> float:
-    """Sum of |reference − predicted| over all voxels over the possible-dose mask's voxel count."""
-    difference = np.abs(np.asarray(reference, np.float64).reshape(-1) - np.asarray(predicted, np.float64).reshape(-1))
-    return float(difference.sum() / np.count_nonzero(possible_dose_mask))
 
 
 @dataclasses.dataclass
@@ -137,12 +131,26 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
     reference_tables = np.empty((count, len(STRUCTURES), len(METRICS)))
     predicted_tables = np.empty_like(reference_tables)
     for row in progress(range(count), count, "Scoring"):
-        reference = exact_dose(arrays.dose[row], int(arrays.dose_decimals[row]))
-        prediction = np.asarray(predicted(row), dtype=np.float64)
+        reference32 = arrays.dose[row].reshape(-1)
+        decimals = int(arrays.dose_decimals[row])
+        prediction = np.asarray(predicted(row)).reshape(-1)
+        # Work on the voxels that matter: the reference is zero outside the possible-dose mask
+        # (checked), so the dose error is the sum over the mask plus |prediction| outside it.
+        inside = np.flatnonzero(arrays.possible_dose_mask[row])
+        reference_inside = exact_dose(reference32[inside], decimals)
+        if np.count_nonzero(reference_inside) != np.count_nonzero(reference32):
+            raise ValueError(f"Patient {arrays.patient_ids[row]}: the reference dose is non-zero outside "
+                             f"its possible-dose mask")
+        prediction_inside = prediction[inside].astype(np.float64)
+        outside = 0.0
+        if np.count_nonzero(prediction) != np.count_nonzero(prediction_inside):
+            outside = np.abs(prediction[~arrays.possible_dose_mask[row].reshape(-1)]).sum(dtype=np.float64)
+        errors[row] = (np.abs(reference_inside - prediction_inside).sum() + outside) / inside.size
         indices = structure_indices(arrays.structure_masks[row])
-        errors[row] = dose_error(reference, prediction, arrays.possible_dose_mask[row])
-        reference_tables[row] = dvh_metrics(reference, indices, arrays.voxel_dimensions[row])
-        predicted_tables[row] = dvh_metrics(prediction, indices, arrays.voxel_dimensions[row])
+        reference_tables[row] = dvh_metrics(lambda v: exact_dose(reference32[v], decimals), indices,
+                                            arrays.voxel_dimensions[row])
+        predicted_tables[row] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
+                                            arrays.voxel_dimensions[row])
     return Scores(list(arrays.patient_ids), errors, reference_tables, predicted_tables)
 
 

@@ -28,11 +28,12 @@ def build_unet(config) -> keras.Model:
 
     Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + batch norm (not on
     the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
-    (kernel 4, stride 2, no bias) + batch norm (+ SpatialDropout3D(0.2) on alternate blocks) +
-    ReLU, concatenating the encoder's features of the same size. Then a Conv3DTranspose to one
+    (kernel 4, stride 2, no bias) + batch norm (+ SpatialDropout3D(``config.dropout``, default 0.2)
+    on alternate blocks) + ReLU, concatenating the encoder's features of the same size. Batch norm
+    is synchronised across replicas, so its statistics are those of the global batch. Then a Conv3DTranspose to one
     channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the dtype policy.
     """
-    resolution, filters = config.resolution, config.filters
+    resolution, filters, dropout = config.resolution, config.filters, getattr(config, "dropout", 0.2)
     levels = num_levels(resolution)
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
@@ -44,7 +45,8 @@ def build_unet(config) -> keras.Model:
         x = keras.layers.Conv3D(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
                                 use_bias=False, name=f"encoder_{level + 1}_conv")(x)
         if level < levels - 1:
-            x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, name=f"encoder_{level + 1}_bn")(x)
+            x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True,
+                                                name=f"encoder_{level + 1}_bn")(x)
         x = keras.layers.LeakyReLU(negative_slope=0.2, name=f"encoder_{level + 1}_act")(x)
         skips.append(x)
 
@@ -53,9 +55,10 @@ def build_unet(config) -> keras.Model:
             x = keras.layers.Concatenate(name=f"decoder_{level + 1}_skip")([x, skips[level + 1]])
         x = keras.layers.Conv3DTranspose(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
                                          use_bias=False, name=f"decoder_{level + 1}_conv")(x)
-        x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, name=f"decoder_{level + 1}_bn")(x)
-        if block % 2 == 1:
-            x = keras.layers.SpatialDropout3D(0.2, name=f"decoder_{level + 1}_dropout")(x)
+        x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True,
+                                            name=f"decoder_{level + 1}_bn")(x)
+        if block % 2 == 1 and dropout > 0:
+            x = keras.layers.SpatialDropout3D(dropout, name=f"decoder_{level + 1}_dropout")(x)
         x = keras.layers.ReLU(name=f"decoder_{level + 1}_act")(x)
 
     x = keras.layers.Concatenate(name="decoder_0_skip")([x, skips[0]])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import keras
@@ -22,6 +24,7 @@ from provided_code.training.checkpoints import RotatingCheckpoint, list_checkpoi
 from provided_code.training.epoch_log import EpochCSVLogger
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
+from provided_code.training.strategy import make_placement
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +56,7 @@ def load_training_data(config: TrainConfig, split: str, progress: Progress = no_
     return downsample_split(arrays, config.resolution)
 
 
-def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
-          strategy: tf.distribute.Strategy | None = None) -> TrainResult:
+def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint."""
     # -- 1. Settings: a resume must not silently change the model.
     saved = read_saved_config(config.models_dir)
@@ -76,7 +78,9 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
                 f", validating on {len(validation_arrays)}" if validation_arrays is not None else "")
 
-    # -- 3. Hardware: precision policy, determinism, strategy.
+    # -- 3. Hardware: strategy (first: it may split the CPU), precision policy, determinism.
+    placement = make_placement(config.devices, config.multi_worker)
+    strategy = placement.strategy
     device, capabilities = describe_devices()
     if saved is not None and config.precision == "auto":
         policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
@@ -91,7 +95,11 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
         if config.xla:
             logger.warning("XLA is on and no GPU is visible: on CPUs XLA's 3D convolutions measured "
                            "many times slower than TensorFlow's own; --no-xla is faster here")
-    strategy = strategy or tf.distribute.get_strategy()
+    global_batch = config.batch_size * placement.replicas
+    learning_rate = config.learning_rate * (placement.replicas if config.scale_lr else 1)
+    logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global; learning rate %g%s",
+                placement.description, config.batch_size, placement.replicas, global_batch, learning_rate,
+                " (scaled by the replica count)" if config.scale_lr and placement.replicas > 1 else "")
 
     # -- 4. Model: the newest checkpoint that loads, else a new one.
     with strategy.scope():
@@ -103,39 +111,53 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
             initial_epoch = 0
             model = build_unet(config)
             model.compile(
-                optimizer=keras.optimizers.Adam(config.learning_rate, beta_1=0.5, beta_2=0.999),
+                optimizer=keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999),
                 loss="mean_absolute_error",
             )
         model.jit_compile = config.xla
     logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
                 type(model.optimizer).__name__, "on" if config.xla else "off")
 
-    config.models_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+    if placement.is_chief:
+        config.models_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
     if initial_epoch >= config.epochs:
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
                     config.model_name, initial_epoch, config.epochs)
         return TrainResult(initial_epoch, initial_epoch, policy, device, _newest(config))
 
     # -- 5. Fit: one dataset over the remaining epochs, so each epoch's order depends on (seed, epoch).
-    callbacks = [
-        ReseedDropoutEachEpoch(config.seed),
-        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
-        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
-    ]
-    if config.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
-    model.fit(
-        training_dataset(train_arrays, config.batch_size, config.seed, initial_epoch, config.epochs),
-        steps_per_epoch=steps_per_epoch(len(train_arrays), config.batch_size),
-        epochs=config.epochs,
-        initial_epoch=initial_epoch,
-        validation_data=(evaluation_dataset(validation_arrays, config.batch_size)
-                         if validation_arrays is not None else None),
-        callbacks=callbacks,
-        shuffle=False,  # the dataset is already shuffled, per epoch, by seed
-        verbose=verbose,
-    )
+    #    The chief alone writes the log and checkpoints; other workers save to a scratch folder.
+    callbacks = [ReseedDropoutEachEpoch(config.seed)]
+    if placement.is_chief:
+        callbacks += [
+            EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
+            RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+        ]
+        if config.tensorboard:
+            callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix=f"worker-{placement.worker_index}-"))
+        callbacks.append(RotatingCheckpoint(scratch, config.save_every, 1, config.epochs))
+    shard = (placement.worker_index, placement.workers)
+    full_batches = placement.replicas > 1
+    try:
+        model.fit(
+            training_dataset(train_arrays, global_batch, config.seed, initial_epoch, config.epochs,
+                             shard=shard, full_batches=full_batches),
+            steps_per_epoch=steps_per_epoch(len(train_arrays), global_batch),
+            epochs=config.epochs,
+            initial_epoch=initial_epoch,
+            validation_data=(evaluation_dataset(validation_arrays, global_batch, shard=shard,
+                                                full_batches=full_batches)
+                             if validation_arrays is not None else None),
+            callbacks=callbacks,
+            shuffle=False,  # the dataset is already shuffled, per epoch, by seed
+            verbose=verbose,
+        )
+    finally:
+        if not placement.is_chief:
+            shutil.rmtree(scratch, ignore_errors=True)
     return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
 
 
