@@ -26,6 +26,7 @@ def _setup_logging() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
 
 
 def _user_errors():
@@ -38,6 +39,7 @@ def _user_errors():
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
+@click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")
 @click.option("--data-dir", default=DEFAULTS.data_dir, help="Folder holding train-pats/, validation-pats/, test-pats/.")
 @click.option("--results-dir", default=DEFAULTS.results_dir, help="Where results/<model-name>/ goes.")
@@ -54,7 +56,8 @@ def _user_errors():
 @click.option("--seed", type=int, default=DEFAULTS.seed, help="Seed for weights, dropout and shuffling.")
 @click.option("--devices", default=DEFAULTS.devices,
               help="N or 'all': MirroredStrategy over N GPUs; without GPUs, N logical CPU devices (a testing aid).")
-@click.option("--multi-worker", is_flag=True, help="MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG.")
+@click.option("--multi-worker", is_flag=True,
+              help="MultiWorkerMirroredStrategy from TF_CONFIG: not available with Keras 3.15 (see README).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")

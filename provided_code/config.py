@@ -37,7 +37,7 @@ class TrainConfig:
     #                          saved resolved, and a resume with auto keeps the saved policy
     xla: bool = True  # compile the train step with XLA (jit_compile)
     devices: str = "1"  # "N" or "all": MirroredStrategy over N GPUs (no GPU: N logical CPU devices)
-    multi_worker: bool = False  # MultiWorkerMirroredStrategy, cluster from the TF_CONFIG variable
+    multi_worker: bool = False  # MultiWorkerMirroredStrategy: refused for now (Keras 3.15 fit fails under it)
     # -- where things go --
     model_name: str = "unet"  # results/<model_name>/
     data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)

@@ -7,7 +7,10 @@ first step (compile included) with XLA against without, float32 against mixed_fl
 first XLA step with Keras's built-in AveragePooling3D in place of the project's separable one
 (same output, see networks/layers.py) at --pool-resolution. And the share of step time the input pipeline takes:
 the time to pull one batch from the tf.data pipeline over the fastest step time measured here; and the fetch time of a batch at 128³, for reasoning
-about larger steps. CPU figures only; nothing here says what a GPU does.
+about larger steps. And steps per second at the same global batch on one device against a
+MirroredStrategy over 2 logical CPU devices (the processor split in two, as --devices 2 does
+without GPUs): the same code path as two GPUs, but both share this CPU's cores, so this says
+what the strategy costs, not what GPUs gain. CPU figures only; nothing here says what a GPU does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.data.cache import load_split  # noqa: E402
@@ -33,8 +37,10 @@ from provided_code.data.tf_dataset import training_dataset  # noqa: E402
 import provided_code.networks.unet as unet  # noqa: E402
 
 
-def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, builtin_pool: bool = False) -> dict:
+def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, builtin_pool: bool = False,
+            strategy: tf.distribute.Strategy | None = None) -> dict:
     """Time to first step (trace + compile + step) and steady samples per second."""
+    strategy = strategy or tf.distribute.get_strategy()
     keras.backend.clear_session()
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)
@@ -43,11 +49,12 @@ def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, buil
         unet.AveragePool3x3x3 = lambda dtype, name: keras.layers.AveragePooling3D(
             3, strides=1, padding="same", dtype=dtype, name=name)
     try:
-        model = unet.build_unet(config)
+        with strategy.scope():
+            model = unet.build_unet(config)
+            model.compile(optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5, beta_2=0.999),
+                          loss="mean_absolute_error", jit_compile=xla)
     finally:
         unet.AveragePool3x3x3 = original
-    model.compile(optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5, beta_2=0.999), loss="mean_absolute_error",
-                  jit_compile=xla)
     inputs, dose = batch
     start = time.perf_counter()
     model.train_on_batch(inputs, dose)
@@ -57,7 +64,7 @@ def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, buil
         model.train_on_batch(inputs, dose)
     step = (time.perf_counter() - start) / steps
     keras.mixed_precision.set_global_policy("float32")
-    return {"first_step_s": first, "step_s": step, "samples_per_s": len(dose) / step}
+    return {"first_step_s": first, "step_s": step, "samples_per_s": len(dose) / step, "steps_per_s": 1 / step}
 
 
 def main() -> None:
@@ -69,6 +76,9 @@ def main() -> None:
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
     args = parser.parse_args()
+    # Split the CPU before TensorFlow starts; single-device runs use the first logical device.
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -100,6 +110,11 @@ def main() -> None:
         "xla_float32": measure(config, batch, args.steps, "float32", xla=True),
         "no_xla_float32": measure(config, batch, args.steps, "float32", xla=False),
         "no_xla_mixed_float16": measure(config, batch, args.steps, "mixed_float16", xla=False),
+        "one_device_batch_2": measure(config, batch, args.steps, "float32", xla=False),
+        "two_logical_devices_batch_1_each": measure(
+            config, batch, args.steps, "float32", xla=False,
+            strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                    cross_device_ops=tf.distribute.ReductionToOneDevice())),
         "pool_separable_xla": measure(pool_config, pool_batch, 1, "float32", xla=True),
         "pool_builtin_xla": measure(pool_config, pool_batch, 1, "float32", xla=True, builtin_pool=True),
     }
@@ -122,6 +137,9 @@ def main() -> None:
         "first_step_s_xla_builtin_pool": runs["pool_builtin_xla"]["first_step_s"],
         "builtin_over_separable_pool_first_step": (runs["pool_builtin_xla"]["first_step_s"]
                                                    / runs["pool_separable_xla"]["first_step_s"]),
+        "steps_per_s_1_device": runs["one_device_batch_2"]["steps_per_s"],
+        "steps_per_s_2_logical_cpu_devices": runs["two_logical_devices_batch_1_each"]["steps_per_s"],
+        "parameter_bytes_float32_at_128_filters_64": 4 * unet.build_unet(TrainConfig()).count_params(),
         "batch_fetch_s": fetch_s,
         "input_pipeline_share": min(1.0, fetch_s / fastest_step),
         "batch_fetch_s_128": fetch_128_s,

@@ -23,8 +23,7 @@ def steps_per_epoch(num_patients: int, batch_size: int) -> int:
 
 
 def training_dataset(arrays, batch_size: int, seed: int, first_epoch: int, epochs: int,
-                     shuffle: bool = True, prefetch: int = 2, shard: tuple[int, int] = (0, 1),
-                     full_batches: bool = False) -> tf.data.Dataset:
+                     shuffle: bool = True, prefetch: int = 2, full_batches: bool = False) -> tf.data.Dataset:
     """Batches of epochs ``first_epoch .. epochs - 1`` (0-based), one epoch after another.
 
     Give Keras ``steps_per_epoch=steps_per_epoch(len(arrays), batch_size)`` so that it keeps one
@@ -32,19 +31,16 @@ def training_dataset(arrays, batch_size: int, seed: int, first_epoch: int, epoch
     whether or not the run was resumed. Inputs stay in their compact dtypes (uint16); the model
     casts them on the device.
 
-    ``shard=(index, count)``: for one of ``count`` workers, each global batch of ``batch_size``
-    rows is cut into ``count`` interleaved parts and only part ``index`` is read here; the dataset
-    is marked not to be sharded again. ``full_batches``: a last, partial batch of an epoch is
+    ``full_batches``: a last, partial batch of an epoch is
     topped up with that epoch's first rows (so that no replica gets an empty batch).
     """
-    index, count = shard
     schedule = []
     for epoch in range(first_epoch, epochs):
         batches = epoch_batches(len(arrays), batch_size, seed, epoch, shuffle)
         if full_batches and len(batches[-1]) < batch_size:
             first = np.concatenate(batches)[: batch_size - len(batches[-1])]
             batches[-1] = np.concatenate([batches[-1], first])
-        schedule += [rows[index::count] for rows in batches]
+        schedule += batches
 
     def generate():
         for rows in schedule:
@@ -53,15 +49,10 @@ def training_dataset(arrays, batch_size: int, seed: int, first_epoch: int, epoch
     dataset = tf.data.Dataset.from_generator(generate, output_signature=_signature(arrays.resolution))
     # A known length lets Keras plan epochs instead of discovering the end by running off it.
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(schedule)))
-    if count > 1:
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        dataset = dataset.with_options(options)
     return dataset.prefetch(prefetch)
 
 
-def evaluation_dataset(arrays, batch_size: int, prefetch: int = 2, shard: tuple[int, int] = (0, 1),
-                       full_batches: bool = False) -> tf.data.Dataset:
+def evaluation_dataset(arrays, batch_size: int, prefetch: int = 2, full_batches: bool = False) -> tf.data.Dataset:
     """One pass over every patient in order (validation loss)."""
     return training_dataset(arrays, batch_size, seed=0, first_epoch=0, epochs=1, shuffle=False, prefetch=prefetch,
-                            shard=shard, full_batches=full_batches)
+                            full_batches=full_batches)

@@ -63,10 +63,13 @@ class EpochCSVLogger(keras.callbacks.Callback):
         logs = logs or {}
         now = time.perf_counter()
         train_seconds = (self._train_end or now) - self._epoch_start
+        def scalar(name):  # a float, or "" when absent
+            return float(logs[name]) if name in logs else ""
+
         row = {
             "epoch": epoch + 1,
-            "loss": logs.get("loss", ""),
-            "val_loss": logs.get("val_loss", ""),
+            "loss": scalar("loss"),
+            "val_loss": scalar("val_loss"),
             "learning_rate": f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}",
             "epoch_seconds": round(now - self._epoch_start, 3),
             "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),

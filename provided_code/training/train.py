@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import keras
@@ -118,46 +116,35 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
                 type(model.optimizer).__name__, "on" if config.xla else "off")
 
-    if placement.is_chief:
-        config.models_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+    config.models_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
     if initial_epoch >= config.epochs:
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
                     config.model_name, initial_epoch, config.epochs)
         return TrainResult(initial_epoch, initial_epoch, policy, device, _newest(config))
 
     # -- 5. Fit: one dataset over the remaining epochs, so each epoch's order depends on (seed, epoch).
-    #    The chief alone writes the log and checkpoints; other workers save to a scratch folder.
-    callbacks = [ReseedDropoutEachEpoch(config.seed)]
-    if placement.is_chief:
-        callbacks += [
-            EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
-            RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
-        ]
-        if config.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
-    else:
-        scratch = Path(tempfile.mkdtemp(prefix=f"worker-{placement.worker_index}-"))
-        callbacks.append(RotatingCheckpoint(scratch, config.save_every, 1, config.epochs))
-    shard = (placement.worker_index, placement.workers)
+    #    With several replicas, each global batch is split between them (the arrays are not copied).
+    callbacks = [
+        ReseedDropoutEachEpoch(config.seed),
+        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
+        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+    ]
+    if config.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
     full_batches = placement.replicas > 1
-    try:
-        model.fit(
-            training_dataset(train_arrays, global_batch, config.seed, initial_epoch, config.epochs,
-                             shard=shard, full_batches=full_batches),
-            steps_per_epoch=steps_per_epoch(len(train_arrays), global_batch),
-            epochs=config.epochs,
-            initial_epoch=initial_epoch,
-            validation_data=(evaluation_dataset(validation_arrays, global_batch, shard=shard,
-                                                full_batches=full_batches)
-                             if validation_arrays is not None else None),
-            callbacks=callbacks,
-            shuffle=False,  # the dataset is already shuffled, per epoch, by seed
-            verbose=verbose,
-        )
-    finally:
-        if not placement.is_chief:
-            shutil.rmtree(scratch, ignore_errors=True)
+    model.fit(
+        training_dataset(train_arrays, global_batch, config.seed, initial_epoch, config.epochs,
+                         full_batches=full_batches),
+        steps_per_epoch=steps_per_epoch(len(train_arrays), global_batch),
+        epochs=config.epochs,
+        initial_epoch=initial_epoch,
+        validation_data=(evaluation_dataset(validation_arrays, global_batch, full_batches=full_batches)
+                         if validation_arrays is not None else None),
+        callbacks=callbacks,
+        shuffle=False,  # the dataset is already shuffled, per epoch, by seed
+        verbose=verbose,
+    )
     return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
 
 
