@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from provided_code.atomic import atomic_path
 from provided_code.config import ConfigError
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import exact_dose
@@ -22,10 +22,8 @@ def require_matplotlib() -> None:
 
 
 def _save(figure, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    figure.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path, suffix=".png") as tmp:
+        figure.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
 
 
 def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.ndarray) -> list[Path]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import zipfile
 from pathlib import Path
 
 import keras
 import numpy as np
 
+from provided_code.atomic import atomic_path
 from provided_code.config import TrainConfig, read_saved_config
 from provided_code.constants import LEFT_RIGHT_AXIS, STRUCTURES
 from provided_code.data.batches import epoch_batches
@@ -132,14 +132,7 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | N
 
 def _write_submission(predictions_dir: Path, patient_ids: list[str], path: Path) -> Path:
     """A zip of the prediction CSVs, written beside its final name and moved into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for pid in patient_ids:
-                archive.write(predictions_dir / f"{pid}.csv", arcname=f"{pid}.csv")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for pid in patient_ids:
+            archive.write(predictions_dir / f"{pid}.csv", arcname=f"{pid}.csv")
     return path

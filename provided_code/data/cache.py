@@ -44,6 +44,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from provided_code.atomic import atomic_path
 from provided_code.constants import STRUCTURES, VOLUME_SHAPE
 from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
 from provided_code.progress import Progress, no_progress
@@ -201,10 +202,9 @@ def build_cache(
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
     workers = max(1, min(workers or os.cpu_count() or 1, len(folders)))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = len(folders)
     skipped: dict[str, str] = {}
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as h5:
             volumes = {
                 name: h5.create_dataset(name, (count, *VOLUME_SHAPE), dtype=dtype,
@@ -250,10 +250,6 @@ def build_cache(
             h5.attrs["skip_incomplete"] = skip_incomplete
             h5.attrs["skipped"] = json.dumps(skipped)
             h5.attrs["complete"] = True  # written last
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     logger.info("Cached %d patients of %s in %s (%d skipped)", kept, split_dir, path, len(skipped))
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import secrets
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from provided_code.atomic import write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,
@@ -228,20 +228,3 @@ def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.nd
     else:
         lines = np.char.add(np.char.add(index_text, ","), np.char.add(np.asarray(values).astype(str), "\n"))
     write_text_atomic(Path(path), ",data\n" + "".join(lines.tolist()))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then move it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        # os.open with 0o666 (not mkstemp's 0o600): the final file gets the usual umask permissions
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -23,7 +23,8 @@ from provided_code.constants import (
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
-from provided_code.data.csv_io import write_sparse_csv, write_text_atomic
+from provided_code.atomic import write_text_atomic
+from provided_code.data.csv_io import write_sparse_csv
 
 
 def _ellipsoid(grid, centre, radii) -> np.ndarray:

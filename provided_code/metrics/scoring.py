@@ -27,7 +27,8 @@ import pandas as pd
 
 from provided_code.constants import NUM_VOXELS, OARS, STRUCTURES
 from provided_code.data.cache import exact_dose, load_split
-from provided_code.data.csv_io import PatientDataError, read_sparse_csv, write_text_atomic
+from provided_code.atomic import write_text_atomic
+from provided_code.data.csv_io import PatientDataError, read_sparse_csv
 from provided_code.progress import Progress, no_progress
 
 METRICS = ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import keras
 
+from provided_code.atomic import atomic_path
+
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
@@ -67,7 +69,7 @@ class RotatingCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.models_dir.mkdir(parents=True, exist_ok=True)
         for name in os.listdir(self.models_dir):  # left by a process killed mid-save
-            if name.startswith(".tmp-"):
+            if name.startswith(".epoch_") and name.endswith(".keras"):
                 (self.models_dir / name).unlink()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -75,11 +77,8 @@ class RotatingCheckpoint(keras.callbacks.Callback):
         if done % self.save_every and done != self.epochs:
             return
         final = self.models_dir / f"epoch_{done}.keras"
-        tmp = self.models_dir / f".tmp-epoch_{done}.keras"
-        self.model.save(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, final)
+        with atomic_path(final, suffix=".keras") as tmp:  # Keras insists on the extension
+            self.model.save(tmp)
         logger.info("Saved checkpoint %s", final)
         for _, old in list_checkpoints(self.models_dir)[self.keep:]:
             old.unlink()

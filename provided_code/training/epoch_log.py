@@ -11,7 +11,7 @@ from pathlib import Path
 
 import keras
 
-from provided_code.data.csv_io import write_text_atomic
+from provided_code.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 

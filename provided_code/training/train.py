@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
 from provided_code.data.cache import SplitArrays, load_split
-from provided_code.data.csv_io import write_text_atomic
+from provided_code.atomic import write_text_atomic
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import evaluation_dataset, steps_per_epoch, training_dataset
 from provided_code.networks.unet import build_unet
