@@ -2,6 +2,7 @@ import csv
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,17 @@ def test_xla_compiled_run(config, caplog):
         train(dataclasses.replace(config, xla=True, epochs=1))
     assert "XLA on" in caplog.text and "XLA is on and no GPU is visible" in caplog.text
     assert log_epochs(config) == [1]
+
+
+def test_validation_split_without_doses_is_not_an_error(config, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(config.data_dir, data)
+    for dose in (data / "validation-pats").glob("pt_*/dose.csv"):
+        dose.unlink()
+    result = train(dataclasses.replace(config, data_dir=str(data), epochs=1))
+    assert result.last_epoch == 1
+    with open(config.run_dir / "training_log.csv", newline="") as handle:
+        assert next(csv.DictReader(handle))["val_loss"] == ""
 
 
 def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):

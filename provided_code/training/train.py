@@ -11,9 +11,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
-from provided_code.data.cache import SplitArrays, load_split
 from provided_code.atomic import write_text_atomic
+from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
+from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import evaluation_dataset, steps_per_epoch, training_dataset
 from provided_code.networks.unet import build_unet
@@ -46,14 +46,6 @@ class TrainResult:
     checkpoint: Path | None  # the newest checkpoint
 
 
-def load_training_data(config: TrainConfig, split: str, progress: Progress = no_progress) -> SplitArrays:
-    """A split with reference doses, at the config's resolution."""
-    split_dir = Path(config.data_dir) / split
-    arrays = load_split(split_dir, cache_dir=config.cache_dir, require_dose=True,
-                        skip_incomplete=config.skip_incomplete, progress=progress)
-    return downsample_split(arrays, config.resolution)
-
-
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint."""
     # -- 1. Settings: a resume must not silently change the model.
@@ -69,10 +61,19 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     train_dir = Path(config.data_dir) / "train-pats"
     if not train_dir.is_dir():
         raise DataNotFoundError(f"No training data: {train_dir} does not exist. {OPENKBP_SOURCE}")
-    train_arrays = load_training_data(config, "train-pats", progress)
+    train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
+                                               skip_incomplete=config.skip_incomplete, progress=progress),
+                                    config.resolution)
     validation_arrays = None
-    if (Path(config.data_dir) / "validation-pats").is_dir():
-        validation_arrays = load_training_data(config, "validation-pats", progress)
+    validation_dir = Path(config.data_dir) / "validation-pats"
+    if validation_dir.is_dir():  # validation loss over the patients that have a reference dose
+        validation = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
+                                skip_incomplete=config.skip_incomplete, progress=progress)
+        if validation.has_dose.any():
+            validation_arrays = downsample_split(validation.select(np.flatnonzero(validation.has_dose)),
+                                                 config.resolution)
+        else:
+            logger.info("%s has no dose.csv files: no validation loss", validation_dir)
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
                 f", validating on {len(validation_arrays)}" if validation_arrays is not None else "")
 
