@@ -27,3 +27,14 @@ def test_take_batch_is_compact_fancy_indexing(phantom_data, tmp_path):
     assert inputs["ct"].dtype == np.uint16 and inputs["structure_masks"].dtype == np.uint16
     assert np.array_equal(inputs["ct"][0], arrays.ct[2]) and np.array_equal(dose[1, ..., 0], arrays.dose[0])
     assert dose.shape == (2, 128, 128, 128, 1) and dose.dtype == np.float32
+
+
+def test_numpy_data_layer_imports_without_tensorflow():
+    import subprocess
+    import sys
+
+    probe = ("import sys; import provided_code.data.batches, provided_code.data.cache, "
+             "provided_code.data.resample, provided_code.data.phantoms; "
+             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr

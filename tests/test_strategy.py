@@ -75,3 +75,11 @@ def test_multi_worker_is_refused_with_the_reason(phantom_data, tmp_path):
 def test_bad_devices_value_is_clear(phantom_data, tmp_path):
     result = run_cli(phantom_data, tmp_path, "--model-name", "bad", "--devices", "zero", check=False)
     assert result.returncode == 1 and "Invalid `devices`" in result.stderr
+
+
+def test_xla_and_mixed_precision_under_two_replicas(phantom_data, tmp_path):
+    result = run_cli(phantom_data, tmp_path, "--model-name", "fast", "--devices", "2", "--batch-size", "1",
+                     "--epochs", "1", "--xla", "--precision", "mixed_float16")
+    assert "dtype policy mixed_float16 (LossScaleOptimizer); XLA on" in result.stderr
+    assert "MirroredStrategy over 2 logical CPU devices" in result.stderr
+    assert log_epochs(tmp_path / "results" / "fast") == [1]
