@@ -89,11 +89,12 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     config = dataclasses.replace(config, precision=policy)
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    if not capabilities:  # CPU: deterministic ops, so a resumed run equals an uninterrupted one
-        tf.config.experimental.enable_op_determinism()
+    if not capabilities:
         if config.xla:
             logger.warning("XLA is on and no GPU is visible: on CPUs XLA's 3D convolutions measured "
                            "many times slower than TensorFlow's own; --no-xla is faster here")
+        else:  # deterministic ops, so a resumed run equals an uninterrupted one (Keras turns XLA off with them)
+            tf.config.experimental.enable_op_determinism()
     global_batch = config.batch_size * placement.replicas
     learning_rate = config.learning_rate * (placement.replicas if config.scale_lr else 1)
     logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global; learning rate %g%s",
@@ -114,8 +115,12 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
                 loss="mean_absolute_error",
             )
         model.jit_compile = config.xla
+        if config.xla and placement.replicas > 1:
+            logger.warning("XLA off: Keras 3's fit cannot jit-compile a step that spans several replicas "
+                           "(keras-team/keras#19005); training under %s without XLA", placement.description)
+            model.jit_compile = False
     logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
-                type(model.optimizer).__name__, "on" if config.xla else "off")
+                type(model.optimizer).__name__, "on" if model.jit_compile else "off")
 
     config.models_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
