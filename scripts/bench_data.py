@@ -41,11 +41,15 @@ def timed(function, repeats: int) -> float:
 
 
 def naive_batch(folders: list[Path]):
-    """What the design replaces: parse the CSVs of every patient of the batch into float64."""
+    """What the design replaces: parse the CSVs of every patient of the batch into float64.
+
+    The dense volumes are allocated with np.full, not np.zeros, so that their pages exist: a model
+    fed this batch reads every byte of it, as it reads every byte of the compact batch.
+    """
     shape = (len(folders), *VOLUME_SHAPE)
-    ct = np.zeros((*shape, 1))
-    masks = np.zeros((*shape, len(STRUCTURES) + 1))
-    dose = np.zeros((*shape, 1))
+    ct = np.full((*shape, 1), 0.0)
+    masks = np.full((*shape, len(STRUCTURES) + 1), 0.0)
+    dose = np.full((*shape, 1), 0.0)
     for row, folder in enumerate(folders):
         for name, target, channel in [(CT_FILE, ct, 0), (DOSE_FILE, dose, 0)]:
             frame = pd.read_csv(folder / name, index_col=0)
