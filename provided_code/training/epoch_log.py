@@ -56,8 +56,10 @@ class EpochCSVLogger(keras.callbacks.Callback):
         self._epoch_start = time.perf_counter()
         self._train_end = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._train_end = time.perf_counter()
+    def on_test_begin(self, logs=None):  # validation starts: the epoch's training is over
+        # (no batch-level hook: one would make Keras sync with the device after every step)
+        if self._train_end is None:
+            self._train_end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
