@@ -34,7 +34,9 @@ def _user_errors():
     from provided_code.config import ConfigError
     from provided_code.data.csv_io import PatientDataError, SplitError
 
-    return ConfigError, PatientDataError, SplitError, FileNotFoundError
+    errors = (ConfigError, PatientDataError, SplitError, FileNotFoundError)
+    predict = sys.modules.get("provided_code.predict")  # its error can only come from it once imported;
+    return errors + (predict.PredictionError,) if predict else errors  # importing it here would load TensorFlow
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})

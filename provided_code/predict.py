@@ -27,6 +27,10 @@ _RIGHT_PAROTID = 1 << STRUCTURES.index("RightParotid")
 _LEFT_PAROTID = 1 << STRUCTURES.index("LeftParotid")
 
 
+class PredictionError(RuntimeError):
+    """A model's predictions are unusable (not finite)."""
+
+
 @dataclasses.dataclass
 class PredictionReport:
     stage: str
@@ -103,6 +107,11 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | N
     arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
                         skip_incomplete=config.skip_incomplete, progress=progress)
     low = predict_arrays(model, downsample_split(arrays, saved.resolution), config.batch_size, tta, progress)
+    broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
+    if broken:
+        raise PredictionError(f"Model {config.model_name!r} at epoch {epoch} predicts NaN or infinite doses for "
+                              f"{', '.join(broken)}: this checkpoint is unusable (did training diverge? see "
+                              f"{config.run_dir / 'training_log.csv'}); nothing was written.")
 
     predictions_dir = config.run_dir / f"{stage}-predictions"
     predictions = np.empty(arrays.dose.shape, np.float32)

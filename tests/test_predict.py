@@ -17,7 +17,7 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split
-from provided_code.predict import mirror_left_right, predict_arrays, predict_stage
+from provided_code.predict import PredictionError, mirror_left_right, predict_arrays, predict_stage
 from provided_code.training.checkpoints import load_newest
 from provided_code.training.train import train
 
@@ -114,3 +114,16 @@ def test_predictions_are_full_size(trained):
     report = predict_stage(trained, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
     assert indices.max() < np.prod(VOLUME_SHAPE) and values.size > 32 ** 3
+
+
+def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_path):
+    broken = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
+    shutil.copytree(trained.run_dir / "models", broken.models_dir)
+    _, model = load_newest(broken.models_dir)
+    kernel = model.get_layer("dose_conv").kernel
+    kernel.assign(np.full(kernel.shape, np.nan, np.float32))
+    model.save(broken.models_dir / "epoch_3.keras")
+    keras.backend.clear_session()
+    with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
+        predict_stage(broken, stage="validation")
+    assert not (broken.run_dir / "validation-predictions").exists()
