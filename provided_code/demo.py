@@ -40,6 +40,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
 
     import tensorflow as tf
 
+    from provided_code.plots import has_matplotlib
     from provided_code.predict import predict_stage
     from provided_code.training.train import train
 
@@ -52,7 +53,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
                          xla=bool(tf.config.list_physical_devices("GPU")))
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
     train(config, progress=click_progress, verbose=0)
-    plots = _has_matplotlib()
+    plots = has_matplotlib()
     report = predict_stage(config, stage="validation", plots=plots, progress=click_progress)
     zero_score = _zero_prediction_dose_score(config)
 
@@ -68,14 +69,6 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     click.echo(f"For scale: predicting zero dose everywhere scores a dose score of {zero_score:.3f} Gy.")
     click.echo(f"dose score {report.scores.dose_score:.3f} Gy, DVH score {report.scores.dvh_score:.3f} Gy "
                f"on {report.patients} held-out phantoms")
-
-
-def _has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _zero_prediction_dose_score(config) -> float:

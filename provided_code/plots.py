@@ -13,12 +13,18 @@ from provided_code.data.cache import exact_dose
 from provided_code.metrics.scoring import structure_indices
 
 
-def require_matplotlib() -> None:
+def has_matplotlib() -> bool:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def require_matplotlib() -> None:
+    if not has_matplotlib():
         raise ConfigError("--plots needs matplotlib: pip install 'provided_code[plots]' "
-                          "(or pip install matplotlib)") from None
+                          "(or pip install matplotlib)")
 
 
 def _save(figure, path: Path) -> None:

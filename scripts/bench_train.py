@@ -35,6 +35,7 @@ from provided_code.data.phantoms import write_phantom_split  # noqa: E402
 from provided_code.data.resample import downsample_split  # noqa: E402
 from provided_code.data.tf_dataset import training_dataset  # noqa: E402
 import provided_code.networks.unet as unet  # noqa: E402
+from provided_code.training.strategy import make_placement  # noqa: E402
 
 
 def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, builtin_pool: bool = False,
@@ -76,9 +77,8 @@ def main() -> None:
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
     args = parser.parse_args()
-    # Split the CPU before TensorFlow starts; single-device runs use the first logical device.
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    # Split the CPU (as --devices 2 does) before TensorFlow starts; single-device runs use the first half.
+    two_devices = make_placement("2", multi_worker=False).strategy
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -113,8 +113,7 @@ def main() -> None:
         "one_device_batch_2": measure(config, batch, args.steps, "float32", xla=False),
         "two_logical_devices_batch_1_each": measure(
             config, batch, args.steps, "float32", xla=False,
-            strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
-                                                    cross_device_ops=tf.distribute.ReductionToOneDevice())),
+            strategy=two_devices),
         "pool_separable_xla": measure(pool_config, pool_batch, 1, "float32", xla=True),
         "pool_builtin_xla": measure(pool_config, pool_batch, 1, "float32", xla=True, builtin_pool=True),
     }

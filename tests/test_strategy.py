@@ -10,7 +10,6 @@ from pathlib import Path
 
 import keras
 import numpy as np
-import pytest
 
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.train import model_weights

@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 2
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
+_TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
 
 
 class CacheError(RuntimeError):
@@ -91,9 +92,7 @@ class SplitArrays:
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, name).nbytes for name in
-                   ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
-                    "dose_decimals", "voxel_dimensions", "structure_present"))
+        return sum(getattr(self, name).nbytes for name in (*_VOLUMES, *_TABLES))
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
         """The patients at ``rows`` (a copy)."""
@@ -101,9 +100,7 @@ class SplitArrays:
         return dataclasses.replace(
             self,
             patient_ids=[self.patient_ids[i] for i in rows],
-            **{name: getattr(self, name)[rows] for name in
-               ("ct", "structure_masks", "possible_dose_mask", "dose", "has_dose",
-                "dose_decimals", "voxel_dimensions", "structure_present")},
+            **{name: getattr(self, name)[rows] for name in (*_VOLUMES, *_TABLES)},
             skipped=dict(self.skipped),
         )
 
@@ -325,8 +322,7 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                     if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != arrays[name][row].nbytes:
                         raise CacheError(f"{path}: dataset {name} is not stored one raw chunk per patient")
                     reads.append((arrays[name][row], chunk.byte_offset))
-            small = {name: h5[name][()] for name in ("has_dose", "dose_decimals", "voxel_dimensions",
-                                                           "structure_present")}
+            small = {name: h5[name][()] for name in _TABLES}
             skipped = json.loads(attrs["skipped"])
         _read_chunks(path, reads)
     except CacheError:

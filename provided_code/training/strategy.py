@@ -7,17 +7,10 @@ devices: a testing aid that runs the same MirroredStrategy code path as that man
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
-import os
 
-import keras
 import tensorflow as tf
 
 from provided_code.config import ConfigError
-
-logger = logging.getLogger(__name__)
-
 
 MULTI_WORKER_UNAVAILABLE = (
     "--multi-worker is not available: with Keras 3.15 and TensorFlow 2.21, Keras's fit fails under "

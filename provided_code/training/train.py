@@ -114,11 +114,10 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
                 optimizer=keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999),
                 loss="mean_absolute_error",
             )
-        model.jit_compile = config.xla
         if config.xla and placement.replicas > 1:
             logger.warning("XLA off: Keras 3's fit cannot jit-compile a step that spans several replicas "
                            "(keras-team/keras#19005); training under %s without XLA", placement.description)
-            model.jit_compile = False
+        model.jit_compile = config.xla and placement.replicas == 1
     logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
                 type(model.optimizer).__name__, "on" if model.jit_compile else "off")
 
