@@ -9,8 +9,9 @@ from typing import Iterable, Iterator, TypeVar
 
 import click
 
-from provided_code.config import PRECISIONS, TrainConfig
+from provided_code.config import PRECISIONS, XLA_MODES, TrainConfig
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.environment import configure_tensorflow
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -23,7 +24,7 @@ def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T
 
 
 def _setup_logging() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    configure_tensorflow()  # before anything imports TensorFlow: oneDNN CPU kernels, quiet C++ start-up
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
@@ -35,8 +36,11 @@ def _user_errors():
     from provided_code.data.csv_io import PatientDataError, SplitError
 
     errors = (ConfigError, PatientDataError, SplitError, FileNotFoundError)
-    predict = sys.modules.get("provided_code.predict")  # its error can only come from it once imported;
-    return errors + (predict.PredictionError,) if predict else errors  # importing it here would load TensorFlow
+    # These can only come from their modules once imported; importing them here would load TensorFlow.
+    for module, name in (("provided_code.predict", "PredictionError"), ("provided_code.training.train", "WorkerLostError")):
+        if module in sys.modules:
+            errors += (getattr(sys.modules[module], name),)
+    return errors
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -52,14 +56,23 @@ def _user_errors():
 @click.option("--keep", type=int, default=DEFAULTS.keep, help="Newest checkpoints to keep.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULTS.precision,
               help="Dtype policy; auto = mixed_float16 on tensor-core GPUs, float32 on CPU.")
-@click.option("--xla/--no-xla", default=DEFAULTS.xla, help="Compile the train step with XLA.")
+@click.option("--xla", type=click.Choice(XLA_MODES), default=DEFAULTS.xla, is_flag=False, flag_value="on",
+              help="XLA-compile each replica's forward and backward; auto = on with a GPU, off on a CPU "
+                   "(where it is much slower). A bare --xla means on.")
+@click.option("--no-xla", is_flag=True, help="Same as --xla off.")
 @click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default=str(DEFAULTS.resolution),
               help="Train at 128³, or block-averaged 64³ / 32³ for small hardware.")
 @click.option("--seed", type=int, default=DEFAULTS.seed, help="Seed for weights, dropout and shuffling.")
 @click.option("--devices", default=DEFAULTS.devices,
               help="N or 'all': MirroredStrategy over N GPUs; without GPUs, N logical CPU devices (a testing aid).")
 @click.option("--multi-worker", is_flag=True,
-              help="MultiWorkerMirroredStrategy from TF_CONFIG: not available with Keras 3.15 (see README).")
+              help="Train over several machines (MultiWorkerMirroredStrategy from TF_CONFIG; worker 0 is the chief).")
+@click.option("--collective-timeout", type=float, default=DEFAULTS.collective_timeout,
+              help="With --multi-worker: seconds to wait for the other workers before stopping with an error.")
+@click.option("--accumulate", type=int, default=DEFAULTS.accumulate,
+              help="Average the gradients of N consecutive batches per update (update = N × global batch).")
+@click.option("--recompute", is_flag=True,
+              help="Recompute block activations in the backward pass instead of storing them (less memory).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
@@ -70,13 +83,15 @@ def _user_errors():
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
-def main(predict_only, epoch, stage, tta, plots, resolution, **options):
+def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
     """
     _setup_logging()
     try:
+        if no_xla:
+            options["xla"] = "off"
         config = TrainConfig(resolution=int(resolution), **options)
         if predict_only:
             from provided_code.predict import predict_stage
@@ -86,7 +101,8 @@ def main(predict_only, epoch, stage, tta, plots, resolution, **options):
             return
         from provided_code.training.train import train
 
-        result = train(config, progress=click_progress, verbose=1)
+        # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
+        result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0)
     except _user_errors() as error:
         raise click.ClickException(str(error)) from None
     if result.first_epoch >= result.last_epoch:

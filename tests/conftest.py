@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from provided_code.data.phantoms import write_phantom_split
+from provided_code.environment import configure_tensorflow
+
+configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
+
+from provided_code.data.phantoms import write_phantom_split  # noqa: E402
 
 SAMPLE_DIR = Path(os.environ.get("OPENKBP_SAMPLE_DIR", Path(__file__).resolve().parents[2] / "shared" / "openkbp-sample"))
 

@@ -28,3 +28,27 @@ def take_batch(arrays, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndar
     """``({"ct", "structure_masks"}, dose[..., None])`` for ``rows``: compact dtypes, what the model eats."""
     inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
     return inputs, arrays.dose[rows][..., None]
+
+
+def epoch_updates(num_patients: int, batch_size: int, replicas: int, accumulate: int, seed: int, epoch: int,
+                  shuffle: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The optimizer updates of epoch ``epoch``: ``(rows, real)`` pairs of shape ``(accumulate, replicas, batch_size)``.
+
+    Each update takes the next ``batch_size × replicas × accumulate`` patients of the epoch's order
+    (``epoch_batches`` with that size): micro-batch ``m`` of replica ``r`` is ``rows[m, r]``. Every
+    update is full, so that every replica and every worker runs the same number of steps on the
+    same shapes: the last one is topped up with the epoch's first patients, marked ``real = False``
+    (they count for nothing in the loss).
+    """
+    check_batch_size(batch_size)
+    size = batch_size * replicas * accumulate
+    order = np.concatenate(epoch_batches(num_patients, size, seed, epoch, shuffle))
+    updates = []
+    for start in range(0, num_patients, size):
+        rows = order[start:start + size]
+        real = np.ones(size, bool)
+        if len(rows) < size:
+            real[len(rows):] = False
+            rows = np.concatenate([rows, np.resize(order, size - len(rows))])
+        updates.append((rows.reshape(accumulate, replicas, batch_size), real.reshape(accumulate, replicas, batch_size)))
+    return updates

@@ -15,7 +15,7 @@ from provided_code.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ("epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s")
+COLUMNS = ("epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s", "peak_memory_mb")
 
 
 def read_log(path: Path) -> list[dict[str, str]]:
@@ -23,6 +23,11 @@ def read_log(path: Path) -> list[dict[str, str]]:
         return []
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def _header(path: Path) -> list[str]:
+    with open(path, newline="") as handle:
+        return next(csv.reader(handle), [])
 
 
 class EpochCSVLogger(keras.callbacks.Callback):
@@ -33,8 +38,9 @@ class EpochCSVLogger(keras.callbacks.Callback):
     fsynced as they are written.
     """
 
-    def __init__(self, path: Path, initial_epoch: int, samples_per_epoch: int):
+    def __init__(self, path: Path, initial_epoch: int, samples_per_epoch: int, epochs: int | None = None):
         super().__init__()
+        self.epochs = epochs
         self.path = Path(path)
         self.initial_epoch = initial_epoch
         self.samples_per_epoch = samples_per_epoch
@@ -42,7 +48,7 @@ class EpochCSVLogger(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         rows = read_log(self.path)
         kept = [row for row in rows if int(row["epoch"]) <= self.initial_epoch]
-        if len(kept) != len(rows) or not self.path.is_file():
+        if len(kept) != len(rows) or not self.path.is_file() or _header(self.path) != list(COLUMNS):
             if len(kept) != len(rows):
                 logger.info("Dropping %d log row(s) after epoch %d from %s (not checkpointed)",
                             len(rows) - len(kept), self.initial_epoch, self.path)
@@ -75,11 +81,13 @@ class EpochCSVLogger(keras.callbacks.Callback):
             "learning_rate": f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}",
             "epoch_seconds": round(now - self._epoch_start, 3),
             "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),
+            "peak_memory_mb": scalar("peak_memory_mb"),
         }
         with open(self.path, "a", newline="") as handle:
             csv.DictWriter(handle, COLUMNS, lineterminator="\n").writerow(row)
             handle.flush()
             os.fsync(handle.fileno())
-        logger.info("epoch %d: loss %.4f%s, %.1f s, %.2f samples/s", row["epoch"], row["loss"],
-                    f", val_loss {row['val_loss']:.4f}" if row["val_loss"] != "" else "",
-                    row["epoch_seconds"], row["samples_per_s"])
+        logger.info("epoch %d/%s: loss %.4f%s, %.1f s, %.2f samples/s%s", row["epoch"], self.epochs or "?",
+                    row["loss"], f", val_loss {row['val_loss']:.4f}" if row["val_loss"] != "" else "",
+                    row["epoch_seconds"], row["samples_per_s"],
+                    f", peak memory {row['peak_memory_mb']:.0f} MB" if row["peak_memory_mb"] != "" else "")

@@ -1,8 +1,9 @@
-"""One training run, top to bottom: data, hardware, resume, model, fit."""
+"""One training run, top to bottom: settings, data, hardware, model, loop."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
 from pathlib import Path
@@ -15,13 +16,17 @@ from provided_code.atomic import write_text_atomic
 from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
-from provided_code.data.tf_dataset import evaluation_dataset, steps_per_epoch, training_dataset
+from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
+from provided_code.environment import describe_cpu_kernels
 from provided_code.networks.unet import build_unet
 from provided_code.progress import Progress, no_progress
 from provided_code.training.checkpoints import RotatingCheckpoint, list_checkpoints, load_newest
 from provided_code.training.epoch_log import EpochCSVLogger
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
+from provided_code.training.loop import run_epochs
+from provided_code.training.memory import PeakMemory
+from provided_code.training.step import TrainStep
 from provided_code.training.strategy import make_placement
 
 logger = logging.getLogger(__name__)
@@ -37,6 +42,10 @@ class DataNotFoundError(FileNotFoundError):
     """The data folder or its training split is missing; the message says where data comes from."""
 
 
+class WorkerLostError(RuntimeError):
+    """A multi-worker run stopped because another worker failed or stopped answering."""
+
+
 @dataclasses.dataclass
 class TrainResult:
     first_epoch: int  # epochs already done when this run started
@@ -47,7 +56,10 @@ class TrainResult:
 
 
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0) -> TrainResult:
-    """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint."""
+    """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint.
+
+    ``verbose``: 1 draws Keras's progress bar (for a terminal); otherwise one log line per epoch.
+    """
     # -- 1. Settings: a resume must not silently change the model.
     saved = read_saved_config(config.models_dir)
     if saved is not None:
@@ -77,8 +89,8 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
                 f", validating on {len(validation_arrays)}" if validation_arrays is not None else "")
 
-    # -- 3. Hardware: strategy (first: it may split the CPU), precision policy, determinism.
-    placement = make_placement(config.devices, config.multi_worker)
+    # -- 3. Hardware: strategy (first: it may split the CPU or join a cluster), precision, XLA.
+    placement = make_placement(config.devices, config.multi_worker, config.collective_timeout)
     strategy = placement.strategy
     device, capabilities = describe_devices()
     if saved is not None and config.precision == "auto":
@@ -89,19 +101,18 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     config = dataclasses.replace(config, precision=policy)
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    if not capabilities:
-        if config.xla:
-            logger.warning("XLA is on and no GPU is visible: on CPUs XLA's 3D convolutions measured "
-                           "many times slower than TensorFlow's own; --no-xla is faster here")
-        else:  # deterministic ops, so a resumed run equals an uninterrupted one (Keras turns XLA off with them)
-            tf.config.experimental.enable_op_determinism()
+    xla, xla_reason = _resolve_xla(config.xla, bool(capabilities))
+    if not capabilities and not xla:  # deterministic ops: a resumed run equals an uninterrupted one
+        tf.config.experimental.enable_op_determinism()
     global_batch = config.batch_size * placement.replicas
     learning_rate = config.learning_rate * (placement.replicas if config.scale_lr else 1)
-    logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global; learning rate %g%s",
-                placement.description, config.batch_size, placement.replicas, global_batch, learning_rate,
+    logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global%s; learning rate %g%s",
+                placement.description, config.batch_size, placement.replicas, global_batch,
+                f" × {config.accumulate} accumulated = {global_batch * config.accumulate} per update"
+                if config.accumulate > 1 else "", learning_rate,
                 " (scaled by the replica count)" if config.scale_lr and placement.replicas > 1 else "")
 
-    # -- 4. Model: the newest checkpoint that loads, else a new one.
+    # -- 4. Model: the newest checkpoint that loads, else a new one; the optimizer built eagerly.
     with strategy.scope():
         resumed = load_newest(config.models_dir)
         if resumed is not None:
@@ -110,47 +121,105 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
         else:
             initial_epoch = 0
             model = build_unet(config)
-            model.compile(
-                optimizer=keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999),
-                loss="mean_absolute_error",
-            )
-        if config.xla and placement.replicas > 1:
-            logger.warning("XLA off: Keras 3's fit cannot jit-compile a step that spans several replicas "
-                           "(keras-team/keras#19005); training under %s without XLA", placement.description)
-        model.jit_compile = config.xla and placement.replicas == 1
-    logger.info("Device: %s; dtype policy %s (%s); XLA %s", device, policy,
-                type(model.optimizer).__name__, "on" if model.jit_compile else "off")
+            model.compile(optimizer=keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999),
+                          loss="mean_absolute_error")
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    if placement.workers > 1:
+        _check_workers_agree(strategy, initial_epoch)
+    logger.info("Device: %s; dtype policy %s (%s); XLA %s (%s); %s; %s", device, policy,
+                type(model.optimizer).__name__, "on" if xla else "off", xla_reason, describe_cpu_kernels(),
+                "recomputing block activations in the backward pass" if config.recompute else "activations kept")
 
-    config.models_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+    if placement.is_chief:
+        config.models_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
     if initial_epoch >= config.epochs:
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
                     config.model_name, initial_epoch, config.epochs)
         return TrainResult(initial_epoch, initial_epoch, policy, device, _newest(config))
 
-    # -- 5. Fit: one dataset over the remaining epochs, so each epoch's order depends on (seed, epoch).
-    #    With several replicas, each global batch is split between them (the arrays are not copied).
-    callbacks = [
-        ReseedDropoutEachEpoch(config.seed),
-        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays)),
-        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
-    ]
-    if config.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
-    full_batches = placement.replicas > 1
-    model.fit(
-        training_dataset(train_arrays, global_batch, config.seed, initial_epoch, config.epochs,
-                         full_batches=full_batches),
-        steps_per_epoch=steps_per_epoch(len(train_arrays), global_batch),
-        epochs=config.epochs,
-        initial_epoch=initial_epoch,
-        validation_data=(evaluation_dataset(validation_arrays, global_batch, full_batches=full_batches)
-                         if validation_arrays is not None else None),
-        callbacks=callbacks,
-        shuffle=False,  # the dataset is already shuffled, per epoch, by seed
-        verbose=verbose,
-    )
+    # -- 5. Loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
+    #    every worker feeds its own replicas' share of each update. Only the chief writes.
+    shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
+    train_data = distributed_dataset(strategy, train_arrays, update_schedule(
+        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape))
+    validation = None
+    if validation_arrays is not None:
+        validation = (distributed_dataset(strategy, validation_arrays, update_schedule(
+            len(validation_arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape)),
+            len(validation_arrays))
+    step = TrainStep(model, strategy, config.batch_size, xla=xla, accumulate=config.accumulate,
+                     recompute=config.recompute)
+    callbacks = [ReseedDropoutEachEpoch(config.seed)]
+    if placement.is_chief:
+        callbacks += [
+            PeakMemory(),
+            EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays),
+                           epochs=config.epochs),
+            RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+        ]
+        if config.tensorboard:
+            callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+    steps = updates_per_epoch(len(train_arrays), **shape)
+    show_bar = verbose == 1 and placement.is_chief
+    callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
+                                                 verbose=1 if show_bar else 0, epochs=config.epochs, steps=steps)
+    try:
+        run_epochs(step, callback_list, train_data, steps, initial_epoch, config.epochs, validation,
+                   batch_logs=show_bar)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
+            tf.errors.AbortedError, tf.errors.InternalError) as error:
+        if placement.workers == 1:
+            raise
+        raise WorkerLostError(
+            f"Multi-worker training stopped: a worker failed or stopped answering (the others wait at most "
+            f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
+            f"The newest checkpoint in {config.models_dir} is intact: restart every worker with the same "
+            f"command to resume.") from None
+    logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
     return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
+
+
+def _reason(error: Exception) -> str:
+    """The informative line of a TensorFlow runtime error (its first line is often just 'Graph execution error')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if any(word in line for word in ("unhealthy", "aborted", "timed out", "Deadline", "Connection", "Socket")):
+            return line[:300]
+    return lines[0][:300] if lines else type(error).__name__
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """A short hash of every weight's bytes: replicas and workers in sync show the same one."""
+    digest = hashlib.sha256()
+    for weight in model_weights(model):
+        digest.update(weight.tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _resolve_xla(setting: str, have_gpu: bool) -> tuple[bool, str]:
+    if setting == "on":
+        return True, "--xla on" + ("" if have_gpu else "; on a CPU XLA measured far slower than oneDNN")
+    if setting == "off":
+        return False, "--xla off"
+    return have_gpu, "--xla auto: " + ("a GPU is visible" if have_gpu else "no GPU, and XLA:CPU is slower than oneDNN")
+
+
+def _check_workers_agree(strategy: tf.distribute.Strategy, initial_epoch: int) -> None:
+    """Every worker must resume from the same epoch (they read the same --results-dir)."""
+    @tf.function
+    def sums():
+        epoch = tf.constant(float(initial_epoch))
+        return (strategy.reduce("SUM", strategy.run(lambda: epoch), axis=None),
+                strategy.reduce("SUM", strategy.run(lambda: epoch * epoch), axis=None))
+
+    total, squares = sums()
+    replicas = strategy.num_replicas_in_sync
+    if abs(float(squares) * replicas - float(total) ** 2) > 1e-6:
+        raise ConfigError(f"The workers would resume from different epochs (this one from {initial_epoch}, "
+                          f"the mean {float(total) / replicas:g}): --results-dir must be storage every worker "
+                          f"shares, with the same checkpoints.")
 
 
 def _newest(config: TrainConfig) -> Path | None:

@@ -1,0 +1,39 @@
+"""The training loop: epochs of optimizer updates, Keras callbacks around them.
+
+Callbacks get the hooks ``fit`` would give them (train, epoch and test begin/end; batch hooks only
+when a progress bar is shown, since reading a step's loss makes the host wait for the device).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from provided_code.training.step import TrainStep
+
+
+def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_data, updates_per_epoch: int,
+               first_epoch: int, epochs: int, validation=None, batch_logs: bool = False) -> dict:
+    """Train epochs ``first_epoch .. epochs - 1`` (0-based) from ``train_data``, which holds exactly
+    ``updates_per_epoch`` elements per epoch; ``validation`` is ``(dataset, patients)`` or None.
+    Returns the last epoch's logs."""
+    logs: dict = {}
+    callbacks.on_train_begin()
+    batches = iter(train_data)
+    for epoch in range(first_epoch, epochs):
+        callbacks.on_epoch_begin(epoch)
+        losses = []
+        for index in range(updates_per_epoch):
+            if batch_logs:
+                callbacks.on_train_batch_begin(index)
+            losses.append(step.train(next(batches)))
+            if batch_logs:
+                callbacks.on_train_batch_end(index, {"loss": float(losses[-1])})
+        logs = {"loss": float(tf.add_n(losses)) / updates_per_epoch}
+        if validation is not None:
+            callbacks.on_test_begin()
+            logs["val_loss"] = step.evaluate(*validation)
+            callbacks.on_test_end({"loss": logs["val_loss"]})
+        callbacks.on_epoch_end(epoch, logs)
+    callbacks.on_train_end(logs)
+    return logs

@@ -1,0 +1,124 @@
+"""One optimizer update on ``tf.distribute``, for one device, several GPUs or several machines.
+
+Per replica: the loss and gradients of its share of the update (XLA-compiled when asked), summed
+over ``accumulate`` micro-batches one after another; then the loss-scale finite check, agreed by
+all replicas; then ``optimizer.apply``, which all-reduces (sums) the gradients across replicas and
+updates the weights. Each patient's loss carries a weight: the weights of an update sum to 1 over
+its real patients, so the summed gradient is that of the update's mean loss however it is split.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from provided_code.training.graph_pieces import training_forward
+
+MODEL_INPUTS = ("ct", "structure_masks")
+
+
+def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
+    """Per patient: the mean of |dose − predicted| over the volume (Gy)."""
+    return tf.reduce_mean(tf.abs(element["dose"] - tf.cast(predicted, tf.float32)), axis=[1, 2, 3, 4])
+
+
+class TrainStep:
+    """``train(element) -> loss`` and ``evaluate(dataset) -> mean loss``, each a ``tf.function``.
+
+    ``xla``: with one replica the whole per-replica loss-and-gradients function is compiled; with
+    several, the layers between synchronised batch-norm layers are (``graph_pieces``).
+    ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
+    """
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
+                 accumulate: int = 1, recompute: bool = False, loss_fn=mean_absolute_error):
+        self.model = model
+        self.strategy = strategy
+        self.batch_size = batch_size
+        self.accumulate = accumulate
+        self.loss_fn = loss_fn
+        self.replicas = strategy.num_replicas_in_sync
+        self.loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        self._forward = training_forward(model, compile_segments=xla and self.replicas > 1,
+                                         recompute_blocks=recompute)
+        compile_whole = xla and self.replicas == 1
+        self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
+            else self._replica_loss_and_grads
+        self._predict_loss = tf.function(self._replica_eval_loss_compiled, jit_compile=xla)
+        self.train = tf.function(self._distributed_train)
+        self._evaluate = tf.function(self._distributed_evaluate)
+
+    # -- per replica -------------------------------------------------------------------------
+    def _replica_loss_and_grads(self, element):
+        model = self.model
+        with tf.GradientTape() as tape:
+            predicted = self._forward({name: element[name] for name in MODEL_INPUTS})
+            loss = tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
+            if model.losses:  # regularisers: once per update across replicas and micro-batches
+                loss += tf.add_n(model.losses) / (self.replicas * self.accumulate)
+            scaled = model.optimizer.scale_loss(loss) if self.loss_scaling else loss
+        return loss, tape.gradient(scaled, model.trainable_variables)
+
+    def _local_device(self) -> str:
+        """This replica's device. Nested XLA functions must be pinned to it: XLA otherwise places
+        them on the first device, away from the replica's variables."""
+        return self.model.trainable_variables[0].value.device
+
+    def _replica_update(self, element):
+        with tf.device(self._local_device()):
+            return self._replica_update_on_device(element)
+
+    def _replica_update_on_device(self, element):
+        total_loss, total_grads = 0.0, None
+        for micro in range(self.accumulate):  # one after another: only one micro-batch's activations live
+            part = {name: value[micro * self.batch_size:(micro + 1) * self.batch_size] for name, value in element.items()}
+            if total_grads is not None:
+                with tf.control_dependencies([g for g in total_grads if g is not None]):
+                    part = {name: tf.identity(value) for name, value in part.items()}
+            loss, grads = self._loss_and_grads(part)
+            total_loss += loss
+            total_grads = grads if total_grads is None else [
+                a if b is None else (b if a is None else a + b) for a, b in zip(total_grads, grads)]
+        if self.loss_scaling:
+            total_grads = self._agree_on_finite(total_grads)
+        self.model.optimizer.apply(total_grads, self.model.trainable_variables)
+        return total_loss
+
+    def _agree_on_finite(self, grads):
+        """Make every replica see non-finite gradients if any replica has them.
+
+        Keras's LossScaleOptimizer decides from the first local replica's gradients, before the
+        all-reduce: a non-finite gradient on another replica would reach the weights (one device)
+        or send workers down different branches (several machines). A NaN added to the first
+        gradient of every replica makes all of them skip the update and lower the scale together.
+        """
+        local_bad = 1.0 - tf.cast(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None]),
+                                  tf.float32)
+        bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
+        poison = tf.where(bad > 0, float("nan"), 0.0)
+        first = next(i for i, g in enumerate(grads) if g is not None)
+        grads = list(grads)
+        grads[first] = grads[first] + tf.cast(poison, grads[first].dtype)
+        return grads
+
+    def _replica_eval_loss(self, element):
+        with tf.device(self._local_device()):
+            return self._predict_loss(element)
+
+    def _replica_eval_loss_compiled(self, element):
+        predicted = self.model({name: element[name] for name in MODEL_INPUTS}, training=False)
+        return tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
+
+    # -- across replicas ----------------------------------------------------------------------
+    def _distributed_train(self, element):
+        losses = self.strategy.run(self._replica_update, args=(element,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    def _distributed_evaluate(self, element):
+        losses = self.strategy.run(self._replica_eval_loss, args=(element,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    def evaluate(self, dataset, patients: int) -> float:
+        """Mean loss over ``patients`` real patients of a dataset weighted 1 (real) / 0 (padding)."""
+        total = [self._evaluate(element) for element in dataset]
+        return float(tf.add_n(total)) / patients
