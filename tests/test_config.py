@@ -5,7 +5,8 @@ from provided_code.config import ConfigError, TrainConfig
 
 @pytest.mark.parametrize("field, value", [("filters", 0), ("epochs", -1), ("batch_size", 1.5),
                                           ("resolution", 48), ("precision", "half"),
-                                          ("learning_rate", 0), ("model_name", "a/b"), ("keep", True)])
+                                          ("learning_rate", 0), ("model_name", "a/b"), ("keep", True),
+                                          ("xla", "maybe"), ("accumulate", 0), ("collective_timeout", 0)])
 def test_bad_settings_are_named(field, value):
     with pytest.raises(ConfigError, match=f"Invalid `{field}`.*Received: {field}="):
         TrainConfig(**{field: value})
@@ -19,3 +20,9 @@ def test_json_round_trip_and_resume_check():
         TrainConfig(filters=16, resolution=32).check_resume(config)
     with pytest.raises(ConfigError, match="precision"):
         TrainConfig(filters=8, resolution=32, precision="mixed_float16").check_resume(config)
+
+
+def test_configs_saved_before_xla_modes_still_load():
+    old = TrainConfig(filters=8, resolution=32).to_json().replace('"xla": "auto"', '"xla": false')
+    assert TrainConfig.from_json(old).xla == "off"
+    assert TrainConfig.from_json(old.replace("false", "true")).xla == "on"

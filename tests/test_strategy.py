@@ -4,12 +4,20 @@ before TensorFlow starts)."""
 import csv
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
+
+from provided_code.config import ConfigError
+from provided_code.training.strategy import read_tf_config
 
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.train import model_weights
@@ -20,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def run_cli(phantom_data, tmp_path, *args, env=None, check=True):
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
                "--results-dir", str(tmp_path / "results"), "--cache-dir", str(tmp_path / "cache"),
-               "--filters", "4", "--resolution", "32", "--no-xla", "--save-every", "1", "--dropout", "0", *args]
+               "--filters", "4", "--resolution", "32", "--save-every", "1", "--dropout", "0", *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     if check:
         assert result.returncode == 0, result.stderr[-4000:]
@@ -32,23 +40,32 @@ def log_epochs(run_dir):
         return [int(row["epoch"]) for row in csv.DictReader(handle)]
 
 
-def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path):
-    two = run_cli(phantom_data, tmp_path, "--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2")
+def final_weights(results, name):
+    _, model = load_newest(results / name / "models")
+    weights = model_weights(model)
+    keras.backend.clear_session()
+    return weights
+
+
+@pytest.mark.parametrize("xla", ["off", "on"])
+def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path, xla):
+    """With XLA on, each replica's layers between the synchronised batch-norm layers are compiled;
+    one device compiles its whole step: the same weights either way."""
+    two = run_cli(phantom_data, tmp_path, "--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2",
+                  "--xla", xla)
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
-    assert "MirroredStrategy over 2 logical CPU devices" in two.stderr
-    run_cli(phantom_data, tmp_path, "--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2")
+    assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and f"XLA {xla}" in two.stderr
+    run_cli(phantom_data, tmp_path, "--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2",
+            "--xla", xla)
     results = tmp_path / "results"
     for name in ("two", "one"):
         assert log_epochs(results / name) == [1, 2]
-        assert [e for e, _ in list_checkpoints(results / name / "models")] == [2, 1]
         assert sorted(os.listdir(results / name / "models")) == ["config.json", "epoch_1.keras", "epoch_2.keras"]
-    _, a = load_newest(results / "two" / "models")
-    _, b = load_newest(results / "one" / "models")
-    keras.backend.clear_session()
     # Synchronised batch norm and no dropout: only the summation order of the all-reduce differs.
-    for x, y in zip(model_weights(a), model_weights(b)):
+    for x, y in zip(final_weights(results, "two"), final_weights(results, "one")):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
-
+    if xla == "on":
+        return
     # A 2-replica run resumes on one device, and a 1-device run on two.
     resumed = run_cli(phantom_data, tmp_path, "--model-name", "two", "--devices", "1", "--batch-size", "2",
                       "--epochs", "3")
@@ -60,14 +77,90 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     assert log_epochs(results / "one") == [1, 2, 3]
 
 
-def test_multi_worker_is_refused_with_the_reason(phantom_data, tmp_path):
-    """Multi-worker training is blocked upstream (Keras 3.15 fit under MultiWorkerMirroredStrategy)."""
-    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-                                                 "task": {"type": "worker", "index": 0}}))
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_workers(phantom_data, tmp_path, name, *args):
+    ports = free_ports(2)
+    workers = []
+    for index in range(2):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                                    "task": {"type": "worker", "index": index}}))
+        command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
+                   "--results-dir", str(tmp_path / "results"), "--cache-dir", str(tmp_path / f"cache{index}"),
+                   "--filters", "4", "--resolution", "32", "--dropout", "0", "--batch-size", "1",
+                   "--model-name", name, "--multi-worker", *args]
+        log = open(tmp_path / f"{name}-worker{index}.log", "w+")
+        workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    return workers
+
+
+def output(worker):
+    process, log = worker
+    log.seek(0)
+    return log.read()
+
+
+def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_path):
+    workers = start_workers(phantom_data, tmp_path, "mw", "--epochs", "2", "--save-every", "1")
+    for process, _ in workers:
+        assert process.wait(timeout=300) == 0, output(workers[0])[-3000:] + output(workers[1])[-3000:]
+    chief, other = output(workers[0]), output(workers[1])
+    assert "worker 0 of 2 (chief)" in chief and "worker 1 of 2 (not chief)" in other
+    assert "batch 1 per device × 2 replica(s) = 2 global" in chief
+    fingerprints = [re.search(r"Weights fingerprint (\w+)", text).group(1) for text in (chief, other)]
+    assert fingerprints[0] == fingerprints[1]
+    results = tmp_path / "results"
+    assert log_epochs(results / "mw") == [1, 2]
+    assert [e for e, _ in list_checkpoints(results / "mw" / "models")] == [2, 1]
+    assert chief.count("Saved checkpoint") == 2 and "Saved checkpoint" not in other
+
+    # A worker dies mid-run: the other stops with a clear error within the collective timeout.
+    workers = start_workers(phantom_data, tmp_path, "lost", "--epochs", "400", "--save-every", "2",
+                            "--collective-timeout", "10")
+    log = results / "lost" / "training_log.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (log.exists() and len(log.read_text().splitlines()) > 4):
+        time.sleep(0.1)
+    assert workers[0][0].poll() is None, output(workers[0])[-3000:]
+    workers[1][0].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = workers[0][0].wait(timeout=120)
+    waited = time.monotonic() - killed_at
+    survivor = output(workers[0])
+    assert code == 1 and "Multi-worker training stopped: a worker failed or stopped answering" in survivor
+    assert "Traceback" not in survivor and waited < 60
+    newest = list_checkpoints(results / "lost" / "models")[0][0]
+
+    # Resume on one device from the multi-worker run's checkpoints.
+    resumed = run_cli(phantom_data, tmp_path, "--model-name", "lost", "--batch-size", "2", "--epochs", str(newest + 1))
+    assert f"Resuming lost from epoch {newest}" in resumed.stderr
+    assert log_epochs(results / "lost") == list(range(1, newest + 2))
+
+
+@pytest.mark.parametrize("tf_config, problem", [
+    ("{not json", "not JSON"),
+    ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}', "no task"),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}', "task.index must be 0..0"),
+    ('{"task": {"type": "worker", "index": 0}}', "cluster.worker"),
+])
+def test_bad_tf_config_is_named(tf_config, problem):
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        read_tf_config({"TF_CONFIG": tf_config})
+
+
+def test_bad_tf_config_is_a_one_line_error(phantom_data, tmp_path):
+    env = dict(os.environ, TF_CONFIG="{not json")
     result = run_cli(phantom_data, tmp_path, "--model-name", "mw", "--multi-worker", "--epochs", "1",
                      env=env, check=False)
-    assert result.returncode == 1
-    assert "--multi-worker is not available" in result.stderr and "keras-team/keras#20329" in result.stderr
+    assert result.returncode == 1 and "Invalid TF_CONFIG: not JSON" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -76,10 +169,9 @@ def test_bad_devices_value_is_clear(phantom_data, tmp_path):
     assert result.returncode == 1 and "Invalid `devices`" in result.stderr
 
 
-def test_mixed_precision_under_two_replicas_and_xla_refused_clearly(phantom_data, tmp_path):
+def test_mixed_precision_under_two_replicas(phantom_data, tmp_path):
     result = run_cli(phantom_data, tmp_path, "--model-name", "fast", "--devices", "2", "--batch-size", "1",
-                     "--epochs", "1", "--xla", "--precision", "mixed_float16")
+                     "--epochs", "1", "--precision", "mixed_float16")
     assert "dtype policy mixed_float16 (LossScaleOptimizer); XLA off" in result.stderr
-    assert "XLA off: Keras 3's fit cannot jit-compile a step that spans several replicas" in result.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in result.stderr
     assert log_epochs(tmp_path / "results" / "fast") == [1]

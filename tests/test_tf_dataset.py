@@ -1,27 +1,41 @@
 import numpy as np
+import pytest
+import tensorflow as tf
 
 from provided_code.data.batches import epoch_batches
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
-from provided_code.data.tf_dataset import steps_per_epoch, training_dataset
+from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
 
 
-def test_training_dataset_follows_the_seeded_schedule(phantom_data, tmp_path):
+def test_schedule_follows_the_seeded_order_and_weighs_padding_zero():
+    schedule = update_schedule(5, batch_size=2, replicas=1, accumulate=1, seed=1, first_epoch=1, epochs=3)
+    assert len(schedule) == 2 * updates_per_epoch(5, 2)
+    expected = np.concatenate(epoch_batches(5, 2, seed=1, epoch=1))
+    rows = np.concatenate([rows.reshape(-1) for rows, _ in schedule[:3]])
+    assert np.array_equal(rows[:5], expected)
+    assert np.array_equal(rows[5:], expected[:1])  # the last update topped up with the epoch's first patient
+    for _, weights in schedule[:3]:
+        assert weights.sum() == pytest.approx(1.0)
+    assert schedule[2][1].reshape(-1).tolist() == [1.0, 0.0]
+    sums = update_schedule(5, batch_size=2, replicas=1, accumulate=1, seed=0, first_epoch=0, epochs=1, mean=False)
+    assert sum(weights.sum() for _, weights in sums) == 5
+
+
+def test_one_update_spans_replicas_and_micro_batches():
+    (rows, weights), = update_schedule(8, batch_size=1, replicas=2, accumulate=4, seed=3, first_epoch=0, epochs=1)
+    assert rows.shape == weights.shape == (4, 2, 1)
+    assert sorted(rows.reshape(-1).tolist()) == list(range(8)) and np.allclose(weights, 1 / 8)
+    assert np.array_equal(rows.reshape(-1), np.concatenate(epoch_batches(8, 8, seed=3, epoch=0)))
+
+
+def test_distributed_dataset_gives_each_replica_its_rows(phantom_data, tmp_path):
     arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1), 32)
-    dataset = training_dataset(arrays, batch_size=3, seed=1, first_epoch=1, epochs=3)
-    batches = list(dataset.as_numpy_iterator())
-    assert len(batches) == 2 * steps_per_epoch(4, 3)
-    expected = epoch_batches(4, 3, seed=1, epoch=1) + epoch_batches(4, 3, seed=1, epoch=2)
-    for (inputs, dose), rows in zip(batches, expected):
-        assert inputs["ct"].dtype == np.uint16 and inputs["structure_masks"].dtype == np.uint16
-        assert np.array_equal(inputs["ct"], arrays.ct[rows])
-        assert np.array_equal(dose[..., 0], arrays.dose[rows])
-
-
-def test_full_batches_top_up_the_last_batch(phantom_data, tmp_path):
-    arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1), 32)
-    dataset = training_dataset(arrays, batch_size=3, seed=2, first_epoch=0, epochs=1, full_batches=True)
-    batches = [dose for _, dose in dataset.as_numpy_iterator()]
-    assert [len(b) for b in batches] == [3, 3]  # 4 patients: 3, then 1 topped up with the epoch's first 2
-    first, last = epoch_batches(4, 3, seed=2, epoch=0)
-    assert np.array_equal(batches[1][..., 0], arrays.dose[np.concatenate([last, first[:2]])])
+    schedule = update_schedule(4, batch_size=1, replicas=1, accumulate=2, seed=2, first_epoch=0, epochs=1)
+    elements = list(distributed_dataset(tf.distribute.get_strategy(), arrays, schedule))
+    assert len(elements) == len(schedule) == 2
+    for element, (rows, weights) in zip(elements, schedule):
+        assert element["ct"].dtype == tf.uint16 and element["structure_masks"].dtype == tf.uint16
+        assert np.array_equal(element["ct"].numpy(), arrays.ct[rows.reshape(-1)])
+        assert np.array_equal(element["dose"].numpy()[..., 0], arrays.dose[rows.reshape(-1)])
+        assert np.array_equal(element["weight"].numpy(), weights.reshape(-1))

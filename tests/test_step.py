@@ -1,0 +1,161 @@
+"""The training step: gradient accumulation, recomputation, and the loss-scale check across replicas."""
+
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from types import SimpleNamespace
+from provided_code.data.tf_dataset import take_element
+from provided_code.networks.layers import CompactInputs
+from provided_code.networks.unet import build_unet
+from provided_code.training.step import TrainStep
+from provided_code.training.train import model_weights
+
+SIZE = 16
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+    keras.backend.clear_session()
+
+
+class Arrays:
+    """A stand-in for SplitArrays: random compact volumes of 4 patients at SIZE³."""
+
+    def __init__(self, seed=0):
+        rng = np.random.default_rng(seed)
+        shape = (4, SIZE, SIZE, SIZE)
+        self.ct = rng.integers(0, 4096, shape).astype(np.uint16)
+        self.structure_masks = rng.integers(0, 1024, shape).astype(np.uint16)
+        self.dose = rng.uniform(0, 70, shape).astype(np.float32)
+
+
+def element(arrays, rows, weights):
+    return {name: tf.constant(value) for name, value in take_element(arrays, np.array(rows), np.array(weights, np.float32)).items()}
+
+
+def small_model_without_batch_norm():
+    keras.utils.set_random_seed(1)
+    shape = (SIZE, SIZE, SIZE)
+    ct = keras.Input(shape, dtype="uint16", name="ct")
+    structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
+    x = CompactInputs()([ct, structure_masks])
+    x = keras.layers.Conv3D(4, 3, padding="same", activation="relu")(x)
+    dose = keras.layers.Conv3D(1, 3, padding="same")(x)
+    model = keras.Model({"ct": ct, "structure_masks": structure_masks}, dose)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_accumulating_two_batches_of_one_equals_one_batch_of_two():
+    arrays = Arrays()
+    strategy = tf.distribute.get_strategy()
+    whole = small_model_without_batch_norm()
+    loss_whole = TrainStep(whole, strategy, batch_size=2, xla=False).train(element(arrays, [2, 0], [0.5, 0.5]))
+    accumulated = small_model_without_batch_norm()
+    step = TrainStep(accumulated, strategy, batch_size=1, xla=False, accumulate=2)
+    loss_accumulated = step.train(element(arrays, [2, 0], [0.5, 0.5]))  # micro-batches [2], [0]
+    assert float(loss_accumulated) == pytest.approx(float(loss_whole), rel=1e-6)
+    before = small_model_without_batch_norm()
+    changed = False
+    for a, b, c in zip(model_weights(whole), model_weights(accumulated), model_weights(before)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        changed |= not np.allclose(a, c)
+    assert changed  # the update happened
+
+
+def test_padding_patients_weigh_nothing():
+    arrays = Arrays()
+    strategy = tf.distribute.get_strategy()
+    model = small_model_without_batch_norm()
+    one = float(TrainStep(model, strategy, batch_size=1, xla=False)._evaluate(element(arrays, [1], [1.0])))
+    padded = float(TrainStep(model, strategy, batch_size=2, xla=False)._evaluate(element(arrays, [1, 3], [1.0, 0.0])))
+    assert padded == pytest.approx(one, rel=1e-6)
+
+
+def unet_steps(recompute: bool, steps: int = 3):
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(3)
+    model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.2))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+    model.optimizer.build(model.trainable_variables)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
+    arrays = Arrays()
+    losses = [float(step.train(element(arrays, rows, [0.5, 0.5]))) for rows in ([0, 1], [2, 3], [1, 2])[:steps]]
+    return losses, model_weights(model)
+
+
+def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
+    losses, weights = unet_steps(recompute=False)
+    again, weights_again = unet_steps(recompute=True)
+    np.testing.assert_allclose(again, losses, rtol=1e-5)
+    assert losses[0] != losses[-1]
+    for a, b in zip(weights, weights_again):  # moving mean/variance included: updated once per step
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_recompute_cuts_the_activations_kept_for_the_backward_pass():
+    """The gradient graph keeps fewer forward tensors alive: count them in the traced graph."""
+    def kept_conv_outputs(recompute):
+        keras.backend.clear_session()
+        model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0))
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+        model.optimizer.build(model.trainable_variables)
+        step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
+        spec = {name: tf.TensorSpec(value.shape, value.dtype)
+                for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
+        graph = step.train.get_concrete_function(spec).graph
+        return sum(op.type in ("Conv3D", "Conv3DBackpropInputV2") for op in graph.get_operations())
+
+    # Recomputing runs each block's convolutions again in the backward pass.
+    assert kept_conv_outputs(True) > kept_conv_outputs(False)
+
+
+LOSS_SCALE_PROBE = textwrap.dedent("""
+    import numpy as np
+    from provided_code.environment import configure_tensorflow
+    configure_tensorflow()
+    import keras, tensorflow as tf
+    from provided_code.training.strategy import make_placement
+    strategy = make_placement("2", multi_worker=False).strategy
+    from provided_code.networks.layers import CompactInputs
+    from provided_code.training.step import TrainStep
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    with strategy.scope():  # no batch norm: its synchronised backward pass would spread the inf by itself
+        inputs = {name: keras.Input((16, 16, 16), dtype="uint16", name=name) for name in ("ct", "structure_masks")}
+        x = keras.layers.Conv3D(4, 3, padding="same")(CompactInputs()([inputs["ct"], inputs["structure_masks"]]))
+        model = keras.Model(inputs, keras.layers.Conv3D(1, 3, padding="same", dtype="float32")(x))
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+        model.optimizer.build(model.trainable_variables)
+    step = TrainStep(model, strategy, batch_size=1, xla=False)
+    before = [np.array(v) for v in model.trainable_weights]
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    ct = np.zeros((2, 16, 16, 16), np.uint16)
+    dose = np.ones((2, 16, 16, 16, 1), np.float32)
+    weight = np.array([0.5, np.inf], np.float32)  # an inf on replica 1 only: its gradients are not finite
+    def value_fn(context):
+        r = context.replica_id_in_sync_group
+        return {"ct": ct[r:r + 1], "structure_masks": ct[r:r + 1], "dose": dose[r:r + 1], "weight": weight[r:r + 1]}
+    step.train(strategy.experimental_distribute_values_from_function(value_fn))
+    replicas = [[strategy.experimental_local_results(v.value)[r].numpy() for v in model.trainable_weights]
+                for r in range(2)]
+    for r in range(2):
+        assert all(np.isfinite(w).all() for w in replicas[r]), "NaN weights on replica %d" % r
+        assert all(np.array_equal(a, b) for a, b in zip(replicas[r], before)), "replica %d updated" % r
+    new_scale = float(model.optimizer.dynamic_scale.numpy())
+    assert new_scale == scale / 2, (scale, new_scale)
+    print("OK", scale, new_scale)
+""")
+
+
+def test_non_finite_gradient_on_one_replica_skips_the_update_on_every_replica():
+    result = subprocess.run([sys.executable, "-c", LOSS_SCALE_PROBE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
