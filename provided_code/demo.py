@@ -38,8 +38,6 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
         for folder in click_progress(missing, len(missing), f"Writing {split} phantoms"):
             write_phantom_patient(folder, seed=int(folder.name[3:]))
 
-    import tensorflow as tf
-
     from provided_code.plots import has_matplotlib
     from provided_code.predict import predict_stage
     from provided_code.training.train import train
@@ -49,8 +47,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
         click.echo(f"Removing the previous demo model {model_dir}")
         shutil.rmtree(model_dir)
     config = TrainConfig(model_name="demo", data_dir=str(data), results_dir=str(results), filters=filters,
-                         resolution=int(resolution), epochs=epochs, learning_rate=learning_rate, save_every=max(1, epochs // 2),
-                         xla=bool(tf.config.list_physical_devices("GPU")))
+                         resolution=int(resolution), epochs=epochs, learning_rate=learning_rate, save_every=max(1, epochs // 2))
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()

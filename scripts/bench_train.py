@@ -2,15 +2,24 @@
 
     python scripts/bench_train.py [--resolution 32] [--filters 8] [--batch-size 2] [--steps 5]
 
-Side by side in one run, on synthetic phantoms at a small config: samples per second and time to
-first step (compile included) with XLA against without, float32 against mixed_float16, and the
-first XLA step with Keras's built-in AveragePooling3D in place of the project's separable one
-(same output, see networks/layers.py) at --pool-resolution. And the share of step time the input pipeline takes:
-the time to pull one batch from the tf.data pipeline over the fastest step time measured here; and the fetch time of a batch at 128³, for reasoning
-about larger steps. And steps per second at the same global batch on one device against a
-MirroredStrategy over 2 logical CPU devices (the processor split in two, as --devices 2 does
-without GPUs): the same code path as two GPUs, but both share this CPU's cores, so this says
-what the strategy costs, not what GPUs gain. CPU figures only; nothing here says what a GPU does.
+Every measurement runs the project's own training step (``training/step.py``) on synthetic
+phantoms in a fresh process, so that process-wide settings (oneDNN, logical CPU devices) and peak
+memory are each measurement's own; all of them in one run, side by side:
+
+- time to first step (trace + compile + step) and steady samples per second: XLA against not,
+  float32 against mixed_float16, TensorFlow's oneDNN CPU kernels (``TF_ENABLE_ONEDNN_OPTS=1``)
+  against TensorFlow's default for this processor and against oneDNN off;
+- two logical CPU devices (the processor split in two, as ``--devices 2`` does without GPUs: the
+  same code path as two GPUs, sharing these cores, so this says what the strategy costs, not what
+  GPUs gain), with XLA and without;
+- at 64³: the memory a training step needs beyond what the process held before it (peak resident
+  memory during the steps minus resident memory before them; glibc is told to return large
+  blocks to the system, so the peak is the step's), with and without ``--recompute``, and their
+  step times; ``--accumulate 2`` against 1, per batch;
+- the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
+- the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
+
+CPU figures only; nothing here says what a GPU does.
 """
 
 from __future__ import annotations
@@ -18,54 +27,134 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
-import time
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from provided_code.config import TrainConfig  # noqa: E402
-from provided_code.data.cache import load_split  # noqa: E402
-from provided_code.data.phantoms import write_phantom_split  # noqa: E402
-from provided_code.data.resample import downsample_split  # noqa: E402
-from provided_code.data.tf_dataset import training_dataset  # noqa: E402
-import provided_code.networks.unet as unet  # noqa: E402
-from provided_code.training.strategy import make_placement  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
-def measure(config: TrainConfig, batch, steps: int, policy: str, xla: bool, builtin_pool: bool = False,
-            strategy: tf.distribute.Strategy | None = None) -> dict:
-    """Time to first step (trace + compile + step) and steady samples per second."""
-    strategy = strategy or tf.distribute.get_strategy()
-    keras.backend.clear_session()
-    keras.mixed_precision.set_global_policy(policy)
+# -- in a child process: one measurement --------------------------------------------------------
+def child(spec: dict) -> dict:
+    from provided_code.environment import configure_tensorflow
+
+    configure_tensorflow()  # leaves TF_ENABLE_ONEDNN_OPTS alone when the parent set or removed it
+    if spec.get("onednn") == "default":
+        os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    import shutil
+    import tempfile
+    import time
+
+    import numpy as np
+
+    from provided_code.training.strategy import make_placement
+
+    strategy = make_placement(str(spec.get("devices", 1)), multi_worker=False).strategy  # before TF starts
+    import keras
+    import tensorflow as tf
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.cache import load_split
+    from provided_code.data.phantoms import write_phantom_split
+    from provided_code.data.resample import downsample_split
+    from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
+    from provided_code.environment import describe_cpu_kernels
+    from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+    import provided_code.networks.unet as unet
+    from provided_code.training.step import TrainStep
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    try:
+        write_phantom_split(workdir / "train-pats", 4)
+        full = load_split(workdir / "train-pats", cache_dir=workdir / "cache", workers=1)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    resolution, batch, accumulate = spec["resolution"], spec["batch_size"], spec.get("accumulate", 1)
+    arrays = downsample_split(full, resolution)
+    replicas = strategy.num_replicas_in_sync
+
+    if spec.get("kind") == "fetch":  # seconds to pull one element from the input pipeline
+        schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0, epochs=40)
+        iterator = iter(distributed_dataset(strategy, arrays, schedule))
+        next(iterator)
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            next(iterator)
+            times.append(time.perf_counter() - start)
+        return {"fetch_s": float(np.median(times))}
+    if spec.get("kind") == "parameters":
+        return {"parameters": unet.build_unet(TrainConfig()).count_params()}
+
+    keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
+    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2)
     original = unet.AveragePool3x3x3
-    if builtin_pool:
+    if spec.get("builtin_pool"):
         unet.AveragePool3x3x3 = lambda dtype, name: keras.layers.AveragePooling3D(
             3, strides=1, padding="same", dtype=dtype, name=name)
     try:
         with strategy.scope():
             model = unet.build_unet(config)
-            model.compile(optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5, beta_2=0.999),
-                          loss="mean_absolute_error", jit_compile=xla)
+            model.compile(optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5, beta_2=0.999), loss="mae")
+            model.optimizer.build(model.trainable_variables)
     finally:
         unet.AveragePool3x3x3 = original
-    inputs, dose = batch
+    step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
+                     recompute=spec.get("recompute", False))
+    rows = np.arange(batch * replicas * accumulate) % len(arrays)
+    weights = np.full(rows.size, 1.0 / rows.size, np.float32)
+    per_replica = rows.reshape(accumulate, replicas, batch)
+
+    def value_fn(context):
+        r = context.replica_id_in_sync_group
+        return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size])
+
+    element = strategy.experimental_distribute_values_from_function(value_fn)
+    rss_before = current_rss_mb()
+    reset_peak_rss()
     start = time.perf_counter()
-    model.train_on_batch(inputs, dose)
+    float(step.train(element))  # trace, compile, first step
     first = time.perf_counter() - start
+    rss_after_first = peak_rss_mb()
+    device = "CPU:0"
+    tf.config.experimental.reset_memory_stats(device)
+    live_before = tf.config.experimental.get_memory_info(device)["current"]
     start = time.perf_counter()
-    for _ in range(steps):
-        model.train_on_batch(inputs, dose)
-    step = (time.perf_counter() - start) / steps
-    keras.mixed_precision.set_global_policy("float32")
-    return {"first_step_s": first, "step_s": step, "samples_per_s": len(dose) / step, "steps_per_s": 1 / step}
+    for _ in range(spec["steps"]):
+        loss = step.train(element)
+    float(loss)
+    step_s = (time.perf_counter() - start) / spec["steps"]
+    live_peak = tf.config.experimental.get_memory_info(device)["peak"]
+    return {"first_step_s": first, "step_s": step_s, "samples_per_s": rows.size / step_s,
+            "step_memory_mb": (live_peak - live_before) / 2**20,
+            "step_rss_mb": max(rss_after_first, peak_rss_mb()) - rss_before, "cpu_kernels": describe_cpu_kernels()}
+
+
+# -- in the parent: every measurement, side by side --------------------------------------------
+def measure(spec: dict, env_changes: dict | None = None) -> dict:
+    env = dict(os.environ)
+    for name, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
+                            text=True, env=env, cwd=REPO)
+    if result.returncode != 0:
+        raise SystemExit(f"measurement {spec} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")) or "vnni" in flag)
 
 
 def main() -> None:
@@ -74,74 +163,75 @@ def main() -> None:
     parser.add_argument("--filters", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--memory-resolution", type=int, default=64, help="size for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    # Split the CPU (as --devices 2 does) before TensorFlow starts; single-device runs use the first half.
-    two_devices = make_placement("2", multi_worker=False).strategy
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    try:
-        write_phantom_split(workdir / "train-pats", 4)
-        full = load_split(workdir / "train-pats", cache_dir=workdir / "cache", workers=1)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    def first_batch(resolution):
-        iterator = iter(training_dataset(downsample_split(full, resolution), args.batch_size, seed=0,
-                                         first_epoch=0, epochs=50))
-        inputs, dose = next(iterator)
-        return iterator, ({name: np.asarray(value) for name, value in inputs.items()}, np.asarray(dose))
-
-    def fetch_time(iterator):
-        times = []
-        for _ in range(20):
-            start = time.perf_counter()
-            next(iterator)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
-
-    config = TrainConfig(resolution=args.resolution, filters=args.filters, batch_size=args.batch_size)
-    iterator, batch = first_batch(args.resolution)
-    pool_config = TrainConfig(resolution=args.pool_resolution, filters=4, batch_size=1)
-    _, pool_batch = first_batch(args.pool_resolution)
-    pool_batch = ({name: value[:1] for name, value in pool_batch[0].items()}, pool_batch[1][:1])
-
+    base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
+    big = dict(base, resolution=args.memory_resolution, steps=3)
+    # Large blocks go back to the system when freed, so a process's peak is what its steps needed.
+    malloc = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
     runs = {
-        "xla_float32": measure(config, batch, args.steps, "float32", xla=True),
-        "no_xla_float32": measure(config, batch, args.steps, "float32", xla=False),
-        "no_xla_mixed_float16": measure(config, batch, args.steps, "mixed_float16", xla=False),
-        "one_device_batch_2": measure(config, batch, args.steps, "float32", xla=False),
-        "two_logical_devices_batch_1_each": measure(
-            config, batch, args.steps, "float32", xla=False,
-            strategy=two_devices),
-        "pool_separable_xla": measure(pool_config, pool_batch, 1, "float32", xla=True),
-        "pool_builtin_xla": measure(pool_config, pool_batch, 1, "float32", xla=True, builtin_pool=True),
+        "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
+        "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
+        "onednn_off": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "0"}),
+        "xla": measure(dict(base, xla=True)),
+        "mixed_float16": measure(dict(base, policy="mixed_float16")),
+        "two_devices_no_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2))),
+        "two_devices_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2), xla=True)),
+        "accumulate_1": measure(dict(base, accumulate=1)),
+        "accumulate_2": measure(dict(base, accumulate=2)),
+        "no_recompute_64": measure(big, malloc),
+        "recompute_64": measure(dict(big, recompute=True), malloc),
+        "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
+                                       "steps": 1, "xla": True}),
+        "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
+                                     "steps": 1, "xla": True, "builtin_pool": True}),
     }
-    fetch_s = fetch_time(iterator)
-    fetch_128_s = fetch_time(first_batch(128)[0])
-    fastest_step = min(runs[name]["step_s"] for name in ("xla_float32", "no_xla_float32", "no_xla_mixed_float16"))
-
+    fetch = measure(dict(base, kind="fetch"))["fetch_s"]
+    fetch_128 = measure(dict(base, kind="fetch", resolution=128))["fetch_s"]
+    parameters = measure(dict(base, kind="parameters"))["parameters"]
+    on, xla = runs["onednn_on"], runs["xla"]
+    fastest = min(on["step_s"], xla["step_s"], runs["mixed_float16"]["step_s"])
     print(json.dumps({
-        "config": {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size,
-                   "device": "CPU", "cores": os.cpu_count()},
-        "samples_per_s_xla": runs["xla_float32"]["samples_per_s"],
-        "samples_per_s_no_xla": runs["no_xla_float32"]["samples_per_s"],
-        "first_step_s_xla": runs["xla_float32"]["first_step_s"],
-        "first_step_s_no_xla": runs["no_xla_float32"]["first_step_s"],
-        "samples_per_s_float32": runs["no_xla_float32"]["samples_per_s"],
-        "samples_per_s_mixed_float16": runs["no_xla_mixed_float16"]["samples_per_s"],
-        "mixed_float16_over_float32_step_time": runs["no_xla_mixed_float16"]["step_s"] / runs["no_xla_float32"]["step_s"],
+        "config": {**base, "device": "CPU", "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+                   "cpu_flags": cpu_flags(), "cpu_kernels_by_default": runs["onednn_default"]["cpu_kernels"]},
+        "samples_per_s_xla": xla["samples_per_s"],
+        "samples_per_s_no_xla": on["samples_per_s"],
+        "first_step_s_xla": xla["first_step_s"],
+        "first_step_s_no_xla": on["first_step_s"],
+        "samples_per_s_float32": on["samples_per_s"],
+        "samples_per_s_mixed_float16": runs["mixed_float16"]["samples_per_s"],
+        "mixed_float16_over_float32_step_time": runs["mixed_float16"]["step_s"] / on["step_s"],
+        "step_s_onednn_over_default": on["step_s"] / runs["onednn_default"]["step_s"],
+        "step_s_onednn_off_over_on": runs["onednn_off"]["step_s"] / on["step_s"],
         "pool_comparison_resolution": args.pool_resolution,
         "first_step_s_xla_separable_pool": runs["pool_separable_xla"]["first_step_s"],
         "first_step_s_xla_builtin_pool": runs["pool_builtin_xla"]["first_step_s"],
         "builtin_over_separable_pool_first_step": (runs["pool_builtin_xla"]["first_step_s"]
                                                    / runs["pool_separable_xla"]["first_step_s"]),
-        "steps_per_s_1_device": runs["one_device_batch_2"]["steps_per_s"],
-        "steps_per_s_2_logical_cpu_devices": runs["two_logical_devices_batch_1_each"]["steps_per_s"],
-        "parameter_bytes_float32_at_128_filters_64": 4 * unet.build_unet(TrainConfig()).count_params(),
-        "batch_fetch_s": fetch_s,
-        "input_pipeline_share": min(1.0, fetch_s / fastest_step),
-        "batch_fetch_s_128": fetch_128_s,
+        "steps_per_s_1_device": 1 / on["step_s"],
+        "steps_per_s_2_logical_cpu_devices": 1 / runs["two_devices_no_xla"]["step_s"],
+        "samples_per_s_2_logical_devices_xla": runs["two_devices_xla"]["samples_per_s"],
+        "samples_per_s_2_logical_devices_no_xla": runs["two_devices_no_xla"]["samples_per_s"],
+        "memory_resolution": args.memory_resolution,
+        "step_memory_mb_recompute": runs["recompute_64"]["step_memory_mb"],
+        "step_memory_mb_no_recompute": runs["no_recompute_64"]["step_memory_mb"],
+        "step_memory_recompute_over_no_recompute": (runs["recompute_64"]["step_memory_mb"]
+                                                    / runs["no_recompute_64"]["step_memory_mb"]),
+        "step_s_recompute": runs["recompute_64"]["step_s"],
+        "step_s_no_recompute": runs["no_recompute_64"]["step_s"],
+        "step_s_recompute_over_no_recompute": runs["recompute_64"]["step_s"] / runs["no_recompute_64"]["step_s"],
+        "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
+        "parameter_bytes_float32_at_128_filters_64": 4 * parameters,
+        "batch_fetch_s": fetch,
+        "input_pipeline_share": min(1.0, fetch / fastest),
+        "batch_fetch_s_128": fetch_128,
         "runs": runs,
     }, indent=2))
 

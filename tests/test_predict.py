@@ -28,7 +28,7 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
     data = root / "data"
     shutil.copytree(phantom_data, data)
     write_phantom_split(data / "test-pats", 2, first_number=241, with_dose=False)
-    config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla=False, data_dir=str(data),
+    config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(data),
                          results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
     train(config)
     keras.backend.clear_session()

@@ -25,6 +25,11 @@ import tensorflow as tf
 from keras import tree
 
 _BLOCK = re.compile(r"^((?:encoder|decoder)_\d+)_")
+# Layers recomputed with a neighbouring block: the input unpacking with the first encoder block (so
+# that only the compact uint16 inputs are kept, 4 bytes a voxel instead of 44), the output layers
+# with the last decoder block.
+_BLOCK_OF_LAYER = {"compact_inputs": "encoder_1", "dose_conv": "decoder_0", "dose_smooth": "decoder_0",
+                   "dose": "decoder_0"}
 
 
 def is_sync_layer(layer) -> bool:
@@ -106,8 +111,10 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
         return tensor_id in model_outputs or any(i not in inside for i in consumers.get(tensor_id, ()))
 
     def block_of(node):
+        if _draws_random_numbers(node.operation):
+            return None
         match = _BLOCK.match(node.operation.name)
-        return None if (match is None or _draws_random_numbers(node.operation)) else match.group(1)
+        return match.group(1) if match else _BLOCK_OF_LAYER.get(node.operation.name)
 
     def segment_key(node):
         return None if is_sync_layer(node.operation) else "segment"
@@ -160,8 +167,9 @@ def recompute(fn: Callable[..., list], inputs: list) -> list:
 
     The second run happens inside a ``keras.StatelessScope``, so its state updates (batch norm's
     moving statistics) are dropped: each is applied once, by the forward run. ``fn`` must draw no
-    random numbers. The recomputation is made to wait for the upstream gradient, so that it runs
-    during the backward pass rather than alongside the forward one.
+    random numbers. The recomputation waits for the upstream gradient (a control dependency), so
+    that it runs during the backward pass rather than alongside the forward one. Integer inputs
+    (the compact uint16 volumes) get no gradient.
     """
 
     @tf.custom_gradient
@@ -169,18 +177,19 @@ def recompute(fn: Callable[..., list], inputs: list) -> list:
         outputs = fn(*args)
 
         def grad(*upstream, variables=None):
-            first = tf.cast(tf.reshape(upstream[0], [-1])[:1], tf.float32)
-            wait = tf.reduce_sum(tf.where(tf.math.is_nan(first), float("nan"), 0.0))
-            again_args = [arg + tf.cast(wait, arg.dtype) for arg in args]
+            with tf.control_dependencies([tf.reshape(upstream[0], [-1])[:1]]):
+                again_args = [tf.identity(arg) for arg in args]
+            differentiable = [arg for arg in again_args if arg.dtype.is_floating]
             variables = list(variables or [])
             with tf.GradientTape() as tape:
-                tape.watch(again_args)
+                tape.watch(differentiable)
                 tape.watch(variables)
                 with keras.StatelessScope():
                     again = fn(*again_args)
-            grads = tape.gradient(again, again_args + variables, output_gradients=list(upstream),
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return grads[:len(args)], grads[len(args):]
+            grads = iter(tape.gradient(again, differentiable + variables, output_gradients=list(upstream),
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO))
+            input_grads = [next(grads) if arg.dtype.is_floating else None for arg in again_args]
+            return input_grads, list(grads)
 
         return (outputs[0] if len(outputs) == 1 else outputs), grad
 
