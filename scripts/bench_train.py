@@ -12,10 +12,14 @@ memory are each measurement's own; all of them in one run, side by side:
 - two logical CPU devices (the processor split in two, as ``--devices 2`` does without GPUs: the
   same code path as two GPUs, sharing these cores, so this says what the strategy costs, not what
   GPUs gain), with XLA and without;
-- at 64³: the memory a training step needs beyond what the process held before it (peak resident
-  memory during the steps minus resident memory before them; glibc is told to return large
-  blocks to the system, so the peak is the step's), with and without ``--recompute``, and their
-  step times; ``--accumulate 2`` against 1, per batch;
+- at 64³ (16 filters, batch 4): the memory a training step needs beyond what the process held
+  before it, with and without ``--recompute``, and their step times. ``step_memory_mb_*``: the
+  peak of TensorFlow's CPU allocator during steady steps minus what it held before them (live
+  tensors: what the activations kept for the backward pass change). ``step_rss_mb_*``: peak
+  resident memory from before the first step to the last, minus resident memory before it; on a
+  CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
+  primitive creation, so it says little about activations;
+- ``--accumulate 2`` against 1, per batch;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
 - the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
 
@@ -164,6 +168,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--memory-resolution", type=int, default=64, help="size for the recompute comparison")
+    parser.add_argument("--memory-filters", type=int, default=16, help="filters for the recompute comparison")
+    parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -173,9 +179,8 @@ def main() -> None:
         return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
-    big = dict(base, resolution=args.memory_resolution, steps=3)
-    # Large blocks go back to the system when freed, so a process's peak is what its steps needed.
-    malloc = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
+           "batch_size": args.memory_batch_size, "steps": 3}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
@@ -186,8 +191,8 @@ def main() -> None:
         "two_devices_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2), xla=True)),
         "accumulate_1": measure(dict(base, accumulate=1)),
         "accumulate_2": measure(dict(base, accumulate=2)),
-        "no_recompute_64": measure(big, malloc),
-        "recompute_64": measure(dict(big, recompute=True), malloc),
+        "no_recompute_64": measure(big),
+        "recompute_64": measure(dict(big, recompute=True)),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
                                        "steps": 1, "xla": True}),
         "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
@@ -219,7 +224,7 @@ def main() -> None:
         "steps_per_s_2_logical_cpu_devices": 1 / runs["two_devices_no_xla"]["step_s"],
         "samples_per_s_2_logical_devices_xla": runs["two_devices_xla"]["samples_per_s"],
         "samples_per_s_2_logical_devices_no_xla": runs["two_devices_no_xla"]["samples_per_s"],
-        "memory_resolution": args.memory_resolution,
+        "memory_config": big,
         "step_memory_mb_recompute": runs["recompute_64"]["step_memory_mb"],
         "step_memory_mb_no_recompute": runs["no_recompute_64"]["step_memory_mb"],
         "step_memory_recompute_over_no_recompute": (runs["recompute_64"]["step_memory_mb"]
@@ -227,6 +232,8 @@ def main() -> None:
         "step_s_recompute": runs["recompute_64"]["step_s"],
         "step_s_no_recompute": runs["no_recompute_64"]["step_s"],
         "step_s_recompute_over_no_recompute": runs["recompute_64"]["step_s"] / runs["no_recompute_64"]["step_s"],
+        "step_rss_mb_recompute": runs["recompute_64"]["step_rss_mb"],
+        "step_rss_mb_no_recompute": runs["no_recompute_64"]["step_rss_mb"],
         "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
         "parameter_bytes_float32_at_128_filters_64": 4 * parameters,
         "batch_fetch_s": fetch,
