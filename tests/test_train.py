@@ -136,7 +136,7 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
 def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
                "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,
-               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "40", "--save-every", "2",
+               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "24", "--save-every", "2",
                "--keep", "3"]
     log = Path(config.results_dir) / "killed" / "training_log.csv"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,11 +149,11 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = len(log.read_text().splitlines()) - 1
-    assert 5 <= killed_at < 40
+    assert 5 <= killed_at < 24
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "Resuming killed from epoch" in rerun.stderr
     killed = dataclasses.replace(config, model_name="killed")
-    assert log_epochs(killed) == list(range(1, 41))
-    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [40, 38, 36]
+    assert log_epochs(killed) == list(range(1, 25))
+    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [24, 22, 20]
