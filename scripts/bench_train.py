@@ -123,16 +123,19 @@ def child(spec: dict) -> dict:
     first = time.perf_counter() - start
     rss_after_first = peak_rss_mb()
     device = "CPU:0"
-    tf.config.experimental.reset_memory_stats(device)
-    live_before = tf.config.experimental.get_memory_info(device)["current"]
+    try:  # TensorFlow tracks its CPU allocator only with oneDNN on
+        tf.config.experimental.reset_memory_stats(device)
+        live_before = tf.config.experimental.get_memory_info(device)["current"]
+    except ValueError:
+        live_before = None
     start = time.perf_counter()
     for _ in range(spec["steps"]):
         loss = step.train(element)
     float(loss)
     step_s = (time.perf_counter() - start) / spec["steps"]
-    live_peak = tf.config.experimental.get_memory_info(device)["peak"]
+    live_peak = tf.config.experimental.get_memory_info(device)["peak"] if live_before is not None else None
     return {"first_step_s": first, "step_s": step_s, "samples_per_s": rows.size / step_s,
-            "step_memory_mb": (live_peak - live_before) / 2**20,
+            "step_memory_mb": (live_peak - live_before) / 2**20 if live_before is not None else None,
             "step_rss_mb": max(rss_after_first, peak_rss_mb()) - rss_before, "cpu_kernels": describe_cpu_kernels()}
 
 
