@@ -14,7 +14,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from provided_code.data.batches import epoch_updates
+from provided_code.data.batches import epoch_updates, take_batch
 
 
 def updates_per_epoch(num_patients: int, batch_size: int, replicas: int = 1, accumulate: int = 1) -> int:
@@ -45,8 +45,8 @@ def element_spec(resolution: int, patients: int | None = None) -> dict:
 
 
 def take_element(arrays, rows: np.ndarray, weights: np.ndarray) -> dict:
-    return {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows],
-            "dose": arrays.dose[rows][..., None], "weight": weights}
+    inputs, dose = take_batch(arrays, rows)
+    return {**inputs, "dose": dose, "weight": weights}
 
 
 def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, prefetch: int = 2):

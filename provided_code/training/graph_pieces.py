@@ -60,21 +60,32 @@ def _call_training(node, values: dict):
 
 class _Piece:
     """A run of nodes executed together; ``inputs``/``outputs`` are the ids of the symbolic tensors
-    that cross its border."""
+    that cross its border. ``run(*inputs) -> outputs`` runs its nodes (replaced for compiled or
+    recomputed pieces)."""
 
-    def __init__(self, nodes: list, consumed_outside: Callable[[int], bool]):
+    def __init__(self, nodes: list, consumers: dict[int, set[int]], model_outputs: set[int]):
         self.nodes = nodes
+        inside = {id(node) for node in nodes}
         produced = {id(t) for node in nodes for t in node.outputs}
         self.inputs = list(dict.fromkeys(id(t) for node in nodes for t in node.input_tensors
                                          if id(t) not in produced))
-        self.outputs = [id(t) for node in nodes for t in node.outputs if consumed_outside(id(t), nodes)]
+        self.outputs = [id(t) for node in nodes for t in node.outputs
+                        if id(t) in model_outputs or consumers.get(id(t), set()) - inside]
+        self.run = self._run_nodes
 
-    def run(self, *values):
+    def _run_nodes(self, *values):
         local = dict(zip(self.inputs, values))
         for node in self.nodes:
             for tensor, value in zip(node.outputs, tree.flatten(_call_training(node, local))):
                 local[id(tensor)] = value
         return [local[i] for i in self.outputs]
+
+
+def _run_in_order(pieces: list, values: dict) -> None:
+    """Run ``pieces`` one after another, reading and adding tensors by symbolic id in ``values``."""
+    for piece in pieces:
+        for tensor_id, value in zip(piece.outputs, piece.run(*[values[i] for i in piece.inputs])):
+            values[tensor_id] = value
 
 
 def _split(nodes: list, key: Callable) -> list[list]:
@@ -99,16 +110,14 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     if not (compile_segments or recompute_blocks):
         return lambda inputs: model(inputs, training=True)
     nodes = _ordered_nodes(model)
-    position = {id(node): index for index, node in enumerate(nodes)}
-    consumers: dict[int, list[int]] = {}
+    consumers: dict[int, set[int]] = {}  # symbolic tensor id -> ids of the nodes that read it
     for node in nodes:
         for tensor in node.input_tensors:
-            consumers.setdefault(id(tensor), []).append(position[id(node)])
+            consumers.setdefault(id(tensor), set()).add(id(node))
     model_outputs = {id(t) for t in model.outputs}
 
-    def consumed_outside(tensor_id: int, piece_nodes: list) -> bool:
-        inside = {position[id(node)] for node in piece_nodes}
-        return tensor_id in model_outputs or any(i not in inside for i in consumers.get(tensor_id, ()))
+    def piece(piece_nodes: list) -> _Piece:
+        return _Piece(piece_nodes, consumers, model_outputs)
 
     def block_of(node):
         if _draws_random_numbers(node.operation):
@@ -119,43 +128,35 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     def segment_key(node):
         return None if is_sync_layer(node.operation) else "segment"
 
-    def make_runner(piece_nodes: list) -> _Piece:
-        """A piece whose ``run`` executes its nodes, XLA-compiled between sync points if asked."""
-        piece = _Piece(piece_nodes, consumed_outside)
+    def runner(piece_nodes: list) -> _Piece:
+        """A piece of ``piece_nodes``, XLA-compiled between sync points if asked."""
+        whole = piece(piece_nodes)
         if not compile_segments:
-            return piece
-        parts = []
-        for run in _split(piece_nodes, segment_key):
-            part = _Piece(run, consumed_outside)
-            if not is_sync_layer(run[0].operation):
+            return whole
+        parts = [piece(run) for run in _split(piece_nodes, segment_key)]
+        for part in parts:
+            if not is_sync_layer(part.nodes[0].operation):
                 part.run = tf.function(part.run, jit_compile=True, reduce_retracing=True)
-            parts.append(part)
 
         def run_parts(*values):
-            local = dict(zip(piece.inputs, values))
-            for part in parts:
-                for tensor_id, value in zip(part.outputs, part.run(*[local[i] for i in part.inputs])):
-                    local[tensor_id] = value
-            return [local[i] for i in piece.outputs]
+            local = dict(zip(whole.inputs, values))
+            _run_in_order(parts, local)
+            return [local[i] for i in whole.outputs]
 
-        piece.run = run_parts
-        return piece
+        whole.run = run_parts
+        return whole
 
     if recompute_blocks:
-        pieces = []
-        for run in _split(nodes, block_of):
-            piece = make_runner(run)
-            if block_of(run[0]) is not None:
-                piece.run = (lambda inner: lambda *values: recompute(inner, list(values)))(piece.run)
-            pieces.append(piece)
+        pieces = [runner(run) for run in _split(nodes, block_of)]
+        for block in pieces:
+            if block_of(block.nodes[0]) is not None:
+                block.run = (lambda inner: lambda *values: recompute(inner, list(values)))(block.run)
     else:
-        pieces = [make_runner(nodes)]
+        pieces = [runner(nodes)]
 
     def forward(inputs):
         values = {id(t): v for t, v in zip(model.inputs, model._standardize_inputs(inputs))}
-        for piece in pieces:
-            for tensor_id, value in zip(piece.outputs, piece.run(*[values[i] for i in piece.inputs])):
-                values[tensor_id] = value
+        _run_in_order(pieces, values)
         outputs = [values[id(t)] for t in model.outputs]
         return outputs[0] if len(outputs) == 1 else outputs
 
