@@ -184,7 +184,7 @@ def main() -> None:
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
-           "batch_size": args.memory_batch_size, "steps": 3}
+           "batch_size": args.memory_batch_size, "steps": 6}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),

@@ -28,8 +28,8 @@ def build_unet(config) -> keras.Model:
 
     Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + batch norm (not on
     the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
-    (kernel 4, stride 2, no bias) + batch norm (+ SpatialDropout3D(``config.dropout``, default 0.2)
-    on alternate blocks) + ReLU, concatenating the encoder's features of the same size. Batch norm
+    (kernel 4, stride 2, no bias) + batch norm + ReLU (+ SpatialDropout3D(``config.dropout``, default
+    0.2) on alternate blocks), concatenating the encoder's features of the same size. Batch norm
     is synchronised across replicas, so its statistics are those of the global batch. Then a Conv3DTranspose to one
     channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the dtype policy.
     """
@@ -57,9 +57,10 @@ def build_unet(config) -> keras.Model:
                                          use_bias=False, name=f"decoder_{level + 1}_conv")(x)
         x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True,
                                             name=f"decoder_{level + 1}_bn")(x)
-        if block % 2 == 1 and dropout > 0:
-            x = keras.layers.SpatialDropout3D(dropout, name=f"decoder_{level + 1}_dropout")(x)
         x = keras.layers.ReLU(name=f"decoder_{level + 1}_act")(x)
+        if block % 2 == 1 and dropout > 0:  # after the ReLU (the same values as before it: it zeroes or
+            # scales whole channels), so that --recompute keeps it outside the recomputed block
+            x = keras.layers.SpatialDropout3D(dropout, name=f"decoder_{level + 1}_dropout")(x)
 
     x = keras.layers.Concatenate(name="decoder_0_skip")([x, skips[0]])
     x = keras.layers.Conv3DTranspose(1, 4, strides=2, padding="same", dtype="float32", name="dose_conv")(x)
