@@ -1,6 +1,6 @@
 """Training benchmark on this machine: prints one JSON object (seconds unless named otherwise).
 
-    python scripts/bench_train.py [--resolution 32] [--filters 8] [--batch-size 2] [--steps 5]
+    python scripts/bench_train.py [--resolution 32] [--filters 8] [--batch-size 2] [--steps 20]
 
 Every measurement runs the project's own training step (``training/step.py``) on synthetic
 phantoms in a fresh process, so that process-wide settings (oneDNN, logical CPU devices) and peak
@@ -12,8 +12,9 @@ memory are each measurement's own; all of them in one run, side by side:
 - two logical CPU devices (the processor split in two, as ``--devices 2`` does without GPUs: the
   same code path as two GPUs, sharing these cores, so this says what the strategy costs, not what
   GPUs gain), with XLA and without;
-- at 64³ (16 filters, batch 4): the memory a training step needs beyond what the process held
-  before it, with and without ``--recompute``, and their step times. ``step_memory_mb_*``: the
+- at 64³ (16 filters, batch 4, one op at a time, so that the peak does not depend on which ops
+  the scheduler happens to run together): the memory a training step needs beyond what the
+  process held before it, with and without ``--recompute``, and their step times. ``step_memory_mb_*``: the
   peak of TensorFlow's CPU allocator during steady steps minus what it held before them (live
   tensors: what the activations kept for the backward pass change). ``step_rss_mb_*``: peak
   resident memory from before the first step to the last, minus resident memory before it; on a
@@ -58,6 +59,8 @@ def child(spec: dict) -> dict:
     import keras
     import tensorflow as tf
 
+    if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
+        tf.config.threading.set_inter_op_parallelism_threads(1)
     from provided_code.config import TrainConfig
     from provided_code.data.cache import load_split
     from provided_code.data.phantoms import write_phantom_split
@@ -170,7 +173,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--filters", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--memory-resolution", type=int, default=64, help="size for the recompute comparison")
     parser.add_argument("--memory-filters", type=int, default=16, help="filters for the recompute comparison")
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
@@ -184,7 +187,7 @@ def main() -> None:
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
-           "batch_size": args.memory_batch_size, "steps": 6}
+           "batch_size": args.memory_batch_size, "steps": 6, "sequential": True}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
