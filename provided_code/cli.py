@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, TypeVar
 
 import click
 
-from provided_code.config import PRECISIONS, XLA_MODES, TrainConfig
+from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 
@@ -36,7 +36,8 @@ def _user_errors():
 
     errors = (ConfigError, PatientDataError, SplitError, FileNotFoundError)
     # These can only come from their modules once imported; importing them here would load TensorFlow.
-    for module, name in (("provided_code.predict", "PredictionError"), ("provided_code.training.train", "WorkerLostError")):
+    for module, name in (("provided_code.predict", "PredictionError"), ("provided_code.training.train", "WorkerLostError"),
+                         ("provided_code.training.checkpoints", "CheckpointError")):
         if module in sys.modules:
             errors += (getattr(sys.modules[module], name),)
     return errors
@@ -51,6 +52,18 @@ def _user_errors():
 @click.option("--model-name", default=DEFAULTS.model_name, help="Run name: results/<model-name>/.")
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size, help="Patients per step (per device).")
 @click.option("--learning-rate", type=float, default=DEFAULTS.learning_rate, help="Adam learning rate.")
+@click.option("--lr-schedule", type=click.Choice(LR_SCHEDULES), default=DEFAULTS.lr_schedule,
+              help="Learning rate per epoch: constant, or cosine decay from --learning-rate towards 0.")
+@click.option("--warmup-epochs", type=int, default=DEFAULTS.warmup_epochs,
+              help="Rise linearly to --learning-rate over the first N epochs.")
+@click.option("--loss", type=click.Choice(LOSSES), default=DEFAULTS.loss,
+              help="masked-mae: mean |error| inside the possible-dose mask; mae: over the whole volume.")
+@click.option("--augment", default=DEFAULTS.augment,
+              help="none, or a comma list of flip (left-right, parotids swapped), rotate (axial, 40° steps), "
+                   "shift (up to ±20 voxels at 128³, possible-dose mask kept inside).")
+@click.option("--score-every", type=int, default=DEFAULTS.score_every,
+              help="Every N epochs and at the last: the challenge's dose and DVH scores on the validation "
+                   "patients, and models/best.keras (lowest dose score); 0: never.")
 @click.option("--save-every", type=int, default=DEFAULTS.save_every, help="Checkpoint every N epochs (and at the last).")
 @click.option("--keep", type=int, default=DEFAULTS.keep, help="Newest checkpoints to keep.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default=DEFAULTS.precision,
@@ -77,7 +90,8 @@ def _user_errors():
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
 @click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
-@click.option("--epoch", type=int, default=None, help="With --predict-only: the checkpoint epoch [default: newest].")
+@click.option("--epoch", default=None,
+              help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
 @click.option("--stage", type=click.Choice(["validation", "test"]), default="validation",
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
@@ -92,6 +106,11 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, **options):
         if no_xla:
             options["xla"] = "off"
         config = TrainConfig(resolution=int(resolution), **options)
+        if epoch is not None and epoch != "best":
+            if not epoch.isdigit():
+                raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
+                                         param_hint="--epoch")
+            epoch = int(epoch)
         if predict_only:
             from provided_code.predict import predict_stage
 

@@ -10,10 +10,13 @@ import json
 import os
 from pathlib import Path
 
+from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 XLA_MODES = ("auto", "on", "off")
+LOSSES = ("mae", "masked-mae")
+LR_SCHEDULES = ("constant", "cosine")
 CONFIG_FILE = "config.json"
 
 
@@ -30,7 +33,13 @@ class TrainConfig:
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
-    learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999, mean absolute error
+    learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999; the peak rate of a schedule
+    lr_schedule: str = "cosine"  # constant, or cosine: decay from the peak towards 0 over the epochs after warm-up
+    warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
+    loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
+    #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
+    augment: str = "flip,rotate,shift"  # none, or a comma list of flip, rotate, shift (see data/augment.py);
+    #                                     each draw depends only on (seed, epoch, step)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
     seed: int = 0  # weights, dropout and the per-epoch shuffle
     # -- hardware --
@@ -54,6 +63,8 @@ class TrainConfig:
     save_every: int = 10  # write results/<model_name>/models/epoch_<N>.keras every N epochs and at the end
     keep: int = 5  # newest checkpoints kept
     tensorboard: bool = False  # also write TensorBoard events under results/<model_name>/tensorboard/
+    score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
+    #                       validation patients, and models/best.keras (lowest dose score); 0: never
 
     ARCHITECTURE = ("filters", "resolution", "dropout")
 
@@ -65,6 +76,21 @@ class TrainConfig:
 
         for name in ("filters", "epochs", "batch_size", "save_every", "keep", "accumulate"):
             positive(name)
+        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
+            raise ConfigError(f"Invalid `warmup_epochs`. Expected an integer >= 0. "
+                              f"Received: warmup_epochs={self.warmup_epochs!r}")
+        if isinstance(self.score_every, bool) or not isinstance(self.score_every, int) or self.score_every < 0:
+            raise ConfigError(f"Invalid `score_every`. Expected an integer >= 0 (0: never). "
+                              f"Received: score_every={self.score_every!r}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
+                              f"Received: lr_schedule={self.lr_schedule!r}")
+        try:
+            self.augment = ",".join(parse_augment(self.augment)) or "none"
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if self.xla not in XLA_MODES:
             raise ConfigError(f"Invalid `xla`. Expected one of {XLA_MODES}. Received: xla={self.xla!r}")
         if not (isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
@@ -94,6 +120,10 @@ class TrainConfig:
     @property
     def models_dir(self) -> Path:
         return self.run_dir / "models"
+
+    @property
+    def augmentations(self) -> tuple[str, ...]:
+        return parse_augment(self.augment)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -8,7 +8,7 @@ import numpy as np
 
 from provided_code.atomic import atomic_path
 from provided_code.config import ConfigError
-from provided_code.constants import STRUCTURES
+from provided_code.constants import STRUCTURES, TARGETS
 from provided_code.data.cache import exact_dose
 from provided_code.metrics.scoring import structure_indices
 
@@ -33,10 +33,16 @@ def _save(figure, path: Path) -> None:
 
 
 def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.ndarray) -> list[Path]:
-    """Write ``<patient>_dvh.png`` and ``<patient>_slices.png`` into ``folder``; return their paths."""
+    """Write ``<patient>_dvh.png`` and ``<patient>_slices.png`` into ``folder``; return their paths.
+
+    The slices show dose as a colour wash over the CT in grey with the target contours drawn, as
+    planning systems do, through the centre of the highest target; the third column is the
+    difference, predicted − reference.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.lines
     import matplotlib.pyplot as plt
 
     reference = exact_dose(arrays.dose[row], int(arrays.dose_decimals[row])).reshape(predicted.shape)
@@ -61,24 +67,77 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     _save(figure, dvh_path)
     plt.close(figure)
 
-    centre_voxels = next((indices[STRUCTURES.index(t)] for t in ("PTV70", "PTV63", "PTV56")
-                          if indices[STRUCTURES.index(t)].size), None)
+    centre_voxels = next((indices[STRUCTURES.index(t)] for t in TARGETS if indices[STRUCTURES.index(t)].size), None)
     if centre_voxels is None:
         centre = np.unravel_index(int(np.argmax(reference)), reference.shape)
     else:
         centre = np.round(np.mean(np.unravel_index(centre_voxels, reference.shape), axis=1)).astype(int)
+    ct = arrays.ct[row].reshape(predicted.shape).astype(np.float32)
+    masks = arrays.structure_masks[row].reshape(predicted.shape)
     views = (("axial", 2), ("coronal", 0), ("sagittal", 1))  # axis 2 superior-inferior, 0 AP, 1 LR
-    figure, grid = plt.subplots(3, 3, figsize=(10, 10))
+    target_colours = {"PTV56": "cyan", "PTV63": "yellow", "PTV70": "magenta"}
+    figure, grid = plt.subplots(3, 3, figsize=(11, 10))
     for r, (view, axis) in enumerate(views):
-        planes = [np.take(volume, centre[axis], axis=axis) for volume in (reference, predicted, predicted - reference)]
-        for c, (plane, title) in enumerate(zip(planes, ("reference", "predicted", "predicted − reference"))):
-            limit = max(float(np.abs(planes[2]).max()), 1e-6)
-            image = grid[r, c].imshow(plane.T if axis != 2 else plane, cmap="RdBu_r" if c == 2 else "jet",
-                                      vmin=-limit if c == 2 else 0, vmax=limit if c == 2 else top)
-            grid[r, c].set_title(f"{view}: {title}", fontsize=9)
-            grid[r, c].axis("off")
-            figure.colorbar(image, ax=grid[r, c], fraction=0.046, label="Gy")
+        def plane(volume):
+            image = np.take(volume, centre[axis], axis=axis)
+            return image if axis == 2 else image.T  # coronal and sagittal: superior at the top
+        ct_plane = plane(ct)
+        difference = plane(predicted - reference)
+        limit = max(float(np.abs(difference).max()), 1e-6)
+        for c, (dose, title) in enumerate(((reference, "reference"), (predicted, "predicted"))):
+            axes = grid[r, c]
+            axes.imshow(ct_plane, cmap="gray", vmin=0, vmax=max(float(ct.max()), 1.0))
+            wash = np.ma.masked_less(plane(dose), 0.05 * top)  # no colour where there is (almost) no dose
+            image = axes.imshow(wash, cmap="jet", alpha=0.45, vmin=0, vmax=top)
+            for target in TARGETS:
+                contour = (plane(masks) >> STRUCTURES.index(target)) & 1
+                if contour.any():
+                    axes.contour(contour, levels=[0.5], colors=target_colours[target], linewidths=0.8)
+            axes.set_title(f"{view}: {title}", fontsize=9)
+            axes.axis("off")
+            figure.colorbar(image, ax=axes, fraction=0.046, label="Gy")
+        image = grid[r, 2].imshow(difference, cmap="RdBu_r", vmin=-limit, vmax=limit)
+        grid[r, 2].set_title(f"{view}: predicted − reference", fontsize=9)
+        grid[r, 2].axis("off")
+        figure.colorbar(image, ax=grid[r, 2], fraction=0.046, label="Gy")
+    handles = [matplotlib.lines.Line2D([], [], color=colour, label=name) for name, colour in target_colours.items()]
+    figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, title="target contours")
     slices_path = Path(folder) / f"{patient_id}_slices.png"
     _save(figure, slices_path)
     plt.close(figure)
     return [dvh_path, slices_path]
+
+
+def plot_training_curves(rows: list[dict[str, str]], path: Path, best_epoch: int | None = None) -> Path:
+    """``training_curves.png``: loss and validation loss, and the validation dose and DVH scores,
+    against epoch, from the rows of ``training_log.csv``; the best epoch marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(name):
+        points = [(int(row["epoch"]), float(row[name])) for row in rows if row.get(name) not in (None, "")]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    figure, (losses, scores) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, label in (("loss", "training loss"), ("val_loss", "validation loss")):
+        epochs, values = series(name)
+        if epochs:
+            losses.plot(epochs, values, label=label)
+    losses.set_xlabel("epoch")
+    losses.set_ylabel("loss (Gy)")
+    losses.legend()
+    for name, label, marker in (("val_dose_score", "dose score", "o"), ("val_dvh_score", "DVH score", "s")):
+        epochs, values = series(name)
+        if epochs:
+            scores.plot(epochs, values, marker=marker, label=f"validation {label}")
+    scores.set_xlabel("epoch")
+    scores.set_ylabel("score (Gy, lower is better)")
+    for axes in (losses, scores):
+        if best_epoch is not None:
+            axes.axvline(best_epoch, color="grey", linestyle="--", label="best (best.keras)" if axes is scores else None)
+    scores.legend()
+    _save(figure, Path(path))
+    plt.close(figure)
+    return Path(path)

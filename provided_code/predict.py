@@ -19,7 +19,7 @@ from provided_code.data.csv_io import write_dose_csv
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.progress import Progress, no_progress
-from provided_code.training.checkpoints import load_newest
+from provided_code.training.checkpoints import load_best, load_newest
 
 logger = logging.getLogger(__name__)
 
@@ -61,30 +61,53 @@ def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
     return swapped | np.where(right, _LEFT_PAROTID, 0).astype(np.uint16) | np.where(left, _RIGHT_PAROTID, 0).astype(np.uint16)
 
 
-def predict_arrays(model: keras.Model, arrays: SplitArrays, batch_size: int, tta: bool = False,
+def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = False,
                    progress: Progress = no_progress) -> np.ndarray:
     """Doses ``(N, R, R, R)`` float32 Gy at the arrays' resolution, in batches.
 
+    ``model``: a ``keras.Model``, or any callable from a batch's inputs to its doses.
     With ``tta``, the mean of the prediction and the left-right mirrored prediction of the
     mirrored patient (parotids swapped), mirrored back.
     """
+    predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)
     batches = epoch_batches(len(arrays), batch_size, seed=0, epoch=0, shuffle=False)
     for rows in progress(batches, len(batches), "Predicting"):
         inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
-        dose = np.asarray(model.predict_on_batch(inputs))[..., 0]
+        dose = np.asarray(predict_batch(inputs))[..., 0]
         if tta:
             mirrored = {"ct": np.ascontiguousarray(np.flip(inputs["ct"], axis)),
                         "structure_masks": np.ascontiguousarray(mirror_left_right(inputs["structure_masks"], axis))}
-            dose = 0.5 * (dose + np.flip(np.asarray(model.predict_on_batch(mirrored))[..., 0], axis))
+            dose = 0.5 * (dose + np.flip(np.asarray(predict_batch(mirrored))[..., 0], axis))
         out[rows] = dose
     return out
 
 
-def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | None = None, tta: bool = False,
+def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
+                            progress: Progress = no_progress, label: str = "") -> np.ndarray:
+    """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
+    brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
+
+    Raises :class:`PredictionError` naming the patients whose predictions are not finite
+    (``label`` says whose model, for the message).
+    """
+    low = predict_arrays(model, downsample_split(arrays, resolution), batch_size, tta, progress)
+    broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
+    if broken:
+        raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")
+    predictions = np.empty(arrays.dose.shape, np.float32)
+    for row in range(len(arrays)):
+        predictions[row] = upsample_dose(low[row], arrays.possible_dose_mask[row])
+    return predictions
+
+
+def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | str | None = None, tta: bool = False,
                   plots: bool = False, progress: Progress = no_progress) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with a trained model; write and score.
+
+    ``epoch``: a checkpoint's epoch, ``"best"`` (``models/best.keras``, the lowest validation
+    dose score while training), or None for the newest.
 
     ``config`` names the model, data, results and cache folders; the architecture comes from the
     model's saved config.
@@ -98,25 +121,26 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | N
         raise FileNotFoundError(f"No trained model {config.model_name!r}: {config.models_dir} has no config.json. "
                                 f"Train it first, or pass the --model-name and --results-dir it was trained with.")
     keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
-    loaded = load_newest(config.models_dir, epoch=epoch, compile=False)
-    if loaded is None:
-        raise FileNotFoundError(f"No checkpoint of model {config.model_name!r} loads from {config.models_dir}.")
-    epoch, model = loaded
+    if epoch == "best":
+        epoch, model = load_best(config.models_dir)
+    else:
+        loaded = load_newest(config.models_dir, epoch=epoch, compile=False)
+        if loaded is None:
+            raise FileNotFoundError(f"No checkpoint of model {config.model_name!r} loads from {config.models_dir}.")
+        epoch, model = loaded
 
     stage_dir = Path(config.data_dir) / f"{stage}-pats"
     arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
                         skip_incomplete=config.skip_incomplete, progress=progress)
-    low = predict_arrays(model, downsample_split(arrays, saved.resolution), config.batch_size, tta, progress)
-    broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
-    if broken:
-        raise PredictionError(f"Model {config.model_name!r} at epoch {epoch} predicts NaN or infinite doses for "
-                              f"{', '.join(broken)}: this checkpoint is unusable (did training diverge? see "
-                              f"{config.run_dir / 'training_log.csv'}); nothing was written.")
+    try:
+        predictions = predict_full_resolution(model, arrays, saved.resolution, config.batch_size, tta, progress,
+                                              label=f"Model {config.model_name!r} at epoch {epoch}")
+    except PredictionError as error:
+        raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
+                              f"{config.run_dir / 'training_log.csv'}); nothing was written.") from None
 
     predictions_dir = config.run_dir / f"{stage}-predictions"
-    predictions = np.empty(arrays.dose.shape, np.float32)
     for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
-        predictions[row] = upsample_dose(low[row], arrays.possible_dose_mask[row])
         write_dose_csv(predictions_dir / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
     submission = _write_submission(predictions_dir, arrays.patient_ids,
                                    config.run_dir / "submissions" / f"{config.model_name}_{stage}_epoch_{epoch}.zip")

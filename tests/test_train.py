@@ -16,6 +16,7 @@ import pytest
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.training.epoch_log import read_log
 from provided_code.training.train import DataNotFoundError, model_weights, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +48,9 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     assert log_epochs(config) == [1, 2, 3]
     with open(config.run_dir / "training_log.csv", newline="") as handle:
         row = next(csv.DictReader(handle))
-    assert set(row) == {"epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s", "peak_memory_mb"}
-    assert float(row["val_loss"]) > 0 and float(row["learning_rate"]) == pytest.approx(2e-4)
+    assert set(row) == {"epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "learning_rate",
+                        "epoch_seconds", "samples_per_s", "peak_memory_mb"}
+    assert float(row["val_loss"]) > 0 and float(row["learning_rate"]) == pytest.approx(2e-4)  # cosine: peak first
     assert float(row["peak_memory_mb"]) > 50  # this process's peak resident memory (CPU)
     saved = TrainConfig.from_json((config.models_dir / "config.json").read_text())
     assert saved == dataclasses.replace(config, precision="float32")  # auto, resolved on this CPU
@@ -59,19 +61,21 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     assert log_epochs(config) == [1, 2, 3]
 
 
-def test_resumed_run_equals_an_uninterrupted_one(config):
-    whole = dataclasses.replace(config, epochs=4, model_name="whole", save_every=4)
-    train(whole)
-    halves = dataclasses.replace(config, epochs=2, model_name="halves", save_every=2)
-    train(halves)
+def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(config):
+    recipe = dataclasses.replace(config, epochs=4, save_every=2, keep=5, loss="masked-mae",
+                                 augment="flip,rotate,shift", lr_schedule="cosine", warmup_epochs=1, score_every=0)
+    train(recipe)
+    uninterrupted = model_weights(load_newest(recipe.models_dir)[1])
+    rates = [row["learning_rate"] for row in read_log(recipe.run_dir / "training_log.csv")]
+    assert len(set(rates)) == 4  # warm-up, then cosine: a different rate every epoch
+    # The machine is lost after the epoch-2 checkpoint: the same command resumes from it.
+    (recipe.models_dir / "epoch_4.keras").unlink()
     keras.backend.clear_session()
-    result = train(dataclasses.replace(halves, epochs=4))
+    result = train(recipe)
     assert result.first_epoch == 2
-    assert log_epochs(halves) == [1, 2, 3, 4]
-    _, a = load_newest(whole.models_dir)
-    _, b = load_newest(halves.models_dir)
-    assert len(a.optimizer.variables) == len(b.optimizer.variables)
-    for x, y in zip(model_weights(a), model_weights(b)):
+    assert [row["learning_rate"] for row in read_log(recipe.run_dir / "training_log.csv")] == rates
+    _, resumed = load_newest(recipe.models_dir)
+    for x, y in zip(uninterrupted, model_weights(resumed)):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # deterministic ops on CPU: in practice exact
 
 

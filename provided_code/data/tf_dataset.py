@@ -4,7 +4,9 @@ Each worker builds only its own replicas' share of every update, from its own co
 arrays (fancy indexing, no copy of the split); TensorFlow hands the elements to the local replicas
 in turn. An element is a dict: ``ct`` and ``structure_masks`` (uint16, what the model eats),
 ``dose`` (float32 Gy, ``(..., 1)``) and ``weight`` (float32, per patient), with
-``accumulate × batch_size`` patients, micro-batch after micro-batch.
+``accumulate × batch_size`` patients, micro-batch after micro-batch; for a masked loss also
+``possible_dose_mask`` (bool), and with augmentation the draws' index maps (``data.augment``),
+which the training step applies on the device.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from provided_code.data.augment import Augmenter
 from provided_code.data.batches import epoch_updates, take_batch
 
 
@@ -23,8 +26,8 @@ def updates_per_epoch(num_patients: int, batch_size: int, replicas: int = 1, acc
 
 def update_schedule(num_patients: int, batch_size: int, replicas: int, accumulate: int, seed: int,
                     first_epoch: int, epochs: int, shuffle: bool = True, mean: bool = True) -> list:
-    """``(rows, weights)`` of every update of epochs ``first_epoch .. epochs - 1``, arrays shaped
-    ``(accumulate, replicas, batch_size)``.
+    """``(rows, weights, epoch, index)`` of every update of epochs ``first_epoch .. epochs - 1``:
+    arrays shaped ``(accumulate, replicas, batch_size)``, the epoch and the update's index in it.
 
     ``mean``: weights sum to 1 over each update's real patients (a training loss that is the
     update's mean, whatever the split); otherwise 1 per real patient (sums, for evaluation).
@@ -32,39 +35,69 @@ def update_schedule(num_patients: int, batch_size: int, replicas: int, accumulat
     """
     schedule = []
     for epoch in range(first_epoch, epochs):
-        for rows, real in epoch_updates(num_patients, batch_size, replicas, accumulate, seed, epoch, shuffle):
+        for index, (rows, real) in enumerate(epoch_updates(num_patients, batch_size, replicas, accumulate, seed,
+                                                           epoch, shuffle)):
             weights = real.astype(np.float32)
-            schedule.append((rows, weights / weights.sum() if mean else weights))
+            schedule.append((rows, weights / weights.sum() if mean else weights, epoch, index))
     return schedule
 
 
-def element_spec(resolution: int, patients: int | None = None) -> dict:
+def element_spec(resolution: int, patients: int | None = None, with_mask: bool = False,
+                 augmented: bool = False) -> dict:
     volume = (patients, resolution, resolution, resolution)
-    return {"ct": tf.TensorSpec(volume, tf.uint16), "structure_masks": tf.TensorSpec(volume, tf.uint16),
+    spec = {"ct": tf.TensorSpec(volume, tf.uint16), "structure_masks": tf.TensorSpec(volume, tf.uint16),
             "dose": tf.TensorSpec((*volume, 1), tf.float32), "weight": tf.TensorSpec((patients,), tf.float32)}
+    if with_mask:
+        spec["possible_dose_mask"] = tf.TensorSpec(volume, tf.bool)
+    if augmented:
+        spec["plane_source"] = tf.TensorSpec((patients, resolution * resolution), tf.int32)
+        spec["slice_source"] = tf.TensorSpec((patients, resolution), tf.int32)
+        spec["mirrored"] = tf.TensorSpec((patients,), tf.bool)
+    return spec
 
 
-def take_element(arrays, rows: np.ndarray, weights: np.ndarray) -> dict:
+def take_element(arrays, rows: np.ndarray, weights: np.ndarray, with_mask: bool = False,
+                 draws: dict[str, np.ndarray] | None = None) -> dict:
     inputs, dose = take_batch(arrays, rows)
-    return {**inputs, "dose": dose, "weight": weights}
+    element = {**inputs, "dose": dose, "weight": weights}
+    if with_mask:
+        element["possible_dose_mask"] = arrays.possible_dose_mask[rows]
+    return {**element, **(draws or {})}
 
 
-def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, prefetch: int = 2):
-    """The schedule's updates as a distributed dataset: one element per replica per update."""
+def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, prefetch: int = 2,
+                        with_mask: bool = False, augmenter: Augmenter | None = None):
+    """The schedule's updates as a distributed dataset: one element per replica per update.
+
+    ``with_mask``: elements carry ``possible_dose_mask``. ``augmenter``: they carry its draws for
+    ``(epoch, update index)``, split between replicas like the patients.
+    """
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = strategy.num_replicas_in_sync // context.num_input_pipelines
         first = context.input_pipeline_id * local  # this worker's first replica
 
         def generate():
-            for rows, weights in schedule:
+            for rows, weights, epoch, index in schedule:
+                draws = None
+                if augmenter is not None:  # drawn for the whole update: the same however it is split
+                    drawn = augmenter.draw(rows.reshape(-1), epoch, index)
+                    draws = {name: value.reshape(*rows.shape, *value.shape[1:]) for name, value in drawn.items()}
                 for replica in range(first, first + local):
                     # micro-batches of this replica, one after another
-                    yield take_element(arrays, rows[:, replica].reshape(-1), weights[:, replica].reshape(-1))
+                    mine = None if draws is None else {
+                        name: value[:, replica].reshape(-1, *value.shape[3:]) for name, value in draws.items()}
+                    yield take_element(arrays, rows[:, replica].reshape(-1), weights[:, replica].reshape(-1),
+                                       with_mask, mine)
 
         patients = schedule[0][0][:, 0].size if schedule else None
-        dataset = tf.data.Dataset.from_generator(generate, output_signature=element_spec(arrays.resolution, patients))
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=element_spec(
+            arrays.resolution, patients, with_mask, augmenter is not None))
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(schedule) * local))
-        return dataset.prefetch(prefetch)
+        # A fixed prefetch, no autotuning: tf.data's autotune thread sleeps up to a minute between
+        # rounds, and deleting the iterator waited for it (measured: 9 to 51 s at the end of a run).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return dataset.prefetch(prefetch).with_options(options)
 
     return strategy.distribute_datasets_from_function(dataset_fn)

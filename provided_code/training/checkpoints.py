@@ -1,7 +1,9 @@
-"""Rotating ``.keras`` checkpoints: ``models/epoch_<N>.keras``, atomically written, newest kept."""
+"""Rotating ``.keras`` checkpoints (``models/epoch_<N>.keras``, newest kept) and the best one
+(``models/best.keras`` with ``best.json``, never rotated); all written atomically."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -14,6 +16,14 @@ from provided_code.atomic import atomic_path
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
+BEST_FILE = "best.keras"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
+
+
+BEST_RECORD = "best.json"  # {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
 
 
 def list_checkpoints(models_dir: Path) -> list[tuple[int, Path]]:
@@ -44,12 +54,53 @@ def load_newest(models_dir: Path, epoch: int | None = None, compile: bool = True
             return found_epoch, keras.models.load_model(path, compile=compile)
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
             if epoch is not None:
-                raise RuntimeError(f"Checkpoint {path} does not load: {error}") from error
+                raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
             logger.warning("Checkpoint %s does not load (%s: %s); trying the previous one",
                            path, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
     if candidates:
         logger.warning("No checkpoint in %s loads; starting from scratch", models_dir)
     return None
+
+
+def read_best(models_dir: Path) -> dict | None:
+    """The record of ``best.keras`` (epoch and validation scores), or None if there is none."""
+    path = Path(models_dir) / BEST_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        return {"epoch": int(record["epoch"]), "val_dose_score": float(record["val_dose_score"]),
+                "val_dvh_score": float(record["val_dvh_score"])}
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"Invalid best-checkpoint record {path}: {type(error).__name__}: {error}. "
+                         f"Delete it (and {BEST_FILE} beside it) to start the best-so-far afresh.") from None
+
+
+def save_best(model: keras.Model, models_dir: Path, record: dict) -> Path:
+    """Write ``best.keras`` and then its record, each atomically (the record is moved into place
+    right after the model, so the two describe the same epoch)."""
+    models_dir = Path(models_dir)
+    final = models_dir / BEST_FILE
+    with atomic_path(models_dir / BEST_RECORD) as record_tmp:
+        record_tmp.write_text(json.dumps(record, indent=2) + "\n")
+        with atomic_path(final, suffix=".keras") as tmp:
+            model.save(tmp)
+    return final
+
+
+def load_best(models_dir: Path) -> tuple[int, keras.Model]:
+    """``(epoch, model)`` of ``best.keras``; a clear error if there is none or it does not load."""
+    import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
+
+    path = Path(models_dir) / BEST_FILE
+    record = read_best(models_dir)
+    if record is None or not path.is_file():
+        raise FileNotFoundError(f"No best checkpoint in {models_dir} ({BEST_FILE} and {BEST_RECORD}): it is written "
+                                f"when validation patients with doses are scored during training (--score-every).")
+    try:
+        return record["epoch"], keras.models.load_model(path, compile=False)
+    except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
+        raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
 
 
 class RotatingCheckpoint(keras.callbacks.Callback):
@@ -69,7 +120,7 @@ class RotatingCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.models_dir.mkdir(parents=True, exist_ok=True)
         for name in os.listdir(self.models_dir):  # left by a process killed mid-save
-            if name.startswith(".epoch_") and name.endswith(".keras"):
+            if name.startswith((".epoch_", f".{BEST_FILE}.", f".{BEST_RECORD}.")) and name.endswith((".keras", ".tmp")):
                 (self.models_dir / name).unlink()
 
     def on_epoch_end(self, epoch, logs=None):

@@ -15,7 +15,7 @@ from provided_code.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ("epoch", "loss", "val_loss", "learning_rate", "epoch_seconds", "samples_per_s", "peak_memory_mb")
+COLUMNS = ("epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "learning_rate", "epoch_seconds", "samples_per_s", "peak_memory_mb")
 
 
 def read_log(path: Path) -> list[dict[str, str]]:
@@ -78,6 +78,8 @@ class EpochCSVLogger(keras.callbacks.Callback):
             "epoch": epoch + 1,
             "loss": scalar("loss"),
             "val_loss": scalar("val_loss"),
+            "val_dose_score": scalar("val_dose_score"),  # empty on epochs that are not scored
+            "val_dvh_score": scalar("val_dvh_score"),
             "learning_rate": f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}",
             "epoch_seconds": round(now - self._epoch_start, 3),
             "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),
@@ -87,7 +89,9 @@ class EpochCSVLogger(keras.callbacks.Callback):
             csv.DictWriter(handle, COLUMNS, lineterminator="\n").writerow(row)
             handle.flush()
             os.fsync(handle.fileno())
-        logger.info("epoch %d/%s: loss %.4f%s, %.1f s, %.2f samples/s%s", row["epoch"], self.epochs or "?",
+        logger.info("epoch %d/%s: loss %.4f%s%s, %.1f s, %.2f samples/s%s", row["epoch"], self.epochs or "?",
                     row["loss"], f", val_loss {row['val_loss']:.4f}" if row["val_loss"] != "" else "",
+                    f", val dose/DVH score {row['val_dose_score']:.3f}/{row['val_dvh_score']:.3f} Gy"
+                    if row["val_dose_score"] != "" else "",
                     row["epoch_seconds"], row["samples_per_s"],
                     f", peak memory {row['peak_memory_mb']:.0f} MB" if row["peak_memory_mb"] != "" else "")

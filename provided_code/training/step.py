@@ -12,14 +12,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from provided_code.data.tf_augment import apply_geometry
+from provided_code.losses import mean_absolute_error
 from provided_code.training.graph_pieces import training_forward
 
 MODEL_INPUTS = ("ct", "structure_masks")
-
-
-def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
-    """Per patient: the mean of |dose − predicted| over the volume (Gy)."""
-    return tf.reduce_mean(tf.abs(element["dose"] - tf.cast(predicted, tf.float32)), axis=[1, 2, 3, 4])
 
 
 class TrainStep:
@@ -28,6 +25,8 @@ class TrainStep:
     ``xla``: with one replica the whole per-replica loss-and-gradients function is compiled; with
     several, the layers between synchronised batch-norm layers are (``graph_pieces``).
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
+    ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``). Training
+    elements that carry augmentation draws are moved by them first, on the device.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
@@ -51,6 +50,7 @@ class TrainStep:
     # -- per replica -------------------------------------------------------------------------
     def _replica_loss_and_grads(self, element):
         model = self.model
+        element = apply_geometry(element)
         with tf.GradientTape() as tape:
             predicted = self._forward({name: element[name] for name in MODEL_INPUTS})
             loss = tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))

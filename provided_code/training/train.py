@@ -14,24 +14,30 @@ import tensorflow as tf
 
 from provided_code.atomic import write_text_atomic
 from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
+from provided_code.data.augment import Augmenter
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
 from provided_code.environment import describe_cpu_kernels
+from provided_code.losses import loss_function, needs_possible_dose_mask
 from provided_code.networks.unet import build_unet
 from provided_code.progress import Progress, no_progress
 from provided_code.training.checkpoints import RotatingCheckpoint, list_checkpoints, load_newest
 from provided_code.training.epoch_log import EpochCSVLogger
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
+from provided_code.training.curves import TrainingCurves
 from provided_code.training.hardware import describe_devices, resolve_precision
 from provided_code.training.loop import run_epochs
+from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
 from provided_code.training.step import TrainStep
 from provided_code.training.strategy import make_placement
+from provided_code.training.validation_scores import ValidationScores
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "training_log.csv"
+CURVES_FILE = "training_curves.png"
 OPENKBP_SOURCE = ("OpenKBP data comes from the challenge's public repository "
                   "(https://github.com/ababier/open-kbp, folder provided-data/). Download it and pass "
                   "--data-dir PATH, the folder that holds train-pats/ (and validation-pats/, test-pats/); "
@@ -76,14 +82,14 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
                                                skip_incomplete=config.skip_incomplete, progress=progress),
                                     config.resolution)
-    validation_arrays = None
+    validation_arrays = validation_full = None  # at the training resolution, and at 128³ for the scores
     validation_dir = Path(config.data_dir) / "validation-pats"
     if validation_dir.is_dir():  # validation loss over the patients that have a reference dose
         validation = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
                                 skip_incomplete=config.skip_incomplete, progress=progress)
         if validation.has_dose.any():
-            validation_arrays = downsample_split(validation.select(np.flatnonzero(validation.has_dose)),
-                                                 config.resolution)
+            validation_full = validation.select(np.flatnonzero(validation.has_dose))
+            validation_arrays = downsample_split(validation_full, config.resolution)
         else:
             logger.info("%s has no dose.csv files: no validation loss", validation_dir)
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
@@ -130,6 +136,11 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     logger.info("Device: %s; dtype policy %s (%s); XLA %s (%s); %s; %s", device, policy,
                 type(model.optimizer).__name__, "on" if xla else "off", xla_reason, describe_cpu_kernels(),
                 "recomputing block activations in the backward pass" if config.recompute else "activations kept")
+    logger.info("Recipe: loss %s; augmentation %s; learning rate %s%s; validation scores %s", config.loss,
+                config.augment, config.lr_schedule,
+                f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
+                f"every {config.score_every} epoch(s) and at the last" if config.score_every and validation_full
+                is not None else "off" if not config.score_every else "off (no validation patients with doses)")
 
     if placement.is_chief:
         config.models_dir.mkdir(parents=True, exist_ok=True)
@@ -141,24 +152,39 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
 
     # -- 5. Loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
     #    every worker feeds its own replicas' share of each update. Only the chief writes.
+    #    Augmentation is drawn here on the host and applied on the device, inside the step.
     shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
+    with_mask = needs_possible_dose_mask(config.loss)
+    augmenter = (Augmenter(config.augmentations, train_arrays.possible_dose_mask, config.seed)
+                 if config.augmentations else None)
     train_data = distributed_dataset(strategy, train_arrays, update_schedule(
-        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape))
+        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape),
+        with_mask=with_mask, augmenter=augmenter)
     validation = None
     if validation_arrays is not None:
         validation = (distributed_dataset(strategy, validation_arrays, update_schedule(
-            len(validation_arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape)),
-            len(validation_arrays))
+            len(validation_arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
+            with_mask=with_mask), len(validation_arrays))
     step = TrainStep(model, strategy, config.batch_size, xla=xla, accumulate=config.accumulate,
-                     recompute=config.recompute)
-    callbacks = [ReseedDropoutEachEpoch(config.seed)]
+                     recompute=config.recompute, loss_fn=loss_function(config.loss))
+    callbacks = [ReseedDropoutEachEpoch(config.seed),
+                 epoch_learning_rates(learning_rate, config.epochs, config.lr_schedule, config.warmup_epochs)]
     if placement.is_chief:
+        scores = None
+        if config.score_every and validation_full is not None:
+            predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=xla)
+            scores = ValidationScores(validation_full, config.resolution, config.batch_size, config.score_every,
+                                      config.epochs, config.models_dir, predict_batch)
         callbacks += [
-            PeakMemory(),
+            PeakMemory(),  # the training peak, before scoring's predictions
+            *([scores] if scores else []),  # puts the scores into the logs the CSV logger writes
             EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays),
                            epochs=config.epochs),
             RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
         ]
+        if scores:
+            callbacks.append(TrainingCurves(config.run_dir / LOG_FILE, config.run_dir / CURVES_FILE,
+                                            best_epoch=lambda: scores.best and scores.best["epoch"]))
         if config.tensorboard:
             callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
     steps = updates_per_epoch(len(train_arrays), **shape)

@@ -1,0 +1,74 @@
+"""The challenge's scores on the validation patients every few epochs, and the best checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import keras
+
+from provided_code.metrics.scoring import score_split
+from provided_code.predict import PredictionError, predict_full_resolution
+from provided_code.training.checkpoints import read_best, save_best
+
+logger = logging.getLogger(__name__)
+
+
+def is_scoring_epoch(done: int, score_every: int, epochs: int) -> bool:
+    """Whether the epoch that brings the run to ``done`` epochs is scored (every N and the last)."""
+    return score_every > 0 and (done % score_every == 0 or done == epochs)
+
+
+class ValidationScores(keras.callbacks.Callback):
+    """Every ``score_every`` epochs and at epoch ``epochs``: predict the validation patients,
+    bring them to 128³ and mask them as ``--predict-only`` does, and score them with the code of
+    ``openkbp-score``; put ``val_dose_score`` and ``val_dvh_score`` into the epoch's logs; keep
+    ``best.keras`` (lowest dose score so far, its record read back on resume).
+
+    ``arrays``: the 128³ validation patients with reference doses. ``predict_batch``: inputs →
+    doses at ``resolution`` (a plain model call, no collectives: only the chief scores).
+    Place before the CSV logger, which writes the scores.
+    """
+
+    def __init__(self, arrays, resolution: int, batch_size: int, score_every: int, epochs: int,
+                 models_dir: Path, predict_batch):
+        super().__init__()
+        self.arrays = arrays
+        self.resolution = resolution
+        self.batch_size = batch_size
+        self.score_every = score_every
+        self.epochs = epochs
+        self.models_dir = Path(models_dir)
+        self.predict_batch = predict_batch
+        self.best = None
+
+    def on_train_begin(self, logs=None):
+        self.best = read_best(self.models_dir)
+        if self.best is not None:
+            logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
+                        self.best["val_dose_score"], self.models_dir / "best.keras")
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if logs is None or not is_scoring_epoch(done, self.score_every, self.epochs):
+            return
+        start = time.perf_counter()
+        try:
+            predictions = predict_full_resolution(self.predict_batch, self.arrays, self.resolution, self.batch_size,
+                                                  label=f"The model at epoch {done}")
+        except PredictionError as error:
+            logger.warning("Validation scores skipped at epoch %d: %s", done, error)
+            return
+        scores = score_split(self.arrays, lambda row: predictions[row])
+        logs["val_dose_score"], logs["val_dvh_score"] = scores.dose_score, scores.dvh_score
+        improved = math.isfinite(scores.dose_score) and (
+            self.best is None or scores.dose_score < self.best["val_dose_score"])
+        if improved:
+            self.best = {"epoch": done, "val_dose_score": scores.dose_score, "val_dvh_score": scores.dvh_score}
+            save_best(self.model, self.models_dir, self.best)
+        logger.info("epoch %d: validation dose score %.4f Gy, DVH score %.4f Gy (%d patients, %.1f s)%s", done,
+                    scores.dose_score, scores.dvh_score, len(self.arrays), time.perf_counter() - start,
+                    "; new best, saved best.keras" if improved else
+                    f"; best: epoch {self.best['epoch']}" if self.best else "")

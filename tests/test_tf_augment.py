@@ -1,0 +1,95 @@
+import numpy as np
+import tensorflow as tf
+
+from provided_code.constants import STRUCTURES
+from provided_code.data.augment import Augmenter, plane_sources, slice_sources
+from provided_code.data.tf_augment import apply_geometry, swap_parotids
+
+RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
+
+
+def element(size=8, seed=0):
+    rng = np.random.default_rng(seed)
+    structure_masks = rng.integers(0, 1 << len(STRUCTURES), (2, size, size, size)).astype(np.uint16)
+    return {"ct": rng.integers(1, 4096, (2, size, size, size)).astype(np.uint16),
+            "structure_masks": structure_masks,
+            "dose": rng.uniform(1, 70, (2, size, size, size, 1)).astype(np.float32),
+            "possible_dose_mask": rng.random((2, size, size, size)) < 0.7,
+            "weight": np.full(2, 0.5, np.float32)}
+
+
+def with_draws(base, planes, slices, mirrored):
+    return {name: tf.constant(value) for name, value in {
+        **base, "plane_source": np.stack(planes).astype(np.int32), "slice_source": np.stack(slices).astype(np.int32),
+        "mirrored": np.array(mirrored)}.items()}
+
+
+def numpy(result):
+    return {name: value.numpy() for name, value in result.items()}
+
+
+def test_rotation_by_zero_and_shift_by_zero_are_the_identity():
+    base = element()
+    out = numpy(apply_geometry(with_draws(base, [plane_sources(8, 0, False)] * 2, [slice_sources(8, 0)] * 2,
+                                          [False, False])))
+    assert set(out) == set(base)  # the draws are consumed
+    for name in base:
+        assert np.array_equal(out[name], base[name])
+
+
+def test_mirror_with_parotid_swap_twice_is_the_identity():
+    base = element()
+    mirror = with_draws(base, [plane_sources(8, 0, True)] * 2, [slice_sources(8, 0)] * 2, [True, True])
+    once = numpy(apply_geometry(mirror))
+    assert np.array_equal(once["ct"], base["ct"][:, :, ::-1])
+    right_before = (base["structure_masks"] & RIGHT) != 0
+    assert np.array_equal((once["structure_masks"] & LEFT) != 0, right_before[:, :, ::-1])
+    twice = numpy(apply_geometry(with_draws(once, [plane_sources(8, 0, True)] * 2, [slice_sources(8, 0)] * 2,
+                                            [True, True])))
+    for name in base:
+        assert np.array_equal(twice[name], base[name])
+
+
+def test_swap_parotids_only_where_mirrored():
+    masks = np.array([RIGHT, LEFT | 1, RIGHT | LEFT, 0], np.uint16).reshape(1, 1, 1, 4)
+    both = np.concatenate([masks, masks])
+    out = swap_parotids(tf.constant(both), tf.constant([True, False])).numpy()
+    assert out[0].reshape(-1).tolist() == [LEFT, RIGHT | 1, RIGHT | LEFT, 0]
+    assert np.array_equal(out[1], both[1])
+
+
+def test_rotation_keeps_every_value_one_of_the_inputs():
+    base = element(size=16)
+    for turn in (1, 4, 7):
+        planes = [plane_sources(16, turn, False), plane_sources(16, turn, True)]
+        out = numpy(apply_geometry(with_draws(base, planes, [slice_sources(16, 2)] * 2, [False, True])))
+        for name in ("ct", "dose", "structure_masks"):
+            for n in range(2):
+                values = np.unique(out[name][n])
+                allowed = np.union1d(np.unique(base[name][n]), [0])  # zero where the source is outside
+                if name == "structure_masks":
+                    allowed = np.union1d(allowed, np.unique(swap_parotids(tf.constant(base[name][n:n + 1]),
+                                                                          tf.constant([True])).numpy()))
+                assert np.isin(values, allowed).all()
+        assert not np.array_equal(out["ct"], base["ct"])
+
+
+def test_everything_moves_together_and_the_mask_stays_whole():
+    """Drawn like training does: dose stays inside the moved mask, and a shift never cuts the mask."""
+    rng = np.random.default_rng(5)
+    size = 16
+    base = element(size)
+    mask = np.zeros((2, size, size, size), bool)
+    mask[:, 3:11, 4:12, 2:9] = True
+    base["possible_dose_mask"] = mask
+    base["dose"] = np.where(mask[..., None], rng.uniform(1, 70, mask.shape + (1,)), 0).astype(np.float32)
+    base["ct"] = np.where(mask, base["ct"], 0).astype(np.uint16)
+    augmenter = Augmenter(("shift",), mask, seed=0)
+    for index in range(5):
+        draws = augmenter.draw(np.arange(2), epoch=1, index=index)
+        out = numpy(apply_geometry({**{k: tf.constant(v) for k, v in base.items()},
+                                    **{k: tf.constant(v) for k, v in draws.items()}}))
+        assert out["possible_dose_mask"].sum() == mask.sum()
+        assert np.array_equal(out["dose"][..., 0] > 0, out["possible_dose_mask"])
+        assert np.array_equal(out["ct"] > 0, out["possible_dose_mask"])
+        assert np.isclose(out["dose"].sum(), base["dose"].sum(), rtol=1e-6)

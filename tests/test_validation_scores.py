@@ -1,0 +1,93 @@
+import dataclasses
+import json
+from pathlib import Path
+
+import keras
+import pytest
+
+from provided_code.config import TrainConfig
+from provided_code.metrics.scoring import score_prediction_folder
+from provided_code.predict import predict_stage
+from provided_code.training.checkpoints import list_checkpoints, read_best
+from provided_code.training.epoch_log import read_log
+from provided_code.training.train import train
+from provided_code.training.validation_scores import is_scoring_epoch
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras():
+    yield
+    keras.backend.clear_session()
+
+
+def scored_rows(config):
+    return {int(row["epoch"]): (float(row["val_dose_score"]), float(row["val_dvh_score"]))
+            for row in read_log(config.run_dir / "training_log.csv") if row["val_dose_score"]}
+
+
+def test_scoring_epochs_are_every_n_and_the_last():
+    assert [e for e in range(1, 12) if is_scoring_epoch(e, 5, 11)] == [5, 10, 11]
+    assert not any(is_scoring_epoch(e, 0, 11) for e in range(1, 12))
+
+
+def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resume(phantom_data, tmp_path):
+    config = TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=5, score_every=1, xla="off",
+                         learning_rate=2e-3, data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
+                         model_name="scored", cache_dir=str(tmp_path / "cache"))
+    train(config)
+    rows = scored_rows(config)
+    assert sorted(rows) == [1, 2, 3]
+    assert (config.run_dir / "training_curves.png").stat().st_size > 0
+
+    # The log's scores of an epoch are openkbp-score's on that epoch's --predict-only output.
+    report = predict_stage(config, stage="validation", epoch=2)
+    standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", report.predictions_dir,
+                                         cache_dir=config.cache_dir)
+    assert standalone.dose_score == pytest.approx(rows[2][0], rel=1e-6)
+    assert standalone.dvh_score == pytest.approx(rows[2][1], rel=1e-6)
+
+    # best.keras is the lowest dose score, and --epoch best predicts with it.
+    best_epoch = min(rows, key=lambda epoch: rows[epoch][0])
+    assert read_best(config.models_dir)["epoch"] == best_epoch
+    best = predict_stage(config, stage="validation", epoch="best")
+    assert best.epoch == best_epoch
+    assert best.scores.dose_score == pytest.approx(rows[best_epoch][0], rel=1e-6)
+    assert json.loads((config.run_dir / "validation-scores.json").read_text())["dose_score"] == pytest.approx(
+        rows[best_epoch][0], rel=1e-6)
+
+    # Rotation (keep 1) never removes it; a resumed run continues from the best so far.
+    keras.backend.clear_session()
+    longer = dataclasses.replace(config, epochs=6, keep=1)
+    train(longer)
+    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [6]
+    rows = scored_rows(config)
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert read_best(config.models_dir)["epoch"] == min(rows, key=lambda epoch: rows[epoch][0])
+    assert (config.models_dir / "best.keras").is_file()
+
+
+def test_resumed_run_knows_the_best_score_so_far(phantom_data, tmp_path):
+    config = TrainConfig(filters=4, resolution=32, epochs=1, score_every=1, xla="off",
+                         data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
+                         model_name="resumed", cache_dir=str(tmp_path / "cache"))
+    train(config)
+    record = read_best(config.models_dir)
+    assert record["epoch"] == 1
+    # Say epoch 1 scored perfectly: no later epoch may replace it.
+    (config.models_dir / "best.json").write_text(json.dumps({**record, "val_dose_score": 0.0}))
+    saved = (config.models_dir / "best.keras").read_bytes()
+    keras.backend.clear_session()
+    train(dataclasses.replace(config, epochs=3))
+    assert sorted(scored_rows(config)) == [1, 2, 3]
+    assert read_best(config.models_dir)["epoch"] == 1
+    assert (config.models_dir / "best.keras").read_bytes() == saved
+
+
+def test_predict_best_without_scoring_is_a_clear_error(phantom_data, tmp_path):
+    config = TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off",
+                         data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
+                         model_name="unscored", cache_dir=str(tmp_path / "cache"))
+    train(config)
+    assert not scored_rows(config) and not (config.models_dir / "best.keras").exists()
+    with pytest.raises(FileNotFoundError, match="No best checkpoint.*--score-every"):
+        predict_stage(config, stage="validation", epoch="best")
