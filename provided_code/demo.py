@@ -51,13 +51,15 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()
-    report = predict_stage(config, stage="validation", plots=plots, progress=click_progress)
+    report = predict_stage(config, stage="validation", epoch="best", plots=plots, progress=click_progress)
     zero_score = _zero_prediction_dose_score(config)
 
     click.echo("")
     click.echo(f"Phantoms:     {data}/ (train-pats/, validation-pats/)")
-    click.echo(f"Model:        {config.models_dir}/ (checkpoints, config.json)")
-    click.echo(f"Training log: {config.run_dir / 'training_log.csv'}")
+    click.echo(f"Model:        {config.models_dir}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
+               f"predicted with)")
+    click.echo(f"Training log: {config.run_dir / 'training_log.csv'}"
+               + (f" (curves: {config.run_dir / 'training_curves.png'})" if plots else ""))
     click.echo(f"Predictions:  {report.predictions_dir}/")
     click.echo(f"Submission:   {report.submission}")
     click.echo(f"Scores:       {report.scores_path} (per patient: {report.scores_path.with_suffix('.csv')})")

@@ -21,6 +21,10 @@ memory are each measurement's own; all of them in one run, side by side:
   CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
+- full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
+  the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
+  config and at 64³; and the seconds one ``--score-every`` scoring takes (prediction at the
+  benchmark's config, back to 128³, the challenge's scores) for the phantoms;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
 - the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
 
@@ -65,7 +69,9 @@ def child(spec: dict) -> dict:
     from provided_code.data.cache import load_split
     from provided_code.data.phantoms import write_phantom_split
     from provided_code.data.resample import downsample_split
+    from provided_code.data.augment import Augmenter
     from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
+    from provided_code.losses import masked_mean_absolute_error, mean_absolute_error
     from provided_code.environment import describe_cpu_kernels
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     import provided_code.networks.unet as unet
@@ -94,6 +100,23 @@ def child(spec: dict) -> dict:
         return {"fetch_s": float(np.median(times))}
     if spec.get("kind") == "parameters":
         return {"parameters": unet.build_unet(TrainConfig()).count_params()}
+    if spec.get("kind") == "score":  # one --score-every scoring of the phantoms, after a warm-up one
+        from provided_code.training.validation_scores import ValidationScores
+
+        keras.utils.set_random_seed(0)
+        model = unet.build_unet(TrainConfig(resolution=resolution, filters=spec["filters"]))
+        predict_batch = tf.function(lambda inputs: model(inputs, training=False))
+        scoring = ValidationScores(full, resolution, batch, score_every=1, epochs=2,
+                                   models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), predict_batch=predict_batch)
+        scoring.set_model(model)
+        try:
+            scoring.on_train_begin()
+            scoring.on_epoch_end(0, {})  # traces the prediction; saves best.keras
+            start = time.perf_counter()
+            scoring.on_epoch_end(1, {})
+            return {"score_s": time.perf_counter() - start, "patients": len(full)}
+        finally:
+            shutil.rmtree(scoring.models_dir, ignore_errors=True)
 
     keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
@@ -109,8 +132,10 @@ def child(spec: dict) -> dict:
             model.optimizer.build(model.trainable_variables)
     finally:
         unet.AveragePool3x3x3 = original
+    augment = spec.get("augment")
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
-                     recompute=spec.get("recompute", False))
+                     recompute=spec.get("recompute", False),
+                     loss_fn=masked_mean_absolute_error if augment else mean_absolute_error)
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
@@ -119,11 +144,20 @@ def child(spec: dict) -> dict:
         r = context.replica_id_in_sync_group
         return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size])
 
-    element = strategy.experimental_distribute_values_from_function(value_fn)
+    if "augment" in spec:  # fed by the input pipeline, as in training: new patients and draws every step
+        updates = spec["steps"] + 1
+        schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0,
+                                   epochs=updates)
+        augmenter = Augmenter(("flip", "rotate", "shift"), arrays.possible_dose_mask, seed=0) if augment else None
+        pipeline = iter(distributed_dataset(strategy, arrays, schedule, with_mask=bool(augment), augmenter=augmenter))
+        next_element = lambda: next(pipeline)  # noqa: E731
+    else:  # one element, fed again and again: the step alone
+        element = strategy.experimental_distribute_values_from_function(value_fn)
+        next_element = lambda: element  # noqa: E731
     rss_before = current_rss_mb()
     reset_peak_rss()
     start = time.perf_counter()
-    float(step.train(element))  # trace, compile, first step
+    float(step.train(next_element()))  # trace, compile, first step
     first = time.perf_counter() - start
     rss_after_first = peak_rss_mb()
     device = "CPU:0"
@@ -134,8 +168,10 @@ def child(spec: dict) -> dict:
         live_before = None
     start = time.perf_counter()
     for _ in range(spec["steps"]):
-        loss = step.train(element)
+        loss = step.train(next_element())
     float(loss)
+    if "augment" in spec:
+        del pipeline  # release the pipeline before the interpreter exits
     step_s = (time.perf_counter() - start) / spec["steps"]
     live_peak = tf.config.experimental.get_memory_info(device)["peak"] if live_before is not None else None
     return {"first_step_s": first, "step_s": step_s, "samples_per_s": rows.size / step_s,
@@ -198,6 +234,10 @@ def main() -> None:
         "two_devices_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2), xla=True)),
         "accumulate_1": measure(dict(base, accumulate=1)),
         "accumulate_2": measure(dict(base, accumulate=2)),
+        "plain": measure(dict(base, augment=False)),
+        "augment": measure(dict(base, augment=True)),
+        "plain_64": measure(dict(base, resolution=64, augment=False)),
+        "augment_64": measure(dict(base, resolution=64, augment=True)),
         "no_recompute_64": measure(big),
         "recompute_64": measure(dict(big, recompute=True)),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
@@ -208,6 +248,7 @@ def main() -> None:
     fetch = measure(dict(base, kind="fetch"))["fetch_s"]
     fetch_128 = measure(dict(base, kind="fetch", resolution=128))["fetch_s"]
     parameters = measure(dict(base, kind="parameters"))["parameters"]
+    scoring = measure(dict(base, kind="score"))
     on, xla = runs["onednn_on"], runs["xla"]
     fastest = min(on["step_s"], xla["step_s"], runs["mixed_float16"]["step_s"])
     print(json.dumps({
@@ -242,6 +283,10 @@ def main() -> None:
         "step_rss_mb_recompute": runs["recompute_64"]["step_rss_mb"],
         "step_rss_mb_no_recompute": runs["no_recompute_64"]["step_rss_mb"],
         "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
+        "step_s_augment_over_plain": runs["augment"]["step_s"] / runs["plain"]["step_s"],
+        "step_s_augment_over_plain_64": runs["augment_64"]["step_s"] / runs["plain_64"]["step_s"],
+        "score_every_epoch_s": scoring["score_s"],
+        "score_patients": scoring["patients"],
         "parameter_bytes_float32_at_128_filters_64": 4 * parameters,
         "batch_fetch_s": fetch,
         "input_pipeline_share": min(1.0, fetch / fastest),

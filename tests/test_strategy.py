@@ -82,7 +82,8 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     results = tmp_path / "results"
     for name in ("two", "one"):
         assert log_epochs(results / name) == [1, 2]
-        assert sorted(os.listdir(results / name / "models")) == ["config.json", "epoch_1.keras", "epoch_2.keras"]
+        assert sorted(os.listdir(results / name / "models")) == ["best.json", "best.keras", "config.json",
+                                                                 "epoch_1.keras", "epoch_2.keras"]
     # Synchronised batch norm and no dropout: only the summation order of the all-reduce differs.
     for x, y in zip(final_weights(results, "two"), final_weights(results, "one")):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)

@@ -10,12 +10,13 @@ import keras
 def learning_rate_at(epoch: int, peak: float, epochs: int, schedule: str, warmup_epochs: int = 0) -> float:
     """The rate of epoch ``epoch`` (0-based) of ``epochs``.
 
-    Warm-up: ``peak × (epoch + 1) / warmup_epochs`` for the first ``warmup_epochs`` epochs. Then
+    Warm-up: ``peak × (epoch + 1) / (warmup_epochs + 1)`` for the first ``warmup_epochs`` epochs
+    (each below the peak). Then
     ``constant``: ``peak``; ``cosine``: ``peak × (1 + cos(π t)) / 2`` with ``t`` the fraction of
     the epochs after warm-up already done (the first such epoch runs at the peak).
     """
     if epoch < warmup_epochs:
-        return peak * (epoch + 1) / warmup_epochs
+        return peak * (epoch + 1) / (warmup_epochs + 1)
     if schedule == "constant":
         return peak
     if schedule == "cosine":
