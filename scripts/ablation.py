@@ -89,6 +89,13 @@ def main(data_dir, results_dir, seeds, epochs, resolution, filters, score_every,
         mine = [run for run in runs.values() if run["recipe"] == recipe]
         table[recipe] = {key: summarise([run[key] for run in mine])
                          for key in ("last_dose_score", "last_dvh_score", "best_dose_score", "best_dvh_score")}
+    print("| recipe | flags | dose score, last epoch | DVH score, last epoch | best dose score (its DVH) |\n|---|---|---|---|---|",
+          file=sys.stderr)
+    for recipe, row in table.items():
+        def cell(key):
+            return f"{row[key]['mean']:.2f} ± {row[key]['sd']:.2f}"
+        print(f"| {recipe} | `{' '.join(RECIPES[recipe])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
+              f"{cell('best_dose_score')} ({cell('best_dvh_score')}) |", file=sys.stderr)
     print(json.dumps({"settings": {"epochs": epochs, "resolution": int(resolution), "filters": filters,
                                    "seeds": seeds, "score_every": score_every, "data_dir": data_dir},
                       "table": table, "runs": runs}, indent=2))

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from provided_code.data.augment import Augmenter, max_shift, parse_augment, plane_sources, slice_sources
+from provided_code.data.augment import Augmenter, max_shift, parse_augment, plane_sources
 
 
 def phantom_masks(count=3, size=16):
@@ -26,7 +26,6 @@ def test_shift_scales_with_resolution():
 def test_identity_maps_for_no_rotation_no_shift():
     assert np.array_equal(plane_sources(8, 0, False), np.arange(64))
     assert np.array_equal(plane_sources(8, 9, False), np.arange(64))  # 9 × 40° is a full turn
-    assert np.array_equal(slice_sources(8, 0), np.arange(8))
 
 
 def test_mirror_maps_axis_1_and_twice_is_identity():
@@ -59,7 +58,7 @@ def test_disabled_moves_are_not_drawn():
     flips_only = Augmenter(("flip",), masks, seed=0).draw(np.arange(3), 0, 0)
     assert all(np.array_equal(plane, plane_sources(16, 0, bool(flip)))
                for plane, flip in zip(flips_only["plane_source"], flips_only["mirrored"]))
-    assert np.array_equal(flips_only["slice_source"], np.tile(np.arange(16), (3, 1)))
+    assert not flips_only["slice_shift"].any()
     none = Augmenter((), masks, seed=0).draw(np.arange(3), 0, 0)
     assert not none["mirrored"].any() and np.array_equal(none["plane_source"], np.tile(np.arange(256), (3, 1)))
 
@@ -71,10 +70,15 @@ def test_shifts_keep_the_possible_dose_mask_whole():
     for index in range(30):
         draws = augmenter.draw(np.arange(3), epoch=0, index=index)
         for n in range(3):
-            plane, slices = draws["plane_source"][n], draws["slice_source"][n]
+            plane, shift = draws["plane_source"][n], int(draws["slice_shift"][n])
             flat = masks[n].reshape(256, 16)
             moved = np.where((plane >= 0)[:, None], flat[np.maximum(plane, 0)], False)
-            moved = np.where((slices >= 0)[None, :], moved[:, np.maximum(slices, 0)], False)
+            shifted = np.zeros_like(moved)  # translate along axis 2, zero-filled
+            if shift >= 0:
+                shifted[:, shift:] = moved[:, :16 - shift]
+            else:
+                shifted[:, :16 + shift] = moved[:, -shift:]
+            moved = shifted
             assert moved.sum() == masks[n].sum()  # nothing pushed out of the volume
             moved_any |= not np.array_equal(moved.reshape(masks[n].shape), masks[n])
     assert moved_any

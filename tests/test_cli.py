@@ -32,3 +32,11 @@ def test_bad_flag_value_is_a_clear_error(tmp_path):
     result = run("--filters", "0", cwd=tmp_path)
     assert result.returncode == 1
     assert "Invalid `filters`. Expected an integer >= 1. Received: filters=0" in result.stderr
+
+
+def test_bad_recipe_values_are_clear_errors(tmp_path):
+    result = run("--augment", "flip,spin", cwd=tmp_path)
+    assert result.returncode == 1 and "Received: augment='flip,spin'" in result.stderr
+    result = run("--predict-only", "--epoch", "last", cwd=tmp_path)
+    assert result.returncode == 2 and "Expected a checkpoint epoch (an integer) or 'best'" in result.stderr
+    assert "Traceback" not in result.stderr

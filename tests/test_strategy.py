@@ -63,14 +63,17 @@ def final_weights(results, name):
     return weights
 
 
+FULL_AUGMENT = ("--augment", "flip,rotate,shift", "--loss", "masked-mae")
+
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path, xla):
     """With XLA on, each replica's layers between the synchronised batch-norm layers are compiled;
-    one device compiles its whole step: the same weights either way."""
+    one device compiles its whole step: the same weights either way. Augmentation is drawn per
+    update and split between replicas like the patients, so it too gives the same weights."""
     two, one = run_cli_together(
         phantom_data, tmp_path,
-        ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2", "--xla", xla),
-        ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2", "--xla", xla))
+        ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2", "--xla", xla, *FULL_AUGMENT),
+        ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2", "--xla", xla, *FULL_AUGMENT))
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and f"XLA {xla}" in two.stderr
     assert "CPU kernels: oneDNN" in one.stderr
@@ -92,8 +95,8 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     # A 2-replica run resumes on one device, and a 1-device run on two.
     two, one = run_cli_together(
         phantom_data, tmp_path,
-        ("--model-name", "two", "--devices", "1", "--batch-size", "2", "--epochs", "3"),
-        ("--model-name", "one", "--devices", "2", "--batch-size", "1", "--epochs", "3"))
+        ("--model-name", "two", "--devices", "1", "--batch-size", "2", "--epochs", "3", *FULL_AUGMENT),
+        ("--model-name", "one", "--devices", "2", "--batch-size", "1", "--epochs", "3", *FULL_AUGMENT))
     assert "Resuming two from epoch 2" in two.stderr and "Resuming one from epoch 2" in one.stderr
     assert log_epochs(results / "two") == [1, 2, 3] and log_epochs(results / "one") == [1, 2, 3]
 

@@ -2,8 +2,8 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.constants import STRUCTURES
-from provided_code.data.augment import Augmenter, plane_sources, slice_sources
-from provided_code.data.tf_augment import apply_geometry, swap_parotids
+from provided_code.data.augment import Augmenter, plane_sources
+from provided_code.data.tf_augment import apply_geometry, move_volume, swap_parotids
 
 RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
 
@@ -18,9 +18,9 @@ def element(size=8, seed=0):
             "weight": np.full(2, 0.5, np.float32)}
 
 
-def with_draws(base, planes, slices, mirrored):
+def with_draws(base, planes, shifts, mirrored):
     return {name: tf.constant(value) for name, value in {
-        **base, "plane_source": np.stack(planes).astype(np.int32), "slice_source": np.stack(slices).astype(np.int32),
+        **base, "plane_source": np.stack(planes).astype(np.int32), "slice_shift": np.array(shifts, np.int32),
         "mirrored": np.array(mirrored)}.items()}
 
 
@@ -30,7 +30,7 @@ def numpy(result):
 
 def test_rotation_by_zero_and_shift_by_zero_are_the_identity():
     base = element()
-    out = numpy(apply_geometry(with_draws(base, [plane_sources(8, 0, False)] * 2, [slice_sources(8, 0)] * 2,
+    out = numpy(apply_geometry(with_draws(base, [plane_sources(8, 0, False)] * 2, [0, 0],
                                           [False, False])))
     assert set(out) == set(base)  # the draws are consumed
     for name in base:
@@ -39,12 +39,12 @@ def test_rotation_by_zero_and_shift_by_zero_are_the_identity():
 
 def test_mirror_with_parotid_swap_twice_is_the_identity():
     base = element()
-    mirror = with_draws(base, [plane_sources(8, 0, True)] * 2, [slice_sources(8, 0)] * 2, [True, True])
+    mirror = with_draws(base, [plane_sources(8, 0, True)] * 2, [0, 0], [True, True])
     once = numpy(apply_geometry(mirror))
     assert np.array_equal(once["ct"], base["ct"][:, :, ::-1])
     right_before = (base["structure_masks"] & RIGHT) != 0
     assert np.array_equal((once["structure_masks"] & LEFT) != 0, right_before[:, :, ::-1])
-    twice = numpy(apply_geometry(with_draws(once, [plane_sources(8, 0, True)] * 2, [slice_sources(8, 0)] * 2,
+    twice = numpy(apply_geometry(with_draws(once, [plane_sources(8, 0, True)] * 2, [0, 0],
                                             [True, True])))
     for name in base:
         assert np.array_equal(twice[name], base[name])
@@ -62,7 +62,7 @@ def test_rotation_keeps_every_value_one_of_the_inputs():
     base = element(size=16)
     for turn in (1, 4, 7):
         planes = [plane_sources(16, turn, False), plane_sources(16, turn, True)]
-        out = numpy(apply_geometry(with_draws(base, planes, [slice_sources(16, 2)] * 2, [False, True])))
+        out = numpy(apply_geometry(with_draws(base, planes, [2, 2], [False, True])))
         for name in ("ct", "dose", "structure_masks"):
             for n in range(2):
                 values = np.unique(out[name][n])
@@ -93,3 +93,20 @@ def test_everything_moves_together_and_the_mask_stays_whole():
         assert np.array_equal(out["dose"][..., 0] > 0, out["possible_dose_mask"])
         assert np.array_equal(out["ct"] > 0, out["possible_dose_mask"])
         assert np.isclose(out["dose"].sum(), base["dose"].sum(), rtol=1e-6)
+
+
+def test_move_volume_equals_a_per_voxel_reference():
+    rng = np.random.default_rng(1)
+    size = 8
+    volume = rng.uniform(1, 9, (2, size, size, size)).astype(np.float32)
+    planes = [plane_sources(size, 3, True, (1, -2)), plane_sources(size, 6, False, (0, 2))]
+    shifts = [3, -2]
+    out = move_volume(tf.constant(volume), tf.constant(np.stack(planes)), tf.constant(shifts, tf.int32)).numpy()
+    expected = np.zeros_like(volume)
+    for p in range(2):
+        for index in range(size * size):
+            source = planes[p][index]
+            for k in range(size):
+                if source >= 0 and 0 <= k - shifts[p] < size:
+                    expected[p].reshape(size * size, size)[index, k] = volume[p].reshape(size * size, size)[source, k - shifts[p]]
+    assert np.array_equal(out, expected)

@@ -53,6 +53,6 @@ def test_elements_carry_the_masks_and_the_updates_draws(phantom_data, tmp_path):
                                      augmenter=augmenter))
     rows, weights, epoch, index = schedule[0]
     drawn = augmenter.draw(rows.reshape(-1), epoch, index)
-    for name in ("plane_source", "slice_source", "mirrored"):
+    for name in ("plane_source", "slice_shift", "mirrored"):
         assert np.array_equal(whole[0][name].numpy(), drawn[name])
     assert np.array_equal(whole[0]["possible_dose_mask"].numpy(), arrays.possible_dose_mask[rows.reshape(-1)])

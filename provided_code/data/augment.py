@@ -10,11 +10,11 @@ Three moves, applied in this order, the same to ``ct``, ``structure_masks``,
 - ``shift``: translate by up to ``max_shift(resolution)`` voxels along each axis (±20 at 128³),
   limited so that the whole possible-dose mask stays inside the volume.
 
-The host turns a draw into index maps, which the device applies with two gathers
+The host turns a draw into an index map and a shift, which the device applies
 (``tf_augment.apply_geometry``): ``plane_source`` ``(patients, R*R)`` gives, for every voxel of
-the output axial plane, the flat index of its source in the input plane (-1: zero), and
-``slice_source`` ``(patients, R)`` the source slice of each output slice along axis 2 (-1: zero).
-``mirrored`` ``(patients,)`` says whose parotid bits to swap. Each draw depends only on
+the output axial plane, the flat index of its source in the input plane (-1: zero);
+``slice_shift`` ``(patients,)`` the translation along axis 2 (zero-filled); ``mirrored``
+``(patients,)`` says whose parotid bits to swap. Each draw depends only on
 ``(seed, epoch, update index)`` and the patient's place in the update.
 """
 
@@ -67,12 +67,6 @@ def plane_sources(resolution: int, rotation: int, mirrored: bool, shift: tuple[i
     return np.where(inside, source_i * size + source_j, -1).reshape(-1).astype(np.int32)
 
 
-def slice_sources(resolution: int, shift: int) -> np.ndarray:
-    """Source slice along axis 2 of every output slice after a translation by ``shift`` (-1 outside)."""
-    source = np.arange(resolution) - shift
-    return np.where((source >= 0) & (source < resolution), source, -1).astype(np.int32)
-
-
 def _extent(occupied: np.ndarray) -> tuple[int, int] | None:
     found = np.flatnonzero(occupied)
     return (int(found[0]), int(found[-1])) if found.size else None
@@ -106,7 +100,7 @@ class Augmenter:
                        for rotation in range(ROTATIONS) for mirrored in (False, True)}
 
     def draw(self, rows: np.ndarray, epoch: int, index: int) -> dict[str, np.ndarray]:
-        """``plane_source``, ``slice_source`` and ``mirrored`` for the patients ``rows`` (flat) of
+        """``plane_source``, ``slice_shift`` and ``mirrored`` for the patients ``rows`` (flat) of
         update ``index`` of epoch ``epoch``."""
         rows = np.asarray(rows).reshape(-1)
         count, size = len(rows), self.resolution
@@ -119,7 +113,7 @@ class Augmenter:
         if "rotate" not in self.augmentations:
             turns[:] = 0
         plane = np.empty((count, size * size), np.int32)
-        slices = np.empty((count, size), np.int32)
+        slices = np.zeros(count, np.int32)
         for n, row in enumerate(rows):
             turned = self._turns[int(turns[n]), bool(flips[n])]
             shift = [0, 0, 0]
@@ -135,5 +129,5 @@ class Augmenter:
                     low, high = _allowed(extent, size, self.limit)
                     shift[axis] = low + int(fractions[n, axis] * (high - low + 1))
             plane[n] = turned if shift[:2] == [0, 0] else plane_sources(size, int(turns[n]), bool(flips[n]), shift[:2])
-            slices[n] = slice_sources(size, shift[2])
-        return {"plane_source": plane, "slice_source": slices, "mirrored": flips}
+            slices[n] = shift[2]
+        return {"plane_source": plane, "slice_shift": slices, "mirrored": flips}

@@ -10,22 +10,26 @@ import tensorflow as tf
 
 from provided_code.constants import STRUCTURES
 
-GEOMETRY_KEYS = ("plane_source", "slice_source", "mirrored")
+GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored")
 _RIGHT_PAROTID = 1 << STRUCTURES.index("RightParotid")
 _LEFT_PAROTID = 1 << STRUCTURES.index("LeftParotid")
 
 
-def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_source: tf.Tensor) -> tf.Tensor:
-    """``volume`` ``(patients, R, R, R)`` resampled by the index maps (zero where a source is -1)."""
-    size = volume.shape[-1]
-    patients = tf.shape(volume)[0]
-    flat = tf.reshape(volume, (patients, size * size, size))
-    zero = tf.zeros((), volume.dtype)
-    moved = tf.gather(flat, tf.maximum(plane_source, 0), axis=1, batch_dims=1)
-    moved = tf.where((plane_source >= 0)[:, :, None], moved, zero)
-    moved = tf.gather(moved, tf.maximum(slice_source, 0), axis=2, batch_dims=1)
-    moved = tf.where((slice_source >= 0)[:, None, :], moved, zero)
-    return tf.reshape(moved, tf.shape(volume))
+def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tensor) -> tf.Tensor:
+    """``volume`` ``(patients, R, R, R)`` resampled by the draws: the axial plane by ``plane_source``
+    (zero where -1), then translated by ``slice_shift`` voxels along axis 2 (zero-filled).
+
+    One gather for the plane (a zero row appended stands for "outside"), then, per patient, a
+    window into the zero-padded slices: no per-voxel index along axis 2 and no select. The
+    number of patients must be static (it is: the batch size).
+    """
+    patients, size = volume.shape[0], volume.shape[-1]
+    plane = size * size
+    flat = tf.concat([tf.reshape(volume, (patients, plane, size)), tf.zeros((patients, 1, size), volume.dtype)], axis=1)
+    moved = tf.gather(flat, tf.where(plane_source >= 0, plane_source, plane), axis=1, batch_dims=1)
+    padded = tf.pad(moved, [[0, 0], [0, 0], [size, size]])  # any shift in (-R, R)
+    windows = [tf.slice(padded[p], tf.stack([0, size - slice_shift[p]]), [plane, size]) for p in range(patients)]
+    return tf.reshape(tf.stack(windows), tf.shape(volume))
 
 
 def swap_parotids(structure_masks: tf.Tensor, mirrored: tf.Tensor) -> tf.Tensor:
@@ -48,7 +52,7 @@ def apply_geometry(element: dict) -> dict:
     moved by its draws; the draw keys are dropped. Without draw keys the element is returned as is."""
     if "plane_source" not in element:
         return element
-    plane, slices = element["plane_source"], element["slice_source"]
+    plane, slices = element["plane_source"], element["slice_shift"]
     moved = {name: value for name, value in element.items() if name not in GEOMETRY_KEYS}
     moved["ct"] = move_volume(element["ct"], plane, slices)
     moved["structure_masks"] = swap_parotids(move_volume(element["structure_masks"], plane, slices),

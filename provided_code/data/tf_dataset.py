@@ -51,7 +51,7 @@ def element_spec(resolution: int, patients: int | None = None, with_mask: bool =
         spec["possible_dose_mask"] = tf.TensorSpec(volume, tf.bool)
     if augmented:
         spec["plane_source"] = tf.TensorSpec((patients, resolution * resolution), tf.int32)
-        spec["slice_source"] = tf.TensorSpec((patients, resolution), tf.int32)
+        spec["slice_shift"] = tf.TensorSpec((patients,), tf.int32)
         spec["mirrored"] = tf.TensorSpec((patients,), tf.bool)
     return spec
 
