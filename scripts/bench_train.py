@@ -23,7 +23,7 @@ memory are each measurement's own; all of them in one run, side by side:
 - ``--accumulate 2`` against 1, per batch;
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
-  config and at 64³; and the seconds one ``--score-every`` scoring takes (prediction at the
+  config and at 64³ (at least 40 steps, the median of three alternating runs of each); and the seconds one ``--score-every`` scoring takes (prediction at the
   benchmark's config, back to 128³, the challenge's scores) for the phantoms;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
 - the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
@@ -195,6 +195,23 @@ def measure(spec: dict, env_changes: dict | None = None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def augment_comparison(base: dict, repeats: int = 3) -> dict:
+    """Plain and augmented steps (and at 64³), alternating, each ``repeats`` times in fresh processes:
+    the median of each, since a few-millisecond difference sits within one run's noise here."""
+    import statistics
+
+    runs = {}
+    for suffix, resolution in (("", base["resolution"]), ("_64", 64)):
+        samples = {"plain": [], "augment": []}
+        for _ in range(repeats):
+            for name in samples:
+                samples[name].append(measure(dict(base, resolution=resolution, augment=name == "augment")))
+        for name, results in samples.items():
+            step_s = statistics.median(result["step_s"] for result in results)
+            runs[name + suffix] = {"step_s": step_s, "step_s_each": [result["step_s"] for result in results]}
+    return runs
+
+
 def cpu_flags() -> list[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -234,10 +251,7 @@ def main() -> None:
         "two_devices_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2), xla=True)),
         "accumulate_1": measure(dict(base, accumulate=1)),
         "accumulate_2": measure(dict(base, accumulate=2)),
-        "plain": measure(dict(base, augment=False)),
-        "augment": measure(dict(base, augment=True)),
-        "plain_64": measure(dict(base, resolution=64, augment=False)),
-        "augment_64": measure(dict(base, resolution=64, augment=True)),
+        **augment_comparison(dict(base, steps=max(args.steps, 40))),
         "no_recompute_64": measure(big),
         "recompute_64": measure(dict(big, recompute=True)),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,

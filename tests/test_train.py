@@ -17,6 +17,7 @@ import pytest
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.epoch_log import read_log
+from provided_code.predict import predict_stage
 from provided_code.training.train import DataNotFoundError, model_weights, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def _reset_keras():
 
 @pytest.fixture
 def config(phantom_data, tmp_path) -> TrainConfig:
-    return TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla="off",
+    return TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla="off", score_every=0,
                        data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
                        model_name="tiny", cache_dir=str(tmp_path / "cache"))
 
@@ -77,6 +78,10 @@ def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(co
     _, resumed = load_newest(recipe.models_dir)
     for x, y in zip(uninterrupted, model_weights(resumed)):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # deterministic ops on CPU: in practice exact
+    # --score-every 0: no scores, no best.keras, and asking for it says why.
+    assert not any(row["val_dose_score"] for row in read_log(recipe.run_dir / "training_log.csv"))
+    with pytest.raises(FileNotFoundError, match="No best checkpoint.*--score-every"):
+        predict_stage(recipe, stage="validation", epoch="best")
 
 
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
@@ -140,7 +145,7 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
 def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
                "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,
-               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "24", "--save-every", "2",
+               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "24", "--save-every", "2", "--score-every", "0",
                "--keep", "3"]
     log = Path(config.results_dir) / "killed" / "training_log.csv"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
