@@ -4,7 +4,9 @@ from pathlib import Path
 
 import keras
 import pytest
+from click.testing import CliRunner
 
+from provided_code.cli import main
 from provided_code.config import TrainConfig
 from provided_code.metrics.scoring import score_prediction_folder
 from provided_code.predict import predict_stage
@@ -51,6 +53,11 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resume(
     assert read_best(config.models_dir)["epoch"] == best_epoch
     best = predict_stage(config, stage="validation", epoch="best")
     assert best.epoch == best_epoch
+    command = ["--predict-only", "--epoch", "best", "--data-dir", config.data_dir, "--results-dir", config.results_dir,
+               "--model-name", config.model_name, "--cache-dir", config.cache_dir]
+    result = CliRunner().invoke(main, command)  # the command line a user types
+    assert result.exit_code == 0, result.output
+    assert f"with the epoch {best_epoch} checkpoint" in result.output
     assert best.scores.dose_score == pytest.approx(rows[best_epoch][0], rel=1e-6)
     assert json.loads((config.run_dir / "validation-scores.json").read_text())["dose_score"] == pytest.approx(
         rows[best_epoch][0], rel=1e-6)
