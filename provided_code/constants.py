@@ -13,6 +13,9 @@ OARS = ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "
 TARGETS = ("PTV56", "PTV63", "PTV70")
 # The challenge's channel order: bit k of a packed ``structure_masks`` volume is STRUCTURES[k].
 STRUCTURES = OARS + TARGETS
+# The two bits a left-right mirror swaps in a packed ``structure_masks`` volume.
+RIGHT_PAROTID_BIT = 1 << STRUCTURES.index("RightParotid")
+LEFT_PAROTID_BIT = 1 << STRUCTURES.index("LeftParotid")
 PRESCRIPTIONS_GY = {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 70.0}
 
 CT_MAX = 4095  # CT grey values are clipped to [0, CT_MAX], as the challenge recommends.

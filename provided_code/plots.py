@@ -67,7 +67,8 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     _save(figure, dvh_path)
     plt.close(figure)
 
-    centre_voxels = next((indices[STRUCTURES.index(t)] for t in TARGETS if indices[STRUCTURES.index(t)].size), None)
+    centre_voxels = next((indices[STRUCTURES.index(t)] for t in reversed(TARGETS)  # PTV70 first
+                          if indices[STRUCTURES.index(t)].size), None)
     if centre_voxels is None:
         centre = np.unravel_index(int(np.argmax(reference)), reference.shape)
     else:
@@ -76,21 +77,24 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     masks = arrays.structure_masks[row].reshape(predicted.shape)
     views = (("axial", 2), ("coronal", 0), ("sagittal", 1))  # axis 2 superior-inferior, 0 AP, 1 LR
     target_colours = {"PTV56": "cyan", "PTV63": "yellow", "PTV70": "magenta"}
+    ct_top = max(float(ct.max()), 1.0)
+    error = predicted - reference
     figure, grid = plt.subplots(3, 3, figsize=(11, 10))
     for r, (view, axis) in enumerate(views):
         def plane(volume):
             image = np.take(volume, centre[axis], axis=axis)
             return image if axis == 2 else image.T  # coronal and sagittal: superior at the top
         ct_plane = plane(ct)
-        difference = plane(predicted - reference)
+        mask_plane = plane(masks)
+        difference = plane(error)
         limit = max(float(np.abs(difference).max()), 1e-6)
         for c, (dose, title) in enumerate(((reference, "reference"), (predicted, "predicted"))):
             axes = grid[r, c]
-            axes.imshow(ct_plane, cmap="gray", vmin=0, vmax=max(float(ct.max()), 1.0))
+            axes.imshow(ct_plane, cmap="gray", vmin=0, vmax=ct_top)
             wash = np.ma.masked_less(plane(dose), 0.05 * top)  # no colour where there is (almost) no dose
             image = axes.imshow(wash, cmap="jet", alpha=0.45, vmin=0, vmax=top)
             for target in TARGETS:
-                contour = (plane(masks) >> STRUCTURES.index(target)) & 1
+                contour = (mask_plane >> STRUCTURES.index(target)) & 1
                 if contour.any():
                     axes.contour(contour, levels=[0.5], colors=target_colours[target], linewidths=0.8)
             axes.set_title(f"{view}: {title}", fontsize=9)

@@ -12,7 +12,7 @@ import numpy as np
 
 from provided_code.atomic import atomic_path
 from provided_code.config import TrainConfig, read_saved_config
-from provided_code.constants import LEFT_RIGHT_AXIS, STRUCTURES
+from provided_code.constants import LEFT_PAROTID_BIT, LEFT_RIGHT_AXIS, RIGHT_PAROTID_BIT
 from provided_code.data.batches import epoch_batches
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.csv_io import write_dose_csv
@@ -23,8 +23,6 @@ from provided_code.training.checkpoints import load_best, load_newest
 
 logger = logging.getLogger(__name__)
 
-_RIGHT_PAROTID = 1 << STRUCTURES.index("RightParotid")
-_LEFT_PAROTID = 1 << STRUCTURES.index("LeftParotid")
 
 
 class PredictionError(RuntimeError):
@@ -55,10 +53,11 @@ class PredictionReport:
 def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
     """Flip a bitfield volume left-right and swap the RightParotid and LeftParotid bits."""
     flipped = np.flip(structure_masks, axis=axis)
-    right = (flipped & _RIGHT_PAROTID) != 0
-    left = (flipped & _LEFT_PAROTID) != 0
-    swapped = flipped & ~np.uint16(_RIGHT_PAROTID | _LEFT_PAROTID)
-    return swapped | np.where(right, _LEFT_PAROTID, 0).astype(np.uint16) | np.where(left, _RIGHT_PAROTID, 0).astype(np.uint16)
+    right = (flipped & RIGHT_PAROTID_BIT) != 0
+    left = (flipped & LEFT_PAROTID_BIT) != 0
+    swapped = flipped & ~np.uint16(RIGHT_PAROTID_BIT | LEFT_PAROTID_BIT)
+    return (swapped | np.where(right, LEFT_PAROTID_BIT, 0).astype(np.uint16)
+            | np.where(left, RIGHT_PAROTID_BIT, 0).astype(np.uint16))
 
 
 def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = False,

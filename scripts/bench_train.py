@@ -23,8 +23,9 @@ memory are each measurement's own; all of them in one run, side by side:
 - ``--accumulate 2`` against 1, per batch;
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
-  config and at 64³ (at least 40 steps, the median of three alternating runs of each); and the seconds one ``--score-every`` scoring takes (prediction at the
-  benchmark's config, back to 128³, the challenge's scores) for the phantoms;
+  config and at 64³ (at least 40 steps, the median of three alternating runs of each); and the
+  seconds one ``--score-every`` scoring takes (prediction at the benchmark's config, back to 128³,
+  the challenge's scores) for the phantoms;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
 - the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
 
@@ -37,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -132,7 +134,8 @@ def child(spec: dict) -> dict:
             model.optimizer.build(model.trainable_variables)
     finally:
         unet.AveragePool3x3x3 = original
-    augment = spec.get("augment")
+    augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
+    fed_by_pipeline = augment is not None
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
                      recompute=spec.get("recompute", False),
                      loss_fn=masked_mean_absolute_error if augment else mean_absolute_error)
@@ -144,7 +147,7 @@ def child(spec: dict) -> dict:
         r = context.replica_id_in_sync_group
         return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size])
 
-    if "augment" in spec:  # fed by the input pipeline, as in training: new patients and draws every step
+    if fed_by_pipeline:  # as in training: new patients and draws every step
         updates = spec["steps"] + 1
         schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0,
                                    epochs=updates)
@@ -170,7 +173,7 @@ def child(spec: dict) -> dict:
     for _ in range(spec["steps"]):
         loss = step.train(next_element())
     float(loss)
-    if "augment" in spec:
+    if fed_by_pipeline:
         del pipeline  # release the pipeline before the interpreter exits
     step_s = (time.perf_counter() - start) / spec["steps"]
     live_peak = tf.config.experimental.get_memory_info(device)["peak"] if live_before is not None else None
@@ -198,8 +201,6 @@ def measure(spec: dict, env_changes: dict | None = None) -> dict:
 def augment_comparison(base: dict, repeats: int = 3) -> dict:
     """Plain and augmented steps (and at 64³), alternating, each ``repeats`` times in fresh processes:
     the median of each, since a few-millisecond difference sits within one run's noise here."""
-    import statistics
-
     runs = {}
     for suffix, resolution in (("", base["resolution"]), ("_64", 64)):
         samples = {"plain": [], "augment": []}

@@ -1,18 +1,17 @@
-"""Apply ``augment.Augmenter``'s draws on the device: two gathers per volume, no per-voxel Python.
+"""Apply ``augment.Augmenter``'s draws on the device: per volume one gather and one window, no
+per-voxel Python.
 
-Runs inside the training step (XLA-compiled with it when XLA is on), so the host only sends
-small index maps and a GPU never waits for augmentation.
+Runs inside the training step (XLA-compiled with it when XLA is on), so the host only sends a
+small index map and a shift, and a GPU never waits for augmentation.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from provided_code.constants import STRUCTURES
+from provided_code.constants import LEFT_PAROTID_BIT, RIGHT_PAROTID_BIT
 
 GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored")
-_RIGHT_PAROTID = 1 << STRUCTURES.index("RightParotid")
-_LEFT_PAROTID = 1 << STRUCTURES.index("LeftParotid")
 
 
 def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tensor) -> tf.Tensor:
@@ -33,17 +32,15 @@ def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tens
 
 
 def swap_parotids(structure_masks: tf.Tensor, mirrored: tf.Tensor) -> tf.Tensor:
-    """Swap the RightParotid and LeftParotid bits of the patients where ``mirrored``."""
-    one = tf.constant(1, structure_masks.dtype)
-    right_shift = STRUCTURES.index("RightParotid")
-    left_shift = STRUCTURES.index("LeftParotid")
-    right = tf.bitwise.bitwise_and(tf.bitwise.right_shift(structure_masks, tf.cast(right_shift, structure_masks.dtype)), one)
-    left = tf.bitwise.bitwise_and(tf.bitwise.right_shift(structure_masks, tf.cast(left_shift, structure_masks.dtype)), one)
-    others = tf.bitwise.bitwise_and(structure_masks, tf.constant(~(_RIGHT_PAROTID | _LEFT_PAROTID) & 0xFFFF,
-                                                                 structure_masks.dtype))
-    swapped = tf.bitwise.bitwise_or(others, tf.bitwise.bitwise_or(
-        tf.bitwise.left_shift(right, tf.cast(left_shift, structure_masks.dtype)),
-        tf.bitwise.left_shift(left, tf.cast(right_shift, structure_masks.dtype))))
+    """Swap the RightParotid and LeftParotid bits of the patients where ``mirrored`` (what
+    ``predict.mirror_left_right`` does in numpy)."""
+    dtype = structure_masks.dtype
+    right = tf.bitwise.bitwise_and(structure_masks, tf.constant(RIGHT_PAROTID_BIT, dtype)) != 0
+    left = tf.bitwise.bitwise_and(structure_masks, tf.constant(LEFT_PAROTID_BIT, dtype)) != 0
+    swapped = tf.bitwise.bitwise_and(structure_masks, tf.constant(~(RIGHT_PAROTID_BIT | LEFT_PAROTID_BIT) & 0xFFFF, dtype))
+    zero = tf.zeros((), dtype)
+    swapped = tf.bitwise.bitwise_or(swapped, tf.where(right, tf.constant(LEFT_PAROTID_BIT, dtype), zero))
+    swapped = tf.bitwise.bitwise_or(swapped, tf.where(left, tf.constant(RIGHT_PAROTID_BIT, dtype), zero))
     return tf.where(tf.reshape(mirrored, (-1, 1, 1, 1)), swapped, structure_masks)
 
 

@@ -17,13 +17,11 @@ logger = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
 BEST_FILE = "best.keras"
+BEST_RECORD = "best.json"  # {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
-
-
-BEST_RECORD = "best.json"  # {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
 
 
 def list_checkpoints(models_dir: Path) -> list[tuple[int, Path]]:
@@ -73,7 +71,7 @@ def read_best(models_dir: Path) -> dict | None:
                 "val_dvh_score": float(record["val_dvh_score"])}
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(f"Invalid best-checkpoint record {path}: {type(error).__name__}: {error}. "
-                         f"Delete it (and {BEST_FILE} beside it) to start the best-so-far afresh.") from None
+                              f"Delete it (and {BEST_FILE} beside it) to start the best-so-far afresh.") from None
 
 
 def save_best(model: keras.Model, models_dir: Path, record: dict) -> Path:

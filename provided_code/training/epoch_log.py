@@ -15,7 +15,8 @@ from provided_code.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ("epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "learning_rate", "epoch_seconds", "samples_per_s", "peak_memory_mb")
+COLUMNS = ("epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "learning_rate", "epoch_seconds",
+           "samples_per_s", "peak_memory_mb")
 
 
 def read_log(path: Path) -> list[dict[str, str]]:
