@@ -14,7 +14,8 @@ memory are each measurement's own; all of them in one run, side by side:
   GPUs gain), with XLA and without;
 - at 64³ (16 filters, batch 4, one op at a time, so that the peak does not depend on which ops
   the scheduler happens to run together): the memory a training step needs beyond what the
-  process held before it, with and without ``--recompute``, and their step times. ``step_memory_mb_*``: the
+  process held before it, with and without ``--recompute``, and their step times (the median of
+  three alternating runs of each, as for the next two comparisons). ``step_memory_mb_*``: the
   peak of TensorFlow's CPU allocator during steady steps minus what it held before them (live
   tensors: what the activations kept for the backward pass change). ``step_rss_mb_*``: peak
   resident memory from before the first step to the last, minus resident memory before it; on a
@@ -23,7 +24,7 @@ memory are each measurement's own; all of them in one run, side by side:
 - ``--accumulate 2`` against 1, per batch;
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
-  config and at 64³ (at least 40 steps, the median of three alternating runs of each); and the
+  config and at 64³ (at least 40 steps); and the
   seconds one ``--score-every`` scoring takes (prediction at the benchmark's config, back to 128³,
   the challenge's scores) for the phantoms;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
@@ -198,19 +199,29 @@ def measure(spec: dict, env_changes: dict | None = None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def augment_comparison(base: dict, repeats: int = 3) -> dict:
-    """Plain and augmented steps (and at 64³), alternating, each ``repeats`` times in fresh processes:
-    the median of each, since a few-millisecond difference sits within one run's noise here."""
+def alternating(specs: dict[str, dict], repeats: int = 3) -> dict:
+    """Each spec ``repeats`` times in fresh processes, alternating, and the median of each figure:
+    differences of a few percent sit within one run's noise on these machines."""
+    samples = {name: [] for name in specs}
+    for _ in range(repeats):
+        for name, spec in specs.items():
+            samples[name].append(measure(spec))
     runs = {}
-    for suffix, resolution in (("", base["resolution"]), ("_64", 64)):
-        samples = {"plain": [], "augment": []}
-        for _ in range(repeats):
-            for name in samples:
-                samples[name].append(measure(dict(base, resolution=resolution, augment=name == "augment")))
-        for name, results in samples.items():
-            step_s = statistics.median(result["step_s"] for result in results)
-            runs[name + suffix] = {"step_s": step_s, "step_s_each": [result["step_s"] for result in results]}
+    for name, results in samples.items():
+        runs[name] = {"step_s": statistics.median(result["step_s"] for result in results),
+                      "step_s_each": [result["step_s"] for result in results]}
+        if results[0]["step_memory_mb"] is not None:
+            runs[name]["step_memory_mb"] = statistics.median(result["step_memory_mb"] for result in results)
+            runs[name]["step_memory_mb_each"] = [result["step_memory_mb"] for result in results]
+        runs[name]["step_rss_mb"] = statistics.median(result["step_rss_mb"] for result in results)
     return runs
+
+
+def augment_comparison(base: dict) -> dict:
+    """Plain and augmented steps, at the benchmark's config and at 64³."""
+    return {**alternating({"plain": dict(base, augment=False), "augment": dict(base, augment=True)}),
+            **alternating({"plain_64": dict(base, resolution=64, augment=False),
+                           "augment_64": dict(base, resolution=64, augment=True)})}
 
 
 def cpu_flags() -> list[str]:
@@ -241,7 +252,7 @@ def main() -> None:
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
-           "batch_size": args.memory_batch_size, "steps": 6, "sequential": True}
+           "batch_size": args.memory_batch_size, "steps": 10, "sequential": True}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
@@ -250,11 +261,9 @@ def main() -> None:
         "mixed_float16": measure(dict(base, policy="mixed_float16")),
         "two_devices_no_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2))),
         "two_devices_xla": measure(dict(base, devices=2, batch_size=max(1, args.batch_size // 2), xla=True)),
-        "accumulate_1": measure(dict(base, accumulate=1)),
-        "accumulate_2": measure(dict(base, accumulate=2)),
+        **alternating({"accumulate_1": dict(base, accumulate=1), "accumulate_2": dict(base, accumulate=2)}),
         **augment_comparison(dict(base, steps=max(args.steps, 40))),
-        "no_recompute_64": measure(big),
-        "recompute_64": measure(dict(big, recompute=True)),
+        **alternating({"no_recompute_64": big, "recompute_64": dict(big, recompute=True)}),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
                                        "steps": 1, "xla": True}),
         "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,

@@ -21,3 +21,21 @@ def test_compact_inputs_unpack_bits_and_scale_ct():
     assert out[0, 0, 0, 0, 0] == 0 and out[0, 0, 0, 1, 0] == 1
     assert out[0, 0, 0, 0, 1:].tolist() == [1, 0, 1, 0, 0, 0, 0, 0, 0, 1]
     assert out[0, 0, 0, 1, 1:].tolist() == [0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+
+
+def test_compact_inputs_equal_the_plain_unpacking_for_every_value():
+    """Every grey value and every bit pattern, against casting and shifting in numpy: exact in float32,
+    and float16 (mixed precision) within its rounding; bits above the 10 structures are ignored."""
+    rng = np.random.default_rng(0)
+    ct = np.concatenate([np.arange(CT_MAX + 1), rng.integers(0, CT_MAX + 1, 8192 - CT_MAX - 1)])
+    bits = np.concatenate([np.arange(2 ** len(STRUCTURES)), rng.integers(0, 2 ** len(STRUCTURES), 8192 - 2 ** len(STRUCTURES))])
+    ct, bits = ct.astype(np.uint16).reshape(1, 16, 16, 32), bits.astype(np.uint16).reshape(1, 16, 16, 32)
+    expected = np.concatenate([ct[..., None].astype(np.float32) * np.float32(1.0 / CT_MAX),
+                               ((bits[..., None] >> np.arange(len(STRUCTURES))) & 1).astype(np.float32)], axis=-1)
+    out = np.asarray(CompactInputs()([ct, bits]))
+    assert out.dtype == np.float32 and np.array_equal(out, expected)
+    unused_bits_set = bits | np.uint16(0xFFFF ^ (2 ** len(STRUCTURES) - 1))
+    assert np.array_equal(np.asarray(CompactInputs()([ct, unused_bits_set])), expected)
+    half = np.asarray(CompactInputs(dtype="mixed_float16")([ct, bits]))
+    assert half.dtype == np.float16
+    np.testing.assert_allclose(half.astype(np.float32), expected, rtol=2**-10, atol=0)  # float16 roundings

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from types import SimpleNamespace
+from provided_code.constants import STRUCTURES
 from provided_code.data.tf_dataset import take_element
 from provided_code.networks.layers import CompactInputs
 from provided_code.networks.unet import build_unet
@@ -102,22 +103,33 @@ def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_recompute_runs_the_blocks_again_in_the_backward_pass():
-    """The traced step holds a second forward run of the blocks (the memory it saves is measured by
-    scripts/bench_train.py, not here)."""
-    def convolutions(recompute):
-        keras.backend.clear_session()
-        model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0))
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
-        model.optimizer.build(model.trainable_variables)
-        step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
-        spec = {name: tf.TensorSpec(value.shape, value.dtype)
-                for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
-        graph = step.train.get_concrete_function(spec).graph
+def traced_train_step(recompute: bool):
+    keras.backend.clear_session()
+    model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+    model.optimizer.build(model.trainable_variables)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
+    spec = {name: tf.TensorSpec(value.shape, value.dtype) for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
+    return step.train.get_concrete_function(spec).graph
+
+
+def test_recompute_runs_the_blocks_again_and_the_unpacked_input_one_sample_at_a_time():
+    """The traced step holds a second forward run of the blocks; the first convolution, which reads
+    the unpacked input (the step's largest tensor), runs per sample, forward and again backward,
+    so only one sample of that tensor exists. (The memory this saves is measured by
+    scripts/bench_train.py, not here.)"""
+    kept, recomputed = traced_train_step(False), traced_train_step(True)
+
+    def convolutions(graph):
         return sum(op.type in ("Conv3D", "Conv3DBackpropInputV2") for op in graph.get_operations())
 
-    # Recomputing runs each block's convolutions again in the backward pass.
-    assert convolutions(True) > convolutions(False)
+    def first_convolution_batches(graph):
+        return sorted(op.inputs[0].shape[0] for op in graph.get_operations()
+                      if op.type == "Conv3D" and op.inputs[0].shape[-1] == 1 + len(STRUCTURES))
+
+    assert convolutions(recomputed) > convolutions(kept)
+    assert first_convolution_batches(kept) == [2]
+    assert first_convolution_batches(recomputed) == [1, 1, 1, 1]  # 2 samples, forward and backward
 
 
 LOSS_SCALE_PROBE = textwrap.dedent("""

@@ -66,17 +66,19 @@ def final_weights(results, name):
 
 FULL_AUGMENT = ("--augment", "flip,rotate,shift", "--loss", "masked-mae")
 SCORING = {"off": (), "on": ("--score-every", "0")}  # scoring under MirroredStrategy: once is enough
+RECOMPUTE = {"off": (), "on": ("--recompute",)}  # recomputing blocks (one sample at a time where no batch norm)
 
 
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path, xla):
     """With XLA on, each replica's layers between the synchronised batch-norm layers are compiled;
     one device compiles its whole step: the same weights either way. Augmentation is drawn per
-    update and split between replicas like the patients, so it too gives the same weights."""
+    update and split between replicas like the patients, so it too gives the same weights. The
+    two replicas with XLA also recompute their blocks, which changes nothing but summation order."""
     two, one = run_cli_together(
         phantom_data, tmp_path,
         ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2", "--xla", xla, *FULL_AUGMENT,
-         *SCORING[xla]),
+         *SCORING[xla], *RECOMPUTE[xla]),
         ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2", "--xla", xla, *FULL_AUGMENT,
          *SCORING[xla]))
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr

@@ -12,7 +12,11 @@ its saved form (checkpoints are the same either way):
 - **Recomputation.** Each encoder and decoder block (layers named ``encoder_<k>_*`` /
   ``decoder_<k>_*``) runs under :func:`recompute`: the backward pass runs the block again from
   its inputs instead of keeping its activations. Layers that draw random numbers (dropout) are
-  never inside a recomputed block, since the second run would draw other numbers.
+  never inside a recomputed block, since the second run would draw other numbers. The input
+  unpacking and the first convolution form a block of their own, and blocks without batch norm
+  (whose samples do not meet) run one sample at a time, forward and backward: the unpacked
+  input, 11 float32 channels at full resolution, is the largest tensor of the step, and this way
+  only one sample of it exists at any time.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import tensorflow as tf
 from keras import tree
 
 _BLOCK = re.compile(r"^((?:encoder|decoder)_\d+)_")
-# Layers recomputed with a neighbouring block: the input unpacking with the first encoder block (so
-# that only the compact uint16 inputs are kept, 4 bytes a voxel instead of 44), the output layers
-# with the last decoder block.
-_BLOCK_OF_LAYER = {"compact_inputs": "encoder_1", "dose_conv": "decoder_0", "dose_smooth": "decoder_0",
-                   "dose": "decoder_0"}
+# Blocks named by layer, ahead of the pattern: the input unpacking with the first convolution (so
+# that only the compact uint16 inputs are kept, 4 bytes a voxel instead of 44, and without the
+# first batch norm, so that it can run one sample at a time); the output layers with the last
+# decoder block.
+_BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
+                   "dose_smooth": "decoder_0", "dose": "decoder_0"}
 
 
 def is_sync_layer(layer) -> bool:
@@ -122,8 +127,9 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     def block_of(node):
         if _draws_random_numbers(node.operation):
             return None
-        match = _BLOCK.match(node.operation.name)
-        return match.group(1) if match else _BLOCK_OF_LAYER.get(node.operation.name)
+        name = node.operation.name
+        match = _BLOCK.match(name)
+        return _BLOCK_OF_LAYER.get(name, match.group(1) if match else None)
 
     def segment_key(node):
         return None if is_sync_layer(node.operation) else "segment"
@@ -150,7 +156,9 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
         pieces = [runner(run) for run in _split(nodes, block_of)]
         for block in pieces:
             if block_of(block.nodes[0]) is not None:
-                block.run = (lambda inner: lambda *values: recompute(inner, list(values)))(block.run)
+                by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in block.nodes)
+                block.run = (lambda inner, by_sample: lambda *values: recompute(inner, list(values), by_sample))(
+                    block.run, by_sample)
     else:
         pieces = [runner(nodes)]
 
@@ -163,7 +171,7 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     return forward
 
 
-def recompute(fn: Callable[..., list], inputs: list) -> list:
+def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) -> list:
     """``fn(*inputs)`` whose activations are recomputed in the backward pass instead of kept.
 
     The second run happens inside a ``keras.StatelessScope``, so its state updates (batch norm's
@@ -171,28 +179,56 @@ def recompute(fn: Callable[..., list], inputs: list) -> list:
     random numbers. The recomputation waits for the upstream gradient (a control dependency), so
     that it runs during the backward pass rather than alongside the forward one. Integer inputs
     (the compact uint16 volumes) get no gradient.
+
+    ``by_sample``: ``fn`` treats each sample on its own (no batch norm), so both runs go one
+    sample at a time, each waiting for the one before, and only one sample's activations exist at
+    once; the weights' gradients are the sum over samples. Needs a known batch size (otherwise
+    the batch runs whole).
     """
+    batch = inputs[0].shape[0] if by_sample else None
+    parts = batch if isinstance(batch, int) and batch > 1 else 1  # runs of one sample, or the whole batch
 
     @tf.custom_gradient
     def block(*args):
-        outputs = fn(*args)
+        outputs, previous = [], []
+        for part in _batch_parts(args, parts):
+            with tf.control_dependencies(previous):
+                part = [tf.identity(value) for value in part]
+            outputs.append(fn(*part))
+            previous = outputs[-1]
+        outputs = [tf.concat(pieces, axis=0) for pieces in zip(*outputs)] if parts > 1 else outputs[0]
 
         def grad(*upstream, variables=None):
-            with tf.control_dependencies([tf.reshape(upstream[0], [-1])[:1]]):
-                again_args = [tf.identity(arg) for arg in args]
-            differentiable = [arg for arg in again_args if arg.dtype.is_floating]
             variables = list(variables or [])
-            with tf.GradientTape() as tape:
-                tape.watch(differentiable)
-                tape.watch(variables)
-                with keras.StatelessScope():
-                    again = fn(*again_args)
-            grads = iter(tape.gradient(again, differentiable + variables, output_gradients=list(upstream),
-                                       unconnected_gradients=tf.UnconnectedGradients.ZERO))
-            input_grads = [next(grads) if arg.dtype.is_floating else None for arg in again_args]
-            return input_grads, list(grads)
+            input_grads, variable_grads = [], None
+            previous = [tf.reshape(upstream[0], [-1])[:1]]
+            for part, part_upstream in zip(_batch_parts(args, parts), _batch_parts(upstream, parts)):
+                with tf.control_dependencies(previous):
+                    again_args = [tf.identity(arg) for arg in part]
+                differentiable = [arg for arg in again_args if arg.dtype.is_floating]
+                with tf.GradientTape() as tape:
+                    tape.watch(differentiable)
+                    tape.watch(variables)
+                    with keras.StatelessScope():
+                        again = fn(*again_args)
+                grads = tape.gradient(again, differentiable + variables, output_gradients=list(part_upstream),
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                input_grads.append(grads[:len(differentiable)])
+                part_variable_grads = grads[len(differentiable):]
+                variable_grads = part_variable_grads if variable_grads is None else [
+                    a + b for a, b in zip(variable_grads, part_variable_grads)]
+                previous = grads
+            grads = iter([tf.concat(pieces, axis=0) for pieces in zip(*input_grads)] if parts > 1 else input_grads[0])
+            return [next(grads) if arg.dtype.is_floating else None for arg in args], variable_grads
 
         return (outputs[0] if len(outputs) == 1 else outputs), grad
 
     result = block(*inputs)
     return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _batch_parts(values, parts: int) -> list[list]:
+    """``values`` (batch-major tensors of ``parts`` samples) one sample at a time; or whole, for 1."""
+    if parts == 1:
+        return [list(values)]
+    return [[value[i:i + 1] for value in values] for i in range(parts)]
