@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, TypeVar
 
 import click
 
-from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig
+from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig, read_tf_config
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 
@@ -106,6 +106,8 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, **options):
         if no_xla:
             options["xla"] = "off"
         config = TrainConfig(resolution=int(resolution), **options)
+        if config.multi_worker and not predict_only:
+            read_tf_config()  # a bad TF_CONFIG fails now, before TensorFlow is imported and the data loaded
         if epoch is not None and epoch != "best":
             if not epoch.isdigit():
                 raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",

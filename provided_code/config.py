@@ -157,3 +157,37 @@ def read_saved_config(models_dir: Path) -> TrainConfig | None:
         return TrainConfig.from_json(path.read_text())
     except (ValueError, TypeError) as error:
         raise ConfigError(f"Invalid saved config {path}: {error}") from None
+
+
+def read_tf_config(environ=os.environ) -> tuple[list[str], int]:
+    """``(worker addresses, this worker's index)`` from ``TF_CONFIG``; a one-line ConfigError if bad."""
+    text = environ.get("TF_CONFIG")
+    if not text:
+        raise ConfigError("--multi-worker needs TF_CONFIG, e.g. TF_CONFIG='{\"cluster\": {\"worker\": "
+                          "[\"hostA:12345\", \"hostB:12345\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}' "
+                          "(see the README)")
+    try:
+        spec = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"Invalid TF_CONFIG: not JSON ({error}). Received: TF_CONFIG={text!r}") from None
+    if not isinstance(spec, dict):
+        raise ConfigError(f"Invalid TF_CONFIG: expected a JSON object. Received: TF_CONFIG={text!r}")
+    workers = (spec.get("cluster") or {}).get("worker") if isinstance(spec.get("cluster"), dict) else None
+    if not (isinstance(workers, list) and workers and all(isinstance(w, str) and ":" in w for w in workers)):
+        raise ConfigError(f"Invalid TF_CONFIG: expected cluster.worker, a list of \"host:port\". "
+                          f"Received: cluster={spec.get('cluster')!r}")
+    extra = sorted(set(spec["cluster"]) - {"worker"})
+    if extra:
+        raise ConfigError(f"Invalid TF_CONFIG: only \"worker\" tasks are used (worker 0 is the chief). "
+                          f"Received cluster task types: {extra}")
+    task = spec.get("task")
+    if not isinstance(task, dict):
+        raise ConfigError(f"Invalid TF_CONFIG: no task (expected \"task\": {{\"type\": \"worker\", \"index\": N}}). "
+                          f"Received: TF_CONFIG={text!r}")
+    if task.get("type") != "worker":
+        raise ConfigError(f"Invalid TF_CONFIG: task.type must be \"worker\". Received: task={task!r}")
+    index = task.get("index")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
+        raise ConfigError(f"Invalid TF_CONFIG: task.index must be 0..{len(workers) - 1} for "
+                          f"{len(workers)} workers. Received: task={task!r}")
+    return workers, index

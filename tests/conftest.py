@@ -49,3 +49,8 @@ def _phantom_template(tmp_path_factory) -> Path:
 def phantom_split(tmp_path, _phantom_template) -> Path:
     """A writable split of 3 phantoms (pt_1, pt_2, pt_3), for tests that break files."""
     return Path(shutil.copytree(_phantom_template, tmp_path / "split"))
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first (stable otherwise), so that the two workers finish together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,10 +1,12 @@
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from provided_code.demo import main
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(tmp_path):
     """The same code path as `bash scripts/demo`, smaller: phantoms, train, predict, score, plots."""
     result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--train-patients", "4",

@@ -62,6 +62,7 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     assert log_epochs(config) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(config):
     recipe = dataclasses.replace(config, epochs=4, save_every=2, keep=5, loss="masked-mae",
                                  augment="flip,rotate,shift", lr_schedule="cosine", warmup_epochs=1, score_every=0)
@@ -103,6 +104,7 @@ def test_resume_with_other_architecture_is_an_error(config):
         train(dataclasses.replace(config, filters=8))
 
 
+@pytest.mark.slow
 def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     mixed = dataclasses.replace(config, precision="mixed_float16", epochs=1, tensorboard=True)
     result = train(mixed)
@@ -142,6 +144,7 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
         train(dataclasses.replace(config, data_dir=str(tmp_path / "nowhere")))
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
                "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,

@@ -32,6 +32,7 @@ def test_scoring_epochs_are_every_n_and_the_last():
     assert not any(is_scoring_epoch(e, 0, 11) for e in range(1, 12))
 
 
+@pytest.mark.slow
 def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes(phantom_data, tmp_path):
     config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, keep=5, score_every=1, xla="off",
                          learning_rate=2e-3, data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
