@@ -157,8 +157,7 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
         for block in pieces:
             if block_of(block.nodes[0]) is not None:
                 by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in block.nodes)
-                block.run = (lambda inner, by_sample: lambda *values: recompute(inner, list(values), by_sample))(
-                    block.run, by_sample)
+                block.run = _recomputed(block.run, by_sample)
     else:
         pieces = [runner(nodes)]
 
@@ -190,18 +189,17 @@ def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) ->
 
     @tf.custom_gradient
     def block(*args):
-        outputs, previous = [], []
+        part_outputs, previous = [], []
         for part in _batch_parts(args, parts):
             with tf.control_dependencies(previous):
                 part = [tf.identity(value) for value in part]
-            outputs.append(fn(*part))
-            previous = outputs[-1]
-        outputs = [tf.concat(pieces, axis=0) for pieces in zip(*outputs)] if parts > 1 else outputs[0]
+            previous = fn(*part)
+            part_outputs.append(previous)
+        outputs = [tf.concat(pieces, axis=0) for pieces in zip(*part_outputs)]  # one piece: no copy
 
         def grad(*upstream, variables=None):
             variables = list(variables or [])
-            input_grads, variable_grads = [], None
-            previous = [tf.reshape(upstream[0], [-1])[:1]]
+            part_grads, previous = [], [tf.reshape(upstream[0], [-1])[:1]]
             for part, part_upstream in zip(_batch_parts(args, parts), _batch_parts(upstream, parts)):
                 with tf.control_dependencies(previous):
                     again_args = [tf.identity(arg) for arg in part]
@@ -211,20 +209,22 @@ def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) ->
                     tape.watch(variables)
                     with keras.StatelessScope():
                         again = fn(*again_args)
-                grads = tape.gradient(again, differentiable + variables, output_gradients=list(part_upstream),
-                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                input_grads.append(grads[:len(differentiable)])
-                part_variable_grads = grads[len(differentiable):]
-                variable_grads = part_variable_grads if variable_grads is None else [
-                    a + b for a, b in zip(variable_grads, part_variable_grads)]
-                previous = grads
-            grads = iter([tf.concat(pieces, axis=0) for pieces in zip(*input_grads)] if parts > 1 else input_grads[0])
-            return [next(grads) if arg.dtype.is_floating else None for arg in args], variable_grads
+                previous = tape.gradient(again, differentiable + variables, output_gradients=list(part_upstream),
+                                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                part_grads.append(previous)
+            floating = len(differentiable)
+            input_grads = iter([tf.concat(pieces, axis=0) for pieces in zip(*(g[:floating] for g in part_grads))])
+            variable_grads = [tf.add_n(list(pieces)) for pieces in zip(*(g[floating:] for g in part_grads))]
+            return [next(input_grads) if arg.dtype.is_floating else None for arg in args], variable_grads
 
         return (outputs[0] if len(outputs) == 1 else outputs), grad
 
     result = block(*inputs)
     return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def _recomputed(run: Callable[..., list], by_sample: bool) -> Callable[..., list]:
+    return lambda *values: recompute(run, list(values), by_sample)
 
 
 def _batch_parts(values, parts: int) -> list[list]:
