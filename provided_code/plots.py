@@ -32,12 +32,14 @@ def _save(figure, path: Path) -> None:
         figure.savefig(tmp, format="png", dpi=90, bbox_inches="tight")
 
 
-def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.ndarray) -> list[Path]:
-    """Write ``<patient>_dvh.png`` and ``<patient>_slices.png`` into ``folder``; return their paths.
+def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.ndarray,
+                 stem: str | None = None) -> list[Path]:
+    """Write ``<stem>_dvh.png`` and ``<stem>_slices.png`` into ``folder`` (``stem``: the patient id
+    unless given); return their paths.
 
     The slices show dose as a colour wash over the CT in grey with the target contours drawn, as
     planning systems do, through the centre of the highest target; the third column is the
-    difference, predicted − reference.
+    difference, predicted − reference. A patient without a reference dose gets the prediction alone.
     """
     import matplotlib
 
@@ -45,9 +47,12 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     import matplotlib.lines
     import matplotlib.pyplot as plt
 
-    reference = exact_dose(arrays.dose[row], int(arrays.dose_decimals[row])).reshape(predicted.shape)
+    stem = stem or patient_id
+    has_reference = bool(arrays.has_dose[row])
+    reference = (exact_dose(arrays.dose[row], int(arrays.dose_decimals[row])).reshape(predicted.shape)
+                 if has_reference else None)
     indices = structure_indices(arrays.structure_masks[row])
-    top = max(float(reference.max()), float(predicted.max()), 1.0)
+    top = max(float(reference.max()) if has_reference else 0.0, float(predicted.max()), 1.0)
     bins = np.linspace(0, top * 1.02, 200)
 
     figure, axes = plt.subplots(figsize=(8, 5))
@@ -55,22 +60,23 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     for k, (name, voxels) in enumerate(zip(STRUCTURES, indices)):
         if voxels.size == 0:
             continue
-        for dose, style in ((reference, "-"), (predicted, "--")):
+        for dose, style in ((reference, "-"), (predicted, "--")) if has_reference else ((predicted, "-"),):
             values = np.sort(dose.reshape(-1)[voxels])
             volume = 100.0 * (1.0 - np.searchsorted(values, bins, side="left") / values.size)
             axes.plot(bins, volume, style, color=colours(k), label=name if style == "-" else None)
     axes.set_xlabel("Dose (Gy)")
     axes.set_ylabel("Volume (%)")
-    axes.set_title(f"{patient_id}: DVH, reference (solid) and predicted (dashed)")
+    axes.set_title(f"{patient_id}: DVH, " + ("reference (solid) and predicted (dashed)" if has_reference else "predicted"))
     axes.legend(fontsize=7, ncol=2)
-    dvh_path = Path(folder) / f"{patient_id}_dvh.png"
+    dvh_path = Path(folder) / f"{stem}_dvh.png"
     _save(figure, dvh_path)
     plt.close(figure)
 
     centre_voxels = next((indices[STRUCTURES.index(t)] for t in reversed(TARGETS)  # PTV70 first
                           if indices[STRUCTURES.index(t)].size), None)
     if centre_voxels is None:
-        centre = np.unravel_index(int(np.argmax(reference)), reference.shape)
+        hottest = reference if has_reference else predicted
+        centre = np.unravel_index(int(np.argmax(hottest)), hottest.shape)
     else:
         centre = np.round(np.mean(np.unravel_index(centre_voxels, reference.shape), axis=1)).astype(int)
     ct = arrays.ct[row].reshape(predicted.shape).astype(np.float32)
@@ -78,17 +84,17 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     views = (("axial", 2), ("coronal", 0), ("sagittal", 1))  # axis 2 superior-inferior, 0 AP, 1 LR
     target_colours = {"PTV56": "cyan", "PTV63": "yellow", "PTV70": "magenta"}
     ct_top = max(float(ct.max()), 1.0)
-    error = predicted - reference
-    figure, grid = plt.subplots(3, 3, figsize=(11, 10))
+    columns = ((reference, "reference"), (predicted, "predicted")) if has_reference else ((predicted, "predicted"),)
+    error = predicted - reference if has_reference else None
+    figure, grid = plt.subplots(3, 3 if has_reference else 1, figsize=(11, 10) if has_reference else (4.5, 10),
+                                squeeze=False)
     for r, (view, axis) in enumerate(views):
         def plane(volume):
             image = np.take(volume, centre[axis], axis=axis)
             return image if axis == 2 else image.T  # coronal and sagittal: superior at the top
         ct_plane = plane(ct)
         mask_plane = plane(masks)
-        difference = plane(error)
-        limit = max(float(np.abs(difference).max()), 1e-6)
-        for c, (dose, title) in enumerate(((reference, "reference"), (predicted, "predicted"))):
+        for c, (dose, title) in enumerate(columns):
             axes = grid[r, c]
             axes.imshow(ct_plane, cmap="gray", vmin=0, vmax=ct_top)
             wash = np.ma.masked_less(plane(dose), 0.05 * top)  # no colour where there is (almost) no dose
@@ -100,13 +106,17 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
             axes.set_title(f"{view}: {title}", fontsize=9)
             axes.axis("off")
             figure.colorbar(image, ax=axes, fraction=0.046, label="Gy")
+        if error is None:
+            continue
+        difference = plane(error)
+        limit = max(float(np.abs(difference).max()), 1e-6)
         image = grid[r, 2].imshow(difference, cmap="RdBu_r", vmin=-limit, vmax=limit)
         grid[r, 2].set_title(f"{view}: predicted − reference", fontsize=9)
         grid[r, 2].axis("off")
         figure.colorbar(image, ax=grid[r, 2], fraction=0.046, label="Gy")
     handles = [matplotlib.lines.Line2D([], [], color=colour, label=name) for name, colour in target_colours.items()]
     figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, title="target contours")
-    slices_path = Path(folder) / f"{patient_id}_slices.png"
+    slices_path = Path(folder) / f"{stem}_slices.png"
     _save(figure, slices_path)
     plt.close(figure)
     return [dvh_path, slices_path]

@@ -24,7 +24,6 @@ from provided_code.training.checkpoints import load_best, load_newest
 logger = logging.getLogger(__name__)
 
 
-
 class PredictionError(RuntimeError):
     """A model's predictions are unusable (not finite)."""
 
@@ -101,6 +100,26 @@ def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_s
     return predictions
 
 
+def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tuple[TrainConfig, int, keras.Model]:
+    """``(saved config, epoch, model)`` of the model trained in ``models_dir`` (``results/<name>/models``),
+    under the dtype policy it was trained with. ``epoch``: a checkpoint's epoch, ``"best"`` or None
+    for the newest."""
+    models_dir = Path(models_dir)
+    saved = read_saved_config(models_dir)
+    if saved is None:
+        raise FileNotFoundError(f"No trained model in {models_dir}: it has no config.json. Train it first, or "
+                                f"pass the --model-name and --results-dir it was trained with.")
+    keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
+    if epoch == "best":
+        epoch, model = load_best(models_dir)
+    else:
+        loaded = load_newest(models_dir, epoch=epoch, compile=False)
+        if loaded is None:
+            raise FileNotFoundError(f"No checkpoint of model {saved.model_name!r} loads from {models_dir}.")
+        epoch, model = loaded
+    return saved, epoch, model
+
+
 def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | str | None = None, tta: bool = False,
                   plots: bool = False, progress: Progress = no_progress) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with a trained model; write and score.
@@ -115,18 +134,7 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | s
         from provided_code.plots import require_matplotlib
 
         require_matplotlib()
-    saved = read_saved_config(config.models_dir)
-    if saved is None:
-        raise FileNotFoundError(f"No trained model {config.model_name!r}: {config.models_dir} has no config.json. "
-                                f"Train it first, or pass the --model-name and --results-dir it was trained with.")
-    keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
-    if epoch == "best":
-        epoch, model = load_best(config.models_dir)
-    else:
-        loaded = load_newest(config.models_dir, epoch=epoch, compile=False)
-        if loaded is None:
-            raise FileNotFoundError(f"No checkpoint of model {config.model_name!r} loads from {config.models_dir}.")
-        epoch, model = loaded
+    saved, epoch, model = load_trained_model(config.models_dir, epoch)
 
     stage_dir = Path(config.data_dir) / f"{stage}-pats"
     arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,

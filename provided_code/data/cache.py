@@ -94,6 +94,25 @@ class SplitArrays:
     def nbytes(self) -> int:
         return sum(getattr(self, name).nbytes for name in (*_VOLUMES, *_TABLES))
 
+    @classmethod
+    def from_patients(cls, patients: list[Patient]) -> "SplitArrays":
+        """Patients read from their folders, stacked (no cache; for a handful of patients)."""
+        def dose(patient):
+            return patient.dose if patient.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
+
+        return cls(
+            patient_ids=[p.patient_id for p in patients],
+            ct=np.stack([p.ct for p in patients]),
+            structure_masks=np.stack([p.structure_masks for p in patients]),
+            possible_dose_mask=np.stack([p.possible_dose_mask for p in patients]),
+            dose=np.stack([dose(p) for p in patients]),
+            has_dose=np.array([p.dose is not None for p in patients]),
+            dose_decimals=np.array([p.dose_decimals for p in patients], np.int8),
+            voxel_dimensions=np.stack([p.voxel_dimensions for p in patients]),
+            structure_present=np.stack([[(p.structure_masks & (1 << k)).any() for k in range(len(STRUCTURES))]
+                                        for p in patients]),
+        )
+
     def select(self, rows: np.ndarray) -> "SplitArrays":
         """The patients at ``rows`` (a copy)."""
         rows = np.asarray(rows, dtype=np.int64)

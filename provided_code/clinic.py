@@ -1,0 +1,117 @@
+"""``openkbp-dicom predict``: a clinic's DICOM patient in, a predicted RT Dose out, in one call.
+
+Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/``, predict with a trained model at
+its own resolution (from its ``config.json``), write the prediction in the challenge's CSV format,
+export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
+clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import write_text_atomic
+from provided_code.data.cache import SplitArrays, exact_dose
+from provided_code.data.csv_io import read_patient, write_dose_csv
+from provided_code.dicom.exporter import export_dose
+from provided_code.dicom.importer import ImportReport, import_patient
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
+from provided_code.metrics.scoring import score_split, structure_indices
+from provided_code.predict import load_trained_model, predict_full_resolution
+from provided_code.progress import Progress, no_progress
+
+logger = logging.getLogger(__name__)
+
+PATIENT_FOLDER = "patient"
+OUTPUTS = {"rtdose": "RD.dcm", "nifti": "dose.nii.gz", "dvh_csv": "dvh.csv", "dvh_json": "dvh.json",
+           "prediction": "prediction.csv"}
+
+
+@dataclasses.dataclass
+class ClinicReport:
+    out_dir: Path
+    epoch: int
+    imported: ImportReport
+    dvh: dict  # the dvh.json content
+    plots: list[Path]
+
+    def summary(self) -> str:
+        lines = [*self.imported.lines, f"Predicted with the epoch {self.epoch} checkpoint.",
+                 f"RT Dose: {self.out_dir / OUTPUTS['rtdose']}", f"NIfTI: {self.out_dir / OUTPUTS['nifti']}",
+                 f"DVH table: {self.out_dir / OUTPUTS['dvh_csv']} and {OUTPUTS['dvh_json']}"]
+        lines += [f"Plot: {path}" for path in self.plots]
+        if "scores" in self.dvh:
+            lines.append(f"Against the clinic's dose: dose score {self.dvh['scores']['dose_score']:.3f} Gy, "
+                         f"DVH score {self.dvh['scores']['dvh_score']:.3f} Gy")
+        return "\n".join(lines)
+
+
+def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | str, rtstruct: os.PathLike | str,
+                          out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
+                          epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
+                          allow_missing_targets: bool = False, plots: bool = True,
+                          progress: Progress = no_progress) -> ClinicReport:
+    """Import, predict, export and tabulate one patient (see the module docstring).
+
+    ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
+    or None: ``best`` when the run has one, else the newest checkpoint.
+    """
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    models_dir = model_dir / "models"
+    if not (models_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a trained model's folder: {models_dir / 'config.json'} is missing")
+    if epoch is None:
+        epoch = "best" if (models_dir / "best.keras").is_file() else None
+    imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
+                              allow_missing_targets=allow_missing_targets)
+    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False)])
+    saved, epoch, model = load_trained_model(models_dir, epoch)
+    predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
+                                        label=f"Model {model_dir} at epoch {epoch}")[0]
+    write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
+    export_dose(imported.folder, predicted, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
+                description=f"Predicted dose, {model_dir.name} epoch {epoch}")
+    dvh = dvh_report(arrays, predicted)
+    dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta}
+    write_dvh_files(out_dir, dvh)
+    written = []
+    if plots:
+        from provided_code.plots import has_matplotlib, plot_patient
+
+        if has_matplotlib():
+            written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
+        else:
+            logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
+    return ClinicReport(out_dir, epoch, imported, dvh, written)
+
+
+def dvh_report(arrays: SplitArrays, predicted: np.ndarray) -> dict:
+    """The DVH table of the prediction, and of the reference and the challenge's scores if there is one."""
+    indices = structure_indices(arrays.structure_masks[0])
+    report = {"metrics": list(CLINICAL_METRICS), "predicted": clinical_dvh(predicted, indices)}
+    if arrays.has_dose[0]:
+        reference = exact_dose(arrays.dose[0], int(arrays.dose_decimals[0]))
+        report["reference"] = clinical_dvh(reference, indices)
+        report["scores"] = {key: value for key, value in score_split(arrays, lambda row: predicted).summary().items()
+                            if key in ("dose_score", "dvh_score")}
+    return report
+
+
+def write_dvh_files(out_dir: Path, report: dict) -> None:
+    """``dvh.json`` (the report) and ``dvh.csv`` (one row per structure, predicted and reference)."""
+    write_text_atomic(out_dir / OUTPUTS["dvh_json"], json.dumps(report, indent=2) + "\n")
+    sources = [name for name in ("predicted", "reference") if name in report]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["structure", *[f"{m}_{s}" for m in CLINICAL_METRICS for s in sources]])
+    for structure, values in report["predicted"].items():
+        writer.writerow([structure, *[f"{report[s][structure][m]:.3f}" for m in CLINICAL_METRICS for s in sources]])
+    write_text_atomic(out_dir / OUTPUTS["dvh_csv"], buffer.getvalue())

@@ -1,0 +1,27 @@
+"""The one error of the DICOM layer: it names the file and the problem."""
+
+from __future__ import annotations
+
+import os
+
+
+class DicomInputError(ValueError):
+    """A DICOM input (or a folder of them) that cannot be used. The message is one line:
+    ``<path>: <problem>``."""
+
+    def __init__(self, path: os.PathLike | str, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.problem)
+
+
+def require_pydicom():
+    """The ``pydicom`` module, or a one-line error saying how to install it."""
+    try:
+        import pydicom
+    except ImportError:
+        raise DicomInputError("pydicom", "not installed: pip install 'provided_code[dicom]'") from None
+    return pydicom

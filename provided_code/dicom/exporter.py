@@ -1,0 +1,80 @@
+"""``openkbp-dicom export``: a 128³ dose (an OpenKBP prediction CSV) back onto the patient's CT grid,
+as an RT Dose and optionally NIfTI.
+
+In-plane the 128 × 128 box is interpolated linearly to the CT's pixel centres (the box spans the
+CT's field of view); the box's slices are the CT's own; CT slices outside the box get zero dose.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import atomic_path
+from provided_code.constants import NUM_VOXELS, VOLUME_SHAPE
+from provided_code.data.csv_io import read_sparse_csv
+from provided_code.dicom.grid import BOX, PatientGeometry, linear_weights
+from provided_code.dicom.rtdose import write_rtdose
+
+
+def read_dose_csv(path: os.PathLike | str, patient_id: str = "") -> np.ndarray:
+    """A 128³ float32 dose (Gy) from an OpenKBP sparse CSV (a prediction or a dose.csv)."""
+    path = Path(path)
+    indices, values = read_sparse_csv(path, patient_id or path.stem, with_values=True)
+    dose = np.zeros(NUM_VOXELS, np.float32)
+    dose[indices] = values
+    return dose.reshape(VOLUME_SHAPE)
+
+
+def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
+    """``(CT slices, rows, columns)`` float32 Gy, slices in ``geometry.slice_z``'s (descending) order."""
+    along_rows = linear_weights(BOX, geometry.rows)
+    along_columns = linear_weights(BOX, geometry.columns)
+    out = np.zeros((len(geometry.slice_z), geometry.rows, geometry.columns), np.float32)
+    for b, k in zip(*geometry.box_slices()):
+        out[k] = np.maximum(along_rows @ dose[:, :, b].astype(np.float64) @ along_columns.T, 0)
+    return out
+
+
+def nifti_affine(geometry: PatientGeometry) -> np.ndarray:
+    """The CT's voxel-to-world matrix for an array indexed (column, row, slice ascending in z), in
+    NIfTI's RAS+ world (DICOM's patient x and y negated)."""
+    dy, dx = geometry.pixel_spacing
+    x0, y0 = geometry.origin_xy
+    return np.array([[-dx, 0, 0, -x0], [0, -dy, 0, -y0], [0, 0, geometry.slice_spacing, min(geometry.slice_z)],
+                     [0, 0, 0, 1]], dtype=np.float64)
+
+
+def write_nifti(path: os.PathLike | str, dose_ct: np.ndarray, geometry: PatientGeometry) -> Path:
+    """``dose_ct`` (as :func:`dose_on_ct_grid` gives it) as a float32 NIfTI with the CT's affine."""
+    try:
+        import nibabel
+    except ImportError:
+        from provided_code.dicom.errors import DicomInputError
+
+        raise DicomInputError(path, "writing NIfTI needs nibabel: pip install 'provided_code[dicom]'") from None
+    data = np.ascontiguousarray(np.transpose(dose_ct[::-1], (2, 1, 0)), dtype=np.float32)
+    image = nibabel.Nifti1Image(data, nifti_affine(geometry))
+    image.header.set_xyzt_units("mm")
+    image.set_qform(nifti_affine(geometry), code=1)
+    image.set_sform(nifti_affine(geometry), code=1)
+    path = Path(path)
+    with atomic_path(path, suffix=".nii.gz") as tmp:
+        nibabel.save(image, tmp)
+    return path
+
+
+def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLike | str,
+                nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> PatientGeometry:
+    """Write the 128³ ``dose`` of an imported patient as an RT Dose at ``out`` (and NIfTI)."""
+    geometry = PatientGeometry.read(patient_dir)
+    dose = np.asarray(dose)
+    if dose.shape != VOLUME_SHAPE:
+        raise ValueError(f"Invalid `dose`. Expected shape {VOLUME_SHAPE}. Received: dose.shape={dose.shape}")
+    dose_ct = dose_on_ct_grid(dose, geometry)
+    write_rtdose(out, dose_ct, geometry, description)
+    if nifti is not None:
+        write_nifti(nifti, dose_ct, geometry)
+    return geometry

@@ -1,0 +1,41 @@
+"""Reading one DICOM file, lenient about the preamble as clinical exports need."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from provided_code.dicom.errors import DicomInputError, require_pydicom
+
+
+def read_dataset(path: os.PathLike | str, stop_before_pixels: bool = False):
+    """The dataset in ``path``, or None if it is not DICOM. Files without the 128-byte preamble
+    and ``DICM`` prefix (older exports, some of pydicom's own examples) are read too when they hold
+    a SOP Class or a modality."""
+    pydicom = require_pydicom()
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=stop_before_pixels)
+    except pydicom.errors.InvalidDicomError:
+        pass
+    except (EOFError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    try:
+        dataset = pydicom.dcmread(path, stop_before_pixels=stop_before_pixels, force=True)
+        if "SOPClassUID" in dataset or "Modality" in dataset:
+            return dataset
+    except Exception:  # noqa: BLE001 - forced reads of arbitrary bytes fail in many ways
+        pass
+    return None
+
+
+def read_required(path: os.PathLike | str, modality: str, what: str):
+    """The dataset of a file that must be DICOM of ``modality``; one-line errors otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise DicomInputError(path, f"{what} file is missing")
+    dataset = read_dataset(path)
+    if dataset is None:
+        raise DicomInputError(path, f"not a DICOM file (expected the {what})")
+    if dataset.get("Modality") != modality:
+        raise DicomInputError(path, f"not an {what} (modality {dataset.get('Modality')!r})")
+    return dataset

@@ -1,0 +1,131 @@
+"""The 128³ OpenKBP box inside a CT, and the resampling between the two grids.
+
+OpenKBP's volumes are a supine axial CT's own axes: axis 0 the image rows (patient y, anterior to
+posterior), axis 1 the columns (patient x, right to left), axis 2 the slices from superior to
+inferior (descending patient z). In-plane the box spans the CT's whole field of view in 128 × 128
+pixels (a 512-matrix CT at 0.98 mm gives 3.9 mm, as OpenKBP's 50 cm field of view does); along
+the slice axis it keeps the CT's spacing and takes 128 consecutive slices, padded with air beyond
+the scan.
+
+The geometry, and everything the export needs to write a dose back onto the CT, is saved in the
+patient folder as ``dicom.json`` (:class:`PatientGeometry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import write_text_atomic
+from provided_code.constants import VOLUME_SHAPE
+from provided_code.dicom.errors import DicomInputError
+
+SIDECAR_FILE = "dicom.json"
+SIDECAR_FORMAT = 1
+BOX = VOLUME_SHAPE[0]  # 128 voxels along every axis
+
+
+def area_weights(source: int, target: int) -> np.ndarray:
+    """``(target, source)`` weights averaging pixels over the same field of view: target pixel i
+    covers source pixels [i·s/t, (i+1)·s/t), each weighted by its overlap (rows sum to 1)."""
+    edges = np.arange(target + 1) * (source / target)
+    low, high = edges[:-1, None], edges[1:, None]
+    pixel = np.arange(source)[None, :]
+    overlap = np.clip(np.minimum(high, pixel + 1) - np.maximum(low, pixel), 0, None)
+    return overlap / overlap.sum(axis=1, keepdims=True)
+
+
+def linear_weights(source: int, target: int) -> np.ndarray:
+    """``(target, source)`` weights of linear interpolation between pixel centres over the same
+    field of view (beyond the outermost source centres, the edge value)."""
+    centres = np.clip((np.arange(target) + 0.5) * (source / target) - 0.5, 0, source - 1)
+    low = np.floor(centres).astype(np.int64)
+    high = np.minimum(low + 1, source - 1)
+    fraction = centres - low
+    weights = np.zeros((target, source))
+    np.add.at(weights, (np.arange(target), low), 1 - fraction)
+    np.add.at(weights, (np.arange(target), high), fraction)
+    return weights
+
+
+@dataclasses.dataclass
+class PatientGeometry:
+    """The CT's grid, the box inside it, and the CT's identity (for the export)."""
+
+    rows: int
+    columns: int
+    pixel_spacing: list[float]  # mm: between rows, between columns (DICOM order)
+    origin_xy: list[float]  # mm: patient x, y of the centre of CT pixel (row 0, column 0)
+    slice_z: list[float]  # mm: every CT slice's z, descending (superior first)
+    first_slice: int  # index into slice_z of box slice 0 (negative: box starts above the scan)
+    frame_of_reference_uid: str
+    series_instance_uid: str
+    sop_instance_uids: list[str]  # per CT slice, in slice_z's order
+    tags: dict[str, str]  # patient and study tags of the CT
+    structures: dict[str, str] = dataclasses.field(default_factory=dict)  # structure -> ROI name
+    possible_dose_mask: str = ""  # how the possible-dose mask was made
+    hu_offset: float = 1000.0  # ct.csv value = HU + hu_offset, clipped to [0, 4095]
+    format: int = SIDECAR_FORMAT
+
+    @property
+    def slice_spacing(self) -> float:
+        return float(self.slice_z[0] - self.slice_z[1])
+
+    @property
+    def voxel_dimensions(self) -> np.ndarray:
+        """mm along OpenKBP's axes 0, 1, 2 (rows, columns, slices)."""
+        return np.array([self.rows * self.pixel_spacing[0] / BOX, self.columns * self.pixel_spacing[1] / BOX,
+                         self.slice_spacing])
+
+    def box_y(self) -> np.ndarray:
+        """Patient y (mm) of the box's 128 rows."""
+        return self.origin_xy[1] + ((np.arange(BOX) + 0.5) * self.rows / BOX - 0.5) * self.pixel_spacing[0]
+
+    def box_x(self) -> np.ndarray:
+        """Patient x (mm) of the box's 128 columns."""
+        return self.origin_xy[0] + ((np.arange(BOX) + 0.5) * self.columns / BOX - 0.5) * self.pixel_spacing[1]
+
+    def box_z(self) -> np.ndarray:
+        """Patient z (mm) of the box's 128 slices (descending; extrapolated where padded)."""
+        return self.slice_z[0] - (self.first_slice + np.arange(BOX)) * self.slice_spacing
+
+    def box_slices(self) -> tuple[np.ndarray, np.ndarray]:
+        """(box slice indices, CT slice indices) of the slices both have."""
+        ct = self.first_slice + np.arange(BOX)
+        inside = (ct >= 0) & (ct < len(self.slice_z))
+        return np.flatnonzero(inside), ct[inside]
+
+    def write(self, folder: os.PathLike | str) -> Path:
+        path = Path(folder) / SIDECAR_FILE
+        write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, folder: os.PathLike | str) -> "PatientGeometry":
+        path = Path(folder) / SIDECAR_FILE
+        if not path.is_file():
+            raise DicomInputError(path, "no DICOM sidecar: export needs a patient folder made by 'openkbp-dicom import'")
+        try:
+            fields = json.loads(path.read_text())
+            geometry = cls(**fields)
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
+            raise DicomInputError(path, f"sidecar is unreadable ({error})") from None
+        if geometry.format != SIDECAR_FORMAT:
+            raise DicomInputError(path, f"sidecar format {geometry.format}, expected {SIDECAR_FORMAT}")
+        return geometry
+
+
+def choose_first_slice(slices: int, centre: float | None) -> int:
+    """Box slice 0's CT slice: the box centred on ``centre`` (a fractional CT slice index, None for
+    the scan's middle), moved to lie inside the scan where the scan has 128 slices or more, and to
+    hold the whole scan where it has fewer."""
+    if centre is None:
+        centre = (slices - 1) / 2
+    first = int(round(centre - (BOX - 1) / 2))
+    if slices >= BOX:
+        return int(np.clip(first, 0, slices - BOX))
+    return int(np.clip(first, slices - BOX, 0))

@@ -1,0 +1,198 @@
+"""``openkbp-dicom import``: a CT series, an RTSTRUCT and optionally an RTDOSE to one patient folder
+in the OpenKBP layout, with the sidecar the export needs.
+
+- CT: Hounsfield units averaged onto the 128 × 128 in-plane grid, then stored as OpenKBP stores
+  it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset was
+  found in the OpenKBP data).
+- Structures: each ROI's contours filled on the CT's own pixels, averaged onto the 128 × 128 grid
+  and kept where at least half of a voxel is inside. Targets are made disjoint as in OpenKBP: a
+  voxel in several PTVs belongs to the highest.
+- Possible-dose mask: the BODY/External outline, else the CT above ``BODY_THRESHOLD_HU``.
+- Reference dose (``--rtdose``): trilinear at the box's voxel centres, zero outside the dose grid
+  and outside the possible-dose mask, to the challenge's three decimals.
+
+The folder is built beside its destination and moved into place whole, so a failed import leaves
+nothing behind; an earlier import at the destination (a folder with a sidecar) is replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import write_text_atomic
+from provided_code.constants import (
+    CT_FILE,
+    CT_MAX,
+    DOSE_FILE,
+    POSSIBLE_DOSE_MASK_FILE,
+    STRUCTURES,
+    TARGETS,
+    VOXEL_DIMENSIONS_FILE,
+)
+from provided_code.data.csv_io import write_dose_csv, write_sparse_csv
+from provided_code.dicom.ct_series import read_ct_series
+from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, area_weights, choose_first_slice
+from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
+from provided_code.dicom.rtdose import read_rtdose, sample_dose
+from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
+
+logger = logging.getLogger(__name__)
+
+HU_OFFSET = 1000.0  # ct.csv = HU + 1000: OpenKBP's air sits at 0, fat near 916, soft tissue near 1045
+BODY_THRESHOLD_HU = -400.0  # without a BODY contour, the possible-dose mask is the CT above this
+# The range of the OpenKBP patients' voxel sizes (mm); an import outside it is warned about.
+OPENKBP_IN_PLANE_MM = (2.0, 5.5)
+OPENKBP_SLICE_MM = (1.5, 3.3)
+
+
+@dataclasses.dataclass
+class ImportReport:
+    folder: Path
+    geometry: PatientGeometry
+    lines: list[str]  # what the user should read: the ROI matching, the mask's source, warnings
+    has_dose: bool
+
+
+class _Resampler:
+    """CT-grid planes to the box's 128 × 128 plane (area average over the same field of view)."""
+
+    def __init__(self, rows: int, columns: int):
+        self.along_rows = area_weights(rows, BOX)
+        self.along_columns = area_weights(columns, BOX)
+
+    def __call__(self, plane: np.ndarray) -> np.ndarray:
+        return self.along_rows @ plane.astype(np.float64) @ self.along_columns.T
+
+
+def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
+                   rtdose: os.PathLike | str | None = None, names: os.PathLike | str | None = None,
+                   allow_missing_targets: bool = False) -> ImportReport:
+    """Import one patient into the folder ``out`` (see the module docstring)."""
+    out = Path(out)
+    if out.exists() and not (out / SIDECAR_FILE).is_file() and any(out.iterdir()):
+        raise DicomInputError(out, "output folder exists and is not an earlier import; choose a new folder")
+    table = load_names(names)
+    ct = read_ct_series(ct_dir)
+    structure_set = read_rtstruct(rtstruct, ct.frame_of_reference_uid)
+    mapping = match_rois(structure_set.roi_names, table, structure_set.path)
+    lines = describe_matching(mapping, structure_set.roi_names)
+    absent = missing_targets(mapping)
+    if absent and not allow_missing_targets:
+        raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
+                                                  f"{', '.join(structure_set.roi_names)}); pass --names to map one, "
+                                                  f"or --allow-missing-targets")
+    dose_grid = read_rtdose(rtdose, ct.frame_of_reference_uid) if rtdose is not None else None
+
+    planes = {key: contours_by_slice(structure_set.contours[roi], ct.slice_z, roi, structure_set.path)
+              for key, roi in mapping.items()}
+    empty = [key for key in mapping if not planes[key]]
+    if any(key in TARGETS for key in empty) and not allow_missing_targets:
+        raise DicomInputError(structure_set.path, f"ROI {mapping[empty[0]]!r} ({empty[0]}) has no contours")
+    target_slices = [k for key in TARGETS if key in planes for k in planes[key]]
+    centre = (min(target_slices) + max(target_slices)) / 2 if target_slices else None
+    first = choose_first_slice(len(ct.slice_z), centre)
+    geometry = PatientGeometry(
+        rows=ct.hu.shape[1], columns=ct.hu.shape[2], pixel_spacing=ct.pixel_spacing.tolist(),
+        origin_xy=ct.origin_xy.tolist(), slice_z=ct.slice_z.tolist(), first_slice=first,
+        frame_of_reference_uid=ct.frame_of_reference_uid, series_instance_uid=ct.series_instance_uid,
+        sop_instance_uids=ct.sop_instance_uids, tags=ct.tags, structures=dict(mapping), hu_offset=HU_OFFSET)
+    box_slices, ct_slices = geometry.box_slices()
+    if target_slices and (min(target_slices) < ct_slices[0] or max(target_slices) > ct_slices[-1]):
+        lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
+                     f"128 of the box; the slices beyond it are left out")
+    lines += _check_voxel_size(geometry)
+
+    resample = _Resampler(geometry.rows, geometry.columns)
+    volume_ct = np.zeros((BOX, BOX, BOX), np.uint16)  # padded slices: air
+    for b, k in zip(box_slices, ct_slices):
+        volume_ct[:, :, b] = np.clip(np.rint(resample(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
+    masks = {key: _roi_in_box(planes[key], geometry, resample, box_slices, ct_slices) for key in mapping}
+    for higher, lower in ((2, 1), (2, 0), (1, 0)):  # PTV70 over PTV63 over PTV56, as OpenKBP's disjoint targets
+        if TARGETS[lower] in masks and TARGETS[higher] in masks:
+            masks[TARGETS[lower]] &= ~masks[TARGETS[higher]]
+    if BODY in masks and masks[BODY].any():
+        possible_dose_mask = masks.pop(BODY)
+        geometry.possible_dose_mask = f"ROI {mapping[BODY]!r}"
+    else:
+        masks.pop(BODY, None)
+        possible_dose_mask = np.zeros((BOX, BOX, BOX), bool)
+        for b, k in zip(box_slices, ct_slices):
+            possible_dose_mask[:, :, b] = resample(ct.hu[k]) > BODY_THRESHOLD_HU
+        geometry.possible_dose_mask = f"CT above {BODY_THRESHOLD_HU:g} HU (no BODY/External ROI)"
+    lines.append(f"possible-dose mask: {geometry.possible_dose_mask}")
+    for key in STRUCTURES:
+        if key in masks and not masks[key].any():
+            lines.append(f"warning: {key} ({mapping[key]!r}) covers no voxel of the 128³ box")
+    dose = None
+    if dose_grid is not None:
+        dose = sample_dose(dose_grid, geometry.box_y(), geometry.box_x(), geometry.box_z())
+        dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
+    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose)
+    logger.info("Imported %s into %s", ct_dir, out)
+    return ImportReport(out, geometry, lines, dose is not None)
+
+
+def _roi_in_box(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, resample: _Resampler,
+                box_slices: np.ndarray, ct_slices: np.ndarray) -> np.ndarray:
+    """An ROI's 128³ mask: each slice's contours filled on the CT's pixels, averaged to the box's
+    grid, kept where at least half inside."""
+    mask = np.zeros((BOX, BOX, BOX), bool)
+    origin, spacing = np.asarray(geometry.origin_xy), np.asarray(geometry.pixel_spacing)
+    for b, k in zip(box_slices, ct_slices):
+        if k not in planes:
+            continue
+        polygons = [np.stack([(p[:, 0] - origin[0]) / spacing[1], (p[:, 1] - origin[1]) / spacing[0]], axis=1)
+                    for p in planes[k]]  # (column, row) pixel units
+        filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
+        mask[:, :, b] = resample(filled) >= 0.5
+    return mask
+
+
+def _check_voxel_size(geometry: PatientGeometry) -> list[str]:
+    voxel = geometry.voxel_dimensions
+    lines = []
+    if not (OPENKBP_IN_PLANE_MM[0] <= min(voxel[:2]) and max(voxel[:2]) <= OPENKBP_IN_PLANE_MM[1]):
+        lines.append(f"warning: in-plane voxels of {voxel[0]:.2f} × {voxel[1]:.2f} mm are outside the OpenKBP "
+                     f"patients' {OPENKBP_IN_PLANE_MM[0]}-{OPENKBP_IN_PLANE_MM[1]} mm")
+    if not OPENKBP_SLICE_MM[0] <= voxel[2] <= OPENKBP_SLICE_MM[1]:
+        lines.append(f"warning: slice spacing {voxel[2]:.2f} mm is outside the OpenKBP patients' "
+                     f"{OPENKBP_SLICE_MM[0]}-{OPENKBP_SLICE_MM[1]} mm")
+    return lines
+
+
+def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: dict[str, np.ndarray],
+                  possible_dose_mask: np.ndarray, dose: np.ndarray | None) -> None:
+    """Write the patient folder beside ``out`` and move it into place whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        staging.mkdir()
+        flat_ct = ct.reshape(-1)
+        write_sparse_csv(staging / CT_FILE, np.flatnonzero(flat_ct), flat_ct[flat_ct != 0])
+        write_sparse_csv(staging / POSSIBLE_DOSE_MASK_FILE, np.flatnonzero(possible_dose_mask.reshape(-1)), None)
+        for key in STRUCTURES:
+            if key in masks and masks[key].any():
+                write_sparse_csv(staging / f"{key}.csv", np.flatnonzero(masks[key].reshape(-1)), None)
+        write_text_atomic(staging / VOXEL_DIMENSIONS_FILE,
+                          "".join(f"{v:.6g}\n" for v in geometry.voxel_dimensions.tolist()))
+        if dose is not None:
+            write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
+        geometry.write(staging)
+        if out.exists():  # an earlier import: swap it out, then remove it
+            old = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)

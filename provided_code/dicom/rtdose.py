@@ -1,0 +1,164 @@
+"""RT Dose: a planning system's dose read onto any points, and a dose written as an RT Dose object.
+
+Written doses are the RT Dose IOD as planning systems and 3D Slicer read it: dose in Gy, physical,
+32-bit unsigned pixels times ``DoseGridScaling``, one frame per CT slice (ascending z, offsets from
+the first), the CT's frame of reference, orientation, position and pixel spacing, the CT's patient
+and study tags, and new series and instance UIDs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import atomic_path
+from provided_code.dicom.ct_series import AXIAL
+from provided_code.dicom.errors import DicomInputError, require_pydicom
+from provided_code.dicom.files import read_required
+
+RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
+MAX_PIXEL = 2**32 - 1
+
+
+@dataclasses.dataclass
+class DoseGrid:
+    dose: np.ndarray  # (frames, rows, columns) float32 Gy
+    x: np.ndarray  # (columns,) mm
+    y: np.ndarray  # (rows,) mm
+    z: np.ndarray  # (frames,) mm
+
+
+def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGrid:
+    """An RT Dose file's dose in Gy and its grid; refused unless it is axial and on the CT's frame."""
+    path = Path(path)
+    dataset = read_required(path, "RTDOSE", "RTDOSE")
+    if str(dataset.get("FrameOfReferenceUID", "")) != frame_of_reference_uid:
+        raise DicomInputError(path, f"dose is in frame of reference {dataset.get('FrameOfReferenceUID')}, "
+                                    f"not the CT's {frame_of_reference_uid}")
+    orientation = np.array(dataset.get("ImageOrientationPatient", []), dtype=np.float64)
+    if orientation.shape != (6,) or not np.allclose(orientation, AXIAL, atol=1e-3):
+        raise DicomInputError(path, f"ImageOrientationPatient {orientation.round(4).tolist()} is not axial")
+    units = str(dataset.get("DoseUnits", "GY")).upper()
+    if units not in ("GY", "CGY"):
+        raise DicomInputError(path, f"DoseUnits {units!r}; expected GY")
+    try:
+        pixels = dataset.pixel_array
+    except Exception as error:
+        raise DicomInputError(path, f"cannot read the dose pixels ({type(error).__name__}: {error})") from None
+    pixels = pixels.reshape(int(dataset.get("NumberOfFrames", 1) or 1), int(dataset.Rows), int(dataset.Columns))
+    dose = pixels.astype(np.float64) * float(dataset.get("DoseGridScaling", 1.0))
+    if units == "CGY":
+        dose /= 100.0
+    position = np.array(dataset.ImagePositionPatient, dtype=np.float64)
+    spacing = np.array(dataset.PixelSpacing, dtype=np.float64)  # between rows, between columns
+    offsets = np.array(dataset.get("GridFrameOffsetVector", [0.0]), dtype=np.float64).reshape(-1)
+    if offsets.size != dose.shape[0]:
+        raise DicomInputError(path, f"GridFrameOffsetVector has {offsets.size} values for {dose.shape[0]} frames")
+    z = position[2] + offsets if offsets[0] == 0 else offsets  # relative offsets, or absolute z (both allowed)
+    return DoseGrid(dose=dose.astype(np.float32),
+                    x=position[0] + spacing[1] * np.arange(dose.shape[2]),
+                    y=position[1] + spacing[0] * np.arange(dose.shape[1]),
+                    z=z)
+
+
+def _linear_at(source: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """``(points, source)`` weights of linear interpolation at ``points`` along an evenly spaced
+    coordinate axis; zero rows for points outside it."""
+    weights = np.zeros((points.size, source.size))
+    if source.size == 1:
+        weights[np.abs(points - source[0]) < 1e-3, 0] = 1.0
+        return weights
+    position = (points - source[0]) / (source[1] - source[0])
+    inside = (position > -1e-6) & (position < source.size - 1 + 1e-6)
+    position = np.clip(position, 0, source.size - 1)
+    low = np.minimum(np.floor(position).astype(np.int64), source.size - 2)
+    fraction = position - low
+    rows = np.flatnonzero(inside)
+    weights[rows, low[rows]] = 1 - fraction[rows]
+    weights[rows, low[rows] + 1] += fraction[rows]
+    return weights
+
+
+def sample_dose(grid: DoseGrid, y: np.ndarray, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Trilinear dose (Gy) at every (y[i], x[j], z[k]): a ``(len(y), len(x), len(z))`` float32
+    array, zero outside the dose grid."""
+    along_z, along_y, along_x = _linear_at(grid.z, z), _linear_at(grid.y, y), _linear_at(grid.x, x)
+    by_frame = np.einsum("frc,ir,jc->ijf", grid.dose.astype(np.float64), along_y, along_x, optimize=True)
+    return np.einsum("ijf,kf->ijk", by_frame, along_z, optimize=True).astype(np.float32)
+
+
+def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, description: str = "Predicted dose") -> Path:
+    """Write ``dose`` (``(slices, rows, columns)`` Gy on the CT's grid, slices in the order of
+    ``geometry.slice_z``, descending) as an RT Dose on the CT of ``geometry`` (a
+    :class:`~provided_code.dicom.grid.PatientGeometry`), atomically."""
+    pydicom = require_pydicom()
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, PYDICOM_IMPLEMENTATION_UID, generate_uid
+
+    dose = np.asarray(dose, dtype=np.float64)
+    slice_z = np.asarray(geometry.slice_z, dtype=np.float64)
+    expected = (len(slice_z), geometry.rows, geometry.columns)
+    if dose.shape != expected:
+        raise ValueError(f"Invalid `dose`. Expected shape {expected}. Received: dose.shape={dose.shape}")
+    if not np.all(np.isfinite(dose)) or dose.min() < 0:
+        raise ValueError("Invalid `dose`. Expected finite, non-negative values. Received: NaN, infinity or < 0")
+    frames = dose[::-1]  # ascending z
+    z = slice_z[::-1]
+    # DoseGridScaling is a decimal string of at most 16 characters: quantise with the value it reads back as.
+    top = float(frames.max())
+    scaling = float(f"{top / MAX_PIXEL:.8e}") if top > 0 else 1.0
+    while top > 0 and np.round(top / scaling) > MAX_PIXEL:
+        scaling = float(f"{scaling * 1.0000001:.8e}")
+    pixels = np.round(frames / scaling).astype(np.uint32)
+
+    now = datetime.datetime.now()
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = RT_DOSE_STORAGE
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = RT_DOSE_STORAGE
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.SpecificCharacterSet = "ISO_IR 192"
+    for tag, value in geometry.tags.items():  # patient and study modules, as the CT has them
+        setattr(ds, tag, value)
+    ds.Modality = "RTDOSE"
+    ds.Manufacturer = "provided_code"
+    ds.SeriesInstanceUID = generate_uid()
+    ds.SeriesNumber = 9001
+    ds.SeriesDescription = description[:64]
+    ds.InstanceNumber = 1
+    ds.ContentDate = now.strftime("%Y%m%d")
+    ds.ContentTime = now.strftime("%H%M%S")
+    ds.InstanceCreationDate, ds.InstanceCreationTime = ds.ContentDate, ds.ContentTime
+    ds.FrameOfReferenceUID = geometry.frame_of_reference_uid
+    ds.PositionReferenceIndicator = ""
+    ds.ImagePositionPatient = [f"{geometry.origin_xy[0]:.6g}", f"{geometry.origin_xy[1]:.6g}", f"{z[0]:.6g}"]
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    ds.PixelSpacing = [f"{geometry.pixel_spacing[0]:.10g}", f"{geometry.pixel_spacing[1]:.10g}"]
+    ds.SliceThickness = f"{geometry.slice_spacing:.6g}"
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.NumberOfFrames = len(z)
+    ds.FrameIncrementPointer = pydicom.tag.Tag("GridFrameOffsetVector")
+    ds.Rows, ds.Columns = geometry.rows, geometry.columns
+    ds.BitsAllocated = ds.BitsStored = 32
+    ds.HighBit = 31
+    ds.PixelRepresentation = 0
+    ds.DoseUnits = "GY"
+    ds.DoseType = "PHYSICAL"
+    ds.DoseComment = description[:64]
+    ds.DoseSummationType = "PLAN"
+    ds.GridFrameOffsetVector = [f"{value:.6g}" for value in z - z[0]]
+    ds.DoseGridScaling = f"{scaling:.8e}"
+    ds.PixelData = pixels.tobytes()
+    path = Path(path)
+    with atomic_path(path, suffix=".dcm") as tmp:
+        ds.save_as(tmp, enforce_file_format=True)
+    return path

@@ -1,0 +1,105 @@
+"""An RTSTRUCT's ROIs: names, contours on the CT's slices, and the polygon fill that makes masks.
+
+A closed planar contour is filled by the even-odd rule at pixel centres; all contours of an ROI on
+one slice are filled together, so a contour inside another is a hole (as planning systems draw
+them). Open contours and points are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.files import read_required
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StructureSet:
+    path: Path
+    roi_names: list[str]  # in the file's order
+    contours: dict[str, list[np.ndarray]]  # ROI name -> closed planar contours, each (points, 3) mm (x, y, z)
+
+
+def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> StructureSet:
+    """The ROIs of an RTSTRUCT drawn on the CT whose frame of reference is given."""
+    path = Path(path)
+    dataset = read_required(path, "RTSTRUCT", "RTSTRUCT")
+    if "StructureSetROISequence" not in dataset:
+        raise DicomInputError(path, "RTSTRUCT has no StructureSetROISequence")
+    referenced = {str(item.get("FrameOfReferenceUID", "")) for item in dataset.get("ReferencedFrameOfReferenceSequence", [])}
+    roi_frames = {str(item.get("ReferencedFrameOfReferenceUID", "")) for item in dataset.StructureSetROISequence}
+    frames = (referenced | roi_frames) - {""}
+    if frames and frame_of_reference_uid not in frames:
+        raise DicomInputError(path, f"contours are in frame of reference {', '.join(sorted(frames))}, "
+                                    f"not the CT's {frame_of_reference_uid}")
+    names = {int(item.ROINumber): str(item.ROIName).strip() for item in dataset.StructureSetROISequence}
+    contours: dict[str, list[np.ndarray]] = {name: [] for name in names.values()}
+    skipped = 0
+    for item in dataset.get("ROIContourSequence", []):
+        name = names.get(int(item.ReferencedROINumber))
+        if name is None:
+            continue
+        for contour in item.get("ContourSequence", []):
+            if contour.get("ContourGeometricType", "CLOSED_PLANAR") != "CLOSED_PLANAR":
+                skipped += 1
+                continue
+            points = np.asarray(contour.ContourData, dtype=np.float64)
+            if points.size < 9 or points.size % 3:
+                raise DicomInputError(path, f"ROI {name!r} has a contour of {points.size} coordinates "
+                                            f"(need 3 per point, 3 points at least)")
+            contours[name].append(points.reshape(-1, 3))
+    if skipped:
+        logger.info("%s: left out %d open or point contours", path, skipped)
+    return StructureSet(path, list(names.values()), contours)
+
+
+def contours_by_slice(contours: list[np.ndarray], slice_z: np.ndarray, name: str, path: Path) -> dict[int, list[np.ndarray]]:
+    """CT slice index (of descending ``slice_z``) -> the contours (x, y in mm) drawn on it. A contour
+    that is not planar, or lies off every slice, is an error naming the ROI."""
+    spacing = float(slice_z[0] - slice_z[1])
+    planes: dict[int, list[np.ndarray]] = {}
+    for points in contours:
+        z = points[:, 2]
+        if np.ptp(z) > 0.01 * spacing + 1e-3:
+            raise DicomInputError(path, f"ROI {name!r} has a contour that is not on one axial plane "
+                                        f"(z from {z.min():g} to {z.max():g} mm)")
+        k = int(round((slice_z[0] - z.mean()) / spacing))
+        if k < 0 or k >= len(slice_z) or abs(slice_z[k] - z.mean()) > 0.25 * spacing:
+            raise DicomInputError(path, f"ROI {name!r} has a contour at z = {z.mean():g} mm, on no CT slice "
+                                        f"(the CT runs from {slice_z[-1]:g} to {slice_z[0]:g} mm every {spacing:g} mm)")
+        planes.setdefault(k, []).append(points[:, :2])
+    return planes
+
+
+def fill_polygons(polygons: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:
+    """A bool ``(rows, columns)`` mask of the pixel centres inside ``polygons`` by the even-odd rule.
+
+    Each polygon is ``(points, 2)`` in pixel units: (column, row), pixel centres at whole numbers.
+    """
+    rows, columns = shape
+    edges = []
+    for polygon in polygons:
+        start = np.asarray(polygon, dtype=np.float64)
+        edges.append(np.concatenate([start, np.roll(start, -1, axis=0)], axis=1))  # x1, y1, x2, y2
+    if not edges:
+        return np.zeros(shape, bool)
+    x1, y1, x2, y2 = np.concatenate(edges).T
+    low, high = np.minimum(y1, y2), np.maximum(y1, y2)
+    first = np.ceil(low).astype(np.int64)  # rows r with low <= r < high: a crossing, half-open
+    count = np.maximum(np.ceil(high).astype(np.int64) - first, 0)
+    edge = np.repeat(np.arange(x1.size), count)
+    row = first[edge] + (np.arange(edge.size) - np.repeat(np.cumsum(count) - count, count))
+    keep = (row >= 0) & (row < rows)
+    edge, row = edge[keep], row[keep]
+    x_cross = x1[edge] + (row - y1[edge]) * (x2[edge] - x1[edge]) / (y2[edge] - y1[edge])
+    column = np.clip(np.floor(x_cross).astype(np.int64) + 1, 0, columns)  # first centre right of the crossing
+    toggles = np.zeros((rows, columns + 1), np.int32)
+    np.add.at(toggles, (row, column), 1)
+    return (np.cumsum(toggles, axis=1)[:, :columns] & 1).astype(bool)

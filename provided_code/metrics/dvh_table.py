@@ -1,0 +1,30 @@
+"""A clinical DVH table: per structure the dose levels a physicist reads off a plan (Gy).
+
+D99, D95 and D50 are the doses that 99 %, 95 % and 50 % of the structure's voxels receive at
+least (the 1st, 5th and 50th percentiles), D1 the 99th percentile, Dmean the mean, Dmax the
+maximum; numpy's linear interpolation, in float64, as the challenge's scores use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from provided_code.constants import STRUCTURES
+
+CLINICAL_METRICS = ("D99", "D95", "D50", "Dmean", "D1", "Dmax")
+_PERCENTILES = (1.0, 5.0, 50.0)
+
+
+def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray]) -> dict[str, dict[str, float]]:
+    """``{structure: {metric: Gy}}`` for every structure with voxels; ``indices`` as
+    :func:`provided_code.metrics.scoring.structure_indices` gives them (flat, per structure)."""
+    flat = np.asarray(dose, dtype=np.float64).reshape(-1)
+    table = {}
+    for name, voxels in zip(STRUCTURES, indices):
+        if voxels.size == 0:
+            continue
+        values = flat[voxels]
+        d99, d95, d50 = np.percentile(values, _PERCENTILES)
+        table[name] = {"D99": float(d99), "D95": float(d95), "D50": float(d50), "Dmean": float(values.mean()),
+                       "D1": float(np.percentile(values, 99.0)), "Dmax": float(values.max())}
+    return table

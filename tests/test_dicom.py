@@ -1,0 +1,339 @@
+"""DICOM import and export: round trips through a writer of our own (phantom and real patient),
+pydicom's example RT files, an independent reader (SimpleITK) for the exported RT Dose, and the
+refused inputs."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
+
+from provided_code.constants import STRUCTURES, VOLUME_SHAPE  # noqa: E402
+from provided_code.data.csv_io import read_patient  # noqa: E402
+from provided_code.data.phantoms import make_phantom  # noqa: E402
+from provided_code.dicom.ct_series import read_ct_series  # noqa: E402
+from provided_code.dicom.errors import DicomInputError  # noqa: E402
+from provided_code.dicom.exporter import dose_on_ct_grid, export_dose  # noqa: E402
+from provided_code.dicom.grid import PatientGeometry, area_weights, choose_first_slice, linear_weights  # noqa: E402
+from provided_code.dicom.importer import import_patient  # noqa: E402
+from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
+from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
+from provided_code.dicom.rtstruct import fill_polygons, read_rtstruct  # noqa: E402
+from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+from tests.dicom_writer import write_patient  # noqa: E402
+
+OPENKBP_DICOM = [sys.executable, "-m", "provided_code.dicom_cli"]
+
+
+def dice(a, b):
+    return 2.0 * np.count_nonzero(a & b) / max(np.count_nonzero(a) + np.count_nonzero(b), 1)
+
+
+def phantom_volumes(seed=3):
+    volumes = make_phantom(seed)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    return volumes, masks
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A phantom written as a clinic's DICOM: 256 × 256 CT at half the voxel size, 128 slices,
+    shuffled file order, RTSTRUCT, RTDOSE; and its import."""
+    root = tmp_path_factory.mktemp("dicom")
+    volumes, masks = phantom_volumes()
+    patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"])
+    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose)
+    return volumes, patient, report
+
+
+def test_round_trip_gives_back_the_phantom(written):
+    volumes, patient, report = written
+    imported = read_patient(report.folder)
+    assert np.allclose(imported.voxel_dimensions, volumes["voxel_dimensions"])
+    assert np.abs(imported.ct.astype(int) - volumes["ct"].astype(int)).max() <= 1  # within 1 HU
+    for bit, name in enumerate(STRUCTURES):
+        assert dice((imported.structure_masks >> bit) & 1 == 1, volumes[name]) >= 0.95, name
+    assert dice(imported.possible_dose_mask, volumes["possible_dose_mask"]) >= 0.95
+    # the RT Dose was 16 bits (0.0012 Gy steps at 70 Gy) and the import keeps 3 decimals
+    assert np.abs(imported.dose - volumes["dose"]).max() <= 0.002
+    geometry = PatientGeometry.read(report.folder)
+    assert geometry.frame_of_reference_uid == patient.frame_of_reference_uid
+    assert geometry.rows == geometry.columns == 256 and geometry.first_slice == 0
+    assert geometry.structures["PTV70"] == "PTV_7000" and geometry.possible_dose_mask == "ROI 'External'"
+    assert any(line.startswith("PTV70") and "PTV_7000" in line for line in report.lines)
+
+
+def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path):
+    sitk = pytest.importorskip("SimpleITK")
+    nibabel = pytest.importorskip("nibabel")
+    volumes, patient, report = written
+    dose = volumes["dose"]
+    geometry = export_dose(report.folder, dose, tmp_path / "RD.dcm", nifti=tmp_path / "dose.nii.gz")
+    image = sitk.ReadImage(str(tmp_path / "RD.dcm"))
+    assert image.GetSize() == (256, 256, 128)
+    assert np.allclose(image.GetOrigin(), [*patient.origin_xy, patient.slice_z.min()], atol=1e-4)
+    assert np.allclose(image.GetSpacing(), [*patient.pixel_spacing[::-1], 2.5 if patient.slice_z[0] - patient.slice_z[1] == 2.5
+                                            else patient.slice_z[0] - patient.slice_z[1]], atol=1e-4)
+    rd = pydicom.dcmread(tmp_path / "RD.dcm")
+    assert rd.SOPClassUID == "1.2.840.10008.5.1.4.1.1.481.2" and rd.DoseUnits == "GY" and rd.BitsAllocated == 32
+    assert rd.FrameOfReferenceUID == patient.frame_of_reference_uid and rd.PatientID == "PHANTOM1"
+    ct_header = pydicom.dcmread(next(patient.ct_dir.iterdir()), stop_before_pixels=True)
+    assert rd.StudyInstanceUID == ct_header.StudyInstanceUID and rd.SeriesInstanceUID != ct_header.SeriesInstanceUID
+    values = sitk.GetArrayFromImage(image).astype(np.float64) * float(rd.DoseGridScaling)  # (z ascending, y, x)
+    expected = dose_on_ct_grid(dose, geometry)[::-1]
+    assert np.abs(values - expected).max() <= float(rd.DoseGridScaling)  # equal within the 32-bit scaling
+    # Independently of the export's interpolation: the fine pixel (2i, 2j) lies a quarter voxel
+    # before OpenKBP voxel (i, j) on both axes, so it is 9/16, 3/16, 3/16, 1/16 of four voxels.
+    k, i, j = 60, 70, 50
+    plane = dose[:, :, k].astype(np.float64)
+    hand = (9 * plane[i, j] + 3 * plane[i - 1, j] + 3 * plane[i, j - 1] + plane[i - 1, j - 1]) / 16
+    assert values[127 - k, 2 * i, 2 * j] == pytest.approx(hand, abs=1e-6)
+    nifti = nibabel.load(tmp_path / "dose.nii.gz")
+    assert nifti.shape == (256, 256, 128)
+    world = nifti.affine @ [2 * j, 2 * i, 127 - k, 1]  # RAS: DICOM x and y negated
+    assert np.allclose(world[:3], [-(patient.origin_xy[0] + 2 * j * patient.pixel_spacing[1]),
+                                   -(patient.origin_xy[1] + 2 * i * patient.pixel_spacing[0]), patient.slice_z[k]])
+    assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)
+
+
+@requires_sample
+def test_real_openkbp_patient_round_trip_with_more_slices_than_the_box(tmp_path):
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_1")
+    masks = {name: (source.structure_masks >> bit) & 1 == 1 for bit, name in enumerate(STRUCTURES)}
+    masks = {name: mask for name, mask in masks.items() if mask.any()}
+    masks["BODY"] = source.possible_dose_mask
+    patient = write_patient(tmp_path / "clinic", source.ct, masks, source.voxel_dimensions, source.dose,
+                            extra_slices=(12, 5), origin=(-248.0, -310.5), top_z=-40.0)
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose)
+    imported = read_patient(report.folder)
+    # The box is centred on the targets within the 145 written slices; compare where both have the slice.
+    targets = np.flatnonzero(((source.structure_masks >> 7) != 0).any(axis=(0, 1)))
+    first = choose_first_slice(145, 12 + (targets.min() + targets.max()) / 2)
+    assert report.geometry.first_slice == first
+    shift = first - 12  # imported box slice b is source slice b + shift
+    both = slice(max(0, -shift), 128 - max(0, shift))
+    src = slice(both.start + shift, both.stop + shift)
+    assert np.abs(imported.ct[:, :, both].astype(int) - source.ct[:, :, src].astype(int)).max() <= 1
+    for bit, name in enumerate(STRUCTURES):
+        if name in masks:
+            assert dice((imported.structure_masks[:, :, both] >> bit) & 1 == 1, masks[name][:, :, src]) >= 0.95, name
+    assert np.abs(imported.dose[:, :, both] - source.dose[:, :, src]).max() <= 0.003
+
+
+def test_fewer_slices_than_the_box_are_padded_with_air(tmp_path):
+    volumes, masks = phantom_volumes(seed=5)
+    keep = slice(20, 120)  # a 100-slice scan
+    patient = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                            volumes["voxel_dimensions"], factor=1)
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1")
+    imported = read_patient(report.folder, require_dose=False)
+    first = report.geometry.first_slice
+    assert -28 <= first <= 0
+    inside = slice(-first, -first + 100)
+    assert np.array_equal(imported.ct[:, :, inside], volumes["ct"][:, :, keep])
+    assert not imported.ct[:, :, :-first].any() and not imported.ct[:, :, -first + 100:].any()
+    assert imported.dose is None
+
+
+def test_polygon_fill_by_pixel_centres_with_a_hole():
+    square = np.array([[1.5, 1.5], [6.5, 1.5], [6.5, 5.5], [1.5, 5.5]])  # (column, row)
+    hole = np.array([[3.5, 2.5], [4.5, 2.5], [4.5, 3.5], [3.5, 3.5]])
+    mask = fill_polygons([square, hole], (8, 9))
+    expected = np.zeros((8, 9), bool)
+    expected[2:6, 2:7] = True
+    expected[3, 4] = False
+    assert np.array_equal(mask, expected)
+    triangle = np.array([[-0.3, -0.3], [10.2, -0.3], [-0.3, 10.2]])  # x + y < 9.9, x > -0.3, y > -0.3
+    rows, columns = np.mgrid[0:12, 0:12]
+    assert np.array_equal(fill_polygons([triangle], (12, 12)), rows + columns <= 9)
+    assert np.array_equal(fill_polygons([triangle + [0, 20]], (12, 12)), np.zeros((12, 12), bool))  # below the image
+
+
+def test_resampling_weights_average_and_interpolate_over_one_field_of_view():
+    assert np.allclose(area_weights(512, 128).sum(axis=1), 1)
+    assert np.allclose(area_weights(4, 2), [[0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5]])
+    assert np.allclose(area_weights(3, 2), [[2 / 3, 1 / 3, 0], [0, 1 / 3, 2 / 3]])
+    ramp = np.arange(128.0)
+    assert np.allclose(linear_weights(128, 256) @ ramp, np.clip((np.arange(256) + 0.5) / 2 - 0.5, 0, 127))
+
+
+def test_trilinear_dose_sampling_is_exact_for_a_linear_dose():
+    x, y, z = np.arange(10) * 2.5 - 20, np.arange(8) * 3.0 + 5, 40 - np.arange(6) * 2.0  # z descending too
+    dose = (0.3 * x[None, None, :] + 0.2 * y[None, :, None] + 0.5 * z[:, None, None] + 50).astype(np.float32)
+    grid = DoseGrid(dose, x, y, z)
+    py, px, pz = np.array([6.1, 20.0, 100.0]), np.array([-19.0, -1.3, 2.0]), np.array([39.0, 31.5])
+    sampled = sample_dose(grid, py, px, pz)
+    expected = 0.3 * px[None, :, None] + 0.2 * py[:, None, None] + 0.5 * pz[None, None, :] + 50
+    assert np.allclose(sampled[:2], expected[:2], atol=1e-4)
+    assert not sampled[2].any()  # y = 100 mm is outside the dose grid
+
+
+def test_names_cover_the_common_forms_and_a_file_overrides():
+    contract = {"PTV70": "PTV70", "PTV_70": "PTV70", "PTV_7000": "PTV70", "Parotid_L": "LeftParotid",
+                "Parotid_R": "RightParotid", "Brainstem": "Brainstem", "SpinalCord": "SpinalCord",
+                "Esophagus": "Esophagus", "Larynx": "Larynx", "Mandible": "Mandible", "BODY": "BODY",
+                "External": "BODY", "ptv_56": "PTV56", "L Parotid": "LeftParotid"}
+    for roi, structure in contract.items():
+        assert match_rois([roi], DEFAULT_NAMES, "RS.dcm") == {structure: roi}, roi
+        assert match_rois([roi.upper()], DEFAULT_NAMES, "RS.dcm") == {structure: roi.upper()}
+    with pytest.raises(DicomInputError, match="'PTV70', 'PTV_7000' all match PTV70"):
+        match_rois(["PTV70", "PTV_7000"], DEFAULT_NAMES, "RS.dcm")
+
+
+def test_names_file_replaces_lists_and_bad_files_are_named(tmp_path):
+    path = tmp_path / "names.json"
+    path.write_text(json.dumps({"PTV70": ["PTV_High"], "BODY": "Contour_Ext"}))
+    table = load_names(path)
+    assert match_rois(["PTV_High", "PTV70", "contour ext"], table, "RS.dcm") == {"PTV70": "PTV_High", "BODY": "contour ext"}
+    path.write_text(json.dumps({"Heart": ["Heart"]}))
+    with pytest.raises(DicomInputError, match=r"names.json: unknown structure 'Heart'"):
+        load_names(path)
+    path.write_text("{nope")
+    with pytest.raises(DicomInputError, match=r"names.json: names file is not JSON"):
+        load_names(path)
+
+
+def test_pydicom_example_rt_files(tmp_path):
+    from pydicom.data import get_testdata_file
+
+    rtstruct = get_testdata_file("rtstruct.dcm")  # no preamble: read as clinical exports without one are
+    frame = pydicom.dcmread(rtstruct, force=True).ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID
+    structures = read_rtstruct(rtstruct, frame)
+    assert structures.roi_names and all(isinstance(c, np.ndarray) and c.shape[1] == 3
+                                        for contours in structures.contours.values() for c in contours)
+    with pytest.raises(DicomInputError, match="not the CT's 1.2.3"):
+        read_rtstruct(rtstruct, "1.2.3")
+    rtdose = get_testdata_file("rtdose.dcm")
+    dataset = pydicom.dcmread(rtdose)
+    with pytest.raises(DicomInputError, match="rtdose.dcm: DoseUnits 'RELATIVE'; expected GY"):
+        read_rtdose(rtdose, dataset.FrameOfReferenceUID)  # pydicom's example is a relative dose
+    dataset.DoseUnits = "GY"
+    rtdose = tmp_path / "rtdose.dcm"
+    dataset.save_as(rtdose)
+    grid = read_rtdose(rtdose, dataset.FrameOfReferenceUID)
+    assert grid.dose.shape == (dataset.NumberOfFrames, dataset.Rows, dataset.Columns) and grid.dose.max() > 0
+    with pytest.raises(DicomInputError, match="rtdose.dcm: dose is in frame of reference"):
+        read_rtdose(rtdose, "1.2.3")
+    with pytest.raises(DicomInputError, match=r"CT_small.dcm: not an RTSTRUCT \(modality 'CT'\)"):
+        read_rtstruct(get_testdata_file("CT_small.dcm"), frame)
+
+
+@pytest.fixture(scope="module")
+def small_clinic(tmp_path_factory):
+    """A 128 × 128 phantom export (factor 1) to break in the error tests."""
+    root = tmp_path_factory.mktemp("small-clinic")
+    volumes, masks = phantom_volumes(seed=9)
+    write_patient(root, volumes["ct"], masks, volumes["voxel_dimensions"], factor=1)
+    return root
+
+
+def _copy(small_clinic, tmp_path):
+    return Path(shutil.copytree(small_clinic, tmp_path / "clinic"))
+
+
+def _refused(tmp_path, ct_dir, rtstruct, match, **kwargs):
+    out = tmp_path / "out" / "pt_1"
+    with pytest.raises(DicomInputError, match=match) as caught:
+        import_patient(ct_dir, rtstruct, out, **kwargs)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
+    return caught.value
+
+
+def test_refused_inputs_name_the_file_and_leave_nothing(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    rs = clinic / "RS.dcm"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _refused(tmp_path, empty, rs, "CT folder is empty").path == str(empty)
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "notes.txt").write_text("not dicom")
+    (text / "image.dcm").write_bytes(b"\0" * 300)
+    _refused(tmp_path, text, rs, r"no DICOM file among its 2 files")
+    _refused(tmp_path, clinic / "ct", tmp_path / "none.dcm", "RTSTRUCT file is missing")
+
+    files = sorted((clinic / "ct").iterdir(), key=lambda p: -float(pydicom.dcmread(p).ImagePositionPatient[2]))
+    gap = files[60]
+    moved = tmp_path / gap.name
+    shutil.move(gap, moved)
+    error = _refused(tmp_path, clinic / "ct", rs, r"1 missing slice\(s\): slices at z = ")
+    assert files[59].name in str(error) and files[61].name in str(error)
+    shutil.move(moved, gap)
+
+    other = pydicom.dcmread(files[10])
+    other.SeriesInstanceUID = "1.2.826.0.1.3680043.8.498.1"
+    other.SOPInstanceUID = pydicom.uid.generate_uid()
+    other.save_as(clinic / "ct" / "other-series.dcm")
+    _refused(tmp_path, clinic / "ct", rs, r"holds 2 CT series: .*other-series.dcm")
+    (clinic / "ct" / "other-series.dcm").unlink()
+
+    tilted = pydicom.dcmread(files[5])
+    tilted.ImageOrientationPatient = [1, 0, 0, 0, 0.866, -0.5]
+    tilted.save_as(files[5])
+    _refused(tmp_path, clinic / "ct", rs, rf"{files[5].name}: ImageOrientationPatient .* is not axial")
+
+
+def test_refused_structure_sets(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    rs = pydicom.dcmread(clinic / "RS.dcm")
+    rs.ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID = "1.2.3.4"
+    for roi in rs.StructureSetROISequence:
+        roi.ReferencedFrameOfReferenceUID = "1.2.3.4"
+    rs.save_as(tmp_path / "other-frame.dcm")
+    _refused(tmp_path, clinic / "ct", tmp_path / "other-frame.dcm", r"other-frame.dcm: contours are in frame of reference 1.2.3.4")
+
+    rs = pydicom.dcmread(clinic / "RS.dcm")
+    for roi in rs.StructureSetROISequence:
+        if roi.ROIName == "PTV_7000":
+            roi.ROIName = "GTV"
+    rs.save_as(tmp_path / "no-ptv70.dcm")
+    _refused(tmp_path, clinic / "ct", tmp_path / "no-ptv70.dcm", r"no-ptv70.dcm: no ROI for PTV70 \(ROIs: .*GTV")
+    report = import_patient(clinic / "ct", tmp_path / "no-ptv70.dcm", tmp_path / "allowed", allow_missing_targets=True)
+    assert "missing: PTV70" in report.lines and "unused ROIs: 'GTV'" in report.lines
+    assert not (tmp_path / "allowed" / "PTV70.csv").exists() and (tmp_path / "allowed" / "PTV63.csv").exists()
+
+
+def test_without_a_body_contour_the_mask_comes_from_the_ct(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    rs = pydicom.dcmread(clinic / "RS.dcm")
+    for roi in rs.StructureSetROISequence:
+        if roi.ROIName == "External":
+            roi.ROIName = "Couch"
+    rs.save_as(clinic / "RS.dcm")
+    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
+    assert "possible-dose mask: CT above -400 HU (no BODY/External ROI)" in report.lines
+    volumes, _ = phantom_volumes(seed=9)
+    assert dice(read_patient(report.folder, require_dose=False).possible_dose_mask, volumes["possible_dose_mask"]) >= 0.95
+
+
+def test_command_line_import_and_export_and_a_one_line_error(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    result = subprocess.run([*OPENKBP_DICOM, "import", "--ct", str(clinic / "ct"), "--rtstruct", str(clinic / "RS.dcm"),
+                             "--out", str(tmp_path / "pt_1")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "PTV70        <- 'PTV_7000'" in result.stdout and "possible-dose mask: ROI 'External'" in result.stdout
+    prediction = tmp_path / "pt_1.csv"
+    shutil.copy(tmp_path / "pt_1" / "ct.csv", prediction)  # any sparse 128³ volume will do
+    result = subprocess.run([*OPENKBP_DICOM, "export", "--patient", str(tmp_path / "pt_1"), "--prediction", str(prediction),
+                             "--out", str(tmp_path / "RD.dcm")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert pydicom.dcmread(tmp_path / "RD.dcm").Rows == 128
+    result = subprocess.run([*OPENKBP_DICOM, "import", "--ct", str(tmp_path / "nowhere"), "--rtstruct",
+                             str(clinic / "RS.dcm"), "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "nowhere: CT folder does not exist" in result.stderr and not (tmp_path / "x").exists()
+
+
+def test_read_ct_series_orders_slices_and_applies_the_rescale(written):
+    volumes, patient, _ = written
+    series = read_ct_series(patient.ct_dir)
+    assert np.all(np.diff(series.slice_z) < 0) and series.hu.shape == (128, 256, 256)
+    assert np.array_equal(series.hu[40, ::2, ::2], volumes["ct"][:, :, 40].astype(np.float32) - 1000)
+    assert VOLUME_SHAPE == (128, 128, 128)
