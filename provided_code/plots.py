@@ -78,7 +78,7 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
         hottest = reference if has_reference else predicted
         centre = np.unravel_index(int(np.argmax(hottest)), hottest.shape)
     else:
-        centre = np.round(np.mean(np.unravel_index(centre_voxels, reference.shape), axis=1)).astype(int)
+        centre = np.round(np.mean(np.unravel_index(centre_voxels, predicted.shape), axis=1)).astype(int)
     ct = arrays.ct[row].reshape(predicted.shape).astype(np.float32)
     masks = arrays.structure_masks[row].reshape(predicted.shape)
     views = (("axial", 2), ("coronal", 0), ("sagittal", 1))  # axis 2 superior-inferior, 0 AP, 1 LR

@@ -46,7 +46,7 @@ from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_
 
 logger = logging.getLogger(__name__)
 
-HU_OFFSET = 1000.0  # ct.csv = HU + 1000: OpenKBP's air sits at 0, fat near 916, soft tissue near 1045
+HU_OFFSET = 1000.0  # ct.csv = HU + 1000: OpenKBP air sits at 0, fat near 908, soft tissue near 1045 (README)
 BODY_THRESHOLD_HU = -400.0  # without a BODY contour, the possible-dose mask is the CT above this
 # The range of the OpenKBP patients' voxel sizes (mm); an import outside it is warned about.
 OPENKBP_IN_PLANE_MM = (2.0, 5.5)
