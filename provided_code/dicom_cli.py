@@ -27,7 +27,8 @@ def _user_errors():
 
 def _import_options(command):
     for option in reversed((
-        click.option("--ct", "ct_dir", required=True, help="Folder of the CT series (other DICOM objects in it are ignored)."),
+        click.option("--ct", "ct_dir", required=True,
+                     help="Folder of the CT series (other DICOM objects in it are ignored)."),
         click.option("--rtstruct", required=True, help="The RTSTRUCT file drawn on that CT."),
         click.option("--rtdose", default=None, help="The clinic's RTDOSE: becomes dose.csv (reference for scoring)."),
         click.option("--names", default=None,
@@ -82,10 +83,12 @@ def export_command(patient_dir, prediction, out, nifti):
 
 @main.command("predict")
 @click.option("--model-dir", required=True, help="A trained run's folder, e.g. results/unet.")
-@click.option("--epoch", default=None, help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
+@click.option("--epoch", default=None,
+              help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
 @_import_options
-@click.option("--out", "out_dir", required=True, help="Output folder: RD.dcm, dose.nii.gz, dvh.csv, dvh.json, patient/.")
+@click.option("--out", "out_dir", required=True,
+              help="Output folder: RD.dcm, dose.nii.gz, dvh.csv, dvh.json, patient/.")
 @click.option("--no-plots", is_flag=True, help="Skip the DVH and slice PNGs.")
 def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""

@@ -107,15 +107,15 @@ def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tupl
     models_dir = Path(models_dir)
     saved = read_saved_config(models_dir)
     if saved is None:
-        raise FileNotFoundError(f"No trained model in {models_dir}: it has no config.json. Train it first, or "
-                                f"pass the --model-name and --results-dir it was trained with.")
+        raise FileNotFoundError(f"No trained model {models_dir.parent.name!r}: {models_dir} has no config.json. "
+                                f"Train it first, or pass the --model-name and --results-dir it was trained with.")
     keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
     if epoch == "best":
         epoch, model = load_best(models_dir)
     else:
         loaded = load_newest(models_dir, epoch=epoch, compile=False)
         if loaded is None:
-            raise FileNotFoundError(f"No checkpoint of model {saved.model_name!r} loads from {models_dir}.")
+            raise FileNotFoundError(f"No checkpoint of model {models_dir.parent.name!r} loads from {models_dir}.")
         epoch, model = loaded
     return saved, epoch, model
 

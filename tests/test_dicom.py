@@ -78,8 +78,8 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     image = sitk.ReadImage(str(tmp_path / "RD.dcm"))
     assert image.GetSize() == (256, 256, 128)
     assert np.allclose(image.GetOrigin(), [*patient.origin_xy, patient.slice_z.min()], atol=1e-4)
-    assert np.allclose(image.GetSpacing(), [*patient.pixel_spacing[::-1], 2.5 if patient.slice_z[0] - patient.slice_z[1] == 2.5
-                                            else patient.slice_z[0] - patient.slice_z[1]], atol=1e-4)
+    slice_spacing = patient.slice_z[0] - patient.slice_z[1]
+    assert np.allclose(image.GetSpacing(), [*patient.pixel_spacing[::-1], slice_spacing], atol=1e-4)
     rd = pydicom.dcmread(tmp_path / "RD.dcm")
     assert rd.SOPClassUID == "1.2.840.10008.5.1.4.1.1.481.2" and rd.DoseUnits == "GY" and rd.BitsAllocated == 32
     assert rd.FrameOfReferenceUID == patient.frame_of_reference_uid and rd.PatientID == "PHANTOM1"
@@ -363,3 +363,19 @@ def test_heart_rasterised_on_the_dose_grid_matches_dicompyler_core():
     assert doses.max() == pytest.approx(3.1, abs=0.01) and doses.min() == pytest.approx(0.03, abs=0.01)
     planning_system = pydicom.dcmread(data / "heart_rtdose.dcm").DVHSequence[0]
     assert volume_cc == pytest.approx(float(planning_system.DVHData[1]), rel=0.01)
+
+
+def test_an_earlier_import_is_replaced_and_a_foreign_folder_refused(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    out = tmp_path / "pt_1"
+    import_patient(clinic / "ct", clinic / "RS.dcm", out)
+    (out / "stale.csv").write_text("left over\n")
+    import_patient(clinic / "ct", clinic / "RS.dcm", out)
+    assert not (out / "stale.csv").exists() and (out / "dicom.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folders left
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(DicomInputError, match="mine: output folder exists and is not an earlier import"):
+        import_patient(clinic / "ct", clinic / "RS.dcm", foreign)
+    assert (foreign / "notes.txt").read_text() == "keep me"

@@ -88,7 +88,8 @@ def read_ct_series(folder: os.PathLike | str) -> CTSeries:
         by_series.setdefault(_text(header.get("SeriesInstanceUID")), []).append((path, header))
     if len(by_series) > 1:
         parts = [f"{uid or '(none)'} ({len(items)} files, e.g. {items[0][0].name})" for uid, items in by_series.items()]
-        raise DicomInputError(folder, f"holds {len(by_series)} CT series: {'; '.join(parts)}; give one series per folder")
+        raise DicomInputError(folder, f"holds {len(by_series)} CT series: {'; '.join(parts)}; "
+                                      f"give one series per folder")
     return _assemble(images)
 
 
@@ -104,7 +105,8 @@ def _assemble(images) -> CTSeries:
                                         f"[1, 0, 0, 0, 1, 0] (supine); other orientations are not supported")
         for tag in ("Rows", "Columns"):
             if header.get(tag) != first.get(tag):
-                raise DicomInputError(path, f"{tag} {header.get(tag)} differs from {first.get(tag)} in {first_path.name}")
+                raise DicomInputError(path, f"{tag} {header.get(tag)} differs from {first.get(tag)} "
+                                            f"in {first_path.name}")
         if not np.allclose(np.array(header.PixelSpacing, float), np.array(first.PixelSpacing, float), atol=1e-4):
             raise DicomInputError(path, f"PixelSpacing {list(header.PixelSpacing)} differs from "
                                         f"{list(first.PixelSpacing)} in {first_path.name}")
@@ -160,7 +162,8 @@ def _check_spacing(z: np.ndarray, paths: list[Path]) -> None:
     same = np.flatnonzero(steps < 1e-3)
     if same.size:
         k = int(same[0])
-        raise DicomInputError(paths[k + 1], f"two CT slices at z = {z[k]:g} mm ({paths[k].name} and {paths[k + 1].name})")
+        raise DicomInputError(paths[k + 1], f"two CT slices at z = {z[k]:g} mm "
+                                            f"({paths[k].name} and {paths[k + 1].name})")
     spacing = float(np.median(steps))
     uneven = np.flatnonzero(np.abs(steps - spacing) > max(0.01 * spacing, 1e-3))
     if uneven.size:

@@ -108,7 +108,8 @@ class PatientGeometry:
     def read(cls, folder: os.PathLike | str) -> "PatientGeometry":
         path = Path(folder) / SIDECAR_FILE
         if not path.is_file():
-            raise DicomInputError(path, "no DICOM sidecar: export needs a patient folder made by 'openkbp-dicom import'")
+            raise DicomInputError(path, "no DICOM sidecar: export needs a patient folder made by "
+                                        "'openkbp-dicom import'")
         try:
             fields = json.loads(path.read_text())
             geometry = cls(**fields)

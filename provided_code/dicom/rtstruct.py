@@ -33,7 +33,8 @@ def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> Struc
     dataset = read_required(path, "RTSTRUCT", "RTSTRUCT")
     if "StructureSetROISequence" not in dataset:
         raise DicomInputError(path, "RTSTRUCT has no StructureSetROISequence")
-    referenced = {str(item.get("FrameOfReferenceUID", "")) for item in dataset.get("ReferencedFrameOfReferenceSequence", [])}
+    referenced = {str(item.get("FrameOfReferenceUID", ""))
+                  for item in dataset.get("ReferencedFrameOfReferenceSequence", [])}
     roi_frames = {str(item.get("ReferencedFrameOfReferenceUID", "")) for item in dataset.StructureSetROISequence}
     frames = (referenced | roi_frames) - {""}
     if frames and frame_of_reference_uid not in frames:
@@ -60,7 +61,8 @@ def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> Struc
     return StructureSet(path, list(names.values()), contours)
 
 
-def contours_by_slice(contours: list[np.ndarray], slice_z: np.ndarray, name: str, path: Path) -> dict[int, list[np.ndarray]]:
+def contours_by_slice(contours: list[np.ndarray], slice_z: np.ndarray, name: str,
+                      path: Path) -> dict[int, list[np.ndarray]]:
     """CT slice index (of descending ``slice_z``) -> the contours (x, y in mm) drawn on it. A contour
     that is not planar, or lies off every slice, is an error naming the ROI."""
     spacing = float(slice_z[0] - slice_z[1])
