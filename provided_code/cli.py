@@ -11,6 +11,7 @@ import click
 from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig, read_tf_config
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
+from provided_code.errors import UserError
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -29,18 +30,15 @@ def _setup_logging() -> None:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
 
 
-def _user_errors():
-    """The exceptions that mean bad input (shown as a message, not a traceback)."""
-    from provided_code.config import ConfigError
-    from provided_code.data.csv_io import PatientDataError, SplitError
+# Bad input or settings, and a file the run cannot read or write: shown as one line, not a traceback.
+USER_ERRORS = (UserError, OSError)
 
-    errors = (ConfigError, PatientDataError, SplitError, FileNotFoundError)
-    # These can only come from their modules once imported; importing them here would load TensorFlow.
-    for module, name in (("provided_code.predict", "PredictionError"), ("provided_code.training.train", "WorkerLostError"),
-                         ("provided_code.training.checkpoints", "CheckpointError")):
-        if module in sys.modules:
-            errors += (getattr(sys.modules[module], name),)
-    return errors
+
+def one_line(error: Exception) -> str:
+    """The message of a user error; for an OSError, the path and the reason."""
+    if isinstance(error, OSError) and not isinstance(error, UserError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror or error}"
+    return str(error)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -89,6 +87,9 @@ def _user_errors():
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
 @click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
+@click.option("--start-over", is_flag=True,
+              help="Train this model from scratch: its checkpoints, config and log are moved into "
+                   "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
               help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
@@ -96,7 +97,7 @@ def _user_errors():
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
-def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, **options):
+def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
@@ -122,9 +123,10 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, **options):
         from provided_code.training.train import train
 
         # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
-        result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0)
-    except _user_errors() as error:
-        raise click.ClickException(str(error)) from None
+        result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0,
+                       start_over=start_over)
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
     if result.first_epoch >= result.last_epoch:
         click.echo(f"Model {config.model_name} is already trained to epoch {result.first_epoch}; nothing to do.")
     else:
@@ -147,12 +149,12 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     from pathlib import Path
 
     _setup_logging()
-    from provided_code.metrics.scoring import score_prediction_folder
+    from provided_code.score_folder import score_prediction_folder, write_score_reports
 
     try:
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)
-    except _user_errors() as error:
-        raise click.ClickException(str(error)) from None
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
     if json_path is not None:
-        scores.write_reports(Path(json_path), Path(json_path).with_suffix(".csv"))
+        write_score_reports(scores, Path(json_path), Path(json_path).with_suffix(".csv"))
     click.echo(json.dumps(scores.summary(), indent=2))

@@ -25,7 +25,8 @@ from provided_code.dicom.exporter import export_dose
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
-from provided_code.predict import load_trained_model, predict_full_resolution
+from provided_code.inference import predict_full_resolution
+from provided_code.predict import load_trained_model
 from provided_code.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from provided_code.data.augment import parse_augment
+from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 from provided_code.data.resample import RESOLUTIONS
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -20,8 +21,6 @@ LR_SCHEDULES = ("constant", "cosine")
 CONFIG_FILE = "config.json"
 
 
-class ConfigError(ValueError):
-    """A bad setting, or a resume whose settings contradict the saved run."""
 
 
 @dataclasses.dataclass

@@ -3,26 +3,11 @@ Dose, or both around a trained model in one command. Prints; TensorFlow loads on
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from provided_code.cli import _setup_logging, click_progress
+from provided_code.cli import USER_ERRORS, _setup_logging, click_progress, one_line
 
 _PATHS = {"exists": False, "dir_okay": True, "file_okay": True}
-
-
-def _user_errors():
-    from provided_code.config import ConfigError
-    from provided_code.data.csv_io import PatientDataError
-    from provided_code.dicom.errors import DicomInputError
-
-    errors = (DicomInputError, PatientDataError, ConfigError, FileNotFoundError)
-    for module, name in (("provided_code.predict", "PredictionError"),
-                         ("provided_code.training.checkpoints", "CheckpointError")):
-        if module in sys.modules:
-            errors += (getattr(sys.modules[module], name),)
-    return errors
 
 
 def _import_options(command):
@@ -55,8 +40,8 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
     try:
         report = import_patient(ct_dir, rtstruct, out, rtdose=rtdose, names=names,
                                 allow_missing_targets=allow_missing_targets)
-    except _user_errors() as error:
-        raise click.ClickException(str(error)) from None
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
     click.echo("\n".join(report.lines))
     voxel = report.geometry.voxel_dimensions
     click.echo(f"Wrote {report.folder} (voxels {voxel[0]:.2f} × {voxel[1]:.2f} × {voxel[2]:.2f} mm"
@@ -76,8 +61,8 @@ def export_command(patient_dir, prediction, out, nifti):
     try:
         dose = read_dose_csv(prediction)
         export_dose(patient_dir, dose, out, nifti=nifti)
-    except _user_errors() as error:
-        raise click.ClickException(str(error)) from None
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
     click.echo(f"Wrote {out}" + (f" and {nifti}" if nifti else ""))
 
 
@@ -104,8 +89,8 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,
                                        plots=not no_plots, progress=click_progress)
-    except _user_errors() as error:
-        raise click.ClickException(str(error)) from None
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())
 
 

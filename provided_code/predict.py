@@ -8,24 +8,19 @@ import zipfile
 from pathlib import Path
 
 import keras
-import numpy as np
 
 from provided_code.atomic import atomic_path
 from provided_code.config import TrainConfig, read_saved_config
-from provided_code.constants import LEFT_PAROTID_BIT, LEFT_RIGHT_AXIS, RIGHT_PAROTID_BIT
-from provided_code.data.batches import epoch_batches
-from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
-from provided_code.data.resample import downsample_split, upsample_dose
+from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.progress import Progress, no_progress
+from provided_code.run_lock import RunLock
+from provided_code.score_folder import write_score_reports
 from provided_code.training.checkpoints import load_best, load_newest
 
 logger = logging.getLogger(__name__)
-
-
-class PredictionError(RuntimeError):
-    """A model's predictions are unusable (not finite)."""
 
 
 @dataclasses.dataclass
@@ -47,57 +42,6 @@ class PredictionReport:
         else:
             lines.append("No reference doses in this stage: not scored.")
         return "\n".join(lines)
-
-
-def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
-    """Flip a bitfield volume left-right and swap the RightParotid and LeftParotid bits."""
-    flipped = np.flip(structure_masks, axis=axis)
-    right = (flipped & RIGHT_PAROTID_BIT) != 0
-    left = (flipped & LEFT_PAROTID_BIT) != 0
-    swapped = flipped & ~np.uint16(RIGHT_PAROTID_BIT | LEFT_PAROTID_BIT)
-    return (swapped | np.where(right, LEFT_PAROTID_BIT, 0).astype(np.uint16)
-            | np.where(left, RIGHT_PAROTID_BIT, 0).astype(np.uint16))
-
-
-def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = False,
-                   progress: Progress = no_progress) -> np.ndarray:
-    """Doses ``(N, R, R, R)`` float32 Gy at the arrays' resolution, in batches.
-
-    ``model``: a ``keras.Model``, or any callable from a batch's inputs to its doses.
-    With ``tta``, the mean of the prediction and the left-right mirrored prediction of the
-    mirrored patient (parotids swapped), mirrored back.
-    """
-    predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
-    axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
-    out = np.empty(arrays.ct.shape, np.float32)
-    batches = epoch_batches(len(arrays), batch_size, seed=0, epoch=0, shuffle=False)
-    for rows in progress(batches, len(batches), "Predicting"):
-        inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
-        dose = np.asarray(predict_batch(inputs))[..., 0]
-        if tta:
-            mirrored = {"ct": np.ascontiguousarray(np.flip(inputs["ct"], axis)),
-                        "structure_masks": np.ascontiguousarray(mirror_left_right(inputs["structure_masks"], axis))}
-            dose = 0.5 * (dose + np.flip(np.asarray(predict_batch(mirrored))[..., 0], axis))
-        out[rows] = dose
-    return out
-
-
-def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
-                            progress: Progress = no_progress, label: str = "") -> np.ndarray:
-    """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
-    brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
-
-    Raises :class:`PredictionError` naming the patients whose predictions are not finite
-    (``label`` says whose model, for the message).
-    """
-    low = predict_arrays(model, downsample_split(arrays, resolution), batch_size, tta, progress)
-    broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
-    if broken:
-        raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")
-    predictions = np.empty(arrays.dose.shape, np.float32)
-    for row in range(len(arrays)):
-        predictions[row] = upsample_dose(low[row], arrays.possible_dose_mask[row])
-    return predictions
 
 
 def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tuple[TrainConfig, int, keras.Model]:
@@ -134,6 +78,15 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | s
         from provided_code.plots import require_matplotlib
 
         require_matplotlib()
+    if not config.models_dir.is_dir():
+        raise FileNotFoundError(f"No trained model {config.model_name!r}: {config.models_dir} has no config.json. "
+                                f"Train it first, or pass the --model-name and --results-dir it was trained with.")
+    with RunLock(config.run_dir, f"--predict-only --stage {stage}"):
+        return _predict_stage(config, stage, epoch, tta, plots, progress)
+
+
+def _predict_stage(config: TrainConfig, stage: str, epoch: int | str | None, tta: bool, plots: bool,
+                   progress: Progress) -> PredictionReport:
     saved, epoch, model = load_trained_model(config.models_dir, epoch)
 
     stage_dir = Path(config.data_dir) / f"{stage}-pats"
@@ -157,7 +110,7 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | s
     if arrays.has_dose.all():
         scores = score_split(arrays, lambda row: predictions[row], progress)
         scores_path = config.run_dir / f"{stage}-scores.json"
-        scores.write_reports(scores_path, config.run_dir / f"{stage}-scores.csv")
+        write_score_reports(scores, scores_path, config.run_dir / f"{stage}-scores.csv")
     elif arrays.has_dose.any():
         logger.warning("Only some %s patients have dose.csv: not scored", stage)
     if plots:

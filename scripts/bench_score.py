@@ -4,7 +4,7 @@
 
 Predictions are the reference doses perturbed (×U(0.9, 1.1) + 0.5 Gy inside the possible-dose
 mask), written as CSVs to a temporary folder. Side by side in one run: the straightforward
-per-metric pandas loop (metrics/dvh_loop.py, parsing every CSV); the vectorised scoring cold
+per-metric pandas loop (provided_code/score_loop.py, parsing every CSV); the vectorised scoring cold
 (a fresh cache: parses every reference CSV, then scores); warm (reference patients in the cache,
 prediction CSVs parsed); and in memory (predictions already in memory, as --predict-only scores).
 """
@@ -22,8 +22,9 @@ import numpy as np
 
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import discover_patients, write_dose_csv
-from provided_code.metrics.dvh_loop import score_folders_loop
-from provided_code.metrics.scoring import read_prediction, score_prediction_folder, score_split
+from provided_code.score_loop import score_folders_loop
+from provided_code.metrics.scoring import score_split
+from provided_code.score_folder import read_prediction, score_prediction_folder
 
 
 def main() -> None:

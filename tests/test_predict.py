@@ -17,7 +17,8 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split
-from provided_code.predict import PredictionError, mirror_left_right, predict_arrays, predict_stage
+from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
+from provided_code.predict import predict_stage
 from provided_code.training.checkpoints import load_newest
 from provided_code.training.train import train
 

@@ -7,8 +7,9 @@ import pytest
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import exact_dose, load_split
 from provided_code.data.csv_io import PatientDataError, write_dose_csv
-from provided_code.metrics.dvh_loop import score_folders_loop
-from provided_code.metrics.scoring import METRICS, score_prediction_folder, score_split
+from provided_code.score_loop import score_folders_loop
+from provided_code.metrics.scoring import METRICS, score_split
+from provided_code.score_folder import score_prediction_folder, write_score_reports
 from tests.conftest import SAMPLE_DIR, requires_sample
 
 
@@ -72,7 +73,7 @@ def test_all_zero_prediction_writes_reads_back_and_scores(phantom_split, tmp_pat
     expected = [reference(arrays, r).sum() / arrays.possible_dose_mask[r].sum() for r in range(3)]
     assert np.allclose(scores.dose_errors, expected)
     assert np.all(np.nan_to_num(scores.predicted) == 0) and np.isfinite(scores.dvh_score)
-    scores.write_reports(tmp_path / "s.json", tmp_path / "s.csv")
+    write_score_reports(scores, tmp_path / "s.json", tmp_path / "s.csv")
     assert json.loads((tmp_path / "s.json").read_text())["patients"] == 3
 
 

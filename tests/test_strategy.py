@@ -207,3 +207,19 @@ def test_bad_tf_config_is_a_one_line_error(phantom_data, tmp_path):
 def test_bad_devices_value_is_clear(phantom_data, tmp_path):
     result = run_cli(phantom_data, tmp_path, "--model-name", "bad", "--devices", "zero", check=False)
     assert result.returncode == 1 and "Invalid `devices`" in result.stderr
+
+
+def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
+    """float32 sums were exact only while replicas × epoch² < 2²⁴: 3 replicas at epoch 2401 were refused."""
+    probe = ("from provided_code.environment import configure_tensorflow; configure_tensorflow()\n"
+             "import tensorflow as tf\n"
+             "from provided_code.training.strategy import make_placement\n"
+             "strategy = make_placement('3', False).strategy\n"
+             "from provided_code.training.train import replicas_agree\n"
+             "same = replicas_agree(strategy, lambda: tf.constant(2401, tf.int64))\n"
+             "def differ():\n"
+             "    replica = tf.distribute.get_replica_context().replica_id_in_sync_group\n"
+             "    return 2401 + tf.cast(tf.equal(replica, 2), tf.int64)\n"
+             "print('RESULT', same, replicas_agree(strategy, differ))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "RESULT (True, 2401.0) (False, " in result.stdout, result.stderr[-2000:]

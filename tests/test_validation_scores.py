@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from provided_code.cli import main
 from provided_code.config import TrainConfig
-from provided_code.metrics.scoring import score_prediction_folder
+from provided_code.score_folder import score_prediction_folder
 from provided_code.predict import predict_stage
 from provided_code.training.checkpoints import list_checkpoints, read_best
 from provided_code.training.epoch_log import read_log

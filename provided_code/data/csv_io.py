@@ -31,11 +31,12 @@ from provided_code.constants import (
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
+from provided_code.errors import UserError
 
 _PATIENT_FOLDER = re.compile(r"^pt_(\d+)$")
 
 
-class PatientDataError(ValueError):
+class PatientDataError(UserError, ValueError):
     """A patient's files are missing or malformed. The message names patient, file and problem."""
 
     def __init__(self, patient_id: str, path: os.PathLike | str, problem: str):
@@ -48,7 +49,7 @@ class PatientDataError(ValueError):
         return type(self), (self.patient_id, self.path, self.problem)
 
 
-class SplitError(ValueError):
+class SplitError(UserError, ValueError):
     """A dataset split folder is missing or holds no patients."""
 
 
@@ -111,6 +112,13 @@ def read_sparse_csv(path: Path, patient_id: str, with_values: bool) -> tuple[np.
             patient_id, path,
             f"index {indices[row]} on line {row + 2} is outside 0..{NUM_VOXELS - 1}",
         )
+    if indices.size > 1 and not np.all(indices[1:] > indices[:-1]):  # the challenge's files are sorted: one pass
+        order = np.argsort(indices, kind="stable")
+        repeated = np.flatnonzero(indices[order][1:] == indices[order][:-1])
+        if repeated.size:
+            first, second = sorted(order[repeated[0]:repeated[0] + 2])
+            raise PatientDataError(patient_id, path, f"index {indices[first]} is listed twice "
+                                                     f"(lines {first + 2} and {second + 2})")
     values = _numeric_column(frame.iloc[:, 1], patient_id, path, "value") if with_values else None
     return indices, values
 
@@ -126,9 +134,18 @@ def _numeric_column(column: pd.Series, patient_id: str, path: Path, what: str) -
         row = int(np.flatnonzero(bad)[0])
         raise PatientDataError(
             patient_id, path,
-            f"{what} {column.iloc[row]!r} on line {row + 2} is not a finite number",
+            f"{what} {_shown(column.iloc[row])} on line {row + 2} is not a finite number",
         )
     return numbers
+
+
+def _shown(value) -> str:
+    """A cell as the user wrote it: ``'abc'``, ``inf``, ``nan or empty`` (never ``np.float64(nan)``)."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, float) and np.isnan(value):
+        return "nan or empty"
+    return str(value)
 
 
 def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:

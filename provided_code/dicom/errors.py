@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+from provided_code.errors import UserError
 
-class DicomInputError(ValueError):
+
+class DicomInputError(UserError, ValueError):
     """A DICOM input (or a folder of them) that cannot be used. The message is one line:
     ``<path>: <problem>``."""
 

@@ -15,20 +15,14 @@ apply to the structure or the structure is absent.
 from __future__ import annotations
 
 import dataclasses
-import io
-import json
-import os
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from provided_code.constants import NUM_VOXELS, OARS, STRUCTURES
-from provided_code.data.cache import exact_dose, load_split
-from provided_code.atomic import write_text_atomic
-from provided_code.data.csv_io import PatientDataError, read_sparse_csv
+from provided_code.constants import OARS, STRUCTURES
+from provided_code.data.cache import exact_dose
 from provided_code.progress import Progress, no_progress
 
 METRICS = ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
@@ -106,12 +100,6 @@ class Scores:
                 columns[f"{structure}_{metric}_difference"] = self.predicted[:, k, m] - self.reference[:, k, m]
         return pd.DataFrame(columns)
 
-    def write_reports(self, json_path: Path, csv_path: Path) -> None:
-        """The JSON summary and the per-patient CSV, each written atomically."""
-        write_text_atomic(Path(json_path), json.dumps(self.summary(), indent=2) + "\n")
-        buffer = io.StringIO()
-        self.per_patient().to_csv(buffer, index=False)
-        write_text_atomic(Path(csv_path), buffer.getvalue())
 
 
 def _number(value: float) -> float | None:
@@ -153,39 +141,3 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
         predicted_tables[row] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
                                             arrays.voxel_dimensions[row])
     return Scores(list(arrays.patient_ids), errors, reference_tables, predicted_tables)
-
-
-def check_prediction_folder(folder: os.PathLike | str, patient_ids: list[str]) -> Path:
-    """``folder`` must hold exactly one ``pt_<N>.csv`` per patient: names the missing and extra ones."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"Prediction folder {folder} does not exist.")
-    found = {path.stem for path in folder.glob("pt_*.csv")}
-    missing = [pid for pid in patient_ids if pid not in found]
-    extra = sorted(found - set(patient_ids), key=lambda pid: (len(pid), pid))
-    if missing or extra:
-        problems = []
-        if missing:
-            problems.append("no prediction for " + ", ".join(missing)
-                            + " (expected " + ", ".join(f"{pid}.csv" for pid in missing) + ")")
-        if extra:
-            problems.append("predictions for patients not in the reference: "
-                            + ", ".join(f"{pid}.csv" for pid in extra))
-        raise PatientDataError(", ".join(missing + extra), folder, "; ".join(problems))
-    return folder
-
-
-def read_prediction(folder: Path, patient_id: str) -> np.ndarray:
-    """A flat float64 dose from ``folder/<patient_id>.csv``."""
-    indices, values = read_sparse_csv(Path(folder) / f"{patient_id}.csv", patient_id, with_values=True)
-    dose = np.zeros(NUM_VOXELS)
-    dose[indices] = values
-    return dose
-
-
-def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
-                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> Scores:
-    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir``."""
-    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=True, progress=progress)
-    folder = check_prediction_folder(prediction_dir, arrays.patient_ids)
-    return score_split(arrays, lambda row: read_prediction(folder, arrays.patient_ids[row]), progress)

@@ -7,11 +7,13 @@ import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import keras
 
 from provided_code.atomic import atomic_path
+from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ BEST_FILE = "best.keras"
 BEST_RECORD = "best.json"  # {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
 
 
@@ -37,7 +39,9 @@ def load_newest(models_dir: Path, epoch: int | None = None, compile: bool = True
     """The newest checkpoint that loads (or exactly ``epoch``), as ``(epoch, model)``.
 
     A checkpoint that fails to load (truncated, corrupt) is reported and the previous one tried.
-    Returns None when there is no checkpoint at all; raises if ``epoch`` is given and unloadable.
+    Returns None when there is no checkpoint at all; raises :class:`CheckpointError` if ``epoch``
+    is given and does not load, or if no checkpoint loads (a Keras upgrade could do that to a
+    long run: never start over without being asked).
     """
     import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
 
@@ -47,16 +51,19 @@ def load_newest(models_dir: Path, epoch: int | None = None, compile: bool = True
         if not candidates:
             raise FileNotFoundError(f"No checkpoint for epoch {epoch} in {models_dir} "
                                     f"(have: {[e for e, _ in list_checkpoints(models_dir)]})")
+    failures = []
     for found_epoch, path in candidates:
         try:
             return found_epoch, keras.models.load_model(path, compile=compile)
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
             if epoch is not None:
                 raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
-            logger.warning("Checkpoint %s does not load (%s: %s); trying the previous one",
-                           path, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            logger.warning("Checkpoint %s does not load (%s); trying the previous one", path, reason)
+            failures.append(f"{path.name} ({reason[:200]})")
     if candidates:
-        logger.warning("No checkpoint in %s loads; starting from scratch", models_dir)
+        raise CheckpointError(f"No checkpoint in {models_dir} loads: {'; '.join(failures)}. To train this model "
+                              f"from scratch, pass --start-over (the old files are moved aside, not deleted).")
     return None
 
 
@@ -64,6 +71,9 @@ def read_best(models_dir: Path) -> dict | None:
     """The record of ``best.keras`` (epoch and validation scores), or None if there is none."""
     path = Path(models_dir) / BEST_RECORD
     if not path.is_file():
+        return None
+    if not (Path(models_dir) / BEST_FILE).is_file():
+        logger.warning("Ignoring %s: %s beside it is missing", path, BEST_FILE)
         return None
     try:
         record = json.loads(path.read_text())
@@ -99,6 +109,18 @@ def load_best(models_dir: Path) -> tuple[int, keras.Model]:
         return record["epoch"], keras.models.load_model(path, compile=False)
     except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
         raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
+
+
+def set_aside(run_dir: Path, names: list[Path]) -> Path | None:
+    """Move ``names`` (files of a run) into ``run_dir/abandoned-<time>/``; return that folder."""
+    present = [path for path in names if path.exists()]
+    if not present:
+        return None
+    folder = Path(run_dir) / time.strftime("abandoned-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in present:
+        os.replace(path, folder / path.name)
+    return folder
 
 
 class RotatingCheckpoint(keras.callbacks.Callback):

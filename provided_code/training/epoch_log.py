@@ -12,6 +12,7 @@ from pathlib import Path
 import keras
 
 from provided_code.atomic import write_text_atomic
+from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -19,11 +20,41 @@ COLUMNS = ("epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "lear
            "samples_per_s", "peak_memory_mb")
 
 
+class LogError(UserError, ValueError):
+    """A training log that does not parse; the message names the file and the line."""
+
+
 def read_log(path: Path) -> list[dict[str, str]]:
+    """The rows of a training log (see :func:`read_log_rows`)."""
+    return read_log_rows(path)[0]
+
+
+def read_log_rows(path: Path) -> tuple[list[dict[str, str]], bool]:
+    """``(rows, cut)``: the complete rows of a training log, and whether its last line was cut off
+    (no final newline: a crash while the row was written) and left out.
+
+    Raises :class:`LogError` naming the file and line for a log that does not parse.
+    """
+    path = Path(path)
     if not path.is_file():
-        return []
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+        return [], False
+    text = path.read_text(errors="replace")
+    cut = bool(text) and not text.endswith("\n")
+    if cut:
+        text = text[:text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None:
+        return [], cut
+    if "epoch" not in reader.fieldnames:
+        raise LogError(f"{path}: not a training log (header {','.join(reader.fieldnames)!r}); move it away and "
+                       f"rerun to start a new one")
+    rows = []
+    for line, row in enumerate(reader, start=2):
+        if None in row or None in row.values() or not row["epoch"].isdigit():
+            raise LogError(f"{path}: line {line} is not a log row ({len(row)} fields, epoch {row['epoch']!r}); "
+                           f"fix or delete that line")
+        rows.append(row)
+    return rows, cut
 
 
 def _header(path: Path) -> list[str]:
@@ -35,8 +66,8 @@ class EpochCSVLogger(keras.callbacks.Callback):
     """Append one row per finished epoch to ``path`` (epochs counted from 1).
 
     On train begin, rows after ``initial_epoch`` (epochs the process finished but did not
-    checkpoint before it died) are dropped, since training repeats them. Rows are flushed and
-    fsynced as they are written.
+    checkpoint before it died) are dropped, since training repeats them, and so is a cut-off last
+    row; the log is then rewritten atomically. Rows are flushed and fsynced as they are written.
     """
 
     def __init__(self, path: Path, initial_epoch: int, samples_per_epoch: int, epochs: int | None = None):
@@ -47,9 +78,11 @@ class EpochCSVLogger(keras.callbacks.Callback):
         self.samples_per_epoch = samples_per_epoch
 
     def on_train_begin(self, logs=None):
-        rows = read_log(self.path)
+        rows, cut = read_log_rows(self.path)
+        if cut:
+            logger.warning("%s ended in a cut-off row (a crash while it was written): left out", self.path)
         kept = [row for row in rows if int(row["epoch"]) <= self.initial_epoch]
-        if len(kept) != len(rows) or not self.path.is_file() or _header(self.path) != list(COLUMNS):
+        if cut or len(kept) != len(rows) or not self.path.is_file() or _header(self.path) != list(COLUMNS):
             if len(kept) != len(rows):
                 logger.info("Dropping %d log row(s) after epoch %d from %s (not checkpointed)",
                             len(rows) - len(kept), self.initial_epoch, self.path)

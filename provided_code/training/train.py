@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.atomic import write_text_atomic
-from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config
+from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config, read_tf_config
 from provided_code.data.augment import Augmenter
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
@@ -22,7 +22,15 @@ from provided_code.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
 from provided_code.networks.unet import build_unet
 from provided_code.progress import Progress, no_progress
-from provided_code.training.checkpoints import RotatingCheckpoint, list_checkpoints, load_newest
+from provided_code.run_lock import RunLock
+from provided_code.training.checkpoints import (
+    BEST_FILE,
+    BEST_RECORD,
+    RotatingCheckpoint,
+    list_checkpoints,
+    load_newest,
+    set_aside,
+)
 from provided_code.training.epoch_log import EpochCSVLogger
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.curves import TrainingCurves
@@ -33,6 +41,7 @@ from provided_code.training.memory import PeakMemory
 from provided_code.training.step import TrainStep
 from provided_code.training.strategy import make_placement
 from provided_code.training.validation_scores import ValidationScores
+from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +53,11 @@ OPENKBP_SOURCE = ("OpenKBP data comes from the challenge's public repository "
                   "or run `bash scripts/demo` to try the whole pipeline on synthetic phantoms.")
 
 
-class DataNotFoundError(FileNotFoundError):
+class DataNotFoundError(UserError, FileNotFoundError):
     """The data folder or its training split is missing; the message says where data comes from."""
 
 
-class WorkerLostError(RuntimeError):
+class WorkerLostError(UserError, RuntimeError):
     """A multi-worker run stopped because another worker failed or stopped answering."""
 
 
@@ -61,15 +70,36 @@ class TrainResult:
     checkpoint: Path | None  # the newest checkpoint
 
 
-def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0) -> TrainResult:
+def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
+          start_over: bool = False) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint.
 
     ``verbose``: 1 draws Keras's progress bar (for a terminal); otherwise one log line per epoch.
+    ``start_over``: move the model's checkpoints, config and log aside and train from scratch.
+    The run holds the model folder's lock throughout (with ``--multi-worker``, the chief: the one
+    that writes); a second run on the same folder is refused.
     """
+    if config.multi_worker and read_tf_config()[1] != 0:
+        return _train(config, progress, verbose, start_over=False)
+    with RunLock(config.run_dir, "training"):
+        return _train(config, progress, verbose, start_over)
+
+
+def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool) -> TrainResult:
     # -- 1. Settings: a resume must not silently change the model.
+    if start_over:
+        moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
+            config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
+            config.run_dir / name for name in (LOG_FILE, CURVES_FILE)])
+        if moved is not None:
+            logger.warning("--start-over: moved the earlier run's files into %s", moved)
     saved = read_saved_config(config.models_dir)
     if saved is not None:
         config.check_resume(saved)
+        _warn_schedule_change(config, saved)
+    elif list_checkpoints(config.models_dir):
+        raise ConfigError(f"{config.models_dir} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
+                          f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
 
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
@@ -207,6 +237,16 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
 
 
+def _warn_schedule_change(config: TrainConfig, saved: TrainConfig) -> None:
+    """A decaying schedule spans --epochs: resuming with another --epochs bends it."""
+    if "cosine" in (config.lr_schedule, saved.lr_schedule) and (
+            config.epochs != saved.epochs or config.lr_schedule != saved.lr_schedule):
+        logger.warning("The learning-rate schedule changes on this resume (saved: %s over %d epochs, now: %s over "
+                       "%d): the rate jumps at the resumed epoch. Resume with --epochs %d --lr-schedule %s to "
+                       "keep it.", saved.lr_schedule, saved.epochs, config.lr_schedule, config.epochs,
+                       saved.epochs, saved.lr_schedule)
+
+
 def _reason(error: Exception) -> str:
     """The informative line of a TensorFlow runtime error (its first line is often just 'Graph execution error')."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -232,19 +272,31 @@ def _resolve_xla(setting: str, have_gpu: bool) -> tuple[bool, str]:
     return have_gpu, "--xla auto: " + ("a GPU is visible" if have_gpu else "no GPU, and XLA:CPU is slower than oneDNN")
 
 
-def _check_workers_agree(strategy: tf.distribute.Strategy, initial_epoch: int) -> None:
-    """Every worker must resume from the same epoch (they read the same --results-dir)."""
+def replicas_agree(strategy: tf.distribute.Strategy, value_fn) -> tuple[bool, float]:
+    """``(agree, mean)``: whether the whole number ``value_fn()`` (called in each replica's context)
+    is the same on every replica of every worker, from all-reduced sums of the values and their
+    squares: n·Σv² = (Σv)² only when all are equal. The sums are float64, exact while
+    n·v² < 2⁵³ (float32 was exact only while n·v² < 2²⁴: three replicas at epoch 2401 disagreed)."""
+    def per_replica():
+        value = tf.cast(value_fn(), tf.float64)
+        return value, value * value
+
     @tf.function
     def sums():
-        epoch = tf.constant(float(initial_epoch))
-        return (strategy.reduce("SUM", strategy.run(lambda: epoch), axis=None),
-                strategy.reduce("SUM", strategy.run(lambda: epoch * epoch), axis=None))
+        values, squares = strategy.run(per_replica)
+        return strategy.reduce("SUM", values, axis=None), strategy.reduce("SUM", squares, axis=None)
 
-    total, squares = sums()
+    total, squares = (float(x) for x in sums())
     replicas = strategy.num_replicas_in_sync
-    if abs(float(squares) * replicas - float(total) ** 2) > 1e-6:
+    return abs(squares * replicas - total * total) < 0.5, total / replicas
+
+
+def _check_workers_agree(strategy: tf.distribute.Strategy, initial_epoch: int) -> None:
+    """Every worker must resume from the same epoch (they read the same --results-dir)."""
+    agree, mean = replicas_agree(strategy, lambda: tf.constant(initial_epoch, tf.int64))
+    if not agree:
         raise ConfigError(f"The workers would resume from different epochs (this one from {initial_epoch}, "
-                          f"the mean {float(total) / replicas:g}): --results-dir must be storage every worker "
+                          f"the mean {mean:g}): --results-dir must be storage every worker "
                           f"shares, with the same checkpoints.")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import keras
 
 from provided_code.metrics.scoring import score_split
-from provided_code.predict import PredictionError, predict_full_resolution
+from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.training.checkpoints import read_best, save_best
 
 logger = logging.getLogger(__name__)

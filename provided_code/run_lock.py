@@ -1,0 +1,65 @@
+"""One run at a time on a model folder: an exclusive lock held for the life of a run.
+
+The lock is the operating system's (``fcntl.flock`` on ``results/<model-name>/.lock``), so it dies
+with its process: a run killed with SIGKILL, or a lost machine, leaves nothing that blocks the
+next. The file also says who holds it (process, host, what, since when), for the refusal's
+message; it is never deleted (deleting a lock file races with the next process that opens it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from provided_code.errors import RunLockedError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock (said once per run)
+    fcntl = None
+
+
+class RunLock:
+    """``with RunLock(run_dir, "training"):`` holds the folder's lock, or raises
+    :class:`~provided_code.errors.RunLockedError` naming the folder and the process that holds it."""
+
+    def __init__(self, run_dir: os.PathLike | str, what: str):
+        self.run_dir = Path(run_dir)
+        self.what = what
+        self._fd = None
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / LOCK_FILE
+
+    def __enter__(self) -> "RunLock":
+        if fcntl is None:
+            logger.warning("No run lock on this platform: do not start two runs on %s", self.run_dir)
+            return self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say"
+            os.close(fd)
+            raise RunLockedError(f"{self.run_dir} is in use by another run ({holder}); wait for it to end, or "
+                                 f"use another --model-name or --results-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, {self.what} since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

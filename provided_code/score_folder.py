@@ -1,0 +1,73 @@
+"""``openkbp-score``'s folder work: a folder of ``pt_<N>.csv`` predictions read, checked against the
+reference patients, and scored with :mod:`provided_code.metrics.scoring`."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.atomic import write_text_atomic
+from provided_code.constants import NUM_VOXELS
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import PatientDataError, read_sparse_csv
+from provided_code.metrics.scoring import Scores, score_split
+from provided_code.progress import Progress, no_progress
+
+logger = logging.getLogger(__name__)
+
+
+def write_score_reports(scores: Scores, json_path: Path, csv_path: Path) -> None:
+    """The scores' JSON summary and their per-patient CSV, each written atomically."""
+    write_text_atomic(Path(json_path), json.dumps(scores.summary(), indent=2) + "\n")
+    buffer = io.StringIO()
+    scores.per_patient().to_csv(buffer, index=False)
+    write_text_atomic(Path(csv_path), buffer.getvalue())
+
+
+def check_prediction_folder(folder: os.PathLike | str, patient_ids: list[str]) -> Path:
+    """``folder`` must hold exactly one ``pt_<N>.csv`` per patient: names the missing and extra ones."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"Prediction folder {folder} does not exist.")
+    found = {path.stem for path in folder.glob("pt_*.csv")}
+    missing = [pid for pid in patient_ids if pid not in found]
+    extra = sorted(found - set(patient_ids), key=lambda pid: (len(pid), pid))
+    if missing or extra:
+        problems = []
+        if missing:
+            problems.append("no prediction for " + ", ".join(missing)
+                            + " (expected " + ", ".join(f"{pid}.csv" for pid in missing) + ")")
+        if extra:
+            problems.append("predictions for patients not in the reference: "
+                            + ", ".join(f"{pid}.csv" for pid in extra))
+        raise PatientDataError(", ".join(missing + extra), folder, "; ".join(problems))
+    return folder
+
+
+def read_prediction(folder: Path, patient_id: str) -> np.ndarray:
+    """A flat float64 dose from ``folder/<patient_id>.csv``; a file with no voxels or with negative
+    doses is scored as it is, with a warning naming the patient."""
+    path = Path(folder) / f"{patient_id}.csv"
+    indices, values = read_sparse_csv(path, patient_id, with_values=True)
+    if indices.size == 0:
+        logger.warning("Patient %s: %s lists no voxel (a header only): scored as zero dose everywhere",
+                       patient_id, path)
+    elif values.min() < 0:
+        logger.warning("Patient %s: %s has %d negative doses (down to %.3g Gy): scored as they are",
+                       patient_id, path, int(np.count_nonzero(values < 0)), float(values.min()))
+    dose = np.zeros(NUM_VOXELS)
+    dose[indices] = values
+    return dose
+
+
+def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
+                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> Scores:
+    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir``."""
+    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=True, progress=progress)
+    folder = check_prediction_folder(prediction_dir, arrays.patient_ids)
+    return score_split(arrays, lambda row: read_prediction(folder, arrays.patient_ids[row]), progress)

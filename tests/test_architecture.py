@@ -1,0 +1,60 @@
+"""The package's layers run one way: a module imports only modules of its own layer or below."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
+
+# Lowest first. data, networks, losses and metrics are peers below training, which sits below
+# predict and the command lines.
+LAYERS = (
+    ("constants", "errors", "atomic", "progress", "environment", "run_lock"),
+    ("data", "networks", "losses", "metrics", "dicom", "config"),
+    ("inference", "score_folder", "score_loop", "plots"),
+    ("training",),
+    ("predict",),
+    ("clinic",),
+    ("cli", "dicom_cli", "demo", "__init__", "__main__"),
+)
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def _top(module: str) -> str:
+    """``provided_code.training.step`` -> ``training``."""
+    return module.split(".")[1] if module.count(".") else "__init__"
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("provided_code"):
+            yield node.module, node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("provided_code"):
+                    yield alias.name, node.lineno
+
+
+def test_no_module_imports_one_above_it():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = "provided_code." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        own = _top(module)
+        assert own in RANK, f"{path}: put this module into a layer of {__file__}"
+        for imported, line in _imports(path):
+            other = _top(imported) if imported != "provided_code" else "__init__"
+            if RANK[other] > RANK[own]:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
+
+
+def test_training_never_imports_predict_and_metrics_does_no_file_io():
+    for path in (PACKAGE / "training").rglob("*.py"):
+        assert "provided_code.predict" not in {name for name, _ in _imports(path)}, path
+    for path in (PACKAGE / "metrics").rglob("*.py"):
+        source = path.read_text()
+        tree = ast.parse(source)
+        calls = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                 for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        assert not calls & {"open", "read_csv", "to_csv", "write_text", "read_text", "write_text_atomic", "load_split",
+                            "read_sparse_csv"}, path

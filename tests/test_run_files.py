@@ -1,0 +1,82 @@
+"""What a run writes, after the machine or the user broke it: a cut-off log line, a log that does
+not parse, a deleted config.json, checkpoints that no longer load, a changed schedule."""
+
+import logging
+
+import keras
+import pytest
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.training.checkpoints import CheckpointError, list_checkpoints
+from provided_code.training.epoch_log import LogError, read_log
+from provided_code.training.train import train
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras():
+    yield
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def config(phantom_data, tmp_path) -> TrainConfig:
+    return TrainConfig(filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
+                       data_dir=str(phantom_data), results_dir=str(tmp_path / "results"), model_name="m",
+                       cache_dir=str(tmp_path / "cache"))
+
+
+def _epochs(config):
+    return [int(row["epoch"]) for row in read_log(config.run_dir / "training_log.csv")]
+
+
+@pytest.mark.slow
+def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(config, caplog):
+    log = config.run_dir / "training_log.csv"
+    train(config)
+    # A crash while epoch 2's row was written (so before its checkpoint): the row is cut off.
+    (config.models_dir / "epoch_2.keras").unlink()
+    text = log.read_text()
+    log.write_text(text[:-7])
+    with caplog.at_level(logging.WARNING):
+        train(config)
+    assert "cut-off row" in caplog.text
+    rows = read_log(log)
+    assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)
+
+    # A cosine schedule resumed with another --epochs: said, not silent.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train(TrainConfig(**{**config.__dict__, "epochs": 3, "lr_schedule": "cosine"}))
+    assert "schedule changes on this resume (saved: constant over 2 epochs, now: cosine over 3)" in caplog.text
+
+    # A log that does not parse at all: one line naming the file.
+    good = log.read_text()
+    log.write_text("hello\nworld\n")
+    with pytest.raises(LogError, match=r"training_log.csv: not a training log \(header 'hello'\)"):
+        train(TrainConfig(**{**config.__dict__, "epochs": 4}))
+    log.write_text(good.replace("\n3,", "\nthree,"))
+    with pytest.raises(LogError, match=r"training_log.csv: line 4 is not a log row"):
+        train(TrainConfig(**{**config.__dict__, "epochs": 4}))
+    log.write_text(good)
+
+    # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.
+    (config.models_dir / "config.json").unlink()
+    with pytest.raises(ConfigError, match="holds checkpoints but no config.json"):
+        train(TrainConfig(**{**config.__dict__, "filters": 4, "epochs": 4}))
+    assert not (config.models_dir / "config.json").exists()
+
+    # Every checkpoint unreadable: refused with the reason; the log and files stay.
+    train_config = TrainConfig(**{**config.__dict__, "epochs": 3, "precision": "float32"})
+    (config.models_dir / "config.json").write_text(train_config.to_json())
+    for _, path in list_checkpoints(config.models_dir):
+        path.write_bytes(b"not a keras file")
+    with pytest.raises(CheckpointError, match=r"No checkpoint in .* loads: epoch_3.keras .*--start-over"):
+        train(train_config)
+    assert _epochs(config) == [1, 2, 3]
+
+    # --start-over: the old files move aside, training begins at epoch 0 with a fresh log.
+    result = train(train_config, start_over=True)
+    assert result.first_epoch == 0 and _epochs(config) == [1, 2, 3]
+    abandoned = [p for p in config.run_dir.iterdir() if p.name.startswith("abandoned-")]
+    assert len(abandoned) == 1
+    assert {"config.json", "epoch_3.keras", "training_log.csv"} <= {p.name for p in abandoned[0].iterdir()}

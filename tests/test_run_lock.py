@@ -1,0 +1,61 @@
+"""The model folder's lock: a second run is refused while the first lives, allowed once it is killed."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from provided_code.config import TrainConfig
+from provided_code.errors import RunLockedError
+from provided_code.run_lock import LOCK_FILE, RunLock
+
+HOLD = ("import sys, time\nfrom provided_code.run_lock import RunLock\n"
+        "with RunLock(sys.argv[1], 'training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
+
+
+def _holder(run_dir):
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_path):
+    run_dir = tmp_path / "results" / "unet"
+    first = _holder(run_dir)
+    try:
+        with pytest.raises(RunLockedError) as caught:
+            with RunLock(run_dir, "training"):
+                pass
+        message = str(caught.value)
+        assert str(run_dir) in message and f"pid {first.pid}" in message and "training since" in message
+        assert "\n" not in message
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with RunLock(run_dir, "--predict-only") as lock:  # a killed holder leaves nothing that blocks
+        assert "--predict-only" in (run_dir / LOCK_FILE).read_text()
+    with RunLock(run_dir, "training"):  # released on exit
+        pass
+    assert lock.path == run_dir / LOCK_FILE
+
+
+def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path, phantom_data):
+    from provided_code.predict import predict_stage
+    from provided_code.training.train import train
+
+    config = TrainConfig(filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),
+                         results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
+    (config.models_dir).mkdir(parents=True)
+    holder = _holder(config.run_dir)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
+            train(config)
+        with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
+            predict_stage(config)
+        assert time.perf_counter() - start < 5 and not (tmp_path / "cache").exists()  # refused before the data
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
