@@ -12,6 +12,7 @@ from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, Tr
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
+from provided_code.preflight import check_run_folders
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -114,6 +115,7 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over,
                 raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
                                          param_hint="--epoch")
             epoch = int(epoch)
+        check_run_folders(config, predict_only, stage)  # before TensorFlow loads and the data is read
         if predict_only:
             from provided_code.predict import predict_stage
 

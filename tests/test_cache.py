@@ -78,6 +78,33 @@ def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, 
     assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
 
 
+@pytest.mark.parametrize("volume", ["ct", "dose"])
+def test_a_flipped_byte_inside_a_chunk_fails_its_checksum_and_the_cache_is_rebuilt(phantom_split, tmp_path, caplog,
+                                                                                    volume):
+    import h5py
+
+    cache_dir = tmp_path / "c"
+    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    path = cache_path_for(phantom_split, cache_dir)
+    with h5py.File(path, "r") as h5:
+        chunk = h5[volume].id.get_chunk_info_by_coord((1, 0, 0, 0))
+    position = chunk.byte_offset + chunk.size // 2 + 3  # a byte in the middle of patient 2's chunk
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)
+        handle.seek(position)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and time unchanged: only the bytes tell
+    with pytest.raises(CacheError, match=f"patient pt_2's {volume} chunk fails its checksum"):
+        load_cache(path)
+    assert load_cache(path, verify=False).patient_ids  # the bytes still load without the check
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    assert "Rebuilding cache" in caplog.text and str(path) in caplog.text and "fails its checksum" in caplog.text
+    assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
+
+
 def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_path):
     cache_dir = tmp_path / "c"
     script = textwrap.dedent(f"""

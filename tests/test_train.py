@@ -18,7 +18,8 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.epoch_log import read_log
 from provided_code.predict import predict_stage
-from provided_code.training.train import DataNotFoundError, model_weights, train
+from provided_code.preflight import DataNotFoundError
+from provided_code.training.train import model_weights, train
 
 REPO = Path(__file__).resolve().parents[1]
 

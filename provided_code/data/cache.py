@@ -15,6 +15,7 @@ has_dose              (N,)                         bool
 dose_decimals         (N,)                         int8      (see below)
 voxel_dimensions      (N, 3)                       float64   (mm)
 structure_present     (N, 10)                      bool
+checksums             (N, 4)                       uint64    (one per volume, in the order above)
 patient_ids           (N,)                         str
 ===================== ============================ ========= ===============
 
@@ -24,7 +25,11 @@ the challenge's data; -1 if none do): :func:`exact_dose` rounds back to the CSV'
 exactly, since the float32 error is far below half a step of that grid.
 
 The cache is trusted only if its format version, its build options and the size and modification
-time of every source file match; otherwise, or if it is truncated or unreadable, it is rebuilt.
+time of every source file match, and every chunk's bytes match its checksum; otherwise, or if it
+is truncated or unreadable, it is rebuilt (with a warning naming the file). The checksum is the
+project's own (:func:`chunk_checksum`), not HDF5's fletcher32 filter: chunks are loaded with
+parallel raw reads at the offsets HDF5 reports, which bypass HDF5's filters, and are checked in
+the reading threads (``bench_data.py``: ``cache_load_checksum_over_plain``).
 It is written to a temporary file beside its final name and moved into place, so a build killed
 midway leaves nothing that looks valid. It never lives beside the CSVs.
 """
@@ -51,9 +56,16 @@ from provided_code.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 2
+CACHE_FORMAT_VERSION = 3  # 3: per-chunk checksums
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 _TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
+
+
+def chunk_checksum(array: np.ndarray) -> np.uint64:
+    """The checksum of one patient's volume as stored: its bytes as 64-bit words, summed modulo
+    2⁶⁴. Any change inside one word (a flipped bit or byte) changes it; one pass at memory speed,
+    where HDF5's fletcher32 filter would need HDF5's own read path (see the module docstring)."""
+    return np.add.reduce(np.ascontiguousarray(array).reshape(-1).view(np.uint64), dtype=np.uint64)
 
 
 class CacheError(RuntimeError):
@@ -231,6 +243,7 @@ def build_cache(
             dose_decimals = np.full(count, -1, np.int8)
             voxel_dimensions = np.zeros((count, 3))
             structure_present = np.zeros((count, len(STRUCTURES)), bool)
+            checksums = np.zeros((count, len(_VOLUMES)), np.uint64)
             patient_ids: list[str] = []
             with _patient_reader(workers) as read:
                 for result in progress(read(folders), count, f"Caching {split_dir.name}"):
@@ -245,7 +258,11 @@ def build_cache(
                     volumes["structure_masks"][row] = result.structure_masks
                     volumes["possible_dose_mask"][row] = result.possible_dose_mask
                     # written even when absent (zeros), so that every patient's chunk exists on disk
-                    volumes["dose"][row] = result.dose if result.dose is not None else 0
+                    dose = result.dose if result.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
+                    volumes["dose"][row] = dose
+                    checksums[row] = [chunk_checksum(np.asarray(volume, dtype))
+                                      for volume, dtype in zip((result.ct, result.structure_masks,
+                                                                result.possible_dose_mask, dose), _VOLUMES.values())]
                     if result.dose is not None:
                         has_dose[row] = True
                         dose_decimals[row] = result.dose_decimals
@@ -259,6 +276,7 @@ def build_cache(
             h5.create_dataset("dose_decimals", data=dose_decimals[:kept])
             h5.create_dataset("voxel_dimensions", data=voxel_dimensions[:kept])
             h5.create_dataset("structure_present", data=structure_present[:kept])
+            h5.create_dataset("checksums", data=checksums[:kept])
             h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
                               dtype=h5py.string_dtype())
             h5.attrs["format_version"] = CACHE_FORMAT_VERSION
@@ -292,19 +310,23 @@ class _patient_reader:
         return False
 
 
-def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int]]) -> None:
-    """Fill each array from its byte offset in ``path``, several reads at once.
+def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int, np.uint64 | None, str]]) -> None:
+    """Fill each array from its byte offset in ``path``, several reads at once, and check each
+    against its checksum (None: not checked) while its bytes are still in the processor's cache.
 
-    h5py serialises reads behind one lock; ``os.preadv`` releases the GIL, so threads copy
-    patients in parallel (measured 1.7× faster than h5py on 2 cores, see scripts/bench_data.py).
+    h5py serialises reads behind one lock; ``os.preadv`` and numpy's sum release the GIL, so
+    threads copy patients in parallel (measured 1.7× faster than h5py on 2 cores, see
+    scripts/bench_data.py).
     """
     fd = os.open(path, os.O_RDONLY)
     try:
         def read(job):
-            array, offset = job
+            array, offset, checksum, what = job
             view = memoryview(array).cast("B")
             if os.preadv(fd, [view], offset) != len(view):
                 raise CacheError(f"{path} is truncated (a patient's chunk ends early)")
+            if checksum is not None and chunk_checksum(array) != checksum:
+                raise CacheError(f"{path}: {what} fails its checksum (the file changed on disk)")
 
         with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
             list(pool.map(read, reads))
@@ -312,8 +334,10 @@ def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int]]) -> None:
         os.close(fd)
 
 
-def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None) -> SplitArrays:
-    """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale or broken."""
+def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
+               verify: bool = True) -> SplitArrays:
+    """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale or broken
+    (``verify``: every chunk against its checksum; off only to measure what checking costs)."""
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
@@ -329,8 +353,11 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                 raise CacheError(f"{path} was built with skip_incomplete={bool(attrs['skip_incomplete'])}")
             patient_ids = [p.decode() if isinstance(p, bytes) else p for p in h5["patient_ids"][()]]
             count = len(patient_ids)
+            checksums = h5["checksums"][()]
+            if checksums.shape != (count, len(_VOLUMES)):
+                raise CacheError(f"{path}: checksums do not match {count} patients")
             arrays, reads = {}, []
-            for name, dtype in _VOLUMES.items():
+            for column, (name, dtype) in enumerate(_VOLUMES.items()):
                 dataset = h5[name]
                 if dataset.shape != (count, *VOLUME_SHAPE) or dataset.dtype != np.dtype(dtype):
                     raise CacheError(f"{path}: dataset {name} has shape {dataset.shape} and dtype "
@@ -340,7 +367,8 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                     chunk = dataset.id.get_chunk_info_by_coord((row, 0, 0, 0))
                     if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != arrays[name][row].nbytes:
                         raise CacheError(f"{path}: dataset {name} is not stored one raw chunk per patient")
-                    reads.append((arrays[name][row], chunk.byte_offset))
+                    reads.append((arrays[name][row], chunk.byte_offset, checksums[row, column] if verify else None,
+                                  f"patient {patient_ids[row]}'s {name} chunk"))
             small = {name: h5[name][()] for name in _TABLES}
             skipped = json.loads(attrs["skipped"])
         _read_chunks(path, reads)

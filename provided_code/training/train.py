@@ -21,6 +21,7 @@ from provided_code.data.tf_dataset import distributed_dataset, update_schedule, 
 from provided_code.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
 from provided_code.networks.unet import build_unet
+from provided_code.preflight import require_training_data
 from provided_code.progress import Progress, no_progress
 from provided_code.run_lock import RunLock
 from provided_code.training.checkpoints import (
@@ -47,16 +48,6 @@ logger = logging.getLogger(__name__)
 
 LOG_FILE = "training_log.csv"
 CURVES_FILE = "training_curves.png"
-OPENKBP_SOURCE = ("OpenKBP data comes from the challenge's public repository "
-                  "(https://github.com/ababier/open-kbp, folder provided-data/). Download it and pass "
-                  "--data-dir PATH, the folder that holds train-pats/ (and validation-pats/, test-pats/); "
-                  "or run `bash scripts/demo` to try the whole pipeline on synthetic phantoms.")
-
-
-class DataNotFoundError(UserError, FileNotFoundError):
-    """The data folder or its training split is missing; the message says where data comes from."""
-
-
 class WorkerLostError(UserError, RuntimeError):
     """A multi-worker run stopped because another worker failed or stopped answering."""
 
@@ -106,9 +97,7 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
                           "(or pip install tensorboard)")
 
     # -- 2. Data: parsed once into the cache, stacked in memory, batches by fancy indexing.
-    train_dir = Path(config.data_dir) / "train-pats"
-    if not train_dir.is_dir():
-        raise DataNotFoundError(f"No training data: {train_dir} does not exist. {OPENKBP_SOURCE}")
+    train_dir = require_training_data(config.data_dir)
     train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
                                                skip_incomplete=config.skip_incomplete, progress=progress),
                                     config.resolution)
