@@ -92,7 +92,7 @@ def main() -> None:
         load_cache(path)  # warm the page cache, as a second epoch or run would see it
         # with and without the per-chunk checksums, alternating, median of each
         checked, plain = [], []
-        for _ in range(5):
+        for _ in range(9):
             checked.append(timed(lambda: load_cache(path), repeats=1))
             plain.append(timed(lambda: load_cache(path, verify=False), repeats=1))
         load_s = float(np.median(checked)) / count

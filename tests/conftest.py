@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ configure_tensorflow()  # oneDNN CPU kernels for every test and the processes te
 
 from provided_code.data.phantoms import write_phantom_split  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = Path(os.environ.get("OPENKBP_SAMPLE_DIR", Path(__file__).resolve().parents[2] / "shared" / "openkbp-sample"))
 
 requires_sample = pytest.mark.skipif(
@@ -27,6 +29,23 @@ requires_sample = pytest.mark.skipif(
 def _isolated_cache(tmp_path, monkeypatch):
     """No test writes to the user's real cache folder."""
     monkeypatch.setenv("OPENKBP_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def reset_keras():
+    """After the test: Keras's global dtype policy back to float32, its session cleared (for tests
+    that build models in this process; use with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield
+    import keras
+
+    keras.mixed_precision.set_global_policy("float32")
+    keras.backend.clear_session()
+
+
+def log_epochs(run_dir: Path) -> list[int]:
+    """The epochs in a run's ``training_log.csv``, in order."""
+    with open(Path(run_dir) / "training_log.csv", newline="") as handle:
+        return [int(row["epoch"]) for row in csv.DictReader(handle)]
 
 
 @pytest.fixture(scope="session")

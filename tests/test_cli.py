@@ -1,8 +1,7 @@
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 
 def run(*args, **kwargs):

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.constants import STRUCTURES, VOLUME_SHAPE
+from provided_code.constants import STRUCTURES
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
-from provided_code.data.resample import downsample_split
+from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.predict import predict_stage
 from provided_code.training.checkpoints import load_newest
@@ -111,10 +111,23 @@ def test_unknown_model_is_a_clear_error(trained):
         predict_stage(dataclasses.replace(trained, model_name="nope"))
 
 
-def test_predictions_are_full_size(trained):
+def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(trained):
+    plain = predict_stage(trained, stage="validation")
+    _, plain_values = read_sparse_csv(plain.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
     report = predict_stage(trained, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    assert indices.max() < np.prod(VOLUME_SHAPE) and values.size > 32 ** 3
+    arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
+    assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
+    # By hand: the model on the 32³ patient and on its mirror (parotids swapped), mirrored back, averaged.
+    low = downsample_split(arrays, 32)
+    _, model = load_newest(trained.models_dir, compile=False)
+    direct = np.asarray(model.predict_on_batch({"ct": low.ct[:1], "structure_masks": low.structure_masks[:1]}))
+    mirrored = np.asarray(model.predict_on_batch({"ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
+                                                  "structure_masks": mirror_left_right(low.structure_masks[:1], 2)}))
+    keras.backend.clear_session()
+    expected = upsample_dose(0.5 * (direct[0, ..., 0] + np.flip(mirrored[0, ..., 0], 1)), arrays.possible_dose_mask[0])
+    assert np.allclose(values, expected.reshape(-1)[indices], atol=1e-5)
+    assert not np.allclose(values, plain_values, atol=1e-5)
 
 
 def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_path):

@@ -10,8 +10,8 @@ import pytest
 
 from provided_code.errors import ConfigError
 from provided_code.preflight import check_writable
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_check_writable_names_the_folder_and_the_reason(tmp_path):

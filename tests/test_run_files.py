@@ -3,7 +3,6 @@ not parse, a deleted config.json, checkpoints that no longer load, a changed sch
 
 import logging
 
-import keras
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
@@ -12,10 +11,7 @@ from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
 
 
-@pytest.fixture(autouse=True)
-def _reset_keras():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 @pytest.fixture

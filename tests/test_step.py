@@ -20,11 +20,7 @@ from provided_code.training.train import model_weights
 SIZE = 16
 
 
-@pytest.fixture(autouse=True)
-def _reset_keras():
-    yield
-    keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 class Arrays:

@@ -1,7 +1,6 @@
 """Multi-device training on logical CPU devices, in fresh processes (the CPU can only be split
 before TensorFlow starts)."""
 
-import csv
 import json
 import os
 import re
@@ -10,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -21,8 +19,8 @@ from provided_code.config import ConfigError, read_tf_config
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
+from tests.conftest import REPO, log_epochs
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def cli_command(phantom_data, tmp_path, *args):
@@ -51,11 +49,6 @@ def run_cli_together(phantom_data, tmp_path, *arg_lists):
     return results
 
 
-def log_epochs(run_dir):
-    with open(run_dir / "training_log.csv", newline="") as handle:
-        return [int(row["epoch"]) for row in csv.DictReader(handle)]
-
-
 def final_weights(results, name):
     _, model = load_newest(results / name / "models")
     weights = model_weights(model)
@@ -65,7 +58,7 @@ def final_weights(results, name):
 
 FULL_AUGMENT = ("--augment", "flip,rotate,shift", "--loss", "masked-mae")
 NO_SCORING = ("--score-every", "0")
-SCORING = {"off": (), "on": NO_SCORING}  # scoring under MirroredStrategy: once is enough
+SCORING_ARGS_BY_XLA = {"off": (), "on": NO_SCORING}  # scored under MirroredStrategy once: in the run without XLA
 RECOMPUTE = {"off": (), "on": ("--recompute",)}  # recomputing blocks (one sample at a time where no batch norm)
 EPOCHS = {"off": "2", "on": "1"}  # XLA:CPU steps take seconds: one epoch (two updates) with XLA
 
@@ -80,9 +73,9 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     two, one = run_cli_together(
         phantom_data, tmp_path,
         ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", EPOCHS[xla], "--xla", xla,
-         *FULL_AUGMENT, *SCORING[xla], *RECOMPUTE[xla]),
+         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla], *RECOMPUTE[xla]),
         ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", EPOCHS[xla], "--xla", xla,
-         *FULL_AUGMENT, *SCORING[xla]))
+         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla]))
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and f"XLA {xla}" in two.stderr
     assert "CPU kernels: oneDNN" in one.stderr

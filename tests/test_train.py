@@ -20,15 +20,11 @@ from provided_code.training.epoch_log import read_log
 from provided_code.predict import predict_stage
 from provided_code.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
+from tests.conftest import REPO, log_epochs
 
-REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _reset_keras():
-    yield
-    keras.mixed_precision.set_global_policy("float32")
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 @pytest.fixture
@@ -38,16 +34,11 @@ def config(phantom_data, tmp_path) -> TrainConfig:
                        model_name="tiny", cache_dir=str(tmp_path / "cache"))
 
 
-def log_epochs(config) -> list[int]:
-    with open(config.run_dir / "training_log.csv", newline="") as handle:
-        return [int(row["epoch"]) for row in csv.DictReader(handle)]
-
-
 def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     result = train(config)
     assert (result.first_epoch, result.last_epoch) == (0, 3)
     assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [3, 2]  # keep=2
-    assert log_epochs(config) == [1, 2, 3]
+    assert log_epochs(config.run_dir) == [1, 2, 3]
     with open(config.run_dir / "training_log.csv", newline="") as handle:
         row = next(csv.DictReader(handle))
     assert set(row) == {"epoch", "loss", "val_loss", "val_dose_score", "val_dvh_score", "learning_rate",
@@ -60,7 +51,7 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
 
     again = train(config)  # already at --epochs: nothing to do, nothing written twice
     assert (again.first_epoch, again.last_epoch) == (3, 3)
-    assert log_epochs(config) == [1, 2, 3]
+    assert log_epochs(config.run_dir) == [1, 2, 3]
 
 
 @pytest.mark.slow
@@ -96,7 +87,7 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
         result = train(config)
     assert "epoch_2.keras does not load" in caplog.text
     assert result.first_epoch == 1
-    assert log_epochs(config) == [1, 2, 3]  # the row of the lost epoch 2 was replaced, not duplicated
+    assert log_epochs(config.run_dir) == [1, 2, 3]  # the row of the lost epoch 2 was replaced, not duplicated
 
 
 def test_resume_with_other_architecture_is_an_error(config):
@@ -126,7 +117,7 @@ def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     assert not [w for w in caught if "Skipping variable loading" in str(w.message)]  # optimizer state restored
     assert resumed.first_epoch == 1 and resumed.policy == "mixed_float16"
     assert "dtype policy mixed_float16 (LossScaleOptimizer)" in caplog.text
-    assert log_epochs(config) == [1, 2]
+    assert log_epochs(config.run_dir) == [1, 2]
 
 
 def test_validation_split_without_doses_is_not_an_error(config, tmp_path):
@@ -168,5 +159,5 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "Resuming killed from epoch" in rerun.stderr
     killed = dataclasses.replace(config, model_name="killed")
-    assert log_epochs(killed) == list(range(1, 25))
+    assert log_epochs(killed.run_dir) == list(range(1, 25))
     assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [24, 22, 20]

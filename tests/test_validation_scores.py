@@ -16,10 +16,7 @@ from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
 
 
-@pytest.fixture(autouse=True)
-def _reset_keras():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 def scored_rows(config):
