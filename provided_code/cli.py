@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, TypeVar
 
 import click
 
-from provided_code.config import LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig, read_tf_config
+from provided_code.config import LOG_FILE, LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig, read_tf_config
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
@@ -87,7 +87,8 @@ def one_line(error: Exception) -> str:
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
-@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
+@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, else "
+                   "~/.cache/provided_code].")
 @click.option("--start-over", is_flag=True,
               help="Train this model from scratch: its checkpoints, config and log are moved into "
                    "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
@@ -135,7 +136,7 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over,
         click.echo(f"Trained {config.model_name} from epoch {result.first_epoch} to {result.last_epoch} "
                    f"({result.policy} on {result.device}).")
     click.echo(f"Checkpoint: {result.checkpoint}")
-    click.echo(f"Log: {config.run_dir / 'training_log.csv'}")
+    click.echo(f"Log: {config.run_dir / LOG_FILE}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,7 +145,8 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over,
 @click.option("--predictions", "prediction_dir", required=True, help="Folder of pt_<N>.csv predicted doses.")
 @click.option("--json", "json_path", default=None,
               help="Write the JSON summary here (and the per-patient CSV beside it, same name with .csv).")
-@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR or ~/.cache/provided_code].")
+@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, else "
+                   "~/.cache/provided_code].")
 def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     """Score predicted doses with the OpenKBP challenge's dose score and DVH score (Gy)."""
     import json

@@ -18,7 +18,9 @@ PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 XLA_MODES = ("auto", "on", "off")
 LOSSES = ("mae", "masked-mae")
 LR_SCHEDULES = ("constant", "cosine")
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "config.json"  # in results/<model-name>/models/
+LOG_FILE = "training_log.csv"  # in results/<model-name>/
+CURVES_FILE = "training_curves.png"  # in results/<model-name>/
 
 
 
@@ -46,7 +48,7 @@ class TrainConfig:
     precision: str = "auto"  # auto: mixed_float16 on a GPU with compute capability >= 7.0, else float32;
     #                          saved resolved, and a resume with auto keeps the saved policy
     xla: str = "auto"  # XLA-compile each replica's forward and backward: auto = on with a GPU, off on a CPU
-    #                    (XLA:CPU measured about 25x slower than TensorFlow's oneDNN kernels here)
+    #                    (XLA:CPU measured 40x slower per step than TensorFlow's oneDNN kernels: README)
     devices: str = "1"  # "N" or "all": MirroredStrategy over N GPUs (no GPU: N logical CPU devices)
     multi_worker: bool = False  # MultiWorkerMirroredStrategy over the machines in TF_CONFIG (worker 0 is chief)
     collective_timeout: float = 600.0  # seconds a cross-worker collective may wait before the run stops
@@ -57,7 +59,8 @@ class TrainConfig:
     model_name: str = "unet"  # results/<model_name>/
     data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)
     results_dir: str = "results"
-    cache_dir: str | None = None  # None: $OPENKBP_CACHE_DIR or ~/.cache/provided_code
+    cache_dir: str | None = None  # None: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, else
+    #                               ~/.cache/provided_code
     skip_incomplete: bool = False  # leave out patients with missing files instead of stopping
     # -- checkpoints and logs --
     save_every: int = 10  # write results/<model_name>/models/epoch_<N>.keras every N epochs and at the end

@@ -14,6 +14,8 @@ from pathlib import Path
 import click
 
 from provided_code.cli import _setup_logging, click_progress
+from provided_code.config import LOG_FILE
+from provided_code.data.resample import RESOLUTIONS
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -23,7 +25,8 @@ from provided_code.cli import _setup_logging, click_progress
 @click.option("--epochs", type=int, default=60, help="Training epochs.")
 @click.option("--filters", type=int, default=8, help="Base filters of the U-Net.")
 @click.option("--learning-rate", type=float, default=2e-3, help="Adam learning rate (10× the default: few epochs).")
-@click.option("--resolution", type=click.Choice(["32", "64", "128"]), default="32", help="Training resolution.")
+@click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default="32",
+              help="Training resolution.")
 def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
     _setup_logging()
@@ -58,7 +61,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     click.echo(f"Phantoms:     {data}/ (train-pats/, validation-pats/)")
     click.echo(f"Model:        {config.models_dir}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
                f"predicted with)")
-    click.echo(f"Training log: {config.run_dir / 'training_log.csv'}"
+    click.echo(f"Training log: {config.run_dir / LOG_FILE}"
                + (f" (curves: {config.run_dir / 'training_curves.png'})" if plots else ""))
     click.echo(f"Predictions:  {report.predictions_dir}/")
     click.echo(f"Submission:   {report.submission}")

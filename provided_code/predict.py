@@ -10,7 +10,7 @@ from pathlib import Path
 import keras
 
 from provided_code.atomic import atomic_path
-from provided_code.config import TrainConfig, read_saved_config
+from provided_code.config import LOG_FILE, TrainConfig, read_saved_config
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
@@ -97,7 +97,7 @@ def _predict_stage(config: TrainConfig, stage: str, epoch: int | str | None, tta
                                               label=f"Model {config.model_name!r} at epoch {epoch}")
     except PredictionError as error:
         raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
-                              f"{config.run_dir / 'training_log.csv'}); nothing was written.") from None
+                              f"{config.run_dir / LOG_FILE}); nothing was written.") from None
 
     predictions_dir = config.run_dir / f"{stage}-predictions"
     for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):

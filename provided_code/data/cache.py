@@ -245,7 +245,7 @@ def build_cache(
             structure_present = np.zeros((count, len(STRUCTURES)), bool)
             checksums = np.zeros((count, len(_VOLUMES)), np.uint64)
             patient_ids: list[str] = []
-            with _patient_reader(workers) as read:
+            with PatientReader(workers) as read:
                 for result in progress(read(folders), count, f"Caching {split_dir.name}"):
                     if isinstance(result, PatientDataError):
                         if not skip_incomplete:
@@ -288,7 +288,7 @@ def build_cache(
     logger.info("Cached %d patients of %s in %s (%d skipped)", kept, split_dir, path, len(skipped))
 
 
-class _patient_reader:
+class PatientReader:
     """Context manager yielding ``read(folders) -> iterator of Patient | PatientDataError``, in order."""
 
     def __init__(self, workers: int):

@@ -33,7 +33,7 @@ def build_unet(config) -> keras.Model:
     is synchronised across replicas, so its statistics are those of the global batch. Then a Conv3DTranspose to one
     channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the dtype policy.
     """
-    resolution, filters, dropout = config.resolution, config.filters, getattr(config, "dropout", 0.2)
+    resolution, filters, dropout = config.resolution, config.filters, config.dropout
     levels = num_levels(resolution)
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")

@@ -13,7 +13,15 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.atomic import write_text_atomic
-from provided_code.config import CONFIG_FILE, ConfigError, TrainConfig, read_saved_config, read_tf_config
+from provided_code.config import (
+    CONFIG_FILE,
+    CURVES_FILE,
+    LOG_FILE,
+    ConfigError,
+    TrainConfig,
+    read_saved_config,
+    read_tf_config,
+)
 from provided_code.data.augment import Augmenter
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
@@ -46,8 +54,6 @@ from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-LOG_FILE = "training_log.csv"
-CURVES_FILE = "training_curves.png"
 class WorkerLostError(UserError, RuntimeError):
     """A multi-worker run stopped because another worker failed or stopped answering."""
 

@@ -11,7 +11,7 @@ import keras
 
 from provided_code.metrics.scoring import score_split
 from provided_code.inference import PredictionError, predict_full_resolution
-from provided_code.training.checkpoints import read_best, save_best
+from provided_code.training.checkpoints import BEST_FILE, read_best, save_best
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ValidationScores(keras.callbacks.Callback):
         self.best = read_best(self.models_dir)
         if self.best is not None:
             logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
-                        self.best["val_dose_score"], self.models_dir / "best.keras")
+                        self.best["val_dose_score"], self.models_dir / BEST_FILE)
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
@@ -70,5 +70,5 @@ class ValidationScores(keras.callbacks.Callback):
             save_best(self.model, self.models_dir, self.best)
         logger.info("epoch %d: validation dose score %.4f Gy, DVH score %.4f Gy (%d patients, %.1f s)%s", done,
                     scores.dose_score, scores.dvh_score, len(self.arrays), time.perf_counter() - start,
-                    "; new best, saved best.keras" if improved else
+                    f"; new best, saved {BEST_FILE}" if improved else
                     f"; best: epoch {self.best['epoch']}" if self.best else "")
