@@ -79,6 +79,7 @@ def child(spec: dict) -> dict:
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     import provided_code.networks.unet as unet
     from provided_code.training.step import TrainStep
+    from provided_code.training.model import new_model
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -110,13 +111,13 @@ def child(spec: dict) -> dict:
         model = unet.build_unet(TrainConfig(resolution=resolution, filters=spec["filters"]))
         predict_batch = tf.function(lambda inputs: model(inputs, training=False))
         scoring = ValidationScores(full, resolution, batch, score_every=1, epochs=2,
-                                   models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), predict_batch=predict_batch)
-        scoring.set_model(model)
+                                   models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), model=model,
+                                   predict_batch=predict_batch)
         try:
-            scoring.on_train_begin()
-            scoring.on_epoch_end(0, {})  # traces the prediction; saves best.keras
+            scoring.start()
+            scoring.measure(0)  # traces the prediction; saves best.keras
             start = time.perf_counter()
-            scoring.on_epoch_end(1, {})
+            scoring.measure(1)
             return {"score_s": time.perf_counter() - start, "patients": len(full)}
         finally:
             shutil.rmtree(scoring.models_dir, ignore_errors=True)
@@ -130,8 +131,7 @@ def child(spec: dict) -> dict:
             3, strides=1, padding="same", dtype=dtype, name=name)
     try:
         with strategy.scope():
-            model = unet.build_unet(config)
-            model.compile(optimizer=keras.optimizers.Adam(2e-4, beta_1=0.5, beta_2=0.999), loss="mae")
+            model = new_model(config)
             model.optimizer.build(model.trainable_variables)
     finally:
         unet.AveragePool3x3x3 = original

@@ -12,8 +12,9 @@ import tensorflow as tf
 from types import SimpleNamespace
 from provided_code.constants import STRUCTURES
 from provided_code.data.tf_dataset import take_element
+from provided_code.losses import mean_absolute_error
 from provided_code.networks.layers import CompactInputs
-from provided_code.networks.unet import build_unet
+from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
 
@@ -47,7 +48,7 @@ def small_model_without_batch_norm():
     x = keras.layers.Conv3D(4, 3, padding="same", activation="relu")(x)
     dose = keras.layers.Conv3D(1, 3, padding="same")(x)
     model = keras.Model({"ct": ct, "structure_masks": structure_masks}, dose)
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae")
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
     model.optimizer.build(model.trainable_variables)
     return model
 
@@ -56,9 +57,10 @@ def test_accumulating_two_batches_of_one_equals_one_batch_of_two():
     arrays = Arrays()
     strategy = tf.distribute.get_strategy()
     whole = small_model_without_batch_norm()
-    loss_whole = TrainStep(whole, strategy, batch_size=2, xla=False).train(element(arrays, [2, 0], [0.5, 0.5]))
+    loss_whole = TrainStep(whole, strategy, batch_size=2, xla=False, loss_fn=mean_absolute_error).train(
+        element(arrays, [2, 0], [0.5, 0.5]))
     accumulated = small_model_without_batch_norm()
-    step = TrainStep(accumulated, strategy, batch_size=1, xla=False, accumulate=2)
+    step = TrainStep(accumulated, strategy, batch_size=1, xla=False, accumulate=2, loss_fn=mean_absolute_error)
     loss_accumulated = step.train(element(arrays, [2, 0], [0.5, 0.5]))  # micro-batches [2], [0]
     assert float(loss_accumulated) == pytest.approx(float(loss_whole), rel=1e-6)
     before = small_model_without_batch_norm()
@@ -73,18 +75,19 @@ def test_padding_patients_weigh_nothing():
     arrays = Arrays()
     strategy = tf.distribute.get_strategy()
     model = small_model_without_batch_norm()
-    one = float(TrainStep(model, strategy, batch_size=1, xla=False)._evaluate(element(arrays, [1], [1.0])))
-    padded = float(TrainStep(model, strategy, batch_size=2, xla=False)._evaluate(element(arrays, [1, 3], [1.0, 0.0])))
+    one = float(TrainStep(model, strategy, batch_size=1, xla=False, loss_fn=mean_absolute_error)._evaluate(
+        element(arrays, [1], [1.0])))
+    padded = float(TrainStep(model, strategy, batch_size=2, xla=False, loss_fn=mean_absolute_error)._evaluate(
+        element(arrays, [1, 3], [1.0, 0.0])))
     assert padded == pytest.approx(one, rel=1e-6)
 
 
 def unet_steps(recompute: bool, steps: int = 3):
     keras.backend.clear_session()
     keras.utils.set_random_seed(3)
-    model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.2))
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+    model = new_model(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.2, learning_rate=1e-3))
     model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
     arrays = Arrays()
     losses = [float(step.train(element(arrays, rows, [0.5, 0.5]))) for rows in ([0, 1], [2, 3], [1, 2])[:steps]]
     return losses, model_weights(model)
@@ -101,10 +104,9 @@ def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
 
 def traced_train_step(recompute: bool):
     keras.backend.clear_session()
-    model = build_unet(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0))
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+    model = new_model(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0, learning_rate=1e-3))
     model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
     spec = {name: tf.TensorSpec(value.shape, value.dtype) for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
     return step.train.get_concrete_function(spec).graph
 
@@ -136,15 +138,16 @@ LOSS_SCALE_PROBE = textwrap.dedent("""
     from provided_code.training.strategy import make_placement
     strategy = make_placement("2", multi_worker=False).strategy
     from provided_code.networks.layers import CompactInputs
+    from provided_code.losses import mean_absolute_error
     from provided_code.training.step import TrainStep
     keras.mixed_precision.set_global_policy("mixed_float16")
     with strategy.scope():  # no batch norm: its synchronised backward pass would spread the inf by itself
         inputs = {name: keras.Input((16, 16, 16), dtype="uint16", name=name) for name in ("ct", "structure_masks")}
         x = keras.layers.Conv3D(4, 3, padding="same")(CompactInputs()([inputs["ct"], inputs["structure_masks"]]))
         model = keras.Model(inputs, keras.layers.Conv3D(1, 3, padding="same", dtype="float32")(x))
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mae")
+        model.compile(optimizer=keras.optimizers.Adam(1e-3))
         model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, strategy, batch_size=1, xla=False)
+    step = TrainStep(model, strategy, batch_size=1, xla=False, loss_fn=mean_absolute_error)
     before = [np.array(v) for v in model.trainable_weights]
     scale = float(model.optimizer.dynamic_scale.numpy())
     ct = np.zeros((2, 16, 16, 16), np.uint16)

@@ -2,22 +2,33 @@
 
 Each worker builds only its own replicas' share of every update, from its own copy of the stacked
 arrays (fancy indexing, no copy of the split); TensorFlow hands the elements to the local replicas
-in turn. An element is a dict: ``ct`` and ``structure_masks`` (uint16, what the model eats),
-``dose`` (float32 Gy, ``(..., 1)``) and ``weight`` (float32, per patient), with
-``accumulate × batch_size`` patients, micro-batch after micro-batch; for a masked loss also
-``possible_dose_mask`` (bool), and with augmentation the draws' index maps (``data.augment``),
-which the training step applies on the device.
+in turn. An element is a :class:`TrainingElement` with ``accumulate × batch_size`` patients,
+micro-batch after micro-batch.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 import tensorflow as tf
 
 from provided_code.data.augment import Augmenter
 from provided_code.data.batches import epoch_updates, take_batch
+
+
+class TrainingElement(TypedDict, total=False):
+    """What the input sends the training step, per replica (patients first; R: the resolution)."""
+
+    ct: tf.Tensor  # (patients, R, R, R) uint16 grey values: what the model eats
+    structure_masks: tf.Tensor  # (patients, R, R, R) uint16, bit k = STRUCTURES[k]: what the model eats
+    dose: tf.Tensor  # (patients, R, R, R, 1) float32 Gy
+    weight: tf.Tensor  # (patients,) float32: the update's real patients sum to 1 (training), padding 0
+    possible_dose_mask: tf.Tensor  # (patients, R, R, R) bool; with a masked loss only
+    plane_source: tf.Tensor  # (patients, R·R) int32 axial index map, -1 outside; with augmentation only
+    slice_shift: tf.Tensor  # (patients,) int32 shift along the slice axis; with augmentation only
+    mirrored: tf.Tensor  # (patients,) bool: parotid bits to swap; with augmentation only
 
 
 def updates_per_epoch(num_patients: int, batch_size: int, replicas: int = 1, accumulate: int = 1) -> int:

@@ -140,7 +140,7 @@ class RotatingCheckpoint(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.models_dir.mkdir(parents=True, exist_ok=True)
         for name in os.listdir(self.models_dir):  # left by a process killed mid-save
-            if name.startswith((".epoch_", f".{BEST_FILE}.", f".{BEST_RECORD}.")) and name.endswith((".keras", ".tmp")):
+            if name.startswith(".epoch_") and name.endswith(".keras"):
                 (self.models_dir / name).unlink()
 
     def on_epoch_end(self, epoch, logs=None):

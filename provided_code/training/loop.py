@@ -2,6 +2,9 @@
 
 Callbacks get the hooks ``fit`` would give them (train, epoch and test begin/end; batch hooks only
 when a progress bar is shown, since reading a step's loss makes the host wait for the device).
+Every figure of an epoch (loss, validation loss, and what the epoch measures add: peak memory,
+validation scores) is in its logs before any callback's ``on_epoch_end`` runs, so callbacks read
+them in any order.
 """
 
 from __future__ import annotations
@@ -13,15 +16,22 @@ from provided_code.training.step import TrainStep
 
 
 def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_data, updates_per_epoch: int,
-               first_epoch: int, epochs: int, validation=None, batch_logs: bool = False) -> dict:
+               first_epoch: int, epochs: int, validation=None, batch_logs: bool = False, measures=()) -> dict:
     """Train epochs ``first_epoch .. epochs - 1`` (0-based) from ``train_data``, which holds exactly
     ``updates_per_epoch`` elements per epoch; ``validation`` is ``(dataset, patients)`` or None.
+
+    ``measures``: objects with ``start()``, ``begin_epoch(epoch)`` and ``measure(epoch) -> dict``,
+    asked in turn after the validation loss (peak memory first, before the scores' predictions).
     Returns the last epoch's logs."""
     logs: dict = {}
+    for measure in measures:
+        measure.start()
     callbacks.on_train_begin()
     batches = iter(train_data)
     for epoch in range(first_epoch, epochs):
         callbacks.on_epoch_begin(epoch)
+        for measure in measures:
+            measure.begin_epoch(epoch)
         losses = []
         for index in range(updates_per_epoch):
             if batch_logs:
@@ -34,6 +44,8 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
             callbacks.on_test_begin()
             logs["val_loss"] = step.evaluate(*validation)
             callbacks.on_test_end({"loss": logs["val_loss"]})
+        for measure in measures:
+            logs.update(measure.measure(epoch))
         callbacks.on_epoch_end(epoch, logs)
     callbacks.on_train_end(logs)
     return logs

@@ -11,7 +11,6 @@ import logging
 import resource
 import sys
 
-import keras
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
@@ -48,27 +47,25 @@ def current_rss_mb() -> float:
     raise OSError("no VmRSS in /proc/self/status")
 
 
-class PeakMemory(keras.callbacks.Callback):
-    """Put ``peak_memory_mb`` into each epoch's logs (for the CSV log)."""
+class PeakMemory:
+    """An epoch measure (see :func:`provided_code.training.loop.run_epochs`): ``peak_memory_mb``,
+    the peak over the epoch's training and validation."""
 
     def __init__(self):
-        super().__init__()
         self.gpus: list[str] = []
 
-    def on_train_begin(self, logs=None):
+    def start(self) -> None:
         self.gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def begin_epoch(self, epoch: int) -> None:
         for gpu in self.gpus:
             tf.config.experimental.reset_memory_stats(gpu)
         if not self.gpus:
             reset_peak_rss()
 
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
-            return
+    def measure(self, epoch: int) -> dict:
         if self.gpus:
             peak = max(tf.config.experimental.get_memory_info(gpu)["peak"] for gpu in self.gpus) / 2**20
         else:
             peak = peak_rss_mb()
-        logs["peak_memory_mb"] = round(peak, 1)
+        return {"peak_memory_mb": round(peak, 1)}

@@ -13,7 +13,7 @@ import keras
 import tensorflow as tf
 
 from provided_code.data.tf_augment import apply_geometry
-from provided_code.losses import mean_absolute_error
+from provided_code.data.tf_dataset import TrainingElement
 from provided_code.training.graph_pieces import training_forward
 
 MODEL_INPUTS = ("ct", "structure_masks")
@@ -25,12 +25,17 @@ class TrainStep:
     ``xla``: with one replica the whole per-replica loss-and-gradients function is compiled; with
     several, the layers between synchronised batch-norm layers are (``graph_pieces``).
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
-    ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``). Training
-    elements that carry augmentation draws are moved by them first, on the device.
+    ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``; no default here:
+    the run's comes from its config). Training elements that carry augmentation draws are moved by
+    them first, on the device.
+
+    Loss normalisation lives in the data layer alone: each patient's ``weight`` (the update's real
+    patients sum to 1, padding weighs 0), so a replica's share of any term, the regularisers too,
+    is its patients' weight sum, and the update's summed gradient is its mean loss's.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
-                 accumulate: int = 1, recompute: bool = False, loss_fn=mean_absolute_error):
+                 accumulate: int = 1, recompute: bool = False, *, loss_fn):
         self.model = model
         self.strategy = strategy
         self.batch_size = batch_size
@@ -43,19 +48,19 @@ class TrainStep:
         compile_whole = xla and self.replicas == 1
         self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
             else self._replica_loss_and_grads
-        self._predict_loss = tf.function(self._replica_eval_loss_compiled, jit_compile=xla)
+        self._eval_loss = tf.function(self._replica_eval_loss_body, jit_compile=xla)  # XLA only with --xla
         self.train = tf.function(self._distributed_train)
         self._evaluate = tf.function(self._distributed_evaluate)
 
     # -- per replica -------------------------------------------------------------------------
-    def _replica_loss_and_grads(self, element):
+    def _replica_loss_and_grads(self, element: TrainingElement):
         model = self.model
         element = apply_geometry(element)
         with tf.GradientTape() as tape:
             predicted = self._forward({name: element[name] for name in MODEL_INPUTS})
             loss = tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
-            if model.losses:  # regularisers: once per update across replicas and micro-batches
-                loss += tf.add_n(model.losses) / (self.replicas * self.accumulate)
+            if model.losses:  # regularisers: once per update, shared by the weights of its patients
+                loss += tf.add_n(model.losses) * tf.reduce_sum(element["weight"])
             scaled = model.optimizer.scale_loss(loss) if self.loss_scaling else loss
         return loss, tape.gradient(scaled, model.trainable_variables)
 
@@ -103,9 +108,9 @@ class TrainStep:
 
     def _replica_eval_loss(self, element):
         with tf.device(self._local_device()):
-            return self._predict_loss(element)
+            return self._eval_loss(element)
 
-    def _replica_eval_loss_compiled(self, element):
+    def _replica_eval_loss_body(self, element: TrainingElement):
         predicted = self.model({name: element[name] for name in MODEL_INPUTS}, training=False)
         return tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
 

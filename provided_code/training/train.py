@@ -23,12 +23,11 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.augment import Augmenter
-from provided_code.data.cache import load_split
+from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
 from provided_code.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
-from provided_code.networks.unet import build_unet
 from provided_code.preflight import require_training_data
 from provided_code.progress import Progress, no_progress
 from provided_code.run_lock import RunLock
@@ -48,7 +47,8 @@ from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
 from provided_code.training.step import TrainStep
-from provided_code.training.strategy import make_placement
+from provided_code.training.model import new_model
+from provided_code.training.strategy import Placement, make_placement
 from provided_code.training.validation_scores import ValidationScores
 from provided_code.errors import UserError
 
@@ -82,8 +82,83 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
         return _train(config, progress, verbose, start_over)
 
 
+@dataclasses.dataclass
+class Validation:
+    """The validation patients that have reference doses: at the training resolution (for the
+    validation loss) and at 128³ (for the challenge's scores)."""
+
+    arrays: SplitArrays
+    full: SplitArrays
+
+
+@dataclasses.dataclass
+class Hardware:
+    placement: Placement
+    device: str  # what the log calls the device
+    policy: str  # the dtype policy, concrete
+    xla: bool
+    xla_reason: str
+    learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
+
+
 def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool) -> TrainResult:
-    # -- 1. Settings: a resume must not silently change the model.
+    saved = _settings(config, start_over)  # 1. a resume must not silently change the model
+    train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
+    hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
+    config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
+    initial_epoch, model = _new_or_resumed_model(config, hardware)  # 4. newest checkpoint that loads, or new
+    _describe_run(config, hardware, model, validation)
+    placement = hardware.placement
+    if placement.is_chief:
+        config.models_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+    if initial_epoch >= config.epochs:
+        logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
+                    config.model_name, initial_epoch, config.epochs)
+        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, _newest(config))
+
+    # 5. The loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
+    #    every worker feeds its own replicas' share of each update. Only the chief writes.
+    #    Augmentation is drawn here on the host and applied on the device, inside the step.
+    strategy = placement.strategy
+    shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
+    with_mask = needs_possible_dose_mask(config.loss)
+    augmenter = (Augmenter(config.augmentations, train_arrays.possible_dose_mask, config.seed)
+                 if config.augmentations else None)
+    train_data = distributed_dataset(strategy, train_arrays, update_schedule(
+        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape),
+        with_mask=with_mask, augmenter=augmenter)
+    validation_input = None  # (dataset, patients): the validation loss
+    if validation is not None:
+        validation_input = (distributed_dataset(strategy, validation.arrays, update_schedule(
+            len(validation.arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
+            with_mask=with_mask), len(validation.arrays))
+    step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
+                     recompute=config.recompute, loss_fn=loss_function(config.loss))
+    callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
+                                                  len(train_arrays))
+    steps = updates_per_epoch(len(train_arrays), **shape)
+    show_bar = verbose == 1 and placement.is_chief
+    callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
+                                                 verbose=1 if show_bar else 0, epochs=config.epochs, steps=steps)
+    try:
+        run_epochs(step, callback_list, train_data, steps, initial_epoch, config.epochs, validation_input,
+                   batch_logs=show_bar, measures=measures)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
+            tf.errors.AbortedError, tf.errors.InternalError) as error:
+        if placement.workers == 1:
+            raise
+        raise WorkerLostError(
+            f"Multi-worker training stopped: a worker failed or stopped answering (the others wait at most "
+            f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
+            f"The newest checkpoint in {config.models_dir} is intact: restart every worker with the same "
+            f"command to resume.") from None
+    logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
+    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, _newest(config))
+
+
+def _settings(config: TrainConfig, start_over: bool) -> TrainConfig | None:
+    """The saved config of the model (None for a new one), checked against ``config``."""
     if start_over:
         moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
             config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
@@ -97,139 +172,110 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     elif list_checkpoints(config.models_dir):
         raise ConfigError(f"{config.models_dir} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
                           f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
-
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
                           "(or pip install tensorboard)")
+    return saved
 
-    # -- 2. Data: parsed once into the cache, stacked in memory, batches by fancy indexing.
+
+def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
+    """The training patients, and the validation patients with doses (None without any): parsed
+    once into the cache, stacked in memory, brought to the training resolution."""
     train_dir = require_training_data(config.data_dir)
     train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
                                                skip_incomplete=config.skip_incomplete, progress=progress),
                                     config.resolution)
-    validation_arrays = validation_full = None  # at the training resolution, and at 128³ for the scores
+    validation = None
     validation_dir = Path(config.data_dir) / "validation-pats"
-    if validation_dir.is_dir():  # validation loss over the patients that have a reference dose
-        validation = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
-                                skip_incomplete=config.skip_incomplete, progress=progress)
-        if validation.has_dose.any():
-            validation_full = validation.select(np.flatnonzero(validation.has_dose))
-            validation_arrays = downsample_split(validation_full, config.resolution)
+    if validation_dir.is_dir():
+        patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
+                              skip_incomplete=config.skip_incomplete, progress=progress)
+        if patients.has_dose.any():
+            full = patients.select(np.flatnonzero(patients.has_dose))
+            validation = Validation(downsample_split(full, config.resolution), full)
         else:
             logger.info("%s has no dose.csv files: no validation loss", validation_dir)
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
-                f", validating on {len(validation_arrays)}" if validation_arrays is not None else "")
+                f", validating on {len(validation.full)}" if validation is not None else "")
+    return train_arrays, validation
 
-    # -- 3. Hardware: strategy (first: it may split the CPU or join a cluster), precision, XLA.
+
+def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
+    """The strategy first (it may split the CPU or join a cluster), then precision and XLA; sets
+    the dtype policy, the seeds and, on a CPU without XLA, deterministic ops."""
     placement = make_placement(config.devices, config.multi_worker, config.collective_timeout)
-    strategy = placement.strategy
     device, capabilities = describe_devices()
     if saved is not None and config.precision == "auto":
         policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
     else:
         policy = resolve_precision(config.precision, capabilities)
-    # The saved config records the concrete policy; loading under it restores the loss-scale optimizer.
-    config = dataclasses.replace(config, precision=policy)
-    keras.mixed_precision.set_global_policy(policy)
+    keras.mixed_precision.set_global_policy(policy)  # loading under it restores the loss-scale optimizer
     keras.utils.set_random_seed(config.seed)
     xla, xla_reason = _resolve_xla(config.xla, bool(capabilities))
     if not capabilities and not xla:  # deterministic ops: a resumed run equals an uninterrupted one
         tf.config.experimental.enable_op_determinism()
-    global_batch = config.batch_size * placement.replicas
     learning_rate = config.learning_rate * (placement.replicas if config.scale_lr else 1)
+    global_batch = config.batch_size * placement.replicas
     logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global%s; learning rate %g%s",
                 placement.description, config.batch_size, placement.replicas, global_batch,
                 f" × {config.accumulate} accumulated = {global_batch * config.accumulate} per update"
                 if config.accumulate > 1 else "", learning_rate,
                 " (scaled by the replica count)" if config.scale_lr and placement.replicas > 1 else "")
+    return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
 
-    # -- 4. Model: the newest checkpoint that loads, else a new one; the optimizer built eagerly.
-    with strategy.scope():
+
+def _new_or_resumed_model(config: TrainConfig, hardware: Hardware) -> tuple[int, keras.Model]:
+    """``(epochs done, model)``: the newest checkpoint that loads, else a new model; the optimizer
+    built eagerly, under the strategy; every worker checked to resume from the same epoch."""
+    with hardware.placement.strategy.scope():
         resumed = load_newest(config.models_dir)
         if resumed is not None:
             initial_epoch, model = resumed
             logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
         else:
-            initial_epoch = 0
-            model = build_unet(config)
-            model.compile(optimizer=keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999),
-                          loss="mean_absolute_error")
+            initial_epoch, model = 0, new_model(config, hardware.learning_rate)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-    if placement.workers > 1:
-        _check_workers_agree(strategy, initial_epoch)
-    logger.info("Device: %s; dtype policy %s (%s); XLA %s (%s); %s; %s", device, policy,
-                type(model.optimizer).__name__, "on" if xla else "off", xla_reason, describe_cpu_kernels(),
+    if hardware.placement.workers > 1:
+        _check_workers_agree(hardware.placement.strategy, initial_epoch)
+    return initial_epoch, model
+
+
+def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, validation: Validation | None) -> None:
+    logger.info("Device: %s; dtype policy %s (%s); XLA %s (%s); %s; %s", hardware.device, hardware.policy,
+                type(model.optimizer).__name__, "on" if hardware.xla else "off", hardware.xla_reason,
+                describe_cpu_kernels(),
                 "recomputing block activations in the backward pass" if config.recompute else "activations kept")
+    scoring = ("off" if not config.score_every else "off (no validation patients with doses)" if validation is None
+               else f"every {config.score_every} epoch(s) and at the last")
     logger.info("Recipe: loss %s; augmentation %s; learning rate %s%s; validation scores %s", config.loss,
                 config.augment, config.lr_schedule,
-                f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
-                f"every {config.score_every} epoch(s) and at the last" if config.score_every and validation_full
-                is not None else "off" if not config.score_every else "off (no validation patients with doses)")
+                f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "", scoring)
 
-    if placement.is_chief:
-        config.models_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
-    if initial_epoch >= config.epochs:
-        logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
-                    config.model_name, initial_epoch, config.epochs)
-        return TrainResult(initial_epoch, initial_epoch, policy, device, _newest(config))
 
-    # -- 5. Loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
-    #    every worker feeds its own replicas' share of each update. Only the chief writes.
-    #    Augmentation is drawn here on the host and applied on the device, inside the step.
-    shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
-    with_mask = needs_possible_dose_mask(config.loss)
-    augmenter = (Augmenter(config.augmentations, train_arrays.possible_dose_mask, config.seed)
-                 if config.augmentations else None)
-    train_data = distributed_dataset(strategy, train_arrays, update_schedule(
-        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape),
-        with_mask=with_mask, augmenter=augmenter)
-    validation = None
-    if validation_arrays is not None:
-        validation = (distributed_dataset(strategy, validation_arrays, update_schedule(
-            len(validation_arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
-            with_mask=with_mask), len(validation_arrays))
-    step = TrainStep(model, strategy, config.batch_size, xla=xla, accumulate=config.accumulate,
-                     recompute=config.recompute, loss_fn=loss_function(config.loss))
+def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: keras.Model,
+                            validation: Validation | None, initial_epoch: int, patients: int) -> tuple[list, list]:
+    """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log,
+    checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory, then the
+    validation scores, whose predictions must not count in the peak)."""
     callbacks = [ReseedDropoutEachEpoch(config.seed),
-                 epoch_learning_rates(learning_rate, config.epochs, config.lr_schedule, config.warmup_epochs)]
-    if placement.is_chief:
-        scores = None
-        if config.score_every and validation_full is not None:
-            predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=xla)
-            scores = ValidationScores(validation_full, config.resolution, config.batch_size, config.score_every,
-                                      config.epochs, config.models_dir, predict_batch)
-        callbacks += [
-            PeakMemory(),  # the training peak, before scoring's predictions
-            *([scores] if scores else []),  # puts the scores into the logs the CSV logger writes
-            EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=len(train_arrays),
-                           epochs=config.epochs),
-            RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
-        ]
-        if scores:
-            callbacks.append(TrainingCurves(config.run_dir / LOG_FILE, config.run_dir / CURVES_FILE,
-                                            best_epoch=lambda: scores.best and scores.best["epoch"]))
-        if config.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
-    steps = updates_per_epoch(len(train_arrays), **shape)
-    show_bar = verbose == 1 and placement.is_chief
-    callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
-                                                 verbose=1 if show_bar else 0, epochs=config.epochs, steps=steps)
-    try:
-        run_epochs(step, callback_list, train_data, steps, initial_epoch, config.epochs, validation,
-                   batch_logs=show_bar)
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
-            tf.errors.AbortedError, tf.errors.InternalError) as error:
-        if placement.workers == 1:
-            raise
-        raise WorkerLostError(
-            f"Multi-worker training stopped: a worker failed or stopped answering (the others wait at most "
-            f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
-            f"The newest checkpoint in {config.models_dir} is intact: restart every worker with the same "
-            f"command to resume.") from None
-    logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
-    return TrainResult(initial_epoch, config.epochs, policy, device, _newest(config))
+                 epoch_learning_rates(hardware.learning_rate, config.epochs, config.lr_schedule, config.warmup_epochs)]
+    if not hardware.placement.is_chief:
+        return callbacks, []
+    measures = [PeakMemory()]
+    callbacks += [
+        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
+        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+    ]
+    if config.score_every and validation is not None:
+        predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
+        measures.append(ValidationScores(validation.full, config.resolution, config.batch_size, config.score_every,
+                                         config.epochs, config.models_dir, model, predict_batch))
+        callbacks.append(TrainingCurves(config.run_dir / LOG_FILE, config.run_dir / CURVES_FILE, config.models_dir,
+                                        initial_epoch))
+    if config.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+    return callbacks, measures
 
 
 def _warn_schedule_change(config: TrainConfig, saved: TrainConfig) -> None:

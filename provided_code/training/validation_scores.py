@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import keras
 
 from provided_code.metrics.scoring import score_split
 from provided_code.inference import PredictionError, predict_full_resolution
-from provided_code.training.checkpoints import BEST_FILE, read_best, save_best
+from provided_code.training.checkpoints import BEST_FILE, BEST_RECORD, read_best, save_best
 
 logger = logging.getLogger(__name__)
 
@@ -21,21 +22,22 @@ def is_scoring_epoch(done: int, score_every: int, epochs: int) -> bool:
     return score_every > 0 and (done % score_every == 0 or done == epochs)
 
 
-class ValidationScores(keras.callbacks.Callback):
-    """Every ``score_every`` epochs and at epoch ``epochs``: predict the validation patients,
-    bring them to 128³ and mask them as ``--predict-only`` does, and score them with the code of
-    ``openkbp-score``; put ``val_dose_score`` and ``val_dvh_score`` into the epoch's logs; keep
-    ``best.keras`` (lowest dose score so far, its record read back on resume).
+class ValidationScores:
+    """An epoch measure (see :func:`provided_code.training.loop.run_epochs`): every ``score_every``
+    epochs and at epoch ``epochs``, predict the validation patients, bring them to 128³ and mask
+    them as ``--predict-only`` does, and score them with the code of ``openkbp-score``:
+    ``val_dose_score`` and ``val_dvh_score``; keep ``best.keras`` (lowest dose score so far, its
+    record ``best.json`` read back on resume).
 
-    ``arrays``: the 128³ validation patients with reference doses. ``predict_batch``: inputs →
-    doses at ``resolution`` (a plain model call, no collectives: only the chief scores).
-    Place before the CSV logger, which writes the scores.
+    ``arrays``: the 128³ validation patients with reference doses. ``model``: what is saved as
+    best. ``predict_batch``: inputs → doses at ``resolution`` (a plain model call, no collectives:
+    only the chief scores).
     """
 
     def __init__(self, arrays, resolution: int, batch_size: int, score_every: int, epochs: int,
-                 models_dir: Path, predict_batch):
-        super().__init__()
+                 models_dir: Path, model: keras.Model, predict_batch):
         self.arrays = arrays
+        self.model = model
         self.resolution = resolution
         self.batch_size = batch_size
         self.score_every = score_every
@@ -44,25 +46,31 @@ class ValidationScores(keras.callbacks.Callback):
         self.predict_batch = predict_batch
         self.best = None
 
-    def on_train_begin(self, logs=None):
+    def start(self) -> None:
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(self.models_dir):  # left by a process killed while saving best.keras
+            if name.startswith((f".{BEST_FILE}.", f".{BEST_RECORD}.")):
+                (self.models_dir / name).unlink()
         self.best = read_best(self.models_dir)
         if self.best is not None:
             logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
                         self.best["val_dose_score"], self.models_dir / BEST_FILE)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def begin_epoch(self, epoch: int) -> None:
+        pass
+
+    def measure(self, epoch: int) -> dict:
         done = epoch + 1
-        if logs is None or not is_scoring_epoch(done, self.score_every, self.epochs):
-            return
+        if not is_scoring_epoch(done, self.score_every, self.epochs):
+            return {}
         start = time.perf_counter()
         try:
             predictions = predict_full_resolution(self.predict_batch, self.arrays, self.resolution, self.batch_size,
                                                   label=f"The model at epoch {done}")
         except PredictionError as error:
             logger.warning("Validation scores skipped at epoch %d: %s", done, error)
-            return
+            return {}
         scores = score_split(self.arrays, lambda row: predictions[row])
-        logs["val_dose_score"], logs["val_dvh_score"] = scores.dose_score, scores.dvh_score
         improved = math.isfinite(scores.dose_score) and (
             self.best is None or scores.dose_score < self.best["val_dose_score"])
         if improved:
@@ -72,3 +80,4 @@ class ValidationScores(keras.callbacks.Callback):
                     scores.dose_score, scores.dvh_score, len(self.arrays), time.perf_counter() - start,
                     f"; new best, saved {BEST_FILE}" if improved else
                     f"; best: epoch {self.best['epoch']}" if self.best else "")
+        return {"val_dose_score": scores.dose_score, "val_dvh_score": scores.dvh_score}

@@ -1,0 +1,23 @@
+"""A new model and its optimizer, made in one place: training, the benchmarks and the tests start
+from here."""
+
+from __future__ import annotations
+
+import keras
+
+from provided_code.networks.unet import build_unet
+
+
+def new_optimizer(learning_rate: float) -> keras.optimizers.Optimizer:
+    """Adam with the OpenKBP starter's betas (0.5, 0.999)."""
+    return keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999)
+
+
+def new_model(config, learning_rate: float | None = None) -> keras.Model:
+    """The U-Net of ``config`` (``filters``, ``resolution``, ``dropout``), compiled with its
+    optimizer (``learning_rate``, default ``config.learning_rate``) under the current dtype policy
+    (Keras wraps the optimizer for loss scaling under ``mixed_float16``). No loss is compiled: the
+    training step computes its own (``provided_code.losses``)."""
+    model = build_unet(config)
+    model.compile(optimizer=new_optimizer(config.learning_rate if learning_rate is None else learning_rate))
+    return model
