@@ -28,7 +28,9 @@ memory are each measurement's own; all of them in one run, side by side:
   seconds one ``--score-every`` scoring takes (prediction at the benchmark's config, back to 128³,
   the challenge's scores) for the phantoms;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
-- the input pipeline's share of the fastest step, and the fetch time of a batch at 128³.
+- the input pipeline's share of the fastest step (the pipeline the default recipe trains with: the
+  possible-dose mask for the masked loss, the default augmentation's draws), and the fetch time of
+  a batch at 128³.
 
 CPU figures only; nothing here says what a GPU does.
 """
@@ -49,37 +51,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- in a child process: one measurement --------------------------------------------------------
 def child(spec: dict) -> dict:
+    """One measurement in this fresh process: settings first (oneDNN, logical devices), then the
+    kind's own function."""
     from provided_code.environment import configure_tensorflow
 
     configure_tensorflow()  # leaves TF_ENABLE_ONEDNN_OPTS alone when the parent set or removed it
     if spec.get("onednn") == "default":
         os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
-    import shutil
-    import tempfile
-    import time
-
-    import numpy as np
-
     from provided_code.training.strategy import make_placement
 
     strategy = make_placement(str(spec.get("devices", 1)), multi_worker=False).strategy  # before TF starts
-    import keras
     import tensorflow as tf
 
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
         tf.config.threading.set_inter_op_parallelism_threads(1)
-    from provided_code.config import TrainConfig
+    kinds = {"fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step}
+    return kinds[spec.get("kind", "step")](spec, strategy)
+
+
+def _phantoms(spec: dict):
+    """Four phantoms at 128³, and at the spec's resolution."""
+    import shutil
+    import tempfile
+
     from provided_code.data.cache import load_split
     from provided_code.data.phantoms import write_phantom_split
     from provided_code.data.resample import downsample_split
-    from provided_code.data.augment import Augmenter
-    from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
-    from provided_code.losses import masked_mean_absolute_error, mean_absolute_error
-    from provided_code.environment import describe_cpu_kernels
-    from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
-    import provided_code.networks.unet as unet
-    from provided_code.training.step import TrainStep
-    from provided_code.training.model import new_model
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
@@ -87,54 +84,102 @@ def child(spec: dict) -> dict:
         full = load_split(workdir / "train-pats", cache_dir=workdir / "cache", workers=1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    resolution, batch, accumulate = spec["resolution"], spec["batch_size"], spec.get("accumulate", 1)
-    arrays = downsample_split(full, resolution)
-    replicas = strategy.num_replicas_in_sync
+    return full, downsample_split(full, spec["resolution"])
 
-    if spec.get("kind") == "fetch":  # seconds to pull one element from the input pipeline
-        schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0, epochs=40)
-        iterator = iter(distributed_dataset(strategy, arrays, schedule))
+
+def child_fetch(spec: dict, strategy) -> dict:
+    """Seconds to pull one element from the input pipeline training uses with the default recipe
+    (masked loss: the possible-dose mask; the default augmentation's draws)."""
+    import time
+
+    import numpy as np
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.augment import Augmenter
+    from provided_code.data.tf_dataset import distributed_dataset, update_schedule
+    from provided_code.losses import needs_possible_dose_mask
+
+    _, arrays = _phantoms(spec)
+    defaults = TrainConfig()
+    augmenter = Augmenter(defaults.augmentations, arrays.possible_dose_mask, seed=0) if defaults.augmentations else None
+    schedule = update_schedule(len(arrays), spec["batch_size"], strategy.num_replicas_in_sync,
+                               spec.get("accumulate", 1), seed=0, first_epoch=0, epochs=40)
+    iterator = iter(distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(defaults.loss),
+                                        augmenter=augmenter))
+    next(iterator)
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
         next(iterator)
-        times = []
-        for _ in range(20):
-            start = time.perf_counter()
-            next(iterator)
-            times.append(time.perf_counter() - start)
-        del iterator  # a from_generator iterator left mid-stream blocks the interpreter's exit
-        return {"fetch_s": float(np.median(times))}
-    if spec.get("kind") == "parameters":
-        return {"parameters": unet.build_unet(TrainConfig()).count_params()}
-    if spec.get("kind") == "score":  # one --score-every scoring of the phantoms, after a warm-up one
-        from provided_code.training.validation_scores import ValidationScores
+        times.append(time.perf_counter() - start)
+    del iterator  # a from_generator iterator left mid-stream blocks the interpreter's exit
+    return {"fetch_s": float(np.median(times))}
 
-        keras.utils.set_random_seed(0)
-        model = unet.build_unet(TrainConfig(resolution=resolution, filters=spec["filters"]))
-        predict_batch = tf.function(lambda inputs: model(inputs, training=False))
-        scoring = ValidationScores(full, resolution, batch, score_every=1, epochs=2,
-                                   models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), model=model,
-                                   predict_batch=predict_batch)
-        try:
-            scoring.start()
-            scoring.measure(0)  # traces the prediction; saves best.keras
-            start = time.perf_counter()
-            scoring.measure(1)
-            return {"score_s": time.perf_counter() - start, "patients": len(full)}
-        finally:
-            shutil.rmtree(scoring.models_dir, ignore_errors=True)
 
+def child_parameters(spec: dict, strategy) -> dict:
+    from provided_code.config import TrainConfig
+    from provided_code.networks.unet import build_unet
+
+    return {"parameters": build_unet(TrainConfig()).count_params()}
+
+
+def child_score(spec: dict, strategy) -> dict:
+    """One --score-every scoring of the phantoms, after a warm-up one."""
+    import shutil
+    import tempfile
+    import time
+
+    import keras
+    import tensorflow as tf
+
+    from provided_code.config import TrainConfig
+    from provided_code.networks.unet import build_unet
+    from provided_code.training.validation_scores import ValidationScores
+
+    full, _ = _phantoms(spec)
+    keras.utils.set_random_seed(0)
+    model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]))
+    predict_batch = tf.function(lambda inputs: model(inputs, training=False))
+    scoring = ValidationScores(full, spec["resolution"], spec["batch_size"], score_every=1, epochs=2,
+                               models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), model=model,
+                               predict_batch=predict_batch)
+    try:
+        scoring.start()
+        scoring.measure(0)  # traces the prediction; saves best.keras
+        start = time.perf_counter()
+        scoring.measure(1)
+        return {"score_s": time.perf_counter() - start, "patients": len(full)}
+    finally:
+        shutil.rmtree(scoring.models_dir, ignore_errors=True)
+
+
+def child_step(spec: dict, strategy) -> dict:
+    """Training steps: the first (trace, compile, step) and the steady ones; memory around them."""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.augment import Augmenter
+    from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
+    from provided_code.environment import describe_cpu_kernels
+    from provided_code.losses import masked_mean_absolute_error, mean_absolute_error
+    from provided_code.training.hardware import describe_devices
+    from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+    from provided_code.training.model import new_model
+    from provided_code.training.step import TrainStep
+
+    _, arrays = _phantoms(spec)
+    resolution, batch, accumulate = spec["resolution"], spec["batch_size"], spec.get("accumulate", 1)
+    replicas = strategy.num_replicas_in_sync
     keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
     config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2)
-    original = unet.AveragePool3x3x3
-    if spec.get("builtin_pool"):
-        unet.AveragePool3x3x3 = lambda dtype, name: keras.layers.AveragePooling3D(
-            3, strides=1, padding="same", dtype=dtype, name=name)
-    try:
-        with strategy.scope():
-            model = new_model(config)
-            model.optimizer.build(model.trainable_variables)
-    finally:
-        unet.AveragePool3x3x3 = original
+    with strategy.scope():
+        model = new_model(config, keras_pooling=spec.get("builtin_pool", False))
+        model.optimizer.build(model.trainable_variables)
     augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
     fed_by_pipeline = augment is not None
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
@@ -180,7 +225,8 @@ def child(spec: dict) -> dict:
     live_peak = tf.config.experimental.get_memory_info(device)["peak"] if live_before is not None else None
     return {"first_step_s": first, "step_s": step_s, "samples_per_s": rows.size / step_s,
             "step_memory_mb": (live_peak - live_before) / 2**20 if live_before is not None else None,
-            "step_rss_mb": max(rss_after_first, peak_rss_mb()) - rss_before, "cpu_kernels": describe_cpu_kernels()}
+            "step_rss_mb": max(rss_after_first, peak_rss_mb()) - rss_before, "cpu_kernels": describe_cpu_kernels(),
+            "device": describe_devices()[0]}
 
 
 # -- in the parent: every measurement, side by side --------------------------------------------
@@ -276,13 +322,12 @@ def main() -> None:
     on, xla = runs["onednn_on"], runs["xla"]
     fastest = min(on["step_s"], xla["step_s"], runs["mixed_float16"]["step_s"])
     print(json.dumps({
-        "config": {**base, "device": "CPU", "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+        "config": {**base, "device": on["device"], "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
                    "cpu_flags": cpu_flags(), "cpu_kernels_by_default": runs["onednn_default"]["cpu_kernels"]},
         "samples_per_s_xla": xla["samples_per_s"],
         "samples_per_s_no_xla": on["samples_per_s"],
         "first_step_s_xla": xla["first_step_s"],
         "first_step_s_no_xla": on["first_step_s"],
-        "samples_per_s_float32": on["samples_per_s"],
         "samples_per_s_mixed_float16": runs["mixed_float16"]["samples_per_s"],
         "mixed_float16_over_float32_step_time": runs["mixed_float16"]["step_s"] / on["step_s"],
         "step_s_onednn_over_default": on["step_s"] / runs["onednn_default"]["step_s"],
@@ -307,8 +352,8 @@ def main() -> None:
         "step_rss_mb_recompute": runs["recompute_64"]["step_rss_mb"],
         "step_rss_mb_no_recompute": runs["no_recompute_64"]["step_rss_mb"],
         "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
-        "step_s_augment_over_plain": runs["augment"]["step_s"] / runs["plain"]["step_s"],
-        "step_s_augment_over_plain_64": runs["augment_64"]["step_s"] / runs["plain_64"]["step_s"],
+        "step_s_augment_and_masked_loss_over_plain": runs["augment"]["step_s"] / runs["plain"]["step_s"],
+        "step_s_augment_and_masked_loss_over_plain_64": runs["augment_64"]["step_s"] / runs["plain_64"]["step_s"],
         "score_every_epoch_s": scoring["score_s"],
         "score_patients": scoring["patients"],
         "parameter_bytes_float32_at_128_filters_64": 4 * parameters,

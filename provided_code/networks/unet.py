@@ -18,8 +18,12 @@ def num_levels(resolution: int) -> int:
     return min(len(LEVEL_MULTIPLIERS), int(math.log2(resolution)) - 1)
 
 
-def build_unet(config) -> keras.Model:
+def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     """Build (not compile) the generator for ``config.resolution`` and ``config.filters``.
+
+    ``keras_pooling``: the final smoothing by Keras's AveragePooling3D instead of the separable
+    :class:`AveragePool3x3x3` (the same values; XLA compiles the separable one faster: for the
+    benchmark that measures it).
 
     Inputs, layout ``(batch, d0, d1, d2)`` with ``d = config.resolution`` (a power of two >= 8,
     divisible by 2**levels): ``ct`` uint16 grey values in [0, 4095] and ``structure_masks`` uint16
@@ -64,6 +68,9 @@ def build_unet(config) -> keras.Model:
 
     x = keras.layers.Concatenate(name="decoder_0_skip")([x, skips[0]])
     x = keras.layers.Conv3DTranspose(1, 4, strides=2, padding="same", dtype="float32", name="dose_conv")(x)
-    x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
+    if keras_pooling:
+        x = keras.layers.AveragePooling3D(3, strides=1, padding="same", dtype="float32", name="dose_smooth")(x)
+    else:
+        x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
     dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
     return keras.Model(inputs={"ct": ct, "structure_masks": structure_masks}, outputs=dose, name="unet")

@@ -13,11 +13,11 @@ def new_optimizer(learning_rate: float) -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999)
 
 
-def new_model(config, learning_rate: float | None = None) -> keras.Model:
+def new_model(config, learning_rate: float | None = None, keras_pooling: bool = False) -> keras.Model:
     """The U-Net of ``config`` (``filters``, ``resolution``, ``dropout``), compiled with its
     optimizer (``learning_rate``, default ``config.learning_rate``) under the current dtype policy
     (Keras wraps the optimizer for loss scaling under ``mixed_float16``). No loss is compiled: the
     training step computes its own (``provided_code.losses``)."""
-    model = build_unet(config)
+    model = build_unet(config, keras_pooling=keras_pooling)
     model.compile(optimizer=new_optimizer(config.learning_rate if learning_rate is None else learning_rate))
     return model
