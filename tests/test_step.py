@@ -171,3 +171,22 @@ LOSS_SCALE_PROBE = textwrap.dedent("""
 def test_non_finite_gradient_on_one_replica_skips_the_update_on_every_replica():
     result = subprocess.run([sys.executable, "-c", LOSS_SCALE_PROBE], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_the_network_declares_its_recompute_blocks_and_a_model_without_them_is_refused():
+    from provided_code.networks.unet import block_of
+
+    model = new_model(SimpleNamespace(resolution=SIZE, filters=2, dropout=0.2, learning_rate=1e-3))
+    blocks = {layer.name: block_of(layer.name) for layer in model.layers}
+    assert blocks["compact_inputs"] == blocks["encoder_1_conv"] == "inputs" and blocks["dose"] == "decoder_0"
+    assert {name for name, block in blocks.items() if block is None} == (
+        {layer.name for layer in model.layers if isinstance(layer, keras.layers.InputLayer)}
+        | {layer.name for layer in model.layers if isinstance(layer, keras.layers.SpatialDropout3D)})
+    shape = (SIZE, SIZE, SIZE)
+    inputs = {name: keras.Input(shape, dtype="uint16", name=name) for name in ("ct", "structure_masks")}
+    unpacked = CompactInputs(name="unpack")([inputs["ct"], inputs["structure_masks"]])  # a name of no block
+    renamed = keras.Model(inputs, keras.layers.Conv3D(1, 3, padding="same", name="conv")(unpacked))
+    renamed.compile(optimizer=keras.optimizers.SGD(0.01))
+    with pytest.raises(ValueError, match="--recompute found no block in model"):
+        TrainStep(renamed, tf.distribute.get_strategy(), batch_size=1, xla=False, recompute=True,
+                  loss_fn=mean_absolute_error)

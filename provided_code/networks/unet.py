@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import math
+import re
 
 import keras
 
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
+
+# The blocks ``--recompute`` recomputes, declared here beside the layer names they are read from:
+# every layer ``encoder_<k>_*`` / ``decoder_<k>_*`` belongs to block ``encoder_<k>`` /
+# ``decoder_<k>``; the input unpacking goes with the first convolution (so that only the compact
+# uint16 inputs are kept, and without the first batch norm, so that the block can run one sample
+# at a time), the output layers with the last decoder block. Dropout layers belong to no block
+# (a second run would draw other numbers); so does anything not named here.
+_BLOCK_PREFIX = re.compile(r"^((?:encoder|decoder)_\d+)_")
+_BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
+                   "dose_smooth": "decoder_0", "dose": "decoder_0"}
+
+
+def block_of(layer_name: str) -> str | None:
+    """The recompute block of the U-Net layer called ``layer_name`` (None: no block)."""
+    if layer_name.endswith("_dropout"):
+        return None
+    match = _BLOCK_PREFIX.match(layer_name)
+    return _BLOCK_OF_LAYER.get(layer_name, match.group(1) if match else None)
 
 
 def num_levels(resolution: int) -> int:

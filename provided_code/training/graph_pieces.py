@@ -9,32 +9,33 @@ its saved form (checkpoints are the same either way):
   each run of layers between two batch-norm layers becomes one XLA-compiled function, and the
   batch-norm layers run between them (their gradient all-reduce included). One replica compiles
   the whole step instead (see ``step.py``).
-- **Recomputation.** Each encoder and decoder block (layers named ``encoder_<k>_*`` /
-  ``decoder_<k>_*``) runs under :func:`recompute`: the backward pass runs the block again from
-  its inputs instead of keeping its activations. Layers that draw random numbers (dropout) are
-  never inside a recomputed block, since the second run would draw other numbers. The input
-  unpacking and the first convolution form a block of their own, and blocks without batch norm
-  (whose samples do not meet) run one sample at a time, forward and backward: the unpacked
-  input, 11 float32 channels at full resolution, is the largest tensor of the step, and this way
-  only one sample of it exists at any time.
+- **Recomputation.** Each block that the network declares (``block_of(layer name)``, for the
+  U-Net :func:`provided_code.networks.unet.block_of`) runs under :func:`recompute`: the backward
+  pass runs the block again from its inputs instead of keeping its activations. Blocks without
+  batch norm (whose samples do not meet) run one sample at a time, forward and backward: the
+  unpacked input, 11 float32 channels at full resolution, is the largest tensor of the step, and
+  this way only one sample of it exists at any time.
+
+Why not ``tf.recompute_grad`` or Keras's rematerialisation as they are: the second run must not
+update batch norm's moving statistics a second time (here it runs in a ``keras.StatelessScope``);
+the blocks' uint16 inputs have no gradient, which ``tf.recompute_grad`` requires of every input;
+and neither runs a block one sample at a time.
+
+The only private Keras attribute used is ``Functional._nodes_by_depth`` (the graph's nodes in
+order), in :func:`_ordered_nodes`.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import inspect
 from typing import Callable
 
 import keras
 import tensorflow as tf
 from keras import tree
 
-_BLOCK = re.compile(r"^((?:encoder|decoder)_\d+)_")
-# Blocks named by layer, ahead of the pattern: the input unpacking with the first convolution (so
-# that only the compact uint16 inputs are kept, 4 bytes a voxel instead of 44, and without the
-# first batch norm, so that it can run one sample at a time); the output layers with the last
-# decoder block.
-_BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
-                   "dose_smooth": "decoder_0", "dose": "decoder_0"}
+Run = Callable[..., list]  # run(*input values) -> output values
 
 
 def is_sync_layer(layer) -> bool:
@@ -44,6 +45,10 @@ def is_sync_layer(layer) -> bool:
 
 def _draws_random_numbers(layer) -> bool:
     return isinstance(getattr(layer, "seed_generator", None), keras.random.SeedGenerator)
+
+
+def _takes_training(layer) -> bool:
+    return "training" in inspect.signature(layer.call).parameters
 
 
 def _ordered_nodes(model: keras.Model) -> list:
@@ -56,40 +61,56 @@ def _ordered_nodes(model: keras.Model) -> list:
     return nodes
 
 
-def _call_training(node, values: dict):
-    args, kwargs = node.arguments.fill_in(values)
-    if "training" in getattr(node.operation, "_call_context_args", ()):
-        kwargs["training"] = True
-    return node.operation(*args, **kwargs)
-
-
+@dataclasses.dataclass
 class _Piece:
-    """A run of nodes executed together; ``inputs``/``outputs`` are the ids of the symbolic tensors
-    that cross its border. ``run(*inputs) -> outputs`` runs its nodes (replaced for compiled or
-    recomputed pieces)."""
+    """A run of nodes executed together; ``inputs``/``outputs``: the ids of the symbolic tensors
+    that cross its border."""
 
-    def __init__(self, nodes: list, consumers: dict[int, set[int]], model_outputs: set[int]):
-        self.nodes = nodes
+    nodes: list
+    inputs: list[int]
+    outputs: list[int]
+
+    @classmethod
+    def of(cls, nodes: list, consumers: dict[int, set[int]], model_outputs: set[int]) -> "_Piece":
         inside = {id(node) for node in nodes}
         produced = {id(t) for node in nodes for t in node.outputs}
-        self.inputs = list(dict.fromkeys(id(t) for node in nodes for t in node.input_tensors
-                                         if id(t) not in produced))
-        self.outputs = [id(t) for node in nodes for t in node.outputs
-                        if id(t) in model_outputs or consumers.get(id(t), set()) - inside]
-        self.run = self._run_nodes
+        inputs = list(dict.fromkeys(id(t) for node in nodes for t in node.input_tensors if id(t) not in produced))
+        outputs = [id(t) for node in nodes for t in node.outputs
+                   if id(t) in model_outputs or consumers.get(id(t), set()) - inside]
+        return cls(nodes, inputs, outputs)
 
-    def _run_nodes(self, *values):
-        local = dict(zip(self.inputs, values))
-        for node in self.nodes:
-            for tensor, value in zip(node.outputs, tree.flatten(_call_training(node, local))):
+
+def _node_runner(piece: _Piece) -> Run:
+    """Run the piece's nodes in training mode, one after another."""
+    training = [_takes_training(node.operation) for node in piece.nodes]
+
+    def run(*values):
+        local = dict(zip(piece.inputs, values))
+        for node, takes_training in zip(piece.nodes, training):
+            args, kwargs = node.arguments.fill_in(local)
+            if takes_training:
+                kwargs["training"] = True
+            for tensor, value in zip(node.outputs, tree.flatten(node.operation(*args, **kwargs))):
                 local[id(tensor)] = value
-        return [local[i] for i in self.outputs]
+        return [local[i] for i in piece.outputs]
+
+    return run
 
 
-def _run_in_order(pieces: list, values: dict) -> None:
-    """Run ``pieces`` one after another, reading and adding tensors by symbolic id in ``values``."""
-    for piece in pieces:
-        for tensor_id, value in zip(piece.outputs, piece.run(*[values[i] for i in piece.inputs])):
+def _sequence(piece: _Piece, parts: list[tuple[_Piece, Run]]) -> Run:
+    """Run ``parts`` (sub-pieces of ``piece`` with their runners) one after another as ``piece``."""
+    def run(*values):
+        local = dict(zip(piece.inputs, values))
+        _run_in_order(parts, local)
+        return [local[i] for i in piece.outputs]
+
+    return run
+
+
+def _run_in_order(parts: list[tuple[_Piece, Run]], values: dict) -> None:
+    """Run each part on the tensors of ``values`` (by symbolic id) and add its outputs there."""
+    for piece, run in parts:
+        for tensor_id, value in zip(piece.outputs, run(*[values[i] for i in piece.inputs])):
             values[tensor_id] = value
 
 
@@ -107,10 +128,13 @@ def _split(nodes: list, key: Callable) -> list[list]:
     return runs
 
 
-def training_forward(model: keras.Model, compile_segments: bool, recompute_blocks: bool) -> Callable:
+def training_forward(model: keras.Model, compile_segments: bool, recompute_blocks: bool,
+                     block_of: Callable[[str], str | None] | None = None) -> Callable:
     """``forward(inputs) -> outputs``: the model's training call, cut as the flags say.
 
-    With neither flag this is ``model(inputs, training=True)``.
+    ``block_of``: the recompute block of a layer name (needed with ``recompute_blocks``; a model
+    in which it finds no block is refused, rather than silently recomputing nothing). With
+    neither flag this is ``model(inputs, training=True)``.
     """
     if not (compile_segments or recompute_blocks):
         return lambda inputs: model(inputs, training=True)
@@ -122,62 +146,55 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     model_outputs = {id(t) for t in model.outputs}
 
     def piece(piece_nodes: list) -> _Piece:
-        return _Piece(piece_nodes, consumers, model_outputs)
+        return _Piece.of(piece_nodes, consumers, model_outputs)
 
-    def block_of(node):
-        if _draws_random_numbers(node.operation):
-            return None
-        name = node.operation.name
-        match = _BLOCK.match(name)
-        return _BLOCK_OF_LAYER.get(name, match.group(1) if match else None)
-
-    def segment_key(node):
-        return None if is_sync_layer(node.operation) else "segment"
-
-    def runner(piece_nodes: list) -> _Piece:
-        """A piece of ``piece_nodes``, XLA-compiled between sync points if asked."""
-        whole = piece(piece_nodes)
+    def runner(part: _Piece) -> Run:
+        """The piece's nodes, XLA-compiled between sync points if asked."""
         if not compile_segments:
-            return whole
-        parts = [piece(run) for run in _split(piece_nodes, segment_key)]
-        for part in parts:
-            if not is_sync_layer(part.nodes[0].operation):
-                part.run = tf.function(part.run, jit_compile=True, reduce_retracing=True)
-
-        def run_parts(*values):
-            local = dict(zip(whole.inputs, values))
-            _run_in_order(parts, local)
-            return [local[i] for i in whole.outputs]
-
-        whole.run = run_parts
-        return whole
+            return _node_runner(part)
+        segments = [piece(run) for run in _split(part.nodes, lambda n: None if is_sync_layer(n.operation) else "")]
+        return _sequence(part, [(segment, _node_runner(segment) if is_sync_layer(segment.nodes[0].operation)
+                                 else tf.function(_node_runner(segment), jit_compile=True, reduce_retracing=True))
+                                for segment in segments])
 
     if recompute_blocks:
-        pieces = [runner(run) for run in _split(nodes, block_of)]
-        for block in pieces:
-            if block_of(block.nodes[0]) is not None:
-                by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in block.nodes)
-                block.run = _recomputed(block.run, by_sample)
+        if block_of is None:
+            raise ValueError("Invalid `block_of`. Expected the network's block map with recompute_blocks. Received: None")
+
+        def block(node):
+            return None if _draws_random_numbers(node.operation) else block_of(node.operation.name)
+
+        parts = []
+        for run in _split(nodes, block):
+            part = piece(run)
+            if block(run[0]) is None:
+                parts.append((part, runner(part)))
+            else:
+                by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in run)
+                parts.append((part, _recomputed(runner(part), by_sample)))
+        if all(block(run_nodes[0]) is None for run_nodes in _split(nodes, block)):
+            raise ValueError(f"--recompute found no block in model {model.name!r}: its layer names match none of "
+                             f"the network's blocks (was a layer renamed?)")
     else:
-        pieces = [runner(nodes)]
+        whole = piece(nodes)
+        parts = [(whole, runner(whole))]
+    inputs_in_order = list(model.inputs)
 
     def forward(inputs):
-        values = {id(t): v for t, v in zip(model.inputs, model._standardize_inputs(inputs))}
-        _run_in_order(pieces, values)
+        values = {id(t): v for t, v in zip(inputs_in_order, tree.flatten(inputs))}
+        _run_in_order(parts, values)
         outputs = [values[id(t)] for t in model.outputs]
         return outputs[0] if len(outputs) == 1 else outputs
 
     return forward
 
 
-def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) -> list:
+def recompute(fn: Run, inputs: list, by_sample: bool = False) -> list:
     """``fn(*inputs)`` whose activations are recomputed in the backward pass instead of kept.
 
     The second run happens inside a ``keras.StatelessScope``, so its state updates (batch norm's
     moving statistics) are dropped: each is applied once, by the forward run. ``fn`` must draw no
-    random numbers. The recomputation waits for the upstream gradient (a control dependency), so
-    that it runs during the backward pass rather than alongside the forward one. Integer inputs
-    (the compact uint16 volumes) get no gradient.
+    random numbers. Integer inputs (the compact uint16 volumes) get no gradient.
 
     ``by_sample``: ``fn`` treats each sample on its own (no batch norm), so both runs go one
     sample at a time, each waiting for the one before, and only one sample's activations exist at
@@ -191,7 +208,7 @@ def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) ->
     def block(*args):
         part_outputs, previous = [], []
         for part in _batch_parts(args, parts):
-            with tf.control_dependencies(previous):
+            with tf.control_dependencies(previous):  # sample k starts after sample k - 1's outputs exist
                 part = [tf.identity(value) for value in part]
             previous = fn(*part)
             part_outputs.append(previous)
@@ -199,6 +216,11 @@ def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) ->
 
         def grad(*upstream, variables=None):
             variables = list(variables or [])
+            # The recomputation depends only on the block's inputs, so the graph could schedule it
+            # during the forward pass, which would keep its activations alive as long as not
+            # recomputing does. Making the first recomputed sample wait for (one element of) the
+            # upstream gradient ties it to the backward pass; each later sample waits for the one
+            # before, so that one sample's activations exist at a time.
             part_grads, previous = [], [tf.reshape(upstream[0], [-1])[:1]]
             for part, part_upstream in zip(_batch_parts(args, parts), _batch_parts(upstream, parts)):
                 with tf.control_dependencies(previous):
@@ -223,7 +245,7 @@ def recompute(fn: Callable[..., list], inputs: list, by_sample: bool = False) ->
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
-def _recomputed(run: Callable[..., list], by_sample: bool) -> Callable[..., list]:
+def _recomputed(run: Run, by_sample: bool) -> Run:
     return lambda *values: recompute(run, list(values), by_sample)
 
 

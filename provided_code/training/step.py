@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
+from provided_code.networks.unet import block_of as unet_block_of
 from provided_code.training.graph_pieces import training_forward
 
 MODEL_INPUTS = ("ct", "structure_masks")
@@ -44,7 +45,7 @@ class TrainStep:
         self.replicas = strategy.num_replicas_in_sync
         self.loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
         self._forward = training_forward(model, compile_segments=xla and self.replicas > 1,
-                                         recompute_blocks=recompute)
+                                         recompute_blocks=recompute, block_of=unet_block_of)
         compile_whole = xla and self.replicas == 1
         self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
             else self._replica_loss_and_grads
