@@ -1,4 +1,5 @@
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_all_zero_prediction_writes_reads_back_and_scores(phantom_split, tmp_pat
     assert json.loads((tmp_path / "s.json").read_text())["patients"] == 3
 
 
-def test_prediction_folder_problems_name_patients_and_files(phantom_split, tmp_path):
+def test_prediction_folder_problems_name_patients_and_files(phantom_split, tmp_path, caplog):
     arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
     folder = tmp_path / "pred"
     _write_perturbed(arrays, folder, seed=3)
@@ -87,6 +88,12 @@ def test_prediction_folder_problems_name_patients_and_files(phantom_split, tmp_p
         score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
     (folder / "pt_9.csv").unlink()
     shutil.copy(folder / "pt_1.csv", folder / "pt_2.csv")
+    (folder / "pt_3.csv").write_text(",data\n")  # a header only
+    (folder / "pt_1.csv").write_text(",data\n5,-2.5\n6,1\n")
+    with caplog.at_level(logging.WARNING):
+        score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
+    assert "Patient pt_3: " in caplog.text and "pt_3.csv lists no voxel (a header only)" in caplog.text
+    assert "Patient pt_1: " in caplog.text and "pt_1.csv has 1 negative doses (down to -2.5 Gy)" in caplog.text
     (folder / "pt_3.csv").write_text(",data\n5,abc\n")
     with pytest.raises(PatientDataError, match=r"Patient pt_3: .*pt_3\.csv: value 'abc' on line 2"):
         score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
