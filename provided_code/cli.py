@@ -8,7 +8,16 @@ from typing import Iterable, Iterator, TypeVar
 
 import click
 
-from provided_code.config import LOG_FILE, LOSSES, LR_SCHEDULES, PRECISIONS, XLA_MODES, TrainConfig, read_tf_config
+from provided_code.config import (
+    LOG_FILE,
+    LOSSES,
+    LR_SCHEDULES,
+    NORMS,
+    PRECISIONS,
+    XLA_MODES,
+    TrainConfig,
+    read_tf_config,
+)
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
@@ -45,6 +54,8 @@ def one_line(error: Exception) -> str:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
+@click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
+              help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
 @click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")
 @click.option("--data-dir", default=DEFAULTS.data_dir, help="Folder holding train-pats/, validation-pats/, test-pats/.")
 @click.option("--results-dir", default=DEFAULTS.results_dir, help="Where results/<model-name>/ goes.")

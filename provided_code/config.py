@@ -18,6 +18,7 @@ PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 XLA_MODES = ("auto", "on", "off")
 LOSSES = ("mae", "masked-mae")
 LR_SCHEDULES = ("constant", "cosine")
+NORMS = ("batch", "instance")
 CONFIG_FILE = "config.json"  # in results/<model-name>/models/
 LOG_FILE = "training_log.csv"  # in results/<model-name>/
 CURVES_FILE = "training_curves.png"  # in results/<model-name>/
@@ -31,6 +32,8 @@ class TrainConfig:
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
+    norm: str = "batch"  # batch: batch norm, synchronised across replicas; instance: per sample and channel
+    #                      (no statistics cross the batch or the replicas: the whole replica step compiles)
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
@@ -69,7 +72,7 @@ class TrainConfig:
     score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
     #                       validation patients, and models/best.keras (lowest dose score); 0: never
 
-    ARCHITECTURE = ("filters", "resolution", "dropout")
+    ARCHITECTURE = ("filters", "resolution", "dropout", "norm")
 
     def __post_init__(self):
         def positive(name):
@@ -87,6 +90,8 @@ class TrainConfig:
                               f"Received: score_every={self.score_every!r}")
         if self.loss not in LOSSES:
             raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
+        if self.norm not in NORMS:
+            raise ConfigError(f"Invalid `norm`. Expected one of {NORMS}. Received: norm={self.norm!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
                               f"Received: lr_schedule={self.lr_schedule!r}")

@@ -216,3 +216,53 @@ def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
              "print('RESULT', same, replicas_agree(strategy, differ))\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert "RESULT (True, 2401.0) (False, " in result.stdout, result.stderr[-2000:]
+
+
+INSTANCE_NORM_PROBE = """
+import numpy as np
+from provided_code.environment import configure_tensorflow
+configure_tensorflow()
+import keras, tensorflow as tf
+from provided_code.training.strategy import make_placement
+two = make_placement("2", multi_worker=False).strategy
+one = tf.distribute.OneDeviceStrategy("/cpu:0")
+from types import SimpleNamespace
+from provided_code.data.tf_dataset import take_element
+from provided_code.losses import mean_absolute_error
+from provided_code.training.model import new_model
+from provided_code.training.step import TrainStep
+
+rng = np.random.default_rng(0)
+class Arrays:
+    ct = rng.integers(0, 4096, (4, 16, 16, 16)).astype(np.uint16)
+    structure_masks = rng.integers(0, 1024, (4, 16, 16, 16)).astype(np.uint16)
+    dose = rng.uniform(0, 70, (4, 16, 16, 16)).astype(np.float32)
+
+def run(strategy, batch, xla, recompute=False):
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = new_model(SimpleNamespace(resolution=16, filters=2, dropout=0.0, norm="instance", learning_rate=1e-3))
+        model.optimizer.build(model.trainable_variables)
+    step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error)
+    losses = []
+    for rows in ([0, 1], [2, 3]):
+        per_replica = np.array(rows).reshape(strategy.num_replicas_in_sync, batch)
+        element = strategy.experimental_distribute_values_from_function(lambda context: take_element(
+            Arrays, per_replica[context.replica_id_in_sync_group], np.full(batch, 0.5, np.float32)))
+        losses.append(float(step.train(element)))
+    whole = bool(getattr(step._loss_and_grads, "_jit_compile", False))
+    return losses, [np.array(w) for w in model.weights], whole
+
+one_losses, one_weights, _ = run(one, 2, xla=False)
+two_losses, two_weights, whole = run(two, 1, xla=True)
+again, _, _ = run(one, 2, xla=False, recompute=True)
+worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
+print("RESULT", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
+      np.allclose(again, one_losses, rtol=1e-5), one_losses[0] != one_losses[1])
+"""
+
+
+def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_one_device():
+    result = subprocess.run([sys.executable, "-c", INSTANCE_NORM_PROBE], capture_output=True, text=True, timeout=240)
+    assert "RESULT True True True True True" in result.stdout, (result.stdout[-500:], result.stderr[-3000:])

@@ -49,14 +49,24 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     bitfield (bit k = ``STRUCTURES[k]``); both are cast on the device by :class:`CompactInputs`.
     Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
 
-    Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + batch norm (not on
+    Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + normalisation (not on
     the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
-    (kernel 4, stride 2, no bias) + batch norm + ReLU (+ SpatialDropout3D(``config.dropout``, default
-    0.2) on alternate blocks), concatenating the encoder's features of the same size. Batch norm
-    is synchronised across replicas, so its statistics are those of the global batch. Then a Conv3DTranspose to one
-    channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the dtype policy.
+    (kernel 4, stride 2, no bias) + normalisation + ReLU (+ SpatialDropout3D(``config.dropout``) on
+    alternate blocks), concatenating the encoder's features of the same size. Then a
+    Conv3DTranspose to one channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the
+    dtype policy.
+
+    Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
+    statistics are those of the global batch); ``instance``, per sample and channel over the
+    volume (GroupNormalization with one group per channel), nothing shared between samples.
     """
     resolution, filters, dropout = config.resolution, config.filters, config.dropout
+
+    def normalisation(name: str) -> keras.layers.Layer:
+        if config.norm == "instance":
+            return keras.layers.GroupNormalization(groups=-1, epsilon=1e-3, name=f"{name}_norm")
+        return keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True, name=f"{name}_bn")
+
     levels = num_levels(resolution)
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
@@ -68,8 +78,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
         x = keras.layers.Conv3D(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
                                 use_bias=False, name=f"encoder_{level + 1}_conv")(x)
         if level < levels - 1:
-            x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True,
-                                                name=f"encoder_{level + 1}_bn")(x)
+            x = normalisation(f"encoder_{level + 1}")(x)
         x = keras.layers.LeakyReLU(negative_slope=0.2, name=f"encoder_{level + 1}_act")(x)
         skips.append(x)
 
@@ -78,8 +87,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
             x = keras.layers.Concatenate(name=f"decoder_{level + 1}_skip")([x, skips[level + 1]])
         x = keras.layers.Conv3DTranspose(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
                                          use_bias=False, name=f"decoder_{level + 1}_conv")(x)
-        x = keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True,
-                                            name=f"decoder_{level + 1}_bn")(x)
+        x = normalisation(f"decoder_{level + 1}")(x)
         x = keras.layers.ReLU(name=f"decoder_{level + 1}_act")(x)
         if block % 2 == 1 and dropout > 0:  # after the ReLU (the same values as before it: it zeroes or
             # scales whole channels), so that --recompute keeps it outside the recomputed block

@@ -15,7 +15,7 @@ import tensorflow as tf
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
 from provided_code.networks.unet import block_of as unet_block_of
-from provided_code.training.graph_pieces import training_forward
+from provided_code.training.graph_pieces import is_sync_layer, training_forward
 
 MODEL_INPUTS = ("ct", "structure_masks")
 
@@ -23,8 +23,8 @@ MODEL_INPUTS = ("ct", "structure_masks")
 class TrainStep:
     """``train(element) -> loss`` and ``evaluate(dataset) -> mean loss``, each a ``tf.function``.
 
-    ``xla``: with one replica the whole per-replica loss-and-gradients function is compiled; with
-    several, the layers between synchronised batch-norm layers are (``graph_pieces``).
+    ``xla``: the whole per-replica loss-and-gradients function is compiled, unless several replicas
+    share synchronised batch norm: then the layers between those layers are (``graph_pieces``).
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
     ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``; no default here:
     the run's comes from its config). Training elements that carry augmentation draws are moved by
@@ -44,9 +44,13 @@ class TrainStep:
         self.loss_fn = loss_fn
         self.replicas = strategy.num_replicas_in_sync
         self.loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-        self._forward = training_forward(model, compile_segments=xla and self.replicas > 1,
+        # Synchronised batch norm's all-reduce cannot sit inside a compiled function: with several
+        # replicas only the layers between such layers compile. Without them (instance norm, one
+        # replica) the whole replica step compiles.
+        synchronised = self.replicas > 1 and any(is_sync_layer(layer) for layer in model.layers)
+        self._forward = training_forward(model, compile_segments=xla and synchronised,
                                          recompute_blocks=recompute, block_of=unet_block_of)
-        compile_whole = xla and self.replicas == 1
+        compile_whole = xla and not synchronised
         self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
             else self._replica_loss_and_grads
         self._eval_loss = tf.function(self._replica_eval_loss_body, jit_compile=xla)  # XLA only with --xla
