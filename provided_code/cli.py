@@ -109,8 +109,11 @@ def one_line(error: Exception) -> str:
 @click.option("--stage", type=click.Choice(["validation", "test"]), default="validation",
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
+@click.option("--ensemble", default=None,
+              help="With --predict-only: NAME,NAME,... trained runs in --results-dir, each at --epoch [default: best], "
+                   "averaged; outputs go to results/<model-name>/ (not a member's name).")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
-def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, **options):
+def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, ensemble, **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
@@ -127,11 +130,16 @@ def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over,
                 raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
                                          param_hint="--epoch")
             epoch = int(epoch)
+        if ensemble and not predict_only:
+            raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
+                                     param_hint="--ensemble")
         check_run_folders(config, predict_only, stage)  # before TensorFlow loads and the data is read
         if predict_only:
             from provided_code.predict import predict_stage
 
-            report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress)
+            members = [name.strip() for name in ensemble.split(",") if name.strip()] if ensemble else None
+            report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress,
+                                   ensemble=members)
             click.echo(report.summary())
             return
         from provided_code.training.train import train

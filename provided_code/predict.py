@@ -8,9 +8,10 @@ import zipfile
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from provided_code.atomic import atomic_path
-from provided_code.config import LOG_FILE, TrainConfig, read_saved_config
+from provided_code.config import LOG_FILE, ConfigError, TrainConfig, read_saved_config
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class PredictionReport:
     stage: str
-    epoch: int
+    epoch: int | str  # "ensemble" for an ensemble
     patients: int
     predictions_dir: Path
     submission: Path
@@ -34,7 +35,8 @@ class PredictionReport:
     scores_path: Path | None
 
     def summary(self) -> str:
-        lines = [f"Predicted {self.patients} {self.stage} patients with the epoch {self.epoch} checkpoint.",
+        model = "an ensemble" if self.epoch == "ensemble" else f"the epoch {self.epoch} checkpoint"
+        lines = [f"Predicted {self.patients} {self.stage} patients with {model}.",
                  f"Predictions: {self.predictions_dir}", f"Submission: {self.submission}"]
         if self.scores is not None:
             lines += [f"Scores: {self.scores_path}",
@@ -65,11 +67,17 @@ def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tupl
 
 
 def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | str | None = None, tta: bool = False,
-                  plots: bool = False, progress: Progress = no_progress) -> PredictionReport:
+                  plots: bool = False, progress: Progress = no_progress,
+                  ensemble: list[str] | None = None) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with a trained model; write and score.
 
     ``epoch``: a checkpoint's epoch, ``"best"`` (``models/best.keras``, the lowest validation
     dose score while training), or None for the newest.
+
+    ``ensemble``: names of trained runs in ``config.results_dir``, each at ``epoch`` (default
+    ``"best"``); their 128³ predictions (each with its own mirror flips under ``tta``) are
+    averaged, then written and scored like one model's into ``results/<config.model_name>/``,
+    which must not be a member's folder. The scores JSON names the members.
 
     ``config`` names the model, data, results and cache folders; the architecture comes from the
     model's saved config.
@@ -78,39 +86,65 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | s
         from provided_code.plots import require_matplotlib
 
         require_matplotlib()
-    if not config.models_dir.is_dir():
+    if ensemble:
+        if config.model_name in ensemble:
+            raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
+                              f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
+                              f"Received: model_name={config.model_name!r}")
+        for name in ensemble:
+            if not (Path(config.results_dir) / name / "models").is_dir():
+                raise FileNotFoundError(f"No trained model {name!r} for the ensemble: "
+                                        f"{Path(config.results_dir) / name / 'models'} does not exist.")
+    elif not config.models_dir.is_dir():
         raise FileNotFoundError(f"No trained model {config.model_name!r}: {config.models_dir} has no config.json. "
                                 f"Train it first, or pass the --model-name and --results-dir it was trained with.")
     with RunLock(config.run_dir, f"--predict-only --stage {stage}"):
-        return _predict_stage(config, stage, epoch, tta, plots, progress)
+        return _predict_stage(config, stage, epoch, tta, plots, progress, ensemble)
 
 
 def _predict_stage(config: TrainConfig, stage: str, epoch: int | str | None, tta: bool, plots: bool,
-                   progress: Progress) -> PredictionReport:
-    saved, epoch, model = load_trained_model(config.models_dir, epoch)
-
+                   progress: Progress, ensemble: list[str] | None = None) -> PredictionReport:
     stage_dir = Path(config.data_dir) / f"{stage}-pats"
     arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
                         skip_incomplete=config.skip_incomplete, progress=progress)
-    try:
-        predictions = predict_full_resolution(model, arrays, saved.resolution, config.batch_size, tta, progress,
-                                              label=f"Model {config.model_name!r} at epoch {epoch}")
-    except PredictionError as error:
-        raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
-                              f"{config.run_dir / LOG_FILE}); nothing was written.") from None
+    members = []  # (name, epoch) of each model predicted with
+    predictions = None
+    for name in ensemble or [config.model_name]:
+        models_dir = Path(config.results_dir) / name / "models"
+        saved, member_epoch, model = load_trained_model(models_dir, ("best" if epoch is None else epoch)
+                                                        if ensemble else epoch)
+        try:
+            predicted = predict_full_resolution(model, arrays, saved.resolution, config.batch_size, tta, progress,
+                                                label=f"Model {name!r} at epoch {member_epoch}")
+        except PredictionError as error:
+            raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
+                                  f"{models_dir.parent / LOG_FILE}); nothing was written.") from None
+        predictions = predicted if predictions is None else predictions + predicted
+        members.append({"model": name, "epoch": member_epoch})
+        del model
+        keras.backend.clear_session()
+    if ensemble:
+        predictions /= np.float32(len(members))
+        epoch = "ensemble"
+        logger.info("Ensemble of %s", ", ".join(f"{m['model']} (epoch {m['epoch']})" for m in members))
+    else:
+        epoch = members[0]["epoch"]
 
     predictions_dir = config.run_dir / f"{stage}-predictions"
     for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
         write_dose_csv(predictions_dir / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
     submission = _write_submission(predictions_dir, arrays.patient_ids,
-                                   config.run_dir / "submissions" / f"{config.model_name}_{stage}_epoch_{epoch}.zip")
+                                   config.run_dir / "submissions" / (f"{config.model_name}_{stage}_ensemble.zip"
+                                                                     if ensemble else
+                                                                     f"{config.model_name}_{stage}_epoch_{epoch}.zip"))
     logger.info("Wrote %d predictions to %s and %s", len(arrays), predictions_dir, submission)
 
     scores = scores_path = None
     if arrays.has_dose.all():
         scores = score_split(arrays, lambda row: predictions[row], progress)
         scores_path = config.run_dir / f"{stage}-scores.json"
-        write_score_reports(scores, scores_path, config.run_dir / f"{stage}-scores.csv")
+        write_score_reports(scores, scores_path, config.run_dir / f"{stage}-scores.csv",
+                            extra={"members": members} if ensemble else None)
     elif arrays.has_dose.any():
         logger.warning("Only some %s patients have dose.csv: not scored", stage)
     if plots:

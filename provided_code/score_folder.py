@@ -21,9 +21,10 @@ from provided_code.progress import Progress, no_progress
 logger = logging.getLogger(__name__)
 
 
-def write_score_reports(scores: Scores, json_path: Path, csv_path: Path) -> None:
-    """The scores' JSON summary and their per-patient CSV, each written atomically."""
-    write_text_atomic(Path(json_path), json.dumps(scores.summary(), indent=2) + "\n")
+def write_score_reports(scores: Scores, json_path: Path, csv_path: Path, extra: dict | None = None) -> None:
+    """The scores' JSON summary (with ``extra`` entries, e.g. an ensemble's members) and their
+    per-patient CSV, each written atomically."""
+    write_text_atomic(Path(json_path), json.dumps({**scores.summary(), **(extra or {})}, indent=2) + "\n")
     buffer = io.StringIO()
     scores.per_patient().to_csv(buffer, index=False)
     write_text_atomic(Path(csv_path), buffer.getvalue())

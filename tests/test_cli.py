@@ -38,4 +38,6 @@ def test_bad_recipe_values_are_clear_errors(tmp_path):
     assert result.returncode == 1 and "Received: augment='flip,spin'" in result.stderr
     result = run("--predict-only", "--epoch", "last", cwd=tmp_path)
     assert result.returncode == 2 and "Expected a checkpoint epoch (an integer) or 'best'" in result.stderr
+    result = run("--ensemble", "a,b", cwd=tmp_path)
+    assert result.returncode == 2 and "Expected --predict-only with --ensemble" in result.stderr
     assert "Traceback" not in result.stderr

@@ -141,3 +141,24 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
         predict_stage(broken, stage="validation")
     assert not (broken.run_dir / "validation-predictions").exists()
+
+
+def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(trained, tmp_path):
+    single = predict_stage(trained, stage="validation", epoch="best")
+    shutil.copytree(trained.run_dir / "models", Path(trained.results_dir) / "m2" / "models")
+    ensemble = dataclasses.replace(trained, model_name="ens")
+    report = predict_stage(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
+    assert report.epoch == "ensemble" and report.scores.dose_score == single.scores.dose_score
+    assert report.scores.dvh_score == single.scores.dvh_score
+    summary = json.loads(report.scores_path.read_text())
+    assert summary["members"] == [{"model": "m", "epoch": single.epoch}, {"model": "m2", "epoch": single.epoch}]
+    assert report.predictions_dir == Path(trained.results_dir) / "ens" / "validation-predictions"
+    assert report.submission.name == "ens_validation_ensemble.zip"
+    from provided_code.score_folder import score_prediction_folder
+
+    standalone = score_prediction_folder(Path(trained.data_dir) / "validation-pats", report.predictions_dir,
+                                         cache_dir=trained.cache_dir)
+    assert standalone.dose_score == pytest.approx(report.scores.dose_score, rel=1e-12)
+    assert standalone.dvh_score == pytest.approx(report.scores.dvh_score, rel=1e-12)
+    with pytest.raises(ConfigError, match="Expected a name other than its members"):
+        predict_stage(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
