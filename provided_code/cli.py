@@ -68,6 +68,9 @@ def one_line(error: Exception) -> str:
               help="Rise linearly to --learning-rate over the first N epochs.")
 @click.option("--loss", type=click.Choice(LOSSES), default=DEFAULTS.loss,
               help="masked-mae: mean |error| inside the possible-dose mask; mae: over the whole volume.")
+@click.option("--dvh-weight", type=float, default=DEFAULTS.dvh_weight,
+              help="Add this weight × a DVH term (per structure, sorted predicted against sorted reference doses) "
+                   "to the loss; 0: off.")
 @click.option("--augment", default=DEFAULTS.augment,
               help="none, or a comma list of flip (left-right, parotids swapped), rotate (axial, 40° steps), "
                    "shift (up to ±20 voxels at 128³, possible-dose mask kept inside).")

@@ -43,6 +43,8 @@ class TrainConfig:
     warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
     loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
+    dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, sorted predicted
+    #                          against sorted reference doses) added to the loss; 0: off
     augment: str = "flip"  # none, or a comma list of flip, rotate, shift (see data/augment.py); each draw
     #                        depends only on (seed, epoch, step). Default by the README's comparison
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
@@ -92,6 +94,9 @@ class TrainConfig:
             raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
         if self.norm not in NORMS:
             raise ConfigError(f"Invalid `norm`. Expected one of {NORMS}. Received: norm={self.norm!r}")
+        if not (isinstance(self.dvh_weight, (int, float)) and not isinstance(self.dvh_weight, bool)
+                and self.dvh_weight >= 0):
+            raise ConfigError(f"Invalid `dvh_weight`. Expected a number >= 0. Received: dvh_weight={self.dvh_weight!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
                               f"Received: lr_schedule={self.lr_schedule!r}")

@@ -22,6 +22,8 @@ memory are each measurement's own; all of them in one run, side by side:
   CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
+- the DVH term (``--dvh-weight 0.2``) against none, at 64³ with 16 filters (medians of three
+  alternating runs);
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
   config and at 64³ (at least 40 steps); and the
@@ -165,7 +167,7 @@ def child_step(spec: dict, strategy) -> dict:
     from provided_code.data.augment import Augmenter
     from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
     from provided_code.environment import describe_cpu_kernels
-    from provided_code.losses import masked_mean_absolute_error, mean_absolute_error
+    from provided_code.losses import loss_function, masked_mean_absolute_error, mean_absolute_error
     from provided_code.training.hardware import describe_devices
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from provided_code.training.model import new_model
@@ -184,7 +186,8 @@ def child_step(spec: dict, strategy) -> dict:
     fed_by_pipeline = augment is not None
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
                      recompute=spec.get("recompute", False),
-                     loss_fn=masked_mean_absolute_error if augment else mean_absolute_error)
+                     loss_fn=(masked_mean_absolute_error if augment else
+                              loss_function("mae", spec["dvh_weight"]) if spec.get("dvh_weight") else mean_absolute_error))
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
@@ -299,6 +302,8 @@ def main() -> None:
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
            "batch_size": args.memory_batch_size, "steps": 10, "sequential": True}
+    # the DVH term (one sort per structure of the volume) against none, at 64³ with 16 filters
+    dvh_config = {"resolution": 64, "filters": 16, "batch_size": args.batch_size, "steps": 20}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
@@ -310,6 +315,7 @@ def main() -> None:
         **alternating({"accumulate_1": dict(base, accumulate=1), "accumulate_2": dict(base, accumulate=2)}),
         **augment_comparison(dict(base, steps=max(args.steps, 40))),
         **alternating({"no_recompute_64": big, "recompute_64": dict(big, recompute=True)}),
+        **alternating({"loss_mae_64": dvh_config, "loss_dvh_64": dict(dvh_config, dvh_weight=0.2)}),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
                                        "steps": 1, "xla": True}),
         "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
@@ -354,6 +360,8 @@ def main() -> None:
         "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
         "step_s_augment_and_masked_loss_over_plain": runs["augment"]["step_s"] / runs["plain"]["step_s"],
         "step_s_augment_and_masked_loss_over_plain_64": runs["augment_64"]["step_s"] / runs["plain_64"]["step_s"],
+        "dvh_loss_config": dvh_config,
+        "step_s_dvh_loss_over_none": runs["loss_dvh_64"]["step_s"] / runs["loss_mae_64"]["step_s"],
         "score_every_epoch_s": scoring["score_s"],
         "score_patients": scoring["patients"],
         "parameter_bytes_float32_at_128_filters_64": 4 * parameters,

@@ -42,3 +42,36 @@ def test_prediction_outside_the_mask_does_not_change_the_masked_loss():
 def test_unknown_loss_is_named():
     with pytest.raises(ValueError, match="Invalid `loss`.*Received: loss='mse'"):
         loss_function("mse")
+
+
+def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_inside_structures():
+    from provided_code.losses import dvh_difference
+
+    rng = np.random.default_rng(0)
+    dose = rng.uniform(0, 70, (2, 4, 4, 4, 1)).astype(np.float32)
+    structure_masks = np.zeros((2, 4, 4, 4), np.uint16)
+    structure_masks[0, :2] |= 1 << 9  # PTV70 in the front half of patient 0
+    structure_masks[0, 1:3, :2] |= 1  # Brainstem, overlapping it
+    structure_masks[1, 3, 3, 3] |= 1 << 4  # one voxel of Esophagus in patient 1
+    element = {"dose": tf.constant(dose), "structure_masks": tf.constant(structure_masks)}
+    np.testing.assert_allclose(dvh_difference(element, tf.constant(dose)).numpy(), [0, 0], atol=1e-6)
+    # A permutation inside every structure leaves the histograms, and so the term, unchanged...
+    shuffled = dose.copy()
+    shuffled[0, 0] = dose[0, 0][::-1, ::-1]  # plane 0: all PTV70, no Brainstem
+    assert dvh_difference(element, tf.constant(shuffled)).numpy()[0] == pytest.approx(0, abs=1e-4)
+    # ... one that moves doses into and out of a structure does not.
+    shuffled[0, 1] = dose[0, 1][::-1, ::-1]  # plane 1: Brainstem rows 0-1 swap doses with rows 2-3
+    assert dvh_difference(element, tf.constant(shuffled)).numpy()[0] > 0
+    # By hand for patient 1's single voxel: every moment is the voxel's dose.
+    predicted = tf.Variable(dose + 1.5)
+    with tf.GradientTape() as tape:
+        term = dvh_difference(element, predicted)
+        total = tf.reduce_sum(term)
+    assert term.numpy()[1] == pytest.approx(1.5, abs=1e-4)  # one voxel: every moment moves by 1.5 Gy
+    assert term.numpy()[0] > 0
+    gradient = tape.gradient(total, predicted).numpy()[..., 0]
+    inside = structure_masks > 0
+    assert np.all(gradient[~inside] == 0) and np.all(gradient[inside] != 0)
+    combined = loss_function("mae", dvh_weight=0.5)(element, predicted)
+    np.testing.assert_allclose(combined.numpy(), mean_absolute_error(element, predicted).numpy() + 0.5 * term.numpy(),
+                               rtol=1e-6)

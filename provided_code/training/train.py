@@ -134,7 +134,7 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
             len(validation.arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
             with_mask=with_mask), len(validation.arrays))
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
-                     recompute=config.recompute, loss_fn=loss_function(config.loss))
+                     recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
     callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     steps = updates_per_epoch(len(train_arrays), **shape)
@@ -248,7 +248,8 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 "recomputing block activations in the backward pass" if config.recompute else "activations kept")
     scoring = ("off" if not config.score_every else "off (no validation patients with doses)" if validation is None
                else f"every {config.score_every} epoch(s) and at the last")
-    logger.info("Recipe: loss %s; augmentation %s; learning rate %s%s; validation scores %s", config.loss,
+    logger.info("Recipe: loss %s%s; augmentation %s; learning rate %s%s; validation scores %s", config.loss,
+                f" + {config.dvh_weight:g} × DVH term" if config.dvh_weight else "",
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "", scoring)
 
