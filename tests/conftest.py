@@ -42,6 +42,17 @@ def reset_keras():
     keras.backend.clear_session()
 
 
+def network_config(**fields):
+    """The network and optimizer settings of ``TrainConfig``'s defaults, with ``fields`` changed,
+    without its checks (so that tests can build at 16³)."""
+    import dataclasses
+    import types
+
+    from provided_code.config import TrainConfig
+
+    return types.SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), **fields})
+
+
 def log_epochs(run_dir: Path) -> list[int]:
     """The epochs in a run's ``training_log.csv``, in order."""
     with open(Path(run_dir) / "training_log.csv", newline="") as handle:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from types import SimpleNamespace
 from provided_code.constants import STRUCTURES
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
@@ -17,6 +16,7 @@ from provided_code.networks.layers import CompactInputs
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
+from tests.conftest import network_config
 
 SIZE = 16
 
@@ -85,7 +85,7 @@ def test_padding_patients_weigh_nothing():
 def unet_steps(recompute: bool, steps: int = 3):
     keras.backend.clear_session()
     keras.utils.set_random_seed(3)
-    model = new_model(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.2, learning_rate=1e-3))
+    model = new_model(network_config(resolution=SIZE, filters=4, dropout=0.2, learning_rate=1e-3))
     model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
     arrays = Arrays()
@@ -104,7 +104,7 @@ def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
 
 def traced_train_step(recompute: bool):
     keras.backend.clear_session()
-    model = new_model(SimpleNamespace(resolution=SIZE, filters=4, dropout=0.0, learning_rate=1e-3))
+    model = new_model(network_config(resolution=SIZE, filters=4, dropout=0.0, learning_rate=1e-3))
     model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
     spec = {name: tf.TensorSpec(value.shape, value.dtype) for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
@@ -176,7 +176,7 @@ def test_non_finite_gradient_on_one_replica_skips_the_update_on_every_replica():
 def test_the_network_declares_its_recompute_blocks_and_a_model_without_them_is_refused():
     from provided_code.networks.unet import block_of
 
-    model = new_model(SimpleNamespace(resolution=SIZE, filters=2, dropout=0.2, learning_rate=1e-3))
+    model = new_model(network_config(resolution=SIZE, filters=2, dropout=0.2, learning_rate=1e-3))
     blocks = {layer.name: block_of(layer.name) for layer in model.layers}
     assert blocks["compact_inputs"] == blocks["encoder_1_conv"] == "inputs" and blocks["dose"] == "decoder_0"
     assert {name for name, block in blocks.items() if block is None} == (
