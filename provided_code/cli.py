@@ -54,6 +54,8 @@ def one_line(error: Exception) -> str:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
+@click.option("--prescription-channel", is_flag=True,
+              help="One more input channel: each voxel's highest PTV prescription (70, 63, 56 Gy, scaled).")
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
 @click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")

@@ -32,6 +32,7 @@ class TrainConfig:
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
+    prescription_channel: bool = False  # one more input channel: each voxel's highest PTV prescription / 70 Gy
     norm: str = "batch"  # batch: batch norm, synchronised across replicas; instance: per sample and channel
     #                      (no statistics cross the batch or the replicas: the whole replica step compiles)
     # -- optimisation --
@@ -74,7 +75,7 @@ class TrainConfig:
     score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
     #                       validation patients, and models/best.keras (lowest dose score); 0: never
 
-    ARCHITECTURE = ("filters", "resolution", "dropout", "norm")
+    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel")
 
     def __post_init__(self):
         def positive(name):

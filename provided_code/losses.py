@@ -33,8 +33,8 @@ DVH_MOMENTS = (1.0, 2.0, 10.0)  # mean, root mean square, and a soft maximum
 def dvh_difference(element: dict, predicted) -> tf.Tensor:
     """A differentiable DVH term: per structure the patient has, the mean over ``DVH_MOMENTS`` p of
     |M_p(predicted) − M_p(reference)|, where M_p = (mean of dose^p over the structure's
-    voxels)^(1/p), summed over the structures. Zero for a perfect prediction; its gradient reaches
-    only voxels inside a structure.
+    voxels)^(1/p), averaged over the structures the patient has (Gy, like the masked MAE beside
+    it). Zero for a perfect prediction; its gradient reaches only voxels inside a structure.
 
     Moments rather than the sorted voxels: comparing sorted doses per structure (the histograms
     point by point) made a 64³ CPU step 3.6× slower (one sort of the volume per structure). The
@@ -67,7 +67,8 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
         return (sums / tf.maximum(voxels, 1.0)[..., None] + 1e-6) ** (1.0 / exponents)
 
     differences = tf.reduce_mean(tf.abs(moments(predicted) - moments(element["dose"])), axis=-1)
-    return tf.reduce_sum(differences * tf.cast(voxels > 0, tf.float32), axis=1)
+    present = tf.cast(voxels > 0, tf.float32)
+    return tf.reduce_sum(differences * present, axis=1) / tf.maximum(tf.reduce_sum(present, axis=1), 1.0)
 
 
 def loss_function(name: str, dvh_weight: float = 0.0):

@@ -39,3 +39,28 @@ def test_compact_inputs_equal_the_plain_unpacking_for_every_value():
     half = np.asarray(CompactInputs(dtype="mixed_float16")([ct, bits]))
     assert half.dtype == np.float16
     np.testing.assert_allclose(half.astype(np.float32), expected, rtol=2**-10, atol=0)  # float16 roundings
+
+
+def test_prescription_channel_holds_the_highest_ptv_level_by_hand():
+    from provided_code.constants import STRUCTURES
+    from provided_code.data.phantoms import make_phantom
+    from provided_code.data.resample import block_or
+
+    volumes = make_phantom(4)
+    structure_masks = np.zeros(volumes["ct"].shape, np.uint16)
+    for bit, name in enumerate(STRUCTURES):
+        structure_masks[volumes[name]] |= np.uint16(1 << bit)
+    structure_masks = block_or(structure_masks, 4)  # 32³
+    structure_masks[0, 0, 0] = (1 << STRUCTURES.index("PTV56")) | (1 << STRUCTURES.index("PTV63"))  # overlap: 63
+    structure_masks[0, 0, 1] = 1 << STRUCTURES.index("Brainstem")  # an organ alone: 0
+    ct = np.zeros_like(structure_masks)
+    unpacked = CompactInputs(prescription=True)([ct[None], structure_masks[None]])
+    channel = np.asarray(unpacked)[0, ..., -1]
+    expected = np.zeros(structure_masks.shape, np.float32)
+    for name, level in (("PTV56", 56.0), ("PTV63", 63.0), ("PTV70", 70.0)):  # ascending: the highest wins
+        expected[(structure_masks >> STRUCTURES.index(name)) & 1 == 1] = level / 70.0
+    assert np.asarray(unpacked).shape[-1] == 12
+    np.testing.assert_allclose(channel, expected, rtol=1e-6)
+    assert channel[0, 0, 0] == pytest.approx(0.9) and channel[0, 0, 1] == 0 and (channel == 1.0).any()
+    restored = CompactInputs.from_config(CompactInputs(prescription=True).get_config())
+    assert restored.prescription is True

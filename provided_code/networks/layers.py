@@ -6,25 +6,39 @@ import keras
 import numpy as np
 from keras import ops
 
-from provided_code.constants import CT_MAX, STRUCTURES
+from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
 class CompactInputs(keras.layers.Layer):
-    """``[ct, structure_masks]`` in compact dtypes → one ``(batch, d0, d1, d2, 11)`` volume.
+    """``[ct, structure_masks]`` in compact dtypes → one ``(batch, d0, d1, d2, 11)`` volume (12
+    with ``prescription``).
 
     ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: uint16
     bitfield, bit k unpacked into channel 1 + k. The host sends 4 bytes per voxel instead of 44.
+    ``prescription``: one more channel, the highest prescription level of the PTVs that cover the
+    voxel (70, 63 or 56 Gy) divided by 70, 0 outside them.
 
-    The structure channels are one gather from a table of every 10-bit pattern's bits (1024 × 10
-    values): a single pass that writes the floats directly, where shifting, masking and casting a
-    broadcast copy took three passes and one full-size temporary more.
+    The structure channels (and the prescription) are one gather from a table of every 10-bit
+    pattern's values (1024 × 10 or 11): a single pass that writes the floats directly, where
+    shifting, masking and casting a broadcast copy took three passes and one full-size temporary
+    more.
     """
+
+    def __init__(self, prescription: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.prescription = prescription
+
+    def get_config(self):
+        return {**super().get_config(), "prescription": self.prescription}
 
     def call(self, inputs):
         ct, structure_masks = inputs
         count = len(STRUCTURES)
         bits_of_pattern = (np.arange(2**count)[:, None] >> np.arange(count)) & 1  # (1024, 10)
+        if self.prescription:
+            levels = np.array([PRESCRIPTIONS_GY.get(name, 0.0) for name in STRUCTURES]) / max(PRESCRIPTIONS_GY.values())
+            bits_of_pattern = np.concatenate([bits_of_pattern, (bits_of_pattern * levels).max(axis=1)[:, None]], axis=1)
         table = ops.convert_to_tensor(bits_of_pattern, dtype=self.compute_dtype)
         patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
         masks = ops.take(table, patterns, axis=0)
@@ -32,7 +46,7 @@ class CompactInputs(keras.layers.Layer):
         return ops.concatenate([ct[..., None], masks], axis=-1)
 
     def compute_output_shape(self, input_shape):
-        return (*input_shape[0], 1 + len(STRUCTURES))
+        return (*input_shape[0], 1 + len(STRUCTURES) + int(self.prescription))
 
 
 @keras.saving.register_keras_serializable(package="provided_code")

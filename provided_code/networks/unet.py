@@ -56,6 +56,9 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     Conv3DTranspose to one channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the
     dtype policy.
 
+    With ``config.prescription_channel`` the inputs carry one more channel, each voxel's highest
+    PTV prescription (:class:`CompactInputs`).
+
     Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
     statistics are those of the global batch); ``instance``, per sample and channel over the
     volume (GroupNormalization with one group per channel), nothing shared between samples.
@@ -71,7 +74,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
     structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
-    x = CompactInputs(name="compact_inputs")([ct, structure_masks])
+    x = CompactInputs(prescription=config.prescription_channel, name="compact_inputs")([ct, structure_masks])
 
     skips = []
     for level in range(levels):
