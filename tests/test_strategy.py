@@ -226,7 +226,9 @@ import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement
 two = make_placement("2", multi_worker=False).strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
+import dataclasses
 from types import SimpleNamespace
+from provided_code.config import TrainConfig
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
@@ -242,7 +244,9 @@ def run(strategy, batch, xla, recompute=False):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = new_model(SimpleNamespace(resolution=16, filters=2, dropout=0.0, norm="instance", learning_rate=1e-3))
+        settings = {**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2, "dropout": 0.0,
+                    "norm": "instance", "learning_rate": 1e-3}
+        model = new_model(SimpleNamespace(**settings))
         model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error)
     losses = []
