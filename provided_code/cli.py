@@ -7,6 +7,7 @@ import sys
 from typing import Iterable, Iterator, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from provided_code.config import (
     LOG_FILE,
@@ -22,6 +23,7 @@ from provided_code.data.resample import RESOLUTIONS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
 from provided_code.preflight import check_run_folders
+from provided_code.presets import PRESETS, apply_preset
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -118,13 +120,19 @@ def one_line(error: Exception) -> str:
               help="With --predict-only: NAME,NAME,... trained runs in --results-dir, each at --epoch [default: best], "
                    "averaged; outputs go to results/<model-name>/ (not a member's name).")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
-def main(predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, ensemble, **options):
+@click.option("--preset", type=click.Choice(tuple(PRESETS)), default=None,
+              help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
+                   "term) to a documented set: starter (the 2020 recipe), v1, default; flags given override it.")
+@click.pass_context
+def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, ensemble, preset, **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
     """
     _setup_logging()
     try:
+        given = {name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+        options = apply_preset(preset, options, given)
         if no_xla:
             options["xla"] = "off"
         config = TrainConfig(resolution=int(resolution), **options)

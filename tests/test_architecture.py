@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 # predict and the command lines.
 LAYERS = (
     ("constants", "errors", "atomic", "progress", "environment", "run_lock"),
-    ("data", "networks", "losses", "metrics", "dicom", "config", "preflight"),
+    ("data", "networks", "losses", "metrics", "dicom", "config", "preflight", "presets"),
     ("inference", "score_folder", "score_loop", "plots"),
     ("training",),
     ("predict",),

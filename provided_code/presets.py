@@ -1,0 +1,47 @@
+"""Named sets of every recipe and network choice (``--preset``); explicit flags override them.
+
+- ``starter``: the OpenKBP 2020 starter recipe: plain MAE over the whole volume, no
+  augmentation, constant rate, batch norm, CT and masks only.
+- ``v1``: this project's first recipe (the README's 30-epoch comparison): masked MAE, flips,
+  constant rate, batch norm, CT and masks only.
+- ``default``: ``TrainConfig``'s defaults. Until issue 14's longer comparison chooses otherwise,
+  the same as ``v1``.
+
+``models/config.json`` records the resolved values, so a resume or a ``--predict-only`` needs no
+preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from provided_code.config import TrainConfig
+from provided_code.errors import ConfigError
+
+_DEFAULTS = TrainConfig()
+PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "norm", "prescription_channel", "dvh_weight")
+PRESETS: dict[str, dict] = {
+    "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
+                "prescription_channel": False, "dvh_weight": 0.0},
+    "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
+           "prescription_channel": False, "dvh_weight": 0.0},
+    "default": {name: getattr(_DEFAULTS, name) for name in PRESET_FIELDS},
+}
+
+
+def apply_preset(name: str | None, options: dict, given: set[str]) -> dict:
+    """``options`` (flag values by field name) with the preset's values for every field the user
+    did not give explicitly (``given``)."""
+    if name is None:
+        return dict(options)
+    if name not in PRESETS:
+        raise ConfigError(f"Invalid `preset`. Expected one of {tuple(PRESETS)}. Received: preset={name!r}")
+    return {**options, **{field: value for field, value in PRESETS[name].items() if field not in given}}
+
+
+def check_presets() -> None:
+    """Every preset names every preset field, each a field of TrainConfig (for the tests)."""
+    fields = {field.name for field in dataclasses.fields(TrainConfig)}
+    for name, values in PRESETS.items():
+        if set(values) != set(PRESET_FIELDS) or not set(values) <= fields:
+            raise AssertionError(f"preset {name} does not set exactly {PRESET_FIELDS}")

@@ -1,0 +1,45 @@
+"""--preset: documented sets of recipe and network choices; explicit flags override them."""
+
+import dataclasses
+
+import pytest
+from click.testing import CliRunner
+
+import provided_code.cli as cli
+from provided_code.config import TrainConfig
+from provided_code.errors import UserError
+from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset, check_presets
+
+# What the default recipe trained before --preset existed (the README's comparison chose it).
+V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
+      "prescription_channel": False, "dvh_weight": 0.0}
+
+
+def test_v1_resolves_to_todays_defaults_and_starter_to_the_2020_recipe():
+    check_presets()
+    defaults = dataclasses.asdict(TrainConfig())
+    assert TrainConfig(**apply_preset("v1", defaults, given=set())) == TrainConfig()
+    assert {field: defaults[field] for field in PRESET_FIELDS} == V1 == PRESETS["v1"]
+    starter = TrainConfig(**apply_preset("starter", defaults, given=set()))
+    assert (starter.loss, starter.augment, starter.lr_schedule, starter.norm) == ("mae", "none", "constant", "batch")
+    kept = apply_preset("starter", {**defaults, "loss": "masked-mae"}, given={"loss"})
+    assert kept["loss"] == "masked-mae" and kept["augment"] == "none"
+
+
+def test_the_command_line_applies_the_preset_under_explicit_flags(monkeypatch):
+    seen = []
+
+    class Stop(UserError):
+        pass
+
+    def capture(config, predict_only, stage):
+        seen.append(config)
+        raise Stop("stopped before any work")
+
+    monkeypatch.setattr(cli, "check_run_folders", capture)
+    result = CliRunner().invoke(cli.main, ["--preset", "starter", "--augment", "flip", "--norm", "instance"])
+    assert result.exit_code == 1 and "stopped before any work" in result.output
+    config = seen[0]
+    assert (config.loss, config.augment, config.norm, config.lr_schedule) == ("mae", "flip", "instance", "constant")
+    with pytest.raises(UserError, match="Invalid `preset`"):
+        apply_preset("best", {}, set())
