@@ -27,6 +27,8 @@ from provided_code.presets import PRESETS, apply_preset
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
+CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, "
+                  "else ~/.cache/provided_code].")
 
 
 def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T]:
@@ -73,7 +75,7 @@ def one_line(error: Exception) -> str:
 @click.option("--loss", type=click.Choice(LOSSES), default=DEFAULTS.loss,
               help="masked-mae: mean |error| inside the possible-dose mask; mae: over the whole volume.")
 @click.option("--dvh-weight", type=float, default=DEFAULTS.dvh_weight,
-              help="Add this weight × a DVH term (per structure, sorted predicted against sorted reference doses) "
+              help="Add this weight × a DVH term (per structure, the dose's moments predicted against reference) "
                    "to the loss; 0: off.")
 @click.option("--augment", default=DEFAULTS.augment,
               help="none, or a comma list of flip (left-right, parotids swapped), rotate (axial, 40° steps), "
@@ -105,8 +107,7 @@ def one_line(error: Exception) -> str:
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
-@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, else "
-                   "~/.cache/provided_code].")
+@click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
 @click.option("--start-over", is_flag=True,
               help="Train this model from scratch: its checkpoints, config and log are moved into "
                    "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
@@ -177,8 +178,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 @click.option("--predictions", "prediction_dir", required=True, help="Folder of pt_<N>.csv predicted doses.")
 @click.option("--json", "json_path", default=None,
               help="Write the JSON summary here (and the per-patient CSV beside it, same name with .csv).")
-@click.option("--cache-dir", default=None, help="Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, else "
-                   "~/.cache/provided_code].")
+@click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
 def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     """Score predicted doses with the OpenKBP challenge's dose score and DVH score (Gy)."""
     import json

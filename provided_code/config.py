@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from provided_code.data.augment import parse_augment
-from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 XLA_MODES = ("auto", "on", "off")
@@ -22,7 +22,6 @@ NORMS = ("batch", "instance")
 CONFIG_FILE = "config.json"  # in results/<model-name>/models/
 LOG_FILE = "training_log.csv"  # in results/<model-name>/
 CURVES_FILE = "training_curves.png"  # in results/<model-name>/
-
 
 
 
@@ -44,8 +43,8 @@ class TrainConfig:
     warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
     loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
-    dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, sorted predicted
-    #                          against sorted reference doses) added to the loss; 0: off
+    dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, the dose's
+    #                          moments predicted against reference, Gy) added to the loss; 0: off
     augment: str = "flip"  # none, or a comma list of flip, rotate, shift (see data/augment.py); each draw
     #                        depends only on (seed, epoch, step). Default by the README's comparison
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)

@@ -6,6 +6,8 @@ OpenKBP data, axis 0 runs anterior to posterior, axis 1 from the patient's right
 in mm, in the same order.
 """
 
+import numpy as np
+
 VOLUME_SHAPE = (128, 128, 128)
 NUM_VOXELS = VOLUME_SHAPE[0] * VOLUME_SHAPE[1] * VOLUME_SHAPE[2]
 
@@ -26,3 +28,8 @@ CT_FILE = "ct.csv"
 DOSE_FILE = "dose.csv"
 POSSIBLE_DOSE_MASK_FILE = "possible_dose_mask.csv"
 VOXEL_DIMENSIONS_FILE = "voxel_dimensions.csv"
+
+
+def structures_of_patterns() -> np.ndarray:
+    """``(1024, 10)`` 0/1: row p says which structures a voxel whose packed bits are p is in."""
+    return (np.arange(2 ** len(STRUCTURES))[:, None] >> np.arange(len(STRUCTURES))) & 1

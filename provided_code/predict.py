@@ -107,20 +107,20 @@ def _predict_stage(config: TrainConfig, stage: str, epoch: int | str | None, tta
     stage_dir = Path(config.data_dir) / f"{stage}-pats"
     arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
                         skip_incomplete=config.skip_incomplete, progress=progress)
-    members = []  # (name, epoch) of each model predicted with
+    members = []  # {"model": name, "epoch": epoch} of each model predicted with
     predictions = None
+    member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
     for name in ensemble or [config.model_name]:
         models_dir = Path(config.results_dir) / name / "models"
-        saved, member_epoch, model = load_trained_model(models_dir, ("best" if epoch is None else epoch)
-                                                        if ensemble else epoch)
+        saved, loaded_epoch, model = load_trained_model(models_dir, member_epoch)
         try:
             predicted = predict_full_resolution(model, arrays, saved.resolution, config.batch_size, tta, progress,
-                                                label=f"Model {name!r} at epoch {member_epoch}")
+                                                label=f"Model {name!r} at epoch {loaded_epoch}")
         except PredictionError as error:
             raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
                                   f"{models_dir.parent / LOG_FILE}); nothing was written.") from None
         predictions = predicted if predictions is None else predictions + predicted
-        members.append({"model": name, "epoch": member_epoch})
+        members.append({"model": name, "epoch": loaded_epoch})
         del model
         keras.backend.clear_session()
     if ensemble:

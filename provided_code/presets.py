@@ -13,8 +13,6 @@ preset.
 
 from __future__ import annotations
 
-import dataclasses
-
 from provided_code.config import TrainConfig
 from provided_code.errors import ConfigError
 
@@ -38,10 +36,3 @@ def apply_preset(name: str | None, options: dict, given: set[str]) -> dict:
         raise ConfigError(f"Invalid `preset`. Expected one of {tuple(PRESETS)}. Received: preset={name!r}")
     return {**options, **{field: value for field, value in PRESETS[name].items() if field not in given}}
 
-
-def check_presets() -> None:
-    """Every preset names every preset field, each a field of TrainConfig (for the tests)."""
-    fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    for name, values in PRESETS.items():
-        if set(values) != set(PRESET_FIELDS) or not set(values) <= fields:
-            raise AssertionError(f"preset {name} does not set exactly {PRESET_FIELDS}")

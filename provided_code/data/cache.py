@@ -61,6 +61,12 @@ _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask":
 _TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
 
 
+def present_structures(structure_masks: np.ndarray) -> np.ndarray:
+    """``(10,)`` bool: which structures a packed ``structure_masks`` volume has voxels of."""
+    bits = np.bitwise_or.reduce(structure_masks, axis=None)
+    return np.array([(bits >> k) & 1 for k in range(len(STRUCTURES))], bool)
+
+
 def chunk_checksum(array: np.ndarray) -> np.uint64:
     """The checksum of one patient's volume as stored: its bytes as 64-bit words, summed modulo
     2⁶⁴. Any change inside one word (a flipped bit or byte) changes it; one pass at memory speed,
@@ -121,8 +127,7 @@ class SplitArrays:
             has_dose=np.array([p.dose is not None for p in patients]),
             dose_decimals=np.array([p.dose_decimals for p in patients], np.int8),
             voxel_dimensions=np.stack([p.voxel_dimensions for p in patients]),
-            structure_present=np.stack([[(p.structure_masks & (1 << k)).any() for k in range(len(STRUCTURES))]
-                                        for p in patients]),
+            structure_present=np.stack([present_structures(p.structure_masks) for p in patients]),
         )
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
@@ -267,8 +272,7 @@ def build_cache(
                         has_dose[row] = True
                         dose_decimals[row] = result.dose_decimals
                     voxel_dimensions[row] = result.voxel_dimensions
-                    bits = np.bitwise_or.reduce(result.structure_masks, axis=None)
-                    structure_present[row] = [(bits >> k) & 1 for k in range(len(STRUCTURES))]
+                    structure_present[row] = present_structures(result.structure_masks)
             kept = len(patient_ids)
             for dataset in volumes.values():
                 dataset.resize(kept, axis=0)

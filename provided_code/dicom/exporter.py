@@ -56,10 +56,11 @@ def write_nifti(path: os.PathLike | str, dose_ct: np.ndarray, geometry: PatientG
 
         raise DicomInputError(path, "writing NIfTI needs nibabel: pip install 'provided_code[dicom]'") from None
     data = np.ascontiguousarray(np.transpose(dose_ct[::-1], (2, 1, 0)), dtype=np.float32)
-    image = nibabel.Nifti1Image(data, nifti_affine(geometry))
+    affine = nifti_affine(geometry)
+    image = nibabel.Nifti1Image(data, affine)
     image.header.set_xyzt_units("mm")
-    image.set_qform(nifti_affine(geometry), code=1)
-    image.set_sform(nifti_affine(geometry), code=1)
+    image.set_qform(affine, code=1)
+    image.set_sform(affine, code=1)
     path = Path(path)
     with atomic_path(path, suffix=".nii.gz") as tmp:
         nibabel.save(image, tmp)

@@ -93,9 +93,10 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
 
     planes = {key: contours_by_slice(structure_set.contours[roi], ct.slice_z, roi, structure_set.path)
               for key, roi in mapping.items()}
-    empty = [key for key in mapping if not planes[key]]
-    if any(key in TARGETS for key in empty) and not allow_missing_targets:
-        raise DicomInputError(structure_set.path, f"ROI {mapping[empty[0]]!r} ({empty[0]}) has no contours")
+    empty_targets = [key for key in TARGETS if key in planes and not planes[key]]
+    if empty_targets and not allow_missing_targets:
+        target = empty_targets[0]
+        raise DicomInputError(structure_set.path, f"ROI {mapping[target]!r} ({target}) has no contours")
     target_slices = [k for key in TARGETS if key in planes for k in planes[key]]
     centre = (min(target_slices) + max(target_slices)) / 2 if target_slices else None
     first = choose_first_slice(len(ct.slice_z), centre)
@@ -123,9 +124,7 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         geometry.possible_dose_mask = f"ROI {mapping[BODY]!r}"
     else:
         masks.pop(BODY, None)
-        possible_dose_mask = np.zeros((BOX, BOX, BOX), bool)
-        for b, k in zip(box_slices, ct_slices):
-            possible_dose_mask[:, :, b] = resample(ct.hu[k]) > BODY_THRESHOLD_HU
+        possible_dose_mask = volume_ct > BODY_THRESHOLD_HU + HU_OFFSET  # the CT as stored
         geometry.possible_dose_mask = f"CT above {BODY_THRESHOLD_HU:g} HU (no BODY/External ROI)"
     lines.append(f"possible-dose mask: {geometry.possible_dose_mask}")
     for key in STRUCTURES:

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES
+from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES, structures_of_patterns
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
@@ -35,11 +35,11 @@ class CompactInputs(keras.layers.Layer):
     def call(self, inputs):
         ct, structure_masks = inputs
         count = len(STRUCTURES)
-        bits_of_pattern = (np.arange(2**count)[:, None] >> np.arange(count)) & 1  # (1024, 10)
+        table = structures_of_patterns()  # (1024, 10)
         if self.prescription:
             levels = np.array([PRESCRIPTIONS_GY.get(name, 0.0) for name in STRUCTURES]) / max(PRESCRIPTIONS_GY.values())
-            bits_of_pattern = np.concatenate([bits_of_pattern, (bits_of_pattern * levels).max(axis=1)[:, None]], axis=1)
-        table = ops.convert_to_tensor(bits_of_pattern, dtype=self.compute_dtype)
+            table = np.concatenate([table, (table * levels).max(axis=1)[:, None]], axis=1)
+        table = ops.convert_to_tensor(table, dtype=self.compute_dtype)
         patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
         masks = ops.take(table, patterns, axis=0)
         ct = ops.cast(ct, self.compute_dtype) * (1.0 / CT_MAX)

@@ -164,7 +164,7 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
         def block(node):
             return None if _draws_random_numbers(node.operation) else block_of(node.operation.name)
 
-        parts = []
+        parts, recomputed = [], 0
         for run in _split(nodes, block):
             part = piece(run)
             if block(run[0]) is None:
@@ -172,7 +172,8 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
             else:
                 by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in run)
                 parts.append((part, _recomputed(runner(part), by_sample)))
-        if all(block(run_nodes[0]) is None for run_nodes in _split(nodes, block)):
+                recomputed += 1
+        if not recomputed:
             raise ValueError(f"--recompute found no block in model {model.name!r}: its layer names match none of "
                              f"the network's blocks (was a layer renamed?)")
     else:
