@@ -1,53 +1,94 @@
 #!/usr/bin/env python
-"""The training-recipe comparison behind the defaults (README, "Training recipe"): prints JSON.
+"""The comparisons behind the defaults (README, "Training recipe"): prints JSON and a Markdown table.
 
-Trains the starter recipe and each addition (masked loss; + flips; + rotations and shifts;
-+ cosine schedule) with the CLI, the same settings and epochs for each, over several seeds, and
-reads each run's validation scores from its ``training_log.csv`` (written by the same code as
-``openkbp-score``). Runs already finished are read, not retrained, so an interrupted comparison
-continues where it stopped.
+Trains each row's recipe with the CLI (``runpod_train.py``), the same settings and epochs for
+each, over several seeds, and reads each run's validation scores from its ``training_log.csv``
+(written by the same code as ``openkbp-score``). Runs already finished are read, not retrained,
+so an interrupted comparison continues where it stopped; a run that stopped part-way resumes
+from its last checkpoint. With ``--jobs 2`` two runs train at once, each pinned to its own core
+with one TensorFlow thread (on a 2-core machine about 1.4 times the throughput of one run on
+both cores). ``--ensemble ROW`` also averages that row's seeds (``--predict-only --ensemble``)
+and scores the average.
+
+Two tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
+above) and ``--table network`` (issue 14's longer comparison: every row is ``--preset v1`` plus one
+change, and ``combined`` the changes the single rows supported).
 
     bash ../shared/openkbp-more/make-data-dir.sh /tmp/openkbp-55
-    python scripts/ablation.py --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation > ablation.json
+    python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation \\
+        --epochs 120 --score-every 10 --jobs 2 --ensemble combined > ablation.json
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import queue
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = {  # name -> the recipe's flags; each row adds one thing to the one above
-    "starter": ["--loss", "mae", "--augment", "none", "--lr-schedule", "constant"],
-    "masked": ["--loss", "masked-mae", "--augment", "none", "--lr-schedule", "constant"],
-    "flip": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "constant"],
-    "rotate-shift": ["--loss", "masked-mae", "--augment", "flip,rotate,shift", "--lr-schedule", "constant"],
-    "cosine": ["--loss", "masked-mae", "--augment", "flip,rotate,shift", "--lr-schedule", "cosine"],
-    # not in the chain: cosine on the best row above, to tell the schedule's effect from the rotations'
-    "flip-cosine": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "cosine"],
+TABLES = {
+    # name -> the row's flags; each row adds one thing to the one above
+    "recipe": {
+        "starter": ["--loss", "mae", "--augment", "none", "--lr-schedule", "constant"],
+        "masked": ["--loss", "masked-mae", "--augment", "none", "--lr-schedule", "constant"],
+        "flip": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "constant"],
+        "rotate-shift": ["--loss", "masked-mae", "--augment", "flip,rotate,shift", "--lr-schedule", "constant"],
+        "cosine": ["--loss", "masked-mae", "--augment", "flip,rotate,shift", "--lr-schedule", "cosine"],
+        # not in the chain: cosine on the best row above, to tell the schedule's effect from the rotations'
+        "flip-cosine": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "cosine"],
+    },
+    # name -> v1 plus one change (combined: the changes the rows above supported)
+    "network": {
+        "v1": ["--preset", "v1"],
+        "prescription": ["--preset", "v1", "--prescription-channel"],
+        "beams": ["--preset", "v1", "--beams", "9"],
+        "beams-each": ["--preset", "v1", "--beams", "9", "--beam-channels", "each"],
+        "instance": ["--preset", "v1", "--norm", "instance"],
+        "dvh": ["--preset", "v1", "--dvh-weight", "0.2"],
+        "rotate-shift": ["--preset", "v1", "--augment", "flip,rotate,shift"],
+        "cosine": ["--preset", "v1", "--lr-schedule", "cosine"],
+        "ema": ["--preset", "v1", "--ema"],
+        "combined": ["--preset", "default"],
+    },
 }
 
 
-def run_name(recipe: str, seed: int) -> str:
-    return f"{recipe}-seed{seed}"
+def run_name(row: str, seed: int) -> str:
+    return f"{row}-seed{seed}"
 
 
-def read_scores(log_path: Path) -> dict:
+def read_scores(log_path: Path, tail: int) -> dict:
+    """The last and best scores of a run, and the mean of its last ``tail`` scorings (less noisy
+    than the last alone; where the curve has flattened, close to the best)."""
     with open(log_path, newline="") as handle:
         every = list(csv.DictReader(handle))
     rows = [row for row in every if row["val_dose_score"]]
     best = min(rows, key=lambda row: float(row["val_dose_score"]))
     return {"last_epoch": int(rows[-1]["epoch"]), "last_dose_score": float(rows[-1]["val_dose_score"]),
-            "last_dvh_score": float(rows[-1]["val_dvh_score"]), "best_epoch": int(best["epoch"]),
-            "best_dose_score": float(best["val_dose_score"]), "best_dvh_score": float(best["val_dvh_score"]),
+            "last_dvh_score": float(rows[-1]["val_dvh_score"]),
+            "tail_dose_score": statistics.fmean(float(row["val_dose_score"]) for row in rows[-tail:]),
+            "tail_dvh_score": statistics.fmean(float(row["val_dvh_score"]) for row in rows[-tail:]),
+            "best_epoch": int(best["epoch"]), "best_dose_score": float(best["val_dose_score"]),
+            "best_dvh_score": float(best["val_dvh_score"]),
+            "curve": [[int(row["epoch"]), round(float(row["val_dose_score"]), 3)] for row in rows],
             "seconds": sum(float(row["epoch_seconds"]) for row in every)}
+
+
+def finished(log_path: Path, epochs: int) -> bool:
+    if not log_path.is_file():
+        return False
+    with open(log_path, newline="") as handle:
+        epochs_logged = [int(row["epoch"]) for row in csv.DictReader(handle)]
+    return bool(epochs_logged) and max(epochs_logged) >= epochs
 
 
 def summarise(values: list[float]) -> dict:
@@ -55,50 +96,99 @@ def summarise(values: list[float]) -> dict:
             "values": values}
 
 
+class Lanes:
+    """``jobs`` runs at once; with more than one, each is pinned to its own core with one thread."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self.cores: queue.Queue[int] = queue.Queue()
+        for core in sorted(os.sched_getaffinity(0))[:jobs]:
+            self.cores.put(core)
+
+    def run(self, command: list[str], label: str) -> None:
+        core = self.cores.get()
+        try:
+            env = dict(os.environ)
+            if self.jobs > 1:
+                command = ["taskset", "-c", str(core), *command]
+                env.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+            start = time.perf_counter()
+            print(f"{label}: {' '.join(command)}", file=sys.stderr, flush=True)
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
+            print(f"  {label} done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+        finally:
+            self.cores.put(core)
+
+
 @click.command()
-@click.option("--data-dir", required=True, help="55 training patients and the sample's 6 validation patients.")
-@click.option("--results-dir", required=True, help="Where the runs go (results/<run>/).")
-@click.option("--seeds", default="0,1", help="Comma list of seeds.")
-@click.option("--epochs", type=int, default=30)
-@click.option("--resolution", default="64")
-@click.option("--filters", type=int, default=8)
-@click.option("--score-every", type=int, default=5)
-@click.option("--recipes", default=",".join(RECIPES), help="Comma list of recipe names (default: all).")
-def main(data_dir, results_dir, seeds, epochs, resolution, filters, score_every, recipes):
+@click.option("--table", type=click.Choice(sorted(TABLES)), default="network", show_default=True)
+@click.option("--data-dir", required=True, help="make-data-dir.sh's folder: 55 training, 30 validation patients.")
+@click.option("--results-dir", required=True, help="Where the runs go (<results-dir>/<row>-seed<N>/).")
+@click.option("--seeds", default="0,1", show_default=True, help="Comma list of seeds.")
+@click.option("--epochs", type=int, default=30, show_default=True)
+@click.option("--resolution", default="64", show_default=True)
+@click.option("--filters", type=int, default=8, show_default=True)
+@click.option("--score-every", type=int, default=5, show_default=True)
+@click.option("--tail", type=int, default=4, show_default=True, help="Scorings averaged for the 'tail' columns.")
+@click.option("--rows", default=None, help="Comma list of row names (default: all of the table's).")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Runs trained at once (one core each).")
+@click.option("--ensemble", "ensemble_rows", default="", help="Comma list of rows whose seeds are also ensembled.")
+def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score_every, tail, rows, jobs,
+         ensemble_rows):
+    recipes = TABLES[table]
     seeds = [int(seed) for seed in seeds.split(",")]
-    chosen = [name.strip() for name in recipes.split(",")]
-    unknown = [name for name in chosen if name not in RECIPES]
+    chosen = [name.strip() for name in (rows or ",".join(recipes)).split(",")]
+    ensembled = [name.strip() for name in ensemble_rows.split(",") if name.strip()]
+    unknown = [name for name in chosen + ensembled if name not in recipes]
     if unknown:
-        raise click.BadParameter(f"unknown recipe(s) {unknown}; expected names from {list(RECIPES)}")
+        raise click.BadParameter(f"unknown row(s) {unknown}; expected names from {list(recipes)}")
     common = ["--data-dir", data_dir, "--results-dir", results_dir, "--epochs", str(epochs), "--resolution",
               resolution, "--filters", str(filters), "--score-every", str(score_every), "--save-every", "5"]
-    runs = {}
-    for recipe in chosen:
+    lanes = Lanes(jobs)
+    todo = []
+    for row in chosen:
         for seed in seeds:
-            name = run_name(recipe, seed)
-            command = [sys.executable, str(REPO / "runpod_train.py"), *common, *RECIPES[recipe],
-                       "--seed", str(seed), "--model-name", name]
-            start = time.perf_counter()
-            print(f"{recipe}, seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-            runs[name] = {"recipe": recipe, "seed": seed, "flags": RECIPES[recipe],
-                          **read_scores(Path(results_dir) / name / "training_log.csv")}
-            print(f"  {runs[name]} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
-    table = {}
-    for recipe in chosen:
-        mine = [run for run in runs.values() if run["recipe"] == recipe]
-        table[recipe] = {key: summarise([run[key] for run in mine])
-                         for key in ("last_dose_score", "last_dvh_score", "best_dose_score", "best_dvh_score")}
-    print("| recipe | flags | dose score, last epoch | DVH score, last epoch | best dose score (its DVH) |\n|---|---|---|---|---|",
-          file=sys.stderr)
-    for recipe, row in table.items():
+            name = run_name(row, seed)
+            if not finished(Path(results_dir) / name / "training_log.csv", epochs):
+                todo.append(([sys.executable, str(REPO / "runpod_train.py"), *common, *recipes[row],
+                              "--seed", str(seed), "--model-name", name], name))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(lanes.run, command, label) for command, label in todo]:
+            future.result()
+    runs = {run_name(row, seed): {"row": row, "seed": seed, "flags": recipes[row],
+                                  **read_scores(Path(results_dir) / run_name(row, seed) / "training_log.csv", tail)}
+            for row in chosen for seed in seeds}
+    keys = ("last_dose_score", "last_dvh_score", "tail_dose_score", "tail_dvh_score", "best_dose_score",
+            "best_dvh_score")
+    summary = {}
+    for row in chosen:
+        mine = [run for run in runs.values() if run["row"] == row]
+        summary[row] = {key: summarise([run[key] for run in mine]) for key in keys}
+    ensembles = {}
+    for row in ensembled:
+        name = f"{row}-ensemble"
+        scores_path = Path(results_dir) / name / "validation-scores.json"
+        if not scores_path.is_file():
+            members = ",".join(run_name(row, seed) for seed in seeds)
+            lanes.run([sys.executable, str(REPO / "runpod_train.py"), "--data-dir", data_dir, "--results-dir",
+                       results_dir, "--model-name", name, "--predict-only", "--ensemble", members], name)
+        ensembles[row] = json.loads(scores_path.read_text())
+
+    print(f"| row | flags | dose score, epoch {epochs} | DVH score, epoch {epochs} | mean of last {tail} scorings: "
+          f"dose (DVH) | best dose score (its DVH score) |\n|---|---|---|---|---|---|", file=sys.stderr)
+    for row, cells in summary.items():
         def cell(key):
-            return f"{row[key]['mean']:.2f} ± {row[key]['sd']:.2f}"
-        print(f"| {recipe} | `{' '.join(RECIPES[recipe])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
-              f"{cell('best_dose_score')} ({cell('best_dvh_score')}) |", file=sys.stderr)
-    print(json.dumps({"settings": {"epochs": epochs, "resolution": int(resolution), "filters": filters,
-                                   "seeds": seeds, "score_every": score_every, "data_dir": data_dir},
-                      "table": table, "runs": runs}, indent=2))
+            return f"{cells[key]['mean']:.2f} ± {cells[key]['sd']:.2f}"
+        print(f"| {row} | `{' '.join(recipes[row])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
+              f"{cell('tail_dose_score')} ({cell('tail_dvh_score')}) | {cell('best_dose_score')} "
+              f"({cell('best_dvh_score')}) |", file=sys.stderr)
+    for row, scores in ensembles.items():
+        print(f"| {row}, ensemble of seeds {','.join(map(str, seeds))} (best.keras each) | `--predict-only "
+              f"--ensemble` | | | | {scores['dose_score']:.2f} ({scores['dvh_score']:.2f}) |", file=sys.stderr)
+    print(json.dumps({"settings": {"table": table, "epochs": epochs, "resolution": int(resolution),
+                                   "filters": filters, "seeds": seeds, "score_every": score_every, "tail": tail,
+                                   "data_dir": data_dir, "jobs": jobs},
+                      "table": summary, "ensembles": ensembles, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":
