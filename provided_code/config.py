@@ -12,6 +12,7 @@ from pathlib import Path
 
 from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.networks.beams import BEAM_CHANNELS, equidistant_angles, parse_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -34,6 +35,11 @@ class TrainConfig:
     prescription_channel: bool = False  # one more input channel: each voxel's highest PTV prescription / 70 Gy
     norm: str = "batch"  # batch: batch norm, synchronised across replicas; instance: per sample and channel
     #                      (no statistics cross the batch or the replicas: the whole replica step compiles)
+    beams: int = 0  # beam input channels for this many equidistant coplanar beams (OpenKBP: 9, 40° apart,
+    #                 the first at constants.BEAM_PHASE_DEGREES); 0: none
+    beam_angles: str = ""  # the beams' IEC gantry angles, comma list of degrees (head-first supine); given,
+    #                        it sets beams; with beams alone, resolved to its equidistant angles when saved
+    beam_channels: str = "count"  # count: one channel, the beams crossing each voxel / beams; each: one per beam
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
@@ -74,7 +80,8 @@ class TrainConfig:
     score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
     #                       validation patients, and models/best.keras (lowest dose score); 0: never
 
-    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel")
+    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel", "beam_angles",
+                    "beam_channels")
 
     def __post_init__(self):
         def positive(name):
@@ -97,6 +104,17 @@ class TrainConfig:
         if not (isinstance(self.dvh_weight, (int, float)) and not isinstance(self.dvh_weight, bool)
                 and self.dvh_weight >= 0):
             raise ConfigError(f"Invalid `dvh_weight`. Expected a number >= 0. Received: dvh_weight={self.dvh_weight!r}")
+        if isinstance(self.beams, bool) or not isinstance(self.beams, int) or self.beams < 0:
+            raise ConfigError(f"Invalid `beams`. Expected an integer >= 0 (0: none). Received: beams={self.beams!r}")
+        try:
+            angles = (parse_beam_angles(self.beam_angles) if str(self.beam_angles).strip()
+                      else equidistant_angles(self.beams))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        self.beams, self.beam_angles = len(angles), ",".join(f"{angle:g}" for angle in angles)
+        if self.beam_channels not in BEAM_CHANNELS:
+            raise ConfigError(f"Invalid `beam_channels`. Expected one of {BEAM_CHANNELS}. "
+                              f"Received: beam_channels={self.beam_channels!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
                               f"Received: lr_schedule={self.lr_schedule!r}")
@@ -133,6 +151,11 @@ class TrainConfig:
     @property
     def models_dir(self) -> Path:
         return self.run_dir / "models"
+
+    @property
+    def beam_angle_values(self) -> tuple[float, ...]:
+        """The beams' gantry angles in degrees (empty: no beam channels)."""
+        return parse_beam_angles(self.beam_angles) if self.beam_angles else ()
 
     @property
     def augmentations(self) -> tuple[str, ...]:

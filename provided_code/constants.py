@@ -19,6 +19,9 @@ STRUCTURES = OARS + TARGETS
 RIGHT_PAROTID_BIT = 1 << STRUCTURES.index("RightParotid")
 LEFT_PAROTID_BIT = 1 << STRUCTURES.index("LeftParotid")
 PRESCRIPTIONS_GY = {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 70.0}
+# The gantry angle of the first of OpenKBP's nine beams (the others every 40°), read off the
+# training doses by scripts/beam_angles.py (README, "Beam geometry").
+BEAM_PHASE_DEGREES = 0.0
 
 CT_MAX = 4095  # CT grey values are clipped to [0, CT_MAX], as the challenge recommends.
 LEFT_RIGHT_AXIS = 1  # spatial axis that runs from the patient's right to left

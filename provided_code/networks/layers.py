@@ -7,12 +7,13 @@ import numpy as np
 from keras import ops
 
 from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES, structures_of_patterns
+from provided_code.networks.beams import TARGET_BITS, ray_bins, ray_count
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
 class CompactInputs(keras.layers.Layer):
-    """``[ct, structure_masks]`` in compact dtypes → one ``(batch, d0, d1, d2, 11)`` volume (12
-    with ``prescription``).
+    """``[ct, structure_masks]`` in compact dtypes → one ``(batch, d0, d1, d2, C)`` volume: 11
+    channels, one more with ``prescription``, and the beam channels.
 
     ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: uint16
     bitfield, bit k unpacked into channel 1 + k. The host sends 4 bytes per voxel instead of 44.
@@ -23,14 +24,30 @@ class CompactInputs(keras.layers.Layer):
     pattern's values (1024 × 10 or 11): a single pass that writes the floats directly, where
     shifting, masking and casting a broadcast copy took three passes and one full-size temporary
     more.
+
+    ``beam_angles`` (gantry degrees, :mod:`provided_code.networks.beams`): per beam, the voxels
+    on its lines that cross a target voxel (any PTV) of the same axial slice. ``beam_channels``
+    ``"count"``: one channel, how many beams cross each voxel divided by the number of beams;
+    ``"each"``: one 0/1 channel per beam, in the order of ``beam_angles``. Made here, after the
+    training step's augmentation has moved the structures, by one segment maximum (per line and
+    slice) and one gather per beam over the plane's precomputed line table.
     """
 
-    def __init__(self, prescription: bool = False, **kwargs):
+    def __init__(self, prescription: bool = False, beam_angles=(), beam_channels: str = "count", **kwargs):
         super().__init__(**kwargs)
         self.prescription = prescription
+        self.beam_angles = tuple(float(angle) for angle in beam_angles)
+        self.beam_channels = beam_channels
 
     def get_config(self):
-        return {**super().get_config(), "prescription": self.prescription}
+        return {**super().get_config(), "prescription": self.prescription, "beam_angles": list(self.beam_angles),
+                "beam_channels": self.beam_channels}
+
+    @property
+    def beam_channel_count(self) -> int:
+        if not self.beam_angles:
+            return 0
+        return 1 if self.beam_channels == "count" else len(self.beam_angles)
 
     def call(self, inputs):
         ct, structure_masks = inputs
@@ -43,10 +60,28 @@ class CompactInputs(keras.layers.Layer):
         patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
         masks = ops.take(table, patterns, axis=0)
         ct = ops.cast(ct, self.compute_dtype) * (1.0 / CT_MAX)
-        return ops.concatenate([ct[..., None], masks], axis=-1)
+        channels = [ct[..., None], masks]
+        if self.beam_angles:
+            channels.append(self._beams(patterns))
+        return ops.concatenate(channels, axis=-1)
+
+    def _beams(self, patterns):
+        size, slices = patterns.shape[1], patterns.shape[3]
+        targets = ops.cast(ops.not_equal(ops.bitwise_and(patterns, TARGET_BITS), 0), self.compute_dtype)
+        by_voxel = ops.reshape(ops.transpose(targets, (1, 2, 0, 3)), (size * size, -1))  # (plane, batch × slices)
+        beams = []
+        for angle in self.beam_angles:
+            lines = ops.convert_to_tensor(ray_bins(size, angle))
+            crossed = ops.maximum(ops.segment_max(by_voxel, lines, num_segments=ray_count(size)), 0.0)  # empty: 0
+            beams.append(ops.take(crossed, lines, axis=0))
+        stacked = ops.stack(beams, axis=-1)
+        if self.beam_channels == "count":
+            stacked = ops.mean(stacked, axis=-1, keepdims=True)
+        stacked = ops.reshape(stacked, (size, size, -1, slices, self.beam_channel_count))
+        return ops.transpose(stacked, (2, 0, 1, 3, 4))
 
     def compute_output_shape(self, input_shape):
-        return (*input_shape[0], 1 + len(STRUCTURES) + int(self.prescription))
+        return (*input_shape[0], 1 + len(STRUCTURES) + int(self.prescription) + self.beam_channel_count)
 
 
 @keras.saving.register_keras_serializable(package="provided_code")

@@ -57,7 +57,8 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     dtype policy.
 
     With ``config.prescription_channel`` the inputs carry one more channel, each voxel's highest
-    PTV prescription (:class:`CompactInputs`).
+    PTV prescription (:class:`CompactInputs`); with ``config.beam_angles`` (gantry degrees), the
+    beam channels (one, or one per beam: ``config.beam_channels``), made from the targets.
 
     Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
     statistics are those of the global batch); ``instance``, per sample and channel over the
@@ -74,7 +75,8 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
     structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
-    x = CompactInputs(prescription=config.prescription_channel, name="compact_inputs")([ct, structure_masks])
+    x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.beam_angle_values,
+                      beam_channels=config.beam_channels, name="compact_inputs")([ct, structure_masks])
 
     skips = []
     for level in range(levels):

@@ -1,0 +1,70 @@
+"""Beam geometry for the beam input channels (``--beams``): which voxels the rays through the
+targets cross, per beam angle. Pure numpy; the network computes the channels on the device from
+the tables made here (:class:`provided_code.networks.layers.CompactInputs`).
+
+Angles are IEC gantry angles of a head-first supine patient, in degrees: the source of a beam at
+gantry angle g lies in direction ``(-cos g, sin g)`` from the isocentre in (axis 0, axis 1) index
+coordinates (axis 0 runs anterior to posterior, axis 1 from the patient's right to left), so 0 is
+anterior and 90 the patient's left. The rays are parallel (no divergence) and coplanar: a beam's
+voxels in an axial slice are those on the lines, in the beam's direction, that cross a target
+voxel of the same slice; the lines are one voxel wide and sample the beam's-eye view at the voxel
+pitch (a voxel is on the line of bin ``floor(s + 1/2)``, ``s`` its signed distance across the
+beam in voxels from the plane's centre).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from provided_code.constants import BEAM_PHASE_DEGREES, STRUCTURES, TARGETS
+
+TARGET_BITS = sum(1 << STRUCTURES.index(name) for name in TARGETS)
+BEAM_CHANNELS = ("count", "each")
+
+
+def equidistant_angles(beams: int, phase: float = BEAM_PHASE_DEGREES) -> tuple[float, ...]:
+    """``beams`` gantry angles 360/beams apart starting at ``phase`` (OpenKBP: 9 beams, 40° apart)."""
+    if beams < 0:
+        raise ValueError(f"Invalid `beams`. Expected 0 (off) or a positive number. Received: beams={beams}")
+    return tuple(float((phase + k * 360.0 / beams) % 360.0) for k in range(beams))
+
+
+def parse_beam_angles(text: str) -> tuple[float, ...]:
+    """``"0,40,80"`` → ``(0.0, 40.0, 80.0)``: gantry angles in degrees, distinct modulo 360."""
+    try:
+        angles = tuple(float(part) % 360.0 for part in str(text).split(",") if part.strip())
+    except ValueError:
+        angles = ()
+    if not angles or len(set(angles)) != len(angles) or not all(math.isfinite(a) for a in angles):
+        raise ValueError(f"Invalid `beam_angles`. Expected a comma list of distinct gantry angles in degrees, "
+                         f"e.g. '0,40,80'. Received: beam_angles={text!r}")
+    return angles
+
+
+def ray_count(resolution: int) -> int:
+    """How many one-voxel-wide lines cover an axial plane of ``resolution``² voxels, any angle."""
+    return 2 * (math.ceil(resolution / math.sqrt(2)) + 1) + 1
+
+
+def ray_bins(resolution: int, angle: float) -> np.ndarray:
+    """``(R*R,)`` int32: the line (0 … ``ray_count(R) - 1``) of each voxel of the axial plane
+    (flat index ``i * R + j``) for the beam at gantry ``angle`` degrees."""
+    g = math.radians(angle)
+    i, j = np.meshgrid(np.arange(resolution, dtype=np.float64), np.arange(resolution, dtype=np.float64),
+                       indexing="ij")
+    a, b = i - resolution / 2, j - resolution / 2
+    across = a * math.sin(g) + b * math.cos(g)  # perpendicular to the source direction (-cos g, sin g)
+    return (np.floor(across + 0.5) + ray_count(resolution) // 2).astype(np.int32).reshape(-1)
+
+
+def beam_voxels(targets: np.ndarray, angle: float) -> np.ndarray:
+    """``targets`` ``(R, R, slices)`` bool → the voxels on the lines of the beam at ``angle``
+    that cross a target voxel of the same slice, ``(R, R, slices)`` bool (numpy, for scripts)."""
+    size, _, slices = targets.shape
+    bins = ray_bins(size, angle)
+    crossed = np.zeros((ray_count(size), slices), bool)
+    flat = targets.reshape(size * size, slices)
+    np.logical_or.at(crossed, bins, flat)
+    return crossed[bins].reshape(size, size, slices)
