@@ -20,6 +20,7 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.networks.beams import BEAM_CHANNELS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
 from provided_code.preflight import check_run_folders
@@ -62,6 +63,13 @@ def one_line(error: Exception) -> str:
               help="One more input channel: each voxel's highest PTV prescription (70, 63, 56 Gy, scaled).")
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
+@click.option("--beams", type=int, default=DEFAULTS.beams,
+              help="Beam input channels for N equidistant coplanar beams (OpenKBP: 9, at gantry 0, 40, …, 320); 0: none.")
+@click.option("--beam-angles", default=DEFAULTS.beam_angles,
+              help="The beams' IEC gantry angles instead, a comma list of degrees (head-first supine), "
+                   "e.g. 0,51,102,153,204,255,306 for another site's seven beams.")
+@click.option("--beam-channels", type=click.Choice(BEAM_CHANNELS), default=DEFAULTS.beam_channels,
+              help="count: one channel, how many beams cross each voxel; each: one channel per beam.")
 @click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")
 @click.option("--data-dir", default=DEFAULTS.data_dir, help="Folder holding train-pats/, validation-pats/, test-pats/.")
 @click.option("--results-dir", default=DEFAULTS.results_dir, help="Where results/<model-name>/ goes.")
@@ -72,6 +80,9 @@ def one_line(error: Exception) -> str:
               help="Learning rate per epoch: constant, or cosine decay from --learning-rate towards 0.")
 @click.option("--warmup-epochs", type=int, default=DEFAULTS.warmup_epochs,
               help="Rise linearly to --learning-rate over the first N epochs.")
+@click.option("--ema", is_flag=True,
+              help="Keep a moving average of the weights; it is what is validated, scored, kept as best.keras "
+                   "and predicted with.")
 @click.option("--loss", type=click.Choice(LOSSES), default=DEFAULTS.loss,
               help="masked-mae: mean |error| inside the possible-dose mask; mae: over the whole volume.")
 @click.option("--dvh-weight", type=float, default=DEFAULTS.dvh_weight,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.networks.beams import BEAM_CHANNELS, equidistant_angles, parse_beam_angles
+from provided_code.networks.beams import BEAM_CHANNELS, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -46,6 +46,8 @@ class TrainConfig:
     learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999; the peak rate of a schedule
     lr_schedule: str = "constant"  # or cosine: decay from the peak towards 0 over the epochs after warm-up
     #                                (README, "Training recipe": cosine lost at 30 epochs on CPU)
+    ema: bool = False  # keep a moving average of the weights (momentum training.ema.EMA_MOMENTUM per update);
+    #                    the averaged weights are validated, scored, kept as best.keras and predicted with
     warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
     loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
@@ -107,8 +109,7 @@ class TrainConfig:
         if isinstance(self.beams, bool) or not isinstance(self.beams, int) or self.beams < 0:
             raise ConfigError(f"Invalid `beams`. Expected an integer >= 0 (0: none). Received: beams={self.beams!r}")
         try:
-            angles = (parse_beam_angles(self.beam_angles) if str(self.beam_angles).strip()
-                      else equidistant_angles(self.beams))
+            angles = resolve_beam_angles(self.beams, self.beam_angles)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         self.beams, self.beam_angles = len(angles), ",".join(f"{angle:g}" for angle in angles)
@@ -151,11 +152,6 @@ class TrainConfig:
     @property
     def models_dir(self) -> Path:
         return self.run_dir / "models"
-
-    @property
-    def beam_angle_values(self) -> tuple[float, ...]:
-        """The beams' gantry angles in degrees (empty: no beam channels)."""
-        return parse_beam_angles(self.beam_angles) if self.beam_angles else ()
 
     @property
     def augmentations(self) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from provided_code.progress import Progress, no_progress
 from provided_code.run_lock import RunLock
 from provided_code.score_folder import write_score_reports
 from provided_code.training.checkpoints import load_best, load_newest
+from provided_code.training.ema import use_averaged_weights
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class PredictionReport:
 def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tuple[TrainConfig, int, keras.Model]:
     """``(saved config, epoch, model)`` of the model trained in ``models_dir`` (``results/<name>/models``),
     under the dtype policy it was trained with. ``epoch``: a checkpoint's epoch, ``"best"`` or None
-    for the newest."""
+    for the newest. A model trained with ``--ema`` predicts with its averaged weights (``best.keras``
+    holds them; an epoch checkpoint holds the raw ones and the optimizer's averages)."""
     models_dir = Path(models_dir)
     saved = read_saved_config(models_dir)
     if saved is None:
@@ -59,10 +61,12 @@ def load_trained_model(models_dir: Path, epoch: int | str | None = None) -> tupl
     if epoch == "best":
         epoch, model = load_best(models_dir)
     else:
-        loaded = load_newest(models_dir, epoch=epoch, compile=False)
+        loaded = load_newest(models_dir, epoch=epoch, compile=saved.ema)
         if loaded is None:
             raise FileNotFoundError(f"No checkpoint of model {models_dir.parent.name!r} loads from {models_dir}.")
         epoch, model = loaded
+        if saved.ema:
+            use_averaged_weights(model)
     return saved, epoch, model
 
 

@@ -17,12 +17,14 @@ from provided_code.config import TrainConfig
 from provided_code.errors import ConfigError
 
 _DEFAULTS = TrainConfig()
-PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "norm", "prescription_channel", "dvh_weight")
+PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
+                 "beam_angles", "beam_channels", "dvh_weight")
+_NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
 PRESETS: dict[str, dict] = {
-    "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
-                "prescription_channel": False, "dvh_weight": 0.0},
-    "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
-           "prescription_channel": False, "dvh_weight": 0.0},
+    "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+                "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
+    "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+           "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "default": {name: getattr(_DEFAULTS, name) for name in PRESET_FIELDS},
 }
 

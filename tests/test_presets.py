@@ -11,8 +11,9 @@ from provided_code.errors import UserError
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 
 # What the default recipe trained before --preset existed (the README's comparison chose it).
-V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "norm": "batch",
-      "prescription_channel": False, "dvh_weight": 0.0}
+V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+      "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+      "dvh_weight": 0.0}
 
 
 def test_v1_resolves_to_todays_defaults_and_starter_to_the_2020_recipe():

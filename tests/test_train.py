@@ -77,6 +77,29 @@ def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(co
         predict_stage(recipe, stage="validation", epoch="best")
 
 
+def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_raw_ones(config):
+    """--ema (here with the beam channels, end to end): best.keras holds the optimizer's averages,
+    the epoch checkpoint the raw weights (and the averages, in its optimizer), and predicting from
+    either uses the averages."""
+    from provided_code.predict import load_trained_model
+
+    recipe = dataclasses.replace(config, epochs=2, score_every=2, ema=True, beams=9, beam_channels="each")
+    train(recipe)
+    _, raw = load_newest(recipe.models_dir)
+    averages = [keras.ops.convert_to_numpy(v) for v in raw.optimizer._model_variables_moving_average]
+    raw_weights = [keras.ops.convert_to_numpy(v) for v in raw.trainable_variables]
+    assert any(not np.array_equal(a, w) for a, w in zip(averages, raw_weights))
+    assert raw.get_layer("compact_inputs").beam_angles == tuple(float(40 * k) for k in range(9))
+    for epoch in ("best", 2):
+        saved, loaded_epoch, model = load_trained_model(recipe.models_dir, epoch)
+        assert loaded_epoch == 2 and saved.ema
+        for average, weight in zip(averages, model.trainable_variables):
+            np.testing.assert_array_equal(average, keras.ops.convert_to_numpy(weight))
+    best_row = [row for row in read_log(recipe.run_dir / "training_log.csv") if row["val_dose_score"]][0]
+    report = predict_stage(recipe, stage="validation", epoch=2)
+    assert report.scores.dose_score == pytest.approx(float(best_row["val_dose_score"]), rel=1e-4)
+
+
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
     train(dataclasses.replace(config, epochs=2))
     newest = config.models_dir / "epoch_2.keras"

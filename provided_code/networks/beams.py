@@ -43,6 +43,11 @@ def parse_beam_angles(text: str) -> tuple[float, ...]:
     return angles
 
 
+def resolve_beam_angles(beams: int, beam_angles: str) -> tuple[float, ...]:
+    """The gantry angles of ``beam_angles`` (a comma list) if given, else ``beams`` equidistant ones."""
+    return parse_beam_angles(beam_angles) if str(beam_angles).strip() else equidistant_angles(beams)
+
+
 def ray_count(resolution: int) -> int:
     """How many one-voxel-wide lines cover an axial plane of ``resolution``² voxels, any angle."""
     return 2 * (math.ceil(resolution / math.sqrt(2)) + 1) + 1

@@ -7,6 +7,7 @@ import re
 
 import keras
 
+from provided_code.networks.beams import resolve_beam_angles
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
@@ -75,7 +76,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
     structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
-    x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.beam_angle_values,
+    x = CompactInputs(prescription=config.prescription_channel, beam_angles=resolve_beam_angles(config.beams, config.beam_angles),
                       beam_channels=config.beam_channels, name="compact_inputs")([ct, structure_masks])
 
     skips = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from provided_code.training.ema import averaged_weights
 from provided_code.training.step import TrainStep
 
 
@@ -22,6 +23,8 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
 
     ``measures``: objects with ``start()``, ``begin_epoch(epoch)`` and ``measure(epoch) -> dict``,
     asked in turn after the validation loss (peak memory first, before the scores' predictions).
+    The validation loss and the measures see the averaged weights if the optimizer keeps them
+    (``--ema``); the training steps, the callbacks and the checkpoints the raw ones.
     Returns the last epoch's logs."""
     logs: dict = {}
     for measure in measures:
@@ -40,12 +43,13 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
             if batch_logs:
                 callbacks.on_train_batch_end(index, {"loss": float(losses[-1])})
         logs = {"loss": float(tf.add_n(losses)) / updates_per_epoch}
-        if validation is not None:
-            callbacks.on_test_begin()
-            logs["val_loss"] = step.evaluate(*validation)
-            callbacks.on_test_end({"loss": logs["val_loss"]})
-        for measure in measures:
-            logs.update(measure.measure(epoch))
+        with averaged_weights(step.model):  # what is judged and kept: the averaged weights under --ema
+            if validation is not None:
+                callbacks.on_test_begin()
+                logs["val_loss"] = step.evaluate(*validation)
+                callbacks.on_test_end({"loss": logs["val_loss"]})
+            for measure in measures:
+                logs.update(measure.measure(epoch))
         callbacks.on_epoch_end(epoch, logs)
     callbacks.on_train_end(logs)
     return logs

@@ -248,10 +248,15 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 "recomputing block activations in the backward pass" if config.recompute else "activations kept")
     scoring = ("off" if not config.score_every else "off (no validation patients with doses)" if validation is None
                else f"every {config.score_every} epoch(s) and at the last")
-    logger.info("Recipe: loss %s%s; augmentation %s; learning rate %s%s; validation scores %s", config.loss,
+    logger.info("Recipe: loss %s%s; augmentation %s; learning rate %s%s%s; validation scores %s", config.loss,
                 f" + {config.dvh_weight:g} × DVH term" if config.dvh_weight else "",
                 config.augment, config.lr_schedule,
-                f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "", scoring)
+                f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
+                "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
+    logger.info("Network: %d filters at %d³, %s norm; inputs CT, 10 structures%s%s", config.filters,
+                config.resolution, config.norm, ", prescription" if config.prescription_channel else "",
+                f", {config.beams} beams at gantry {config.beam_angles}° ({config.beam_channels})"
+                if config.beams else "")
 
 
 def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: keras.Model,
