@@ -10,7 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from provided_code.config import LOSSES
-from provided_code.constants import STRUCTURES, structures_of_patterns
+from provided_code.constants import STRUCTURES
 
 
 def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
@@ -37,35 +37,29 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
 
     Moments rather than the sorted voxels: comparing sorted doses per structure (the histograms
     point by point) made a 64³ CPU step 3.6× slower (one sort of the volume per structure). The
-    moments of every structure come from one segment sum of the dose's three powers over the
-    voxels' structure bit patterns, and still tie each structure's mean, spread and high end
-    (D_0.1cc, D1) to the reference's.
+    sums of the three powers of both doses over every structure are one matrix product of the
+    structures' 0/1 masks (unpacked from the bits by shifts) with the voxels' powers; a segment
+    sum over the voxels' bit patterns instead took 1.4 times as long on a CPU (a scatter).
     """
     patients = tf.shape(element["dose"])[0]
     count = len(STRUCTURES)
-    # Voxels grouped by their structures' bit pattern (patient by patient): sums over each of the
-    # 1024 patterns, then over the patterns that hold each structure.
-    patterns = tf.bitwise.bitwise_and(tf.reshape(tf.cast(element["structure_masks"], tf.int32), [patients, -1]),
-                                      2**count - 1)
-    segments = tf.reshape(patterns + (2**count) * tf.range(patients)[:, None], [-1])
-    structures_of_pattern = tf.constant(structures_of_patterns(), tf.float32)
+    patterns = tf.reshape(tf.cast(element["structure_masks"], tf.int32), [patients, 1, -1])
+    masks = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(patterns, tf.range(count)[:, None]), 1),
+                    tf.float32)  # (patients, structures, voxels)
     exponents = tf.constant(DVH_MOMENTS, tf.float32)
 
-    def sums_by_structure(values):  # (patients × voxels, k) -> (patients, structures, k)
-        by_pattern = tf.math.unsorted_segment_sum(values, segments, patients * 2**count)
-        return tf.einsum("pqk,qs->psk", tf.reshape(by_pattern, [patients, 2**count, -1]), structures_of_pattern)
-
-    voxels = sums_by_structure(tf.ones_like(tf.cast(segments, tf.float32))[:, None])[..., 0]  # (patients, structures)
-
-    def moments(dose):
-        dose = tf.maximum(tf.reshape(tf.cast(dose, tf.float32), [-1]), 0.0)
+    def powers(dose):  # (patients, voxels, moments)
+        dose = tf.maximum(tf.reshape(tf.cast(dose, tf.float32), [patients, -1]), 0.0)
         squared = dose * dose
-        tenth = squared * squared * squared * squared * squared
-        sums = sums_by_structure(tf.stack([dose, squared, tenth], axis=-1))
-        # 1e-6 keeps the root's gradient finite where a structure receives no dose
-        return (sums / tf.maximum(voxels, 1.0)[..., None] + 1e-6) ** (1.0 / exponents)
+        return tf.stack([dose, squared, squared * squared * squared * squared * squared], axis=-1)
 
-    differences = tf.reduce_mean(tf.abs(moments(predicted) - moments(element["dose"])), axis=-1)
+    reference = tf.stop_gradient(powers(element["dose"]))
+    sums = tf.matmul(masks, tf.concat([powers(predicted), reference, tf.ones_like(reference[..., :1])], axis=-1))
+    voxels = sums[..., -1]  # (patients, structures)
+    # 1e-6 keeps the root's gradient finite where a structure receives no dose
+    moments = (sums[..., :-1] / tf.maximum(voxels, 1.0)[..., None] + 1e-6) ** tf.tile(1.0 / exponents, [2])
+    count_moments = len(DVH_MOMENTS)
+    differences = tf.reduce_mean(tf.abs(moments[..., :count_moments] - moments[..., count_moments:]), axis=-1)
     present = tf.cast(voxels > 0, tf.float32)
     return tf.reduce_sum(differences * present, axis=1) / tf.maximum(tf.reduce_sum(present, axis=1), 1.0)
 
