@@ -22,8 +22,10 @@ memory are each measurement's own; all of them in one run, side by side:
   CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
-- the DVH term (``--dvh-weight 0.2``) against none, at 64³ with 16 filters (medians of three
-  alternating runs);
+- at 64³ with 16 filters (medians of three alternating runs; ``--part network`` runs only these):
+  the DVH term (``--dvh-weight 0.2``) against none, instance against batch norm, the beam channel
+  (``--beams 9``) against none, and the default preset's whole recipe against v1's
+  (``step_s_default_over_v1``);
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
   config and at 64³ (at least 40 steps); and the
@@ -167,7 +169,9 @@ def child_step(spec: dict, strategy) -> dict:
     from provided_code.data.augment import Augmenter
     from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
     from provided_code.environment import describe_cpu_kernels
-    from provided_code.losses import loss_function, masked_mean_absolute_error, mean_absolute_error
+    from provided_code.losses import (loss_function, masked_mean_absolute_error, mean_absolute_error,
+                                      needs_possible_dose_mask)
+    from provided_code.presets import PRESETS
     from provided_code.training.hardware import describe_devices
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from provided_code.training.model import new_model
@@ -178,16 +182,22 @@ def child_step(spec: dict, strategy) -> dict:
     replicas = strategy.num_replicas_in_sync
     keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
-    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2)
+    recipe = PRESETS[spec["preset"]] if "preset" in spec else {}  # a preset: its network, loss and augmentation
+    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2,
+                         **{**recipe, **spec.get("network", {})})
     with strategy.scope():
         model = new_model(config, keras_pooling=spec.get("builtin_pool", False))
         model.optimizer.build(model.trainable_variables)
     augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
-    fed_by_pipeline = augment is not None
+    fed_by_pipeline = augment is not None or bool(recipe)
+    if recipe:
+        loss_fn = loss_function(config.loss, config.dvh_weight)
+    elif augment:
+        loss_fn = masked_mean_absolute_error
+    else:
+        loss_fn = loss_function("mae", spec["dvh_weight"]) if spec.get("dvh_weight") else mean_absolute_error
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
-                     recompute=spec.get("recompute", False),
-                     loss_fn=(masked_mean_absolute_error if augment else
-                              loss_function("mae", spec["dvh_weight"]) if spec.get("dvh_weight") else mean_absolute_error))
+                     recompute=spec.get("recompute", False), loss_fn=loss_fn)
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
@@ -200,8 +210,10 @@ def child_step(spec: dict, strategy) -> dict:
         updates = spec["steps"] + 1
         schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0,
                                    epochs=updates)
-        augmenter = Augmenter(("flip", "rotate", "shift"), arrays.possible_dose_mask, seed=0) if augment else None
-        pipeline = iter(distributed_dataset(strategy, arrays, schedule, with_mask=bool(augment), augmenter=augmenter))
+        augmentations = config.augmentations if recipe else ("flip", "rotate", "shift") if augment else ()
+        augmenter = Augmenter(augmentations, arrays.possible_dose_mask, seed=0) if augmentations else None
+        with_mask = needs_possible_dose_mask(config.loss) if recipe else bool(augment)
+        pipeline = iter(distributed_dataset(strategy, arrays, schedule, with_mask=with_mask, augmenter=augmenter))
         next_element = lambda: next(pipeline)  # noqa: E731
     else:  # one element, fed again and again: the step alone
         element = strategy.experimental_distribute_values_from_function(value_fn)
@@ -273,6 +285,27 @@ def augment_comparison(base: dict) -> dict:
                            "augment_64": dict(base, resolution=64, augment=True)})}
 
 
+def network_comparison(batch_size: int) -> dict:
+    """At 64³, 16 filters (medians of three alternating runs of each): the DVH term against none,
+    instance against batch norm, the beam channel against none (MAE on one fixed element), and the
+    default preset's whole recipe (network, inputs, loss, augmentation, through the input
+    pipeline) against v1's."""
+    config = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
+    runs = {**alternating({"loss_mae_64": config, "loss_dvh_64": dict(config, dvh_weight=0.2)}),
+            **alternating({"batch_norm_64": config, "instance_norm_64": dict(config, network={"norm": "instance"})}),
+            **alternating({"no_beams_64": config, "beams_64": dict(config, network={"beams": 9})}),
+            **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_default_64": dict(config, preset="default")})}
+    from provided_code.presets import PRESETS
+
+    ratio = lambda a, b: runs[a]["step_s"] / runs[b]["step_s"]  # noqa: E731
+    return {"network_config": config, "default_preset": PRESETS["default"],
+            "step_s_dvh_loss_over_none": ratio("loss_dvh_64", "loss_mae_64"),
+            "step_s_instance_over_batch_norm": ratio("instance_norm_64", "batch_norm_64"),
+            "step_s_beams_over_none": ratio("beams_64", "no_beams_64"),
+            "step_s_default_over_v1": ratio("preset_default_64", "preset_v1_64"),
+            "network_runs": runs}
+
+
 def cpu_flags() -> list[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -293,17 +326,20 @@ def main() -> None:
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
+    parser.add_argument("--part", choices=("all", "network"), default="all",
+                        help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    if args.part == "network":
+        print(json.dumps(network_comparison(args.batch_size), indent=2))
+        return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
            "batch_size": args.memory_batch_size, "steps": 10, "sequential": True}
-    # the DVH term (one sort per structure of the volume) against none, at 64³ with 16 filters
-    dvh_config = {"resolution": 64, "filters": 16, "batch_size": args.batch_size, "steps": 20}
     runs = {
         "onednn_on": measure(base, {"TF_ENABLE_ONEDNN_OPTS": "1"}),
         "onednn_default": measure(dict(base, onednn="default"), {"TF_ENABLE_ONEDNN_OPTS": None}),
@@ -315,7 +351,6 @@ def main() -> None:
         **alternating({"accumulate_1": dict(base, accumulate=1), "accumulate_2": dict(base, accumulate=2)}),
         **augment_comparison(dict(base, steps=max(args.steps, 40))),
         **alternating({"no_recompute_64": big, "recompute_64": dict(big, recompute=True)}),
-        **alternating({"loss_mae_64": dvh_config, "loss_dvh_64": dict(dvh_config, dvh_weight=0.2)}),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
                                        "steps": 1, "xla": True}),
         "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
@@ -360,8 +395,7 @@ def main() -> None:
         "step_s_accumulate_2_over_1": (runs["accumulate_2"]["step_s"] / 2) / runs["accumulate_1"]["step_s"],
         "step_s_augment_and_masked_loss_over_plain": runs["augment"]["step_s"] / runs["plain"]["step_s"],
         "step_s_augment_and_masked_loss_over_plain_64": runs["augment_64"]["step_s"] / runs["plain_64"]["step_s"],
-        "dvh_loss_config": dvh_config,
-        "step_s_dvh_loss_over_none": runs["loss_dvh_64"]["step_s"] / runs["loss_mae_64"]["step_s"],
+        **network_comparison(args.batch_size),
         "score_every_epoch_s": scoring["score_s"],
         "score_patients": scoring["patients"],
         "parameter_bytes_float32_at_128_filters_64": 4 * parameters,
