@@ -112,3 +112,18 @@ def test_beam_settings_resolve_to_saved_angles_and_bad_ones_are_refused():
         TrainConfig(beams=-1)
     with pytest.raises(ConfigError, match="Invalid `beam_channels`"):
         TrainConfig(beams=9, beam_channels="some")
+
+
+def test_augmentations_that_would_move_the_beams_are_named():
+    from provided_code.data.augment import ROTATION_STEP_DEGREES
+    from provided_code.networks.beams import augmentations_that_move_beams
+
+    everything = ("flip", "rotate", "shift")
+    assert augmentations_that_move_beams(NINE, everything, ROTATION_STEP_DEGREES) == []
+    assert augmentations_that_move_beams(equidistant_angles(9, phase=20.0), everything, ROTATION_STEP_DEGREES) == []
+    assert augmentations_that_move_beams(equidistant_angles(9, phase=10.0), everything,
+                                         ROTATION_STEP_DEGREES) == ["flip"]
+    seven = equidistant_angles(7)
+    assert augmentations_that_move_beams(seven, everything, ROTATION_STEP_DEGREES) == ["rotate"]
+    assert augmentations_that_move_beams(seven, ("flip", "shift"), ROTATION_STEP_DEGREES) == []
+    assert augmentations_that_move_beams((), everything, ROTATION_STEP_DEGREES) == []

@@ -48,6 +48,23 @@ def resolve_beam_angles(beams: int, beam_angles: str) -> tuple[float, ...]:
     return parse_beam_angles(beam_angles) if str(beam_angles).strip() else equidistant_angles(beams)
 
 
+def augmentations_that_move_beams(angles: tuple[float, ...], augmentations: tuple[str, ...],
+                                  rotation_step: float) -> list[str]:
+    """The augmentations after which ``angles`` no longer describe the moved patient's beams: the
+    channels are made after augmentation with the same angles, which stays true only if a
+    left-right flip (gantry g to -g) and a turn by ``rotation_step`` (g to g - step) map the set
+    of angles to itself. Shifts never move a direction."""
+    def same(moved):
+        return sorted(round(a % 360.0, 6) for a in moved) == sorted(round(a % 360.0, 6) for a in angles)
+
+    broken = []
+    if "flip" in augmentations and not same(-a for a in angles):
+        broken.append("flip")
+    if "rotate" in augmentations and not same(a - rotation_step for a in angles):
+        broken.append("rotate")
+    return broken
+
+
 def ray_count(resolution: int) -> int:
     """How many one-voxel-wide lines cover an axial plane of ``resolution``² voxels, any angle."""
     return 2 * (math.ceil(resolution / math.sqrt(2)) + 1) + 1

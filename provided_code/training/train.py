@@ -22,12 +22,13 @@ from provided_code.config import (
     read_saved_config,
     read_tf_config,
 )
-from provided_code.data.augment import Augmenter
+from provided_code.data.augment import ROTATION_STEP_DEGREES, Augmenter
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
 from provided_code.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
+from provided_code.networks.beams import augmentations_that_move_beams, resolve_beam_angles
 from provided_code.preflight import require_training_data
 from provided_code.progress import Progress, no_progress
 from provided_code.run_lock import RunLock
@@ -253,6 +254,13 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
+    broken = augmentations_that_move_beams(resolve_beam_angles(config.beams, config.beam_angles),
+                                           config.augmentations, ROTATION_STEP_DEGREES)
+    if broken:
+        logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "
+                       "the beam channels describe beams the patient did not have (use angles symmetric under "
+                       "those moves, or --augment without %s)", config.beam_angles, " and ".join(broken),
+                       " and ".join(broken))
     logger.info("Network: %d filters at %d³, %s norm; inputs CT, 10 structures%s%s", config.filters,
                 config.resolution, config.norm, ", prescription" if config.prescription_channel else "",
                 f", {config.beams} beams at gantry {config.beam_angles}° ({config.beam_channels})"
