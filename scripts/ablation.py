@@ -54,6 +54,7 @@ TABLES = {
         "beams-each": ["--preset", "v1", "--beams", "9", "--beam-channels", "each"],
         "instance": ["--preset", "v1", "--norm", "instance"],
         "dvh": ["--preset", "v1", "--dvh-weight", "0.2"],
+        "dvh-1": ["--preset", "v1", "--dvh-weight", "1"],
         "rotate-shift": ["--preset", "v1", "--augment", "flip,rotate,shift"],
         "cosine": ["--preset", "v1", "--lr-schedule", "cosine"],
         "ema": ["--preset", "v1", "--ema"],
@@ -133,10 +134,16 @@ class Lanes:
 @click.option("--rows", default=None, help="Comma list of row names (default: all of the table's).")
 @click.option("--jobs", type=int, default=1, show_default=True, help="Runs trained at once (one core each).")
 @click.option("--ensemble", "ensemble_rows", default="", help="Comma list of rows whose seeds are also ensembled.")
+@click.option("--first-seed-only", default="", help="Comma list of rows trained with the first seed only.")
 def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score_every, tail, rows, jobs,
-         ensemble_rows):
+         ensemble_rows, first_seed_only):
     recipes = TABLES[table]
     seeds = [int(seed) for seed in seeds.split(",")]
+    single = {name.strip() for name in first_seed_only.split(",") if name.strip()}
+
+    def seeds_of(row):
+        return seeds[:1] if row in single else seeds
+
     chosen = [name.strip() for name in (rows or ",".join(recipes)).split(",")]
     ensembled = [name.strip() for name in ensemble_rows.split(",") if name.strip()]
     unknown = [name for name in chosen + ensembled if name not in recipes]
@@ -147,7 +154,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     lanes = Lanes(jobs)
     todo = []
     for row in chosen:
-        for seed in seeds:
+        for seed in seeds_of(row):
             name = run_name(row, seed)
             if not finished(Path(results_dir) / name / "training_log.csv", epochs):
                 todo.append(([sys.executable, str(REPO / "runpod_train.py"), *common, *recipes[row],
@@ -157,7 +164,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
             future.result()
     runs = {run_name(row, seed): {"row": row, "seed": seed, "flags": recipes[row],
                                   **read_scores(Path(results_dir) / run_name(row, seed) / "training_log.csv", tail)}
-            for row in chosen for seed in seeds}
+            for row in chosen for seed in seeds_of(row)}
     keys = ("last_dose_score", "last_dvh_score", "tail_dose_score", "tail_dvh_score", "best_dose_score",
             "best_dvh_score")
     summary = {}
@@ -179,7 +186,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     for row, cells in summary.items():
         def cell(key):
             return f"{cells[key]['mean']:.2f} ± {cells[key]['sd']:.2f}"
-        print(f"| {row} | `{' '.join(recipes[row])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
+        print(f"| {row}{' (seed ' + str(seeds[0]) + ' only)' if row in single else ''} | `{' '.join(recipes[row])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
               f"{cell('tail_dose_score')} ({cell('tail_dvh_score')}) | {cell('best_dose_score')} "
               f"({cell('best_dvh_score')}) |", file=sys.stderr)
     for row, scores in ensembles.items():
