@@ -65,7 +65,7 @@ def one_line(error: Exception) -> str:
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
 @click.option("--beams", type=int, default=DEFAULTS.beams,
               help="Beam input channels for N equidistant coplanar beams (OpenKBP: 9, at gantry 0, 40, …, 320); 0: none.")
-@click.option("--beam-angles", default=DEFAULTS.beam_angles,
+@click.option("--beam-angles", default="",
               help="The beams' IEC gantry angles instead, a comma list of degrees (head-first supine), "
                    "e.g. 0,51,102,153,204,255,306 for another site's seven beams.")
 @click.option("--beam-channels", type=click.Choice(BEAM_CHANNELS), default=DEFAULTS.beam_channels,

@@ -162,8 +162,10 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainConfig":
+        """A saved config; a setting it lacks (saved before the setting existed) takes the value
+        that reproduces what that run trained (``ABSENT_MEANS``), not today's default."""
         known = {field.name for field in dataclasses.fields(cls)}
-        values = {key: value for key, value in json.loads(text).items() if key in known}
+        values = {**ABSENT_MEANS, **{key: value for key, value in json.loads(text).items() if key in known}}
         if isinstance(values.get("xla"), bool):  # configs saved before --xla auto|on|off
             values["xla"] = "on" if values["xla"] else "off"
         return cls(**values)
@@ -178,6 +180,18 @@ class TrainConfig:
             raise ConfigError(
                 f"Cannot resume model {self.model_name!r} in {self.models_dir}: its saved config differs ("
                 + "; ".join(changed) + "). Pass the saved values, or choose a new --model-name.")
+
+
+# What a saved config without the setting trained with: each setting added after the first models
+# were saved, at its value before it existed.
+ABSENT_MEANS = {"norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+                "ema": False, "dvh_weight": 0.0}
+
+
+def field_defaults() -> dict:
+    """``TrainConfig``'s defaults as declared, before ``__post_init__`` resolves them (``beams``
+    without its angles): what the command line and the presets start from."""
+    return {field.name: field.default for field in dataclasses.fields(TrainConfig)}
 
 
 def read_saved_config(models_dir: Path) -> TrainConfig | None:

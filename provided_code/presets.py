@@ -13,10 +13,10 @@ preset.
 
 from __future__ import annotations
 
-from provided_code.config import TrainConfig
+from provided_code.config import field_defaults
 from provided_code.errors import ConfigError
 
-_DEFAULTS = TrainConfig()
+_DEFAULTS = field_defaults()
 PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
                  "beam_angles", "beam_channels", "dvh_weight")
 _NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
@@ -25,7 +25,7 @@ PRESETS: dict[str, dict] = {
                 "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
            "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
-    "default": {name: getattr(_DEFAULTS, name) for name in PRESET_FIELDS},
+    "default": {name: _DEFAULTS[name] for name in PRESET_FIELDS},
 }
 
 

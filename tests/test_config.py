@@ -26,3 +26,18 @@ def test_configs_saved_before_xla_modes_still_load():
     old = TrainConfig(filters=8, resolution=32).to_json().replace('"xla": "auto"', '"xla": false')
     assert TrainConfig.from_json(old).xla == "off"
     assert TrainConfig.from_json(old.replace("false", "true")).xla == "on"
+
+
+def test_a_config_saved_before_a_setting_existed_loads_as_what_it_trained():
+    """Settings added later (normalisation, inputs, averaging, DVH term) read as their old values,
+    whatever today's defaults are, so an old model resumes and predicts with its own network."""
+    import json
+
+    from provided_code.config import ABSENT_MEANS
+
+    old = TrainConfig.from_json(json.dumps({"filters": 8, "resolution": 32, "model_name": "old"}))
+    assert (old.norm, old.prescription_channel, old.beams, old.beam_angles, old.ema, old.dvh_weight) == \
+        ("batch", False, 0, "", False, 0.0)
+    assert set(ABSENT_MEANS) <= {field for field in TrainConfig.__dataclass_fields__}
+    new = TrainConfig(filters=8, resolution=32, beams=9, norm="instance")
+    assert TrainConfig.from_json(new.to_json()) == new

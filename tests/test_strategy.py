@@ -61,21 +61,23 @@ NO_SCORING = ("--score-every", "0")
 SCORING_ARGS_BY_XLA = {"off": (), "on": NO_SCORING}  # scored under MirroredStrategy once: in the run without XLA
 RECOMPUTE = {"off": (), "on": ("--recompute",)}  # recomputing blocks (one sample at a time where no batch norm)
 EPOCHS = {"off": "2", "on": "1"}  # XLA:CPU steps take seconds: one epoch (two updates) with XLA
+# synchronised batch norm without XLA (its all-reduce cannot be compiled); instance norm with XLA, whole step compiled
+NORM = {"off": ("--norm", "batch"), "on": ("--norm", "instance")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("xla", ["off", "on"])
 def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path, xla):
-    """With XLA on, each replica's layers between the synchronised batch-norm layers are compiled;
-    one device compiles its whole step: the same weights either way. Augmentation is drawn per
-    update and split between replicas like the patients, so it too gives the same weights. The
-    two replicas with XLA also recompute their blocks, which changes nothing but summation order."""
+    """Synchronised batch norm (no XLA) and instance norm (XLA, each replica's whole step compiled):
+    two replicas give the weights one device gives. Augmentation is drawn per update and split
+    between replicas like the patients, so it too gives the same weights. The two replicas with XLA
+    also recompute their blocks, one sample at a time, which changes nothing but summation order."""
     two, one = run_cli_together(
         phantom_data, tmp_path,
         ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", EPOCHS[xla], "--xla", xla,
-         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla], *RECOMPUTE[xla]),
+         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla], *RECOMPUTE[xla], *NORM[xla]),
         ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", EPOCHS[xla], "--xla", xla,
-         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla]))
+         *FULL_AUGMENT, *SCORING_ARGS_BY_XLA[xla], *NORM[xla]))
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and f"XLA {xla}" in two.stderr
     assert "CPU kernels: oneDNN" in one.stderr
@@ -260,6 +262,12 @@ def run(strategy, batch, xla, recompute=False):
 
 one_losses, one_weights, _ = run(one, 2, xla=False)
 two_losses, two_weights, whole = run(two, 1, xla=True)
+keras.backend.clear_session()
+with two.scope():  # synchronised batch norm on two replicas: XLA is refused for the step, not half-applied
+    bn = new_model(SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2,
+                                      "norm": "batch"}))
+print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error)._loss_and_grads,
+                                           "_jit_compile", False)))
 again, _, _ = run(one, 2, xla=False, recompute=True)
 worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
 print("RESULT", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
@@ -270,3 +278,5 @@ print("RESULT", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1
 def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_one_device():
     result = subprocess.run([sys.executable, "-c", INSTANCE_NORM_PROBE], capture_output=True, text=True, timeout=240)
     assert "RESULT True True True True True" in result.stdout, (result.stdout[-500:], result.stderr[-3000:])
+    assert "BATCH_NORM_COMPILED False" in result.stdout
+    assert "XLA off for the training step: batch norm synchronised over 2 replicas" in result.stderr

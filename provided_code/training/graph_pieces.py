@@ -1,20 +1,13 @@
-"""Running a functional model's training forward pass in pieces.
+"""Running a functional model's training forward pass in pieces, for recomputation
+(``--recompute``): about a training step only, not the model's weights or its saved form
+(checkpoints are the same either way).
 
-Two reasons to cut the graph, both about a training step, neither about the model's weights or
-its saved form (checkpoints are the same either way):
-
-- **XLA between synchronisation points.** Synchronised batch norm all-reduces its statistics
-  across replicas; under ``tf.distribute`` on this stack that all-reduce cannot sit inside a
-  nested ``tf.function(jit_compile=True)`` (it needs a ``merge_call``). So with several replicas,
-  each run of layers between two batch-norm layers becomes one XLA-compiled function, and the
-  batch-norm layers run between them (their gradient all-reduce included). One replica compiles
-  the whole step instead (see ``step.py``).
-- **Recomputation.** Each block that the network declares (``block_of(layer name)``, for the
-  U-Net :func:`provided_code.networks.unet.block_of`) runs under :func:`recompute`: the backward
-  pass runs the block again from its inputs instead of keeping its activations. Blocks without
-  batch norm (whose samples do not meet) run one sample at a time, forward and backward: the
-  unpacked input, 11 float32 channels at full resolution, is the largest tensor of the step, and
-  this way only one sample of it exists at any time.
+Each block that the network declares (``block_of(layer name)``, for the U-Net
+:func:`provided_code.networks.unet.block_of`) runs under :func:`recompute`: the backward pass runs
+the block again from its inputs instead of keeping its activations. Blocks without batch norm
+(whose samples do not meet: every block under instance norm) run one sample at a time, forward and
+backward: the unpacked input, 11 or more float32 channels at full resolution, is the largest
+tensor of the step, and this way only one sample of it exists at any time.
 
 Why not ``tf.recompute_grad`` or Keras's rematerialisation as they are: the second run must not
 update batch norm's moving statistics a second time (here it runs in a ``keras.StatelessScope``);
@@ -36,11 +29,6 @@ import tensorflow as tf
 from keras import tree
 
 Run = Callable[..., list]  # run(*input values) -> output values
-
-
-def is_sync_layer(layer) -> bool:
-    """Layers whose training call all-reduces across replicas."""
-    return isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized
 
 
 def _draws_random_numbers(layer) -> bool:
@@ -97,16 +85,6 @@ def _node_runner(piece: _Piece) -> Run:
     return run
 
 
-def _sequence(piece: _Piece, parts: list[tuple[_Piece, Run]]) -> Run:
-    """Run ``parts`` (sub-pieces of ``piece`` with their runners) one after another as ``piece``."""
-    def run(*values):
-        local = dict(zip(piece.inputs, values))
-        _run_in_order(parts, local)
-        return [local[i] for i in piece.outputs]
-
-    return run
-
-
 def _run_in_order(parts: list[tuple[_Piece, Run]], values: dict) -> None:
     """Run each part on the tensors of ``values`` (by symbolic id) and add its outputs there."""
     for piece, run in parts:
@@ -128,15 +106,15 @@ def _split(nodes: list, key: Callable) -> list[list]:
     return runs
 
 
-def training_forward(model: keras.Model, compile_segments: bool, recompute_blocks: bool,
+def training_forward(model: keras.Model, recompute_blocks: bool,
                      block_of: Callable[[str], str | None] | None = None) -> Callable:
-    """``forward(inputs) -> outputs``: the model's training call, cut as the flags say.
+    """``forward(inputs) -> outputs``: the model's training call, its blocks recomputed if asked.
 
     ``block_of``: the recompute block of a layer name (needed with ``recompute_blocks``; a model
-    in which it finds no block is refused, rather than silently recomputing nothing). With
-    neither flag this is ``model(inputs, training=True)``.
+    in which it finds no block is refused, rather than silently recomputing nothing). Without
+    ``recompute_blocks`` this is ``model(inputs, training=True)``.
     """
-    if not (compile_segments or recompute_blocks):
+    if not recompute_blocks:
         return lambda inputs: model(inputs, training=True)
     nodes = _ordered_nodes(model)
     consumers: dict[int, set[int]] = {}  # symbolic tensor id -> ids of the nodes that read it
@@ -148,37 +126,24 @@ def training_forward(model: keras.Model, compile_segments: bool, recompute_block
     def piece(piece_nodes: list) -> _Piece:
         return _Piece.of(piece_nodes, consumers, model_outputs)
 
-    def runner(part: _Piece) -> Run:
-        """The piece's nodes, XLA-compiled between sync points if asked."""
-        if not compile_segments:
-            return _node_runner(part)
-        segments = [piece(run) for run in _split(part.nodes, lambda n: None if is_sync_layer(n.operation) else "")]
-        return _sequence(part, [(segment, _node_runner(segment) if is_sync_layer(segment.nodes[0].operation)
-                                 else tf.function(_node_runner(segment), jit_compile=True, reduce_retracing=True))
-                                for segment in segments])
+    if block_of is None:
+        raise ValueError("Invalid `block_of`. Expected the network's block map with recompute_blocks. Received: None")
 
-    if recompute_blocks:
-        if block_of is None:
-            raise ValueError("Invalid `block_of`. Expected the network's block map with recompute_blocks. Received: None")
+    def block(node):
+        return None if _draws_random_numbers(node.operation) else block_of(node.operation.name)
 
-        def block(node):
-            return None if _draws_random_numbers(node.operation) else block_of(node.operation.name)
-
-        parts, recomputed = [], 0
-        for run in _split(nodes, block):
-            part = piece(run)
-            if block(run[0]) is None:
-                parts.append((part, runner(part)))
-            else:
-                by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in run)
-                parts.append((part, _recomputed(runner(part), by_sample)))
-                recomputed += 1
-        if not recomputed:
-            raise ValueError(f"--recompute found no block in model {model.name!r}: its layer names match none of "
-                             f"the network's blocks (was a layer renamed?)")
-    else:
-        whole = piece(nodes)
-        parts = [(whole, runner(whole))]
+    parts, recomputed = [], 0
+    for run in _split(nodes, block):
+        part = piece(run)
+        if block(run[0]) is None:
+            parts.append((part, _node_runner(part)))
+        else:
+            by_sample = not any(isinstance(node.operation, keras.layers.BatchNormalization) for node in run)
+            parts.append((part, _recomputed(_node_runner(part), by_sample)))
+            recomputed += 1
+    if not recomputed:
+        raise ValueError(f"--recompute found no block in model {model.name!r}: its layer names match none of "
+                         f"the network's blocks (was a layer renamed?)")
     inputs_in_order = list(model.inputs)
 
     def forward(inputs):

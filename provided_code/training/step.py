@@ -9,22 +9,31 @@ its real patients, so the summed gradient is that of the update's mean loss howe
 
 from __future__ import annotations
 
+import logging
+
 import keras
 import tensorflow as tf
 
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
 from provided_code.networks.unet import block_of as unet_block_of
-from provided_code.training.graph_pieces import is_sync_layer, training_forward
+from provided_code.training.graph_pieces import training_forward
 
 MODEL_INPUTS = ("ct", "structure_masks")
+logger = logging.getLogger(__name__)
+
+
+def is_sync_layer(layer) -> bool:
+    """Layers whose training call all-reduces across replicas."""
+    return isinstance(layer, keras.layers.BatchNormalization) and layer.synchronized
 
 
 class TrainStep:
     """``train(element) -> loss`` and ``evaluate(dataset) -> mean loss``, each a ``tf.function``.
 
     ``xla``: the whole per-replica loss-and-gradients function is compiled, unless several replicas
-    share synchronised batch norm: then the layers between those layers are (``graph_pieces``).
+    share synchronised batch norm (``--norm batch``): its all-reduce cannot sit inside a compiled
+    function on this stack, so that step runs uncompiled, and says so.
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
     ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``; no default here:
     the run's comes from its config). Training elements that carry augmentation draws are moved by
@@ -44,12 +53,15 @@ class TrainStep:
         self.loss_fn = loss_fn
         self.replicas = strategy.num_replicas_in_sync
         self.loss_scaling = isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-        # Synchronised batch norm's all-reduce cannot sit inside a compiled function: with several
-        # replicas only the layers between such layers compile. Without them (instance norm, one
-        # replica) the whole replica step compiles.
+        # Synchronised batch norm's all-reduce cannot sit inside a compiled function (it needs a
+        # merge_call): with several replicas and batch norm, no XLA. Instance norm (the default) or
+        # one replica: the whole replica step compiles.
         synchronised = self.replicas > 1 and any(is_sync_layer(layer) for layer in model.layers)
-        self._forward = training_forward(model, compile_segments=xla and synchronised,
-                                         recompute_blocks=recompute, block_of=unet_block_of)
+        if xla and synchronised:
+            logger.warning("XLA off for the training step: batch norm synchronised over %d replicas cannot run "
+                           "inside a compiled function (--norm instance compiles the whole step on any number of "
+                           "replicas)", self.replicas)
+        self._forward = training_forward(model, recompute_blocks=recompute, block_of=unet_block_of)
         compile_whole = xla and not synchronised
         self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
             else self._replica_loss_and_grads
