@@ -32,10 +32,10 @@ class TrainConfig:
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
-    prescription_channel: bool = False  # one more input channel: each voxel's highest PTV prescription / 70 Gy
-    norm: str = "batch"  # batch: batch norm, synchronised across replicas; instance: per sample and channel
-    #                      (no statistics cross the batch or the replicas: the whole replica step compiles)
-    beams: int = 0  # beam input channels for this many equidistant coplanar beams (OpenKBP: 9, 40° apart,
+    prescription_channel: bool = True  # one more input channel: each voxel's highest PTV prescription / 70 Gy
+    norm: str = "instance"  # instance: per sample and channel (no statistics cross the batch or the replicas:
+    #                         the whole replica step compiles); batch: batch norm, synchronised across replicas
+    beams: int = 9  # beam input channels for this many equidistant coplanar beams (OpenKBP: 9, 40° apart,
     #                 the first at constants.BEAM_PHASE_DEGREES); 0: none
     beam_angles: str = ""  # the beams' IEC gantry angles, comma list of degrees (head-first supine); given,
     #                        it sets beams; with beams alone, resolved to its equidistant angles when saved
@@ -44,17 +44,16 @@ class TrainConfig:
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
     learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999; the peak rate of a schedule
-    lr_schedule: str = "constant"  # or cosine: decay from the peak towards 0 over the epochs after warm-up
-    #                                (README, "Training recipe": cosine lost at 30 epochs on CPU)
-    ema: bool = False  # keep a moving average of the weights (momentum training.ema.EMA_MOMENTUM per update);
-    #                    the averaged weights are validated, scored, kept as best.keras and predicted with
+    lr_schedule: str = "cosine"  # cosine: decay from the peak towards 0 over the epochs after warm-up; constant
+    ema: bool = False  # keep a moving average of the weights over about training.ema.EMA_EPOCHS epochs; the
+    #                    averaged weights are validated, scored, kept as best.keras and predicted with
     warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
     loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
     dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, the dose's
     #                          moments predicted against reference, Gy) added to the loss; 0: off
     augment: str = "flip"  # none, or a comma list of flip, rotate, shift (see data/augment.py); each draw
-    #                        depends only on (seed, epoch, step). Default by the README's comparison
+    #                        depends only on (seed, epoch, step)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
     seed: int = 0  # weights, dropout and the per-epoch shuffle
     # -- hardware --

@@ -4,8 +4,8 @@
   augmentation, constant rate, batch norm, CT and masks only.
 - ``v1``: this project's first recipe (the README's 30-epoch comparison): masked MAE, flips,
   constant rate, batch norm, CT and masks only.
-- ``default``: ``TrainConfig``'s defaults. Until issue 14's longer comparison chooses otherwise,
-  the same as ``v1``.
+- ``default``: ``TrainConfig``'s defaults, chosen by the README's longer comparison: ``v1`` with
+  instance norm, the prescription channel, the nine beams' channel and a cosine schedule.
 
 ``models/config.json`` records the resolved values, so a resume or a ``--predict-only`` needs no
 preset.

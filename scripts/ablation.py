@@ -59,6 +59,7 @@ TABLES = {
         "cosine": ["--preset", "v1", "--lr-schedule", "cosine"],
         "ema": ["--preset", "v1", "--ema"],
         "combined": ["--preset", "default"],
+        "combined-ema": ["--preset", "default", "--ema"],
     },
 }
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 import provided_code.cli as cli
-from provided_code.config import TrainConfig
+from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import UserError
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 
@@ -16,12 +16,15 @@ V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmu
       "dvh_weight": 0.0}
 
 
-def test_v1_resolves_to_todays_defaults_and_starter_to_the_2020_recipe():
+def test_v1_resolves_to_the_old_defaults_default_to_todays_and_starter_to_the_2020_recipe():
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
     assert all(set(values) == set(PRESET_FIELDS) <= fields for values in PRESETS.values())
-    defaults = dataclasses.asdict(TrainConfig())
-    assert TrainConfig(**apply_preset("v1", defaults, given=set())) == TrainConfig()
-    assert {field: defaults[field] for field in PRESET_FIELDS} == V1 == PRESETS["v1"]
+    defaults = field_defaults()
+    v1 = TrainConfig(**apply_preset("v1", defaults, given=set()))
+    assert {field: getattr(v1, field) for field in PRESET_FIELDS} == V1 == PRESETS["v1"]
+    assert v1 == TrainConfig(**{**defaults, **V1})  # nothing else moves
+    assert TrainConfig(**apply_preset("default", defaults, given=set())) == TrainConfig()
+    assert TrainConfig(**apply_preset("default", {**defaults, "beams": 0}, given={"beams"})).beams == 0
     starter = TrainConfig(**apply_preset("starter", defaults, given=set()))
     assert (starter.loss, starter.augment, starter.lr_schedule, starter.norm) == ("mae", "none", "constant", "batch")
     kept = apply_preset("starter", {**defaults, "loss": "masked-mae"}, given={"loss"})

@@ -9,18 +9,19 @@ from provided_code.networks.unet import build_unet
 from provided_code.training.ema import EMA_MOMENTUM
 
 
-def new_optimizer(learning_rate: float, ema: bool = False) -> keras.optimizers.Optimizer:
+def new_optimizer(learning_rate: float, ema: bool = False, ema_momentum: float = EMA_MOMENTUM) -> keras.optimizers.Optimizer:
     """Adam with the OpenKBP starter's betas (0.5, 0.999); with ``ema``, keeping a moving average
-    of the weights (``training/ema.py``)."""
-    return keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999, use_ema=ema, ema_momentum=EMA_MOMENTUM)
+    of the weights with ``ema_momentum`` per update (``training/ema.py``)."""
+    return keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999, use_ema=ema, ema_momentum=ema_momentum)
 
 
-def new_model(config, learning_rate: float | None = None, keras_pooling: bool = False) -> keras.Model:
+def new_model(config, learning_rate: float | None = None, keras_pooling: bool = False,
+              ema_momentum: float = EMA_MOMENTUM) -> keras.Model:
     """The U-Net of ``config`` (its architecture fields), compiled with its optimizer (``config.ema``:
     weight averaging) (``learning_rate``, default ``config.learning_rate``) under the current dtype policy
     (Keras wraps the optimizer for loss scaling under ``mixed_float16``). No loss is compiled: the
     training step computes its own (``provided_code.losses``)."""
     model = build_unet(config, keras_pooling=keras_pooling)
     model.compile(optimizer=new_optimizer(config.learning_rate if learning_rate is None else learning_rate,
-                                          ema=getattr(config, "ema", False)))
+                                          ema=getattr(config, "ema", False), ema_momentum=ema_momentum))
     return model

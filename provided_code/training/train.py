@@ -40,6 +40,7 @@ from provided_code.training.checkpoints import (
     load_newest,
     set_aside,
 )
+from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.curves import TrainingCurves
@@ -107,7 +108,8 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
     hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
-    initial_epoch, model = _new_or_resumed_model(config, hardware)  # 4. newest checkpoint that loads, or new
+    updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
+    initial_epoch, model = _new_or_resumed_model(config, hardware, updates)  # 4. newest checkpoint that loads, or new
     _describe_run(config, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
@@ -225,8 +227,9 @@ def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
     return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
 
 
-def _new_or_resumed_model(config: TrainConfig, hardware: Hardware) -> tuple[int, keras.Model]:
-    """``(epochs done, model)``: the newest checkpoint that loads, else a new model; the optimizer
+def _new_or_resumed_model(config: TrainConfig, hardware: Hardware, updates: int) -> tuple[int, keras.Model]:
+    """``(epochs done, model)``: the newest checkpoint that loads, else a new model (with
+    ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates); the optimizer
     built eagerly, under the strategy; every worker checked to resume from the same epoch."""
     with hardware.placement.strategy.scope():
         resumed = load_newest(config.models_dir)
@@ -234,7 +237,7 @@ def _new_or_resumed_model(config: TrainConfig, hardware: Hardware) -> tuple[int,
             initial_epoch, model = resumed
             logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
         else:
-            initial_epoch, model = 0, new_model(config, hardware.learning_rate)
+            initial_epoch, model = 0, new_model(config, hardware.learning_rate, ema_momentum=ema_momentum(updates))
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     if hardware.placement.workers > 1:
