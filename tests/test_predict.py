@@ -158,7 +158,7 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
 
     standalone = score_prediction_folder(Path(trained.data_dir) / "validation-pats", report.predictions_dir,
                                          cache_dir=trained.cache_dir)
-    assert standalone.dose_score == pytest.approx(report.scores.dose_score, rel=1e-12)
-    assert standalone.dvh_score == pytest.approx(report.scores.dvh_score, rel=1e-12)
+    assert standalone.dose_score == pytest.approx(report.scores.dose_score, rel=1e-9)  # float64 summation order
+    assert standalone.dvh_score == pytest.approx(report.scores.dvh_score, rel=1e-9)
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
         predict_stage(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
