@@ -37,7 +37,7 @@ import click
 REPO = Path(__file__).resolve().parents[1]
 TABLES = {
     # name -> the row's flags; each row adds one thing to the one above
-    "recipe": {
+    "recipe": {name: ["--preset", "v1", *flags] for name, flags in {  # v1's network: batch norm, CT and masks
         "starter": ["--loss", "mae", "--augment", "none", "--lr-schedule", "constant"],
         "masked": ["--loss", "masked-mae", "--augment", "none", "--lr-schedule", "constant"],
         "flip": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "constant"],
@@ -45,7 +45,7 @@ TABLES = {
         "cosine": ["--loss", "masked-mae", "--augment", "flip,rotate,shift", "--lr-schedule", "cosine"],
         # not in the chain: cosine on the best row above, to tell the schedule's effect from the rotations'
         "flip-cosine": ["--loss", "masked-mae", "--augment", "flip", "--lr-schedule", "cosine"],
-    },
+    }.items()},
     # name -> v1 plus one change (combined: the changes the rows above supported)
     "network": {
         "v1": ["--preset", "v1"],
