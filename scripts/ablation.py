@@ -54,7 +54,6 @@ TABLES = {
         "beams-each": ["--preset", "v1", "--beams", "9", "--beam-channels", "each"],
         "instance": ["--preset", "v1", "--norm", "instance"],
         "dvh": ["--preset", "v1", "--dvh-weight", "0.2"],
-        "dvh-1": ["--preset", "v1", "--dvh-weight", "1"],
         "rotate-shift": ["--preset", "v1", "--augment", "flip,rotate,shift"],
         "cosine": ["--preset", "v1", "--lr-schedule", "cosine"],
         "ema": ["--preset", "v1", "--ema"],
