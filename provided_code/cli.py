@@ -59,7 +59,7 @@ def one_line(error: Exception) -> str:
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
-@click.option("--prescription-channel", is_flag=True,
+@click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
               help="One more input channel: each voxel's highest PTV prescription (70, 63, 56 Gy, scaled).")
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
@@ -80,7 +80,7 @@ def one_line(error: Exception) -> str:
               help="Learning rate per epoch: constant, or cosine decay from --learning-rate towards 0.")
 @click.option("--warmup-epochs", type=int, default=DEFAULTS.warmup_epochs,
               help="Rise linearly to --learning-rate over the first N epochs.")
-@click.option("--ema", is_flag=True,
+@click.option("--ema/--no-ema", default=DEFAULTS.ema,
               help="Keep a moving average of the weights; it is what is validated, scored, kept as best.keras "
                    "and predicted with.")
 @click.option("--loss", type=click.Choice(LOSSES), default=DEFAULTS.loss,

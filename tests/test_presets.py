@@ -48,3 +48,22 @@ def test_the_command_line_applies_the_preset_under_explicit_flags(monkeypatch):
     assert (config.loss, config.augment, config.norm, config.lr_schedule) == ("mae", "flip", "instance", "constant")
     with pytest.raises(UserError, match="Invalid `preset`"):
         apply_preset("best", {}, set())
+
+
+def test_the_command_line_without_flags_trains_the_defaults_and_every_default_can_be_turned_off(monkeypatch):
+    seen = []
+
+    class Stop(UserError):
+        pass
+
+    def capture(config, predict_only, stage):
+        seen.append(config)
+        raise Stop("stopped before any work")
+
+    monkeypatch.setattr(cli, "check_run_folders", capture)
+    for args in ([], ["--preset", "default"]):
+        assert CliRunner().invoke(cli.main, args).exit_code == 1
+        assert seen.pop() == TrainConfig()
+    CliRunner().invoke(cli.main, ["--no-prescription-channel", "--beams", "0", "--norm", "batch",
+                                  "--lr-schedule", "constant"])
+    assert seen.pop() == TrainConfig(**{**field_defaults(), **V1})
