@@ -101,7 +101,8 @@ def test_beam_settings_resolve_to_saved_angles_and_bad_ones_are_refused():
     assert config.beam_angles == ",".join(f"{a:g}" for a in NINE) and config.beams == 9
     given = TrainConfig(beam_angles="10, 190,-90")
     assert (given.beams, given.beam_angles) == (3, "10,190,270")
-    assert (TrainConfig().beams, TrainConfig().beam_angles) == (0, "")
+    assert (TrainConfig(beams=0).beams, TrainConfig(beams=0).beam_angles) == (0, "")
+    assert TrainConfig().beam_angles == config.beam_angles  # the default: OpenKBP's nine beams
     assert TrainConfig.from_json(config.to_json()) == config
     for bad in ("", "a,b", "0,360", "0,nan"):
         with pytest.raises(ValueError, match="Invalid `beam_angles`"):

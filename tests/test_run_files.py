@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("reset_keras")
 @pytest.fixture
 def config(phantom_data, tmp_path) -> TrainConfig:
     return TrainConfig(filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
-                       data_dir=str(phantom_data), results_dir=str(tmp_path / "results"), model_name="m",
+                       lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(tmp_path / "results"), model_name="m",
                        cache_dir=str(tmp_path / "cache"))
 
 

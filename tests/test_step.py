@@ -108,7 +108,7 @@ def traced_train_step(recompute: bool):
     model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
     spec = {name: tf.TensorSpec(value.shape, value.dtype) for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
-    return step.train.get_concrete_function(spec).graph
+    return step.train.get_concrete_function(spec).graph, model.get_layer("compact_inputs").output.shape[-1]
 
 
 def test_recompute_runs_the_blocks_again_and_the_unpacked_input_one_sample_at_a_time():
@@ -116,14 +116,15 @@ def test_recompute_runs_the_blocks_again_and_the_unpacked_input_one_sample_at_a_
     the unpacked input (the step's largest tensor), runs per sample, forward and again backward,
     so only one sample of that tensor exists. (The memory this saves is measured by
     scripts/bench_train.py, not here.)"""
-    kept, recomputed = traced_train_step(False), traced_train_step(True)
+    (kept, unpacked), (recomputed, _) = traced_train_step(False), traced_train_step(True)
+    assert unpacked == 1 + len(STRUCTURES) + 2  # CT, structures, prescription, beams (the default network)
 
     def convolutions(graph):
         return sum(op.type in ("Conv3D", "Conv3DBackpropInputV2") for op in graph.get_operations())
 
     def first_convolution_batches(graph):
         return sorted(op.inputs[0].shape[0] for op in graph.get_operations()
-                      if op.type == "Conv3D" and op.inputs[0].shape[-1] == 1 + len(STRUCTURES))
+                      if op.type == "Conv3D" and op.inputs[0].shape[-1] == unpacked)
 
     assert convolutions(recomputed) > convolutions(kept)
     assert first_convolution_batches(kept) == [2]

@@ -104,8 +104,10 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     # A 2-replica run resumes on one device, and a 1-device run on two.
     two, one = run_cli_together(
         phantom_data, tmp_path,
-        ("--model-name", "two", "--devices", "1", "--batch-size", "2", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING),
-        ("--model-name", "one", "--devices", "2", "--batch-size", "1", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING))
+        ("--model-name", "two", "--devices", "1", "--batch-size", "2", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING,
+         *NORM[xla]),
+        ("--model-name", "one", "--devices", "2", "--batch-size", "1", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING,
+         *NORM[xla]))
     assert "Resuming two from epoch 2" in two.stderr and "Resuming one from epoch 2" in one.stderr
     assert log_epochs(results / "two") == [1, 2, 3] and log_epochs(results / "one") == [1, 2, 3]
 
