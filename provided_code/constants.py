@@ -18,6 +18,7 @@ STRUCTURES = OARS + TARGETS
 # The two bits a left-right mirror swaps in a packed ``structure_masks`` volume.
 RIGHT_PAROTID_BIT = 1 << STRUCTURES.index("RightParotid")
 LEFT_PAROTID_BIT = 1 << STRUCTURES.index("LeftParotid")
+TARGET_BITS = sum(1 << STRUCTURES.index(name) for name in TARGETS)  # a voxel in any PTV has one of these
 PRESCRIPTIONS_GY = {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 70.0}
 # The gantry angle of the first of OpenKBP's nine beams (the others every 40°), read off the
 # training doses by scripts/beam_angles.py (README, "Beam geometry").

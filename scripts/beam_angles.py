@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.constants import TARGET_BITS
 from provided_code.data.csv_io import read_patient
-from provided_code.networks.beams import TARGET_BITS, ray_bins, ray_count
+from provided_code.networks.beams import ray_bins, ray_count
 
 PHASES = np.arange(40)
 

@@ -31,7 +31,9 @@ def test_v1_resolves_to_the_old_defaults_default_to_todays_and_starter_to_the_20
     assert kept["loss"] == "masked-mae" and kept["augment"] == "none"
 
 
-def test_the_command_line_applies_the_preset_under_explicit_flags(monkeypatch):
+@pytest.fixture
+def resolved_configs(monkeypatch) -> list:
+    """The configs the command line resolves, captured before it does any work (it then exits 1)."""
     seen = []
 
     class Stop(UserError):
@@ -42,6 +44,11 @@ def test_the_command_line_applies_the_preset_under_explicit_flags(monkeypatch):
         raise Stop("stopped before any work")
 
     monkeypatch.setattr(cli, "check_run_folders", capture)
+    return seen
+
+
+def test_the_command_line_applies_the_preset_under_explicit_flags(resolved_configs):
+    seen = resolved_configs
     result = CliRunner().invoke(cli.main, ["--preset", "starter", "--augment", "flip", "--norm", "instance"])
     assert result.exit_code == 1 and "stopped before any work" in result.output
     config = seen[0]
@@ -50,17 +57,8 @@ def test_the_command_line_applies_the_preset_under_explicit_flags(monkeypatch):
         apply_preset("best", {}, set())
 
 
-def test_the_command_line_without_flags_trains_the_defaults_and_every_default_can_be_turned_off(monkeypatch):
-    seen = []
-
-    class Stop(UserError):
-        pass
-
-    def capture(config, predict_only, stage):
-        seen.append(config)
-        raise Stop("stopped before any work")
-
-    monkeypatch.setattr(cli, "check_run_folders", capture)
+def test_the_command_line_without_flags_trains_the_defaults_and_every_default_can_be_turned_off(resolved_configs):
+    seen = resolved_configs
     for args in ([], ["--preset", "default"]):
         assert CliRunner().invoke(cli.main, args).exit_code == 1
         assert seen.pop() == TrainConfig()

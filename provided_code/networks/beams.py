@@ -18,9 +18,8 @@ import math
 
 import numpy as np
 
-from provided_code.constants import BEAM_PHASE_DEGREES, STRUCTURES, TARGETS
+from provided_code.constants import BEAM_PHASE_DEGREES
 
-TARGET_BITS = sum(1 << STRUCTURES.index(name) for name in TARGETS)
 BEAM_CHANNELS = ("count", "each")
 
 

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES, structures_of_patterns
-from provided_code.networks.beams import TARGET_BITS, ray_bins, ray_count
+from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES, TARGET_BITS, structures_of_patterns
+from provided_code.networks.beams import ray_bins, ray_count
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
@@ -69,14 +69,18 @@ class CompactInputs(keras.layers.Layer):
         size, slices = patterns.shape[1], patterns.shape[3]
         targets = ops.cast(ops.not_equal(ops.bitwise_and(patterns, TARGET_BITS), 0), self.compute_dtype)
         by_voxel = ops.reshape(ops.transpose(targets, (1, 2, 0, 3)), (size * size, -1))  # (plane, batch × slices)
-        beams = []
+        beams = []  # "count" keeps one running sum, not one volume per beam
         for angle in self.beam_angles:
             lines = ops.convert_to_tensor(ray_bins(size, angle))
             crossed = ops.maximum(ops.segment_max(by_voxel, lines, num_segments=ray_count(size)), 0.0)  # empty: 0
-            beams.append(ops.take(crossed, lines, axis=0))
+            beam = ops.take(crossed, lines, axis=0)
+            if self.beam_channels == "count" and beams:
+                beams[0] = beams[0] + beam
+            else:
+                beams.append(beam)
         stacked = ops.stack(beams, axis=-1)
         if self.beam_channels == "count":
-            stacked = ops.mean(stacked, axis=-1, keepdims=True)
+            stacked = stacked / len(self.beam_angles)
         stacked = ops.reshape(stacked, (size, size, -1, slices, self.beam_channel_count))
         return ops.transpose(stacked, (2, 0, 1, 3, 4))
 

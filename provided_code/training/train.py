@@ -140,7 +140,7 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
                      recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
     callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
-    steps = updates_per_epoch(len(train_arrays), **shape)
+    steps = updates  # per epoch
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=steps)
