@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from provided_code.config import LOSSES
@@ -37,29 +38,41 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
 
     Moments rather than the sorted voxels: comparing sorted doses per structure (the histograms
     point by point) made a 64³ CPU step 3.6× slower (one sort of the volume per structure). The
-    sums of the three powers of both doses over every structure are one matrix product of the
-    structures' 0/1 masks (unpacked from the bits by shifts) with the voxels' powers; a segment
-    sum over the voxels' bit patterns instead took 1.4 times as long on a CPU (a scatter).
+    sums of the three powers of both doses over every structure are matrix products of the
+    structures' masks ``(patients, structures, voxels)``, unpacked from the bits, with the powers
+    laid out the same way ``(patients, powers, voxels)``: a product along the voxels' contiguous
+    axis. On a 64³ CPU step (loss and gradient) this layout took half the time of the powers
+    stacked on the last axis; a segment sum over the voxels' bit patterns (a scatter) and a
+    gather of the masks from a table of the 1,024 patterns were slower still. The reference's
+    sums are a product of their own, so the gradient's product computes the prediction's rows
+    only.
     """
     patients = tf.shape(element["dose"])[0]
-    count = len(STRUCTURES)
-    patterns = tf.reshape(tf.cast(element["structure_masks"], tf.int32), [patients, 1, -1])
-    masks = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(patterns, tf.range(count)[:, None]), 1),
-                    tf.float32)  # (patients, structures, voxels)
-    exponents = tf.constant(DVH_MOMENTS, tf.float32)
+    patterns = tf.reshape(tf.cast(element["structure_masks"], tf.uint16), [patients, 1, -1])
+    bits = 1 << np.arange(len(STRUCTURES), dtype=np.uint16)
+    # each structure's bit itself, 0 or 2^k, not shifted down to 0 or 1 (one pass fewer over the
+    # volume): the sums are divided by 2^k below, exactly, a power of two
+    masks = tf.cast(tf.bitwise.bitwise_and(patterns, tf.constant(bits[:, None])), tf.float32)
+    bit_values = tf.constant(bits.astype(np.float32)[:, None])  # (structures, 1)
 
-    def powers(dose):  # (patients, voxels, moments)
+    def powers(dose):  # (patients, moments, voxels): dose, dose², dose¹⁰ (multiplications: tf.pow is slower)
         dose = tf.maximum(tf.reshape(tf.cast(dose, tf.float32), [patients, -1]), 0.0)
         squared = dose * dose
-        return tf.stack([dose, squared, squared * squared * squared * squared * squared], axis=-1)
+        fourth = squared * squared
+        return tf.stack([dose, squared, fourth * fourth * squared], axis=1)
 
     reference = tf.stop_gradient(powers(element["dose"]))
-    sums = tf.matmul(masks, tf.concat([powers(predicted), reference, tf.ones_like(reference[..., :1])], axis=-1))
-    voxels = sums[..., -1]  # (patients, structures)
-    # 1e-6 keeps the root's gradient finite where a structure receives no dose
-    moments = (sums[..., :-1] / tf.maximum(voxels, 1.0)[..., None] + 1e-6) ** tf.tile(1.0 / exponents, [2])
-    count_moments = len(DVH_MOMENTS)
-    differences = tf.reduce_mean(tf.abs(moments[..., :count_moments] - moments[..., count_moments:]), axis=-1)
+    # (patients, structures, moments)
+    predicted_sums = tf.matmul(masks, powers(predicted), transpose_b=True) / bit_values
+    reference_sums = tf.matmul(masks, tf.concat([reference, tf.ones_like(reference[:, :1])], axis=1),
+                               transpose_b=True) / bit_values
+    voxels = reference_sums[..., -1]  # (patients, structures)
+    exponents = tf.constant(DVH_MOMENTS, tf.float32)
+
+    def moments(sums):  # 1e-6 keeps the root's gradient finite where a structure receives no dose
+        return (sums / tf.maximum(voxels, 1.0)[..., None] + 1e-6) ** (1.0 / exponents)
+
+    differences = tf.reduce_mean(tf.abs(moments(predicted_sums) - moments(reference_sums[..., :-1])), axis=-1)
     present = tf.cast(voxels > 0, tf.float32)
     return tf.reduce_sum(differences * present, axis=1) / tf.maximum(tf.reduce_sum(present, axis=1), 1.0)
 

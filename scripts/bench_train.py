@@ -22,8 +22,9 @@ memory are each measurement's own; all of them in one run, side by side:
   CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
-- at 64³ with 16 filters (medians of three alternating runs; ``--part network`` runs only these):
-  the DVH term (``--dvh-weight 0.2``) against none, instance against batch norm, the beam channel
+- at 64³ with 16 filters (``--part network`` runs only these): the DVH term (``--dvh-weight 0.2``)
+  against the masked MAE alone (alternating blocks of steps in one process), and, as medians of
+  three alternating runs, instance against batch norm, the beam channel
   (``--beams 9``) against none, and the default preset's whole recipe against v1's
   (``step_s_default_over_v1``);
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
@@ -69,7 +70,8 @@ def child(spec: dict) -> dict:
 
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
         tf.config.threading.set_inter_op_parallelism_threads(1)
-    kinds = {"fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step}
+    kinds = {"fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step,
+             "loss_pair": child_loss_pair}
     return kinds[spec.get("kind", "step")](spec, strategy)
 
 
@@ -195,7 +197,7 @@ def child_step(spec: dict, strategy) -> dict:
     elif augment:
         loss_fn = masked_mean_absolute_error
     else:
-        loss_fn = loss_function("mae", spec["dvh_weight"]) if spec.get("dvh_weight") else mean_absolute_error
+        loss_fn = mean_absolute_error
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
                      recompute=spec.get("recompute", False), loss_fn=loss_fn)
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
@@ -244,6 +246,69 @@ def child_step(spec: dict, strategy) -> dict:
             "device": describe_devices()[0]}
 
 
+def child_loss_pair(spec: dict, strategy) -> dict:
+    """The DVH term's cost inside one process: one model, two training steps (the masked MAE alone,
+    and with ``spec["dvh_weight"]`` × the DVH term) on the same fixed element, one step of each in
+    turn, ``spec["rounds"]`` times; the ratio of each pair, and their median. On a busy host the
+    same step time varied by ±20 % between fresh processes, and by more between blocks of steps
+    seconds apart; a pair of steps a tenth of a second apart sees the same conditions. Also the
+    term alone (its value and gradient with respect to the prediction), alternating with nothing."""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.tf_dataset import take_element
+    from provided_code.losses import dvh_difference, loss_function
+    from provided_code.training.model import new_model
+    from provided_code.training.step import TrainStep
+
+    _, arrays = _phantoms(spec)
+    batch = spec["batch_size"]
+    keras.utils.set_random_seed(0)
+    config = TrainConfig(resolution=spec["resolution"], filters=spec["filters"], dropout=0.2)
+    with strategy.scope():
+        model = new_model(config)
+        model.optimizer.build(model.trainable_variables)
+    rows = np.arange(batch) % len(arrays)
+    fixed = take_element(arrays, rows, np.full(batch, 1.0 / batch, np.float32), with_mask=True)
+    element = strategy.experimental_distribute_values_from_function(lambda context: fixed)
+    steps = {name: TrainStep(model, strategy, batch, xla=False, loss_fn=loss_function("masked-mae", weight))
+             for name, weight in (("none", 0.0), ("dvh", spec["dvh_weight"]))}
+    for step in steps.values():
+        float(step.train(element))  # trace, first step
+        float(step.train(element))
+    times = {name: [] for name in steps}
+    for _ in range(spec["rounds"]):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            float(step.train(element))
+            times[name].append(time.perf_counter() - start)
+    ratios = np.array(times["dvh"]) / np.array(times["none"])
+
+    term_element = {name: tf.constant(fixed[name]) for name in ("dose", "structure_masks")}
+    predicted = tf.Variable(term_element["dose"] * 0.9)
+
+    @tf.function
+    def term():
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(dvh_difference(term_element, predicted))
+        return value, tape.gradient(value, predicted)
+
+    float(term()[0])
+    term_times = []
+    for _ in range(spec["rounds"]):
+        start = time.perf_counter()
+        float(term()[0])
+        term_times.append(time.perf_counter() - start)
+    return {"step_s": {name: float(np.median(values)) for name, values in times.items()},
+            "dvh_over_none": float(np.median(ratios)),
+            "dvh_over_none_quartiles": [float(q) for q in np.percentile(ratios, [25, 75])],
+            "dvh_term_s": float(np.median(term_times))}
+
+
 # -- in the parent: every measurement, side by side --------------------------------------------
 def measure(spec: dict, env_changes: dict | None = None) -> dict:
     env = dict(os.environ)
@@ -286,12 +351,14 @@ def augment_comparison(base: dict) -> dict:
 
 
 def network_comparison(batch_size: int) -> dict:
-    """At 64³, 16 filters (medians of three alternating runs of each): the DVH term against none,
-    instance against batch norm, the beam channel against none (MAE on one fixed element), and the
-    default preset's whole recipe (network, inputs, loss, augmentation, through the input
-    pipeline) against v1's."""
+    """At 64³, 16 filters: the DVH term against none (the masked MAE; blocks of steps alternating in
+    one process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
+    of each: instance against batch norm, the beam channel against none (MAE on one fixed
+    element), and the default preset's whole recipe (network, inputs, loss, augmentation, through
+    the input pipeline) against v1's."""
     config = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
-    runs = {**alternating({"loss_mae_64": config, "loss_dvh_64": dict(config, dvh_weight=0.2)}),
+    loss_pair = measure(dict(config, kind="loss_pair", dvh_weight=0.2, rounds=100))
+    runs = {"loss_pair_64": loss_pair,
             **alternating({"batch_norm_64": config, "instance_norm_64": dict(config, network={"norm": "instance"})}),
             **alternating({"no_beams_64": config, "beams_64": dict(config, network={"beams": 9})}),
             **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_default_64": dict(config, preset="default")})}
@@ -299,7 +366,9 @@ def network_comparison(batch_size: int) -> dict:
 
     ratio = lambda a, b: runs[a]["step_s"] / runs[b]["step_s"]  # noqa: E731
     return {"network_config": config, "default_preset": PRESETS["default"],
-            "step_s_dvh_loss_over_none": ratio("loss_dvh_64", "loss_mae_64"),
+            "step_s_dvh_loss_over_none": loss_pair["dvh_over_none"],
+            "step_s_dvh_loss_over_none_quartiles": loss_pair["dvh_over_none_quartiles"],
+            "dvh_term_s": loss_pair["dvh_term_s"],
             "step_s_instance_over_batch_norm": ratio("instance_norm_64", "batch_norm_64"),
             "step_s_beams_over_none": ratio("beams_64", "no_beams_64"),
             "step_s_default_over_v1": ratio("preset_default_64", "preset_v1_64"),
