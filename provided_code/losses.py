@@ -51,9 +51,9 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
     patterns = tf.reshape(tf.cast(element["structure_masks"], tf.uint16), [patients, 1, -1])
     bits = 1 << np.arange(len(STRUCTURES), dtype=np.uint16)
     # each structure's bit itself, 0 or 2^k, not shifted down to 0 or 1 (one pass fewer over the
-    # volume): the sums are divided by 2^k below, exactly, a power of two
+    # volume): structure k's sums and its voxel count are all 2^k times too large, and the means
+    # below, their ratios, are exact
     masks = tf.cast(tf.bitwise.bitwise_and(patterns, tf.constant(bits[:, None])), tf.float32)
-    bit_values = tf.constant(bits.astype(np.float32)[:, None])  # (structures, 1)
 
     def powers(dose):  # (patients, moments, voxels): dose, dose², dose¹⁰ (multiplications: tf.pow is slower)
         dose = tf.maximum(tf.reshape(tf.cast(dose, tf.float32), [patients, -1]), 0.0)
@@ -63,10 +63,10 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
 
     reference = tf.stop_gradient(powers(element["dose"]))
     # (patients, structures, moments)
-    predicted_sums = tf.matmul(masks, powers(predicted), transpose_b=True) / bit_values
+    predicted_sums = tf.matmul(masks, powers(predicted), transpose_b=True)
     reference_sums = tf.matmul(masks, tf.concat([reference, tf.ones_like(reference[:, :1])], axis=1),
-                               transpose_b=True) / bit_values
-    voxels = reference_sums[..., -1]  # (patients, structures)
+                               transpose_b=True)
+    voxels = reference_sums[..., -1]  # (patients, structures), × 2^k
     exponents = tf.constant(DVH_MOMENTS, tf.float32)
 
     def moments(sums):  # 1e-6 keeps the root's gradient finite where a structure receives no dose

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from provided_code.constants import STRUCTURES
 from provided_code.losses import loss_function, masked_mean_absolute_error, mean_absolute_error
 
 
@@ -75,3 +76,31 @@ def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_in
     combined = loss_function("mae", dvh_weight=0.5)(element, predicted)
     np.testing.assert_allclose(combined.numpy(), mean_absolute_error(element, predicted).numpy() + 0.5 * term.numpy(),
                                rtol=1e-6)
+
+
+def test_dvh_term_equals_its_formula_in_numpy():
+    """Every structure at once, overlapping, on random doses: the term against its definition
+    computed voxel by voxel in float64 (each structure's moments from its own voxels)."""
+    from provided_code.losses import DVH_MOMENTS, dvh_difference
+
+    rng = np.random.default_rng(3)
+    shape = (2, 6, 6, 6)
+    dose = rng.uniform(0, 75, shape + (1,)).astype(np.float32)
+    predicted = np.clip(dose + rng.normal(0, 5, dose.shape), 0, None).astype(np.float32)
+    structure_masks = np.zeros(shape, np.uint16)
+    for bit in range(len(STRUCTURES) - 1):  # the last structure absent from both patients
+        structure_masks |= ((rng.random(shape) < 0.3) * (1 << bit)).astype(np.uint16)
+    element = {"dose": tf.constant(dose), "structure_masks": tf.constant(structure_masks)}
+    expected = []
+    for patient in range(2):
+        per_structure = []
+        for bit in range(len(STRUCTURES)):
+            inside = (structure_masks[patient] >> bit) & 1 == 1
+            if not inside.any():
+                continue
+            reference = dose[patient, ..., 0][inside].astype(np.float64)
+            guess = predicted[patient, ..., 0][inside].astype(np.float64)
+            per_structure.append(np.mean([abs(np.mean(guess ** p) ** (1 / p) - np.mean(reference ** p) ** (1 / p))
+                                          for p in DVH_MOMENTS]))
+        expected.append(np.mean(per_structure))
+    np.testing.assert_allclose(dvh_difference(element, tf.constant(predicted)).numpy(), expected, rtol=1e-4)
