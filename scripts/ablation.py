@@ -12,7 +12,8 @@ and scores the average.
 
 Two tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
 above) and ``--table network`` (issue 14's longer comparison: every row is ``--preset v1`` plus one
-change, and ``combined`` the changes the single rows supported).
+change, ``combined`` the changes the single rows supported, and the rows after it ``combined``
+plus one change).
 
     bash ../shared/openkbp-more/make-data-dir.sh /tmp/openkbp-55
     python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation \\
