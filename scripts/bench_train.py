@@ -23,7 +23,7 @@ memory are each measurement's own; all of them in one run, side by side:
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
 - at 64³ with 16 filters (``--part network`` runs only these): the DVH term (``--dvh-weight 0.2``)
-  against the masked MAE alone (alternating blocks of steps in one process), and, as medians of
+  against the masked MAE alone (one step of each in turn, in one process), and, as medians of
   three alternating runs, instance against batch norm, the beam channel
   (``--beams 9``) against none, and the default preset's whole recipe against v1's
   (``step_s_default_over_v1``);
@@ -252,7 +252,7 @@ def child_loss_pair(spec: dict, strategy) -> dict:
     turn, ``spec["rounds"]`` times; the ratio of each pair, and their median. On a busy host the
     same step time varied by ±20 % between fresh processes, and by more between blocks of steps
     seconds apart; a pair of steps a tenth of a second apart sees the same conditions. Also the
-    term alone (its value and gradient with respect to the prediction), alternating with nothing."""
+    term's own time: its value and its gradient with respect to the prediction."""
     import time
 
     import keras
@@ -351,8 +351,8 @@ def augment_comparison(base: dict) -> dict:
 
 
 def network_comparison(batch_size: int) -> dict:
-    """At 64³, 16 filters: the DVH term against none (the masked MAE; blocks of steps alternating in
-    one process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
+    """At 64³, 16 filters: the DVH term against none (the masked MAE; one step of each in turn in one
+    process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
     of each: instance against batch norm, the beam channel against none (MAE on one fixed
     element), and the default preset's whole recipe (network, inputs, loss, augmentation, through
     the input pipeline) against v1's."""
