@@ -27,7 +27,7 @@ def masked_mean_absolute_error(element: dict, predicted) -> tf.Tensor:
     return error / tf.maximum(tf.reduce_sum(mask, axis=[1, 2, 3, 4]), 1.0)
 
 
-DVH_MOMENTS = (1.0, 2.0, 10.0)  # mean, root mean square, and a soft maximum
+DVH_MOMENTS = (1.0, 2.0, 10.0)  # mean, root mean square, a soft maximum; dvh_difference multiplies these out
 
 
 def dvh_difference(element: dict, predicted) -> tf.Tensor:
