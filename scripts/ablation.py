@@ -190,7 +190,8 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     for row, cells in summary.items():
         def cell(key):
             return f"{cells[key]['mean']:.2f} ± {cells[key]['sd']:.2f}"
-        print(f"| {row}{' (seed ' + str(seeds[0]) + ' only)' if row in single else ''} | `{' '.join(recipes[row])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
+        label = f"{row} (seed {seeds[0]} only)" if row in single else row
+        print(f"| {label} | `{' '.join(recipes[row])}` | {cell('last_dose_score')} | {cell('last_dvh_score')} | "
               f"{cell('tail_dose_score')} ({cell('tail_dvh_score')}) | {cell('best_dose_score')} "
               f"({cell('best_dvh_score')}) |", file=sys.stderr)
     for row, scores in ensembles.items():

@@ -69,18 +69,19 @@ class CompactInputs(keras.layers.Layer):
         size, slices = patterns.shape[1], patterns.shape[3]
         targets = ops.cast(ops.not_equal(ops.bitwise_and(patterns, TARGET_BITS), 0), self.compute_dtype)
         by_voxel = ops.reshape(ops.transpose(targets, (1, 2, 0, 3)), (size * size, -1))  # (plane, batch × slices)
-        beams = []  # "count" keeps one running sum, not one volume per beam
+        total, each = None, []  # "count" keeps one running sum, not one volume per beam
         for angle in self.beam_angles:
             lines = ops.convert_to_tensor(ray_bins(size, angle))
             crossed = ops.maximum(ops.segment_max(by_voxel, lines, num_segments=ray_count(size)), 0.0)  # empty: 0
             beam = ops.take(crossed, lines, axis=0)
-            if self.beam_channels == "count" and beams:
-                beams[0] = beams[0] + beam
+            if self.beam_channels == "count":
+                total = beam if total is None else total + beam
             else:
-                beams.append(beam)
-        stacked = ops.stack(beams, axis=-1)
+                each.append(beam)
         if self.beam_channels == "count":
-            stacked = stacked / len(self.beam_angles)
+            stacked = (total / len(self.beam_angles))[..., None]
+        else:
+            stacked = ops.stack(each, axis=-1)
         stacked = ops.reshape(stacked, (size, size, -1, slices, self.beam_channel_count))
         return ops.transpose(stacked, (2, 0, 1, 3, 4))
 

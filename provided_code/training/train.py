@@ -140,12 +140,11 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
                      recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
     callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
-    steps = updates  # per epoch
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
-                                                 verbose=1 if show_bar else 0, epochs=config.epochs, steps=steps)
+                                                 verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
     try:
-        run_epochs(step, callback_list, train_data, steps, initial_epoch, config.epochs, validation_input,
+        run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_input,
                    batch_logs=show_bar, measures=measures)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
             tf.errors.AbortedError, tf.errors.InternalError) as error:
