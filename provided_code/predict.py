@@ -18,7 +18,7 @@ from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.progress import Progress, no_progress
 from provided_code.run_lock import RunLock
-from provided_code.score_folder import write_score_reports
+from provided_code.score_folder import read_prediction, write_score_reports
 from provided_code.training.checkpoints import load_best, load_newest
 from provided_code.training.ema import use_averaged_weights
 
@@ -145,7 +145,9 @@ def _predict_stage(config: TrainConfig, stage: str, epoch: int | str | None, tta
 
     scores = scores_path = None
     if arrays.has_dose.all():
-        scores = score_split(arrays, lambda row: predictions[row], progress)
+        # The scores of the predictions as written (the CSVs' decimals, which a submission is judged
+        # on), read back as openkbp-score reads them: both report one number, on any processor.
+        scores = score_split(arrays, lambda row: read_prediction(predictions_dir, arrays.patient_ids[row]), progress)
         scores_path = config.run_dir / f"{stage}-scores.json"
         write_score_reports(scores, scores_path, config.run_dir / f"{stage}-scores.csv",
                             extra={"members": members} if ensemble else None)
