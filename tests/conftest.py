@@ -25,6 +25,36 @@ requires_sample = pytest.mark.skipif(
 )
 
 
+def _float16_convolutions_unavailable() -> str | None:
+    """Why TensorFlow's float16 convolutions fail in this process, or None (they run).
+
+    TensorFlow sends float16 convolutions to oneDNN when the processor's CPUID shows AVX512-FP16 or
+    AMX-FP16 (with AVX512BW) or AVX-NE-CONVERT (``IsDataTypeSupportedByOneDNNOnThisCPU``), else to
+    its own kernels. ``ONEDNN_MAX_CPU_ISA=AVX2``, set on such a processor to try the suite as an
+    AVX2-only machine would run it, caps oneDNN below those instructions while CPUID still shows
+    them: oneDNN then has no float16 convolution ("could not create a primitive descriptor"). A real
+    AVX2-only processor runs these tests with TensorFlow's own float16 kernels.
+    """
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if not cap or cap == "ALL" or "FP16" in cap or "AMX" in cap or "AVX10" in cap or cap == "AVX2_VNNI_2":
+        return None
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower() in ("0", "false"):
+        return None
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return None
+    if ("avx512bw" in flags and flags & {"avx512_fp16", "amx_fp16"}) or "avx_ne_convert" in flags:
+        return (f"ONEDNN_MAX_CPU_ISA={cap} on a processor whose CPUID shows float16 instructions: TensorFlow "
+                f"sends float16 convolutions to oneDNN, which the cap leaves without them (an emulation "
+                f"artefact; a real {cap} processor runs this test on TensorFlow's own kernels)")
+    return None
+
+
+requires_float16_convolutions = pytest.mark.skipif(_float16_convolutions_unavailable() is not None,
+                                                   reason=str(_float16_convolutions_unavailable()))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     """No test writes to the user's real cache folder."""

@@ -10,7 +10,7 @@ from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
 def test_average_pool_matches_keras_same_padding(shape):
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     expected = keras.layers.AveragePooling3D(3, strides=1, padding="same")(x)
-    assert np.allclose(AveragePool3x3x3()(x), expected, atol=1e-6)
+    assert np.allclose(AveragePool3x3x3()(x), expected, atol=1e-6)  # float32 sums of 27 values below 1, two orders
 
 
 def test_compact_inputs_unpack_bits_and_scale_ct():
@@ -60,7 +60,7 @@ def test_prescription_channel_holds_the_highest_ptv_level_by_hand():
     for name, level in (("PTV56", 56.0), ("PTV63", 63.0), ("PTV70", 70.0)):  # ascending: the highest wins
         expected[(structure_masks >> STRUCTURES.index(name)) & 1 == 1] = level / 70.0
     assert np.asarray(unpacked).shape[-1] == 12
-    np.testing.assert_allclose(channel, expected, rtol=1e-6)
+    np.testing.assert_allclose(channel, expected, rtol=1e-6)  # float32 Gy / 70 against float64: an ulp (1.2e-7)
     assert channel[0, 0, 0] == pytest.approx(0.9) and channel[0, 0, 1] == 0 and (channel == 1.0).any()
     restored = CompactInputs.from_config(CompactInputs(prescription=True).get_config())
     assert restored.prescription is True

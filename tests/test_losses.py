@@ -20,6 +20,7 @@ def test_masked_mae_equals_a_hand_computation():
     element, predicted = small_case()
     # patient 0: |10-5| + |4-5| + |0-5| over 3 voxels; patient 1: |7-5| over 1 voxel
     expected = [(5 + 1 + 5) / 3, 2.0]
+    # float32 sums over 16³ voxels (TensorFlow's reduction order) against numpy's float64: ~1e-7 relative.
     np.testing.assert_allclose(masked_mean_absolute_error(element, tf.constant(predicted)).numpy(), expected, rtol=1e-6)
     # the whole-volume loss counts all 8 voxels of each patient
     whole = [(5 + 1 + 5 * 6) / 8, (2 + 5 * 7) / 8]
@@ -55,10 +56,13 @@ def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_in
     structure_masks[0, 1:3, :2] |= 1  # Brainstem, overlapping it
     structure_masks[1, 3, 3, 3] |= 1 << 4  # one voxel of Esophagus in patient 1
     element = {"dose": tf.constant(dose), "structure_masks": tf.constant(structure_masks)}
+    # the same dose on both sides: the moments cancel exactly but for float32 reassociation (~1e-7 of them).
     np.testing.assert_allclose(dvh_difference(element, tf.constant(dose)).numpy(), [0, 0], atol=1e-6)
     # A permutation inside every structure leaves the histograms, and so the term, unchanged...
     shuffled = dose.copy()
     shuffled[0, 0] = dose[0, 0][::-1, ::-1]  # plane 0: all PTV70, no Brainstem
+    # the same values in another order: float32 sums of dose¹⁰ (~1e17) reassociated, ~1e-7 relative of a
+    # 10th root's argument, so ~1e-5 Gy on the moment; 1e-4 Gy bounds it.
     assert dvh_difference(element, tf.constant(shuffled)).numpy()[0] == pytest.approx(0, abs=1e-4)
     # ... one that moves doses into and out of a structure does not.
     shuffled[0, 1] = dose[0, 1][::-1, ::-1]  # plane 1: Brainstem rows 0-1 swap doses with rows 2-3
@@ -68,7 +72,7 @@ def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_in
     with tf.GradientTape() as tape:
         term = dvh_difference(element, predicted)
         total = tf.reduce_sum(term)
-    assert term.numpy()[1] == pytest.approx(1.5, abs=1e-4)  # one voxel: every moment moves by 1.5 Gy
+    assert term.numpy()[1] == pytest.approx(1.5, abs=1e-4)  # one voxel: every moment moves by 1.5 Gy (float32 roots)
     assert term.numpy()[0] > 0
     gradient = tape.gradient(total, predicted).numpy()[..., 0]
     inside = structure_masks > 0
@@ -103,4 +107,5 @@ def test_dvh_term_equals_its_formula_in_numpy():
             per_structure.append(np.mean([abs(np.mean(guess ** p) ** (1 / p) - np.mean(reference ** p) ** (1 / p))
                                           for p in DVH_MOMENTS]))
         expected.append(np.mean(per_structure))
+    # float32 powers up to dose¹⁰ and their 10th roots against float64 numpy: ~10 ulps, 1e-4 relative bounds it.
     np.testing.assert_allclose(dvh_difference(element, tf.constant(predicted)).numpy(), expected, rtol=1e-4)

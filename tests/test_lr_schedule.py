@@ -7,6 +7,7 @@ from provided_code.training.lr_schedule import learning_rate_at
 
 def test_warmup_then_cosine_decay():
     rates = [learning_rate_at(epoch, 1e-3, epochs=12, schedule="cosine", warmup_epochs=2) for epoch in range(12)]
+    # float64 formulas written two ways (pytest's default 1e-6 relative: a few ulps would do)
     assert rates[:3] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3])  # warm-up below the peak, then the peak
     assert all(a > b for a, b in zip(rates[2:], rates[3:]))  # then strictly decreasing
     assert rates[7] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 10)))

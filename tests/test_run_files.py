@@ -37,7 +37,7 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
         train(config)
     assert "cut-off row" in caplog.text
     rows = read_log(log)
-    assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)
+    assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)  # float32 rate, as text
 
     # A cosine schedule resumed with another --epochs: said, not silent.
     caplog.clear()

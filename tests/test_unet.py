@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from provided_code.networks.unet import build_unet, num_levels
-from tests.conftest import network_config
+from tests.conftest import network_config, requires_float16_convolutions
 
 
 def test_levels_follow_the_input_size():
@@ -28,6 +28,7 @@ def test_generator_shape_and_layers():
     assert np.all(np.asarray(out) >= 0)
 
 
+@requires_float16_convolutions
 def test_mixed_precision_policy_keeps_float32_outputs():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
