@@ -160,6 +160,8 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     assert "worker 0 of 2 (chief)" in chief and "worker 1 of 2 (not chief)" in other
     assert "batch 1 per device × 2 replica(s) = 2 global" in chief
     fingerprints = [re.search(r"Weights fingerprint (\w+)", text).group(1) for text in (chief, other)]
+    # exact: both workers apply the same all-reduced gradients to the same weights with the same ops on one
+    # machine; a difference means they fell out of step, not rounding.
     assert fingerprints[0] == fingerprints[1]
     results = tmp_path / "results"
     assert log_epochs(results / "mw") == [1, 2]
