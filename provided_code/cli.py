@@ -202,6 +202,10 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
+    click.echo(json.dumps(scores.summary(), indent=2))  # first: a file that cannot be written loses nothing
     if json_path is not None:
-        write_score_reports(scores, Path(json_path), Path(json_path).with_suffix(".csv"))
-    click.echo(json.dumps(scores.summary(), indent=2))
+        try:
+            write_score_reports(scores, Path(json_path), Path(json_path).with_suffix(".csv"))
+        except OSError as error:
+            raise click.ClickException(f"Could not write the scores to {json_path} (they are printed above): "
+                                       f"{one_line(error)}") from None
