@@ -71,7 +71,7 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
     assert result.exit_code == 0, result.output
     assert f"with the epoch {best_epoch} checkpoint" in result.output
     assert best.scores.dose_score == pytest.approx(rows[best_epoch][0], rel=1e-6)
-    assert json.loads((config.run_dir / "validation-scores.json").read_text())["dose_score"] == pytest.approx(
+    assert json.loads((config.run_dir / "validation-predictions" / "scores.json").read_text())["dose_score"] == pytest.approx(
         rows[best_epoch][0], rel=1e-6)
 
     # Rotation (keep 1) never removes it; a resumed run continues from the best so far.
