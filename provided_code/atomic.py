@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
+import shutil
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -34,3 +37,83 @@ def write_text_atomic(path: os.PathLike | str, text: str) -> None:
     """Write ``text`` to ``path`` atomically (with the usual umask permissions)."""
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
         handle.write(text)
+
+
+def new_folder_beside(final: os.PathLike | str) -> Path:
+    """A new, empty, hidden folder ``.<name>.tmp-<pid>`` beside ``final``, to fill and then move into
+    place whole with :func:`replace_folder`. Leftovers of a killed process: :func:`tidy_folder`."""
+    final = Path(final)
+    tidy_folder(final)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def replace_folder(new: os.PathLike | str, final: os.PathLike | str) -> None:
+    """Put the folder ``new`` (beside ``final``) at ``final``, replacing the folder there whole.
+
+    On Linux the two are swapped in one step (``renameat2`` with ``RENAME_EXCHANGE``) and the old
+    one then removed: a process killed at any moment leaves at ``final`` the old folder, complete,
+    or the new one, complete. Where that call is missing (another system, a file system without
+    it) the old folder is first renamed to ``.<name>.old-<pid>``: killed in the instant between the
+    two renames, ``final`` is absent and the old folder waits whole under that name, and
+    :func:`tidy_folder` (called by the next :func:`new_folder_beside`) puts it back.
+    """
+    new, final = Path(new), Path(final)
+    _fsync_folder(new)
+    if not final.exists():
+        os.replace(new, final)
+    elif _exchange(new, final):
+        shutil.rmtree(new)  # now the old folder
+    else:
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+        os.replace(new, final)
+        shutil.rmtree(old)
+    _fsync_folder(final.parent)
+
+
+def tidy_folder(final: os.PathLike | str) -> None:
+    """After a process was killed while replacing ``final``: put the old folder back if ``final`` is
+    missing, and remove the temporary and old folders left beside it."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return
+    left = sorted(final.parent.glob(f".{final.name}.old-*"))
+    if left and not final.exists():
+        os.replace(left.pop(), final)
+    for path in left + sorted(final.parent.glob(f".{final.name}.tmp-*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux's ``renameat2``); False where that is not possible."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a folder's entries durable (where the system allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -120,7 +120,7 @@ def one_line(error: Exception) -> str:
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
 @click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
 @click.option("--start-over", is_flag=True,
-              help="Train this model from scratch: its checkpoints, config and log are moved into "
+              help="Train this model from scratch: its checkpoints, config, log and predictions are moved into "
                    "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
@@ -129,8 +129,8 @@ def one_line(error: Exception) -> str:
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
 @click.option("--ensemble", default=None,
-              help="With --predict-only: NAME,NAME,... trained runs in --results-dir, each at --epoch [default: best], "
-                   "averaged; outputs go to results/<model-name>/ (not a member's name).")
+              help="With --predict-only: NAME,NAME,... trained runs in --results-dir (each once), each at --epoch "
+                   "[default: best], averaged; outputs go to results/<model-name>/ (not a member's name).")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
 @click.option("--preset", type=click.Choice(tuple(PRESETS)), default=None,
               help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
@@ -155,14 +155,19 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                 raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
                                          param_hint="--epoch")
             epoch = int(epoch)
-        if ensemble and not predict_only:
+        if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")
+        members = None
+        if ensemble is not None:
+            members = [name.strip() for name in ensemble.split(",")]
+            if not all(members):
+                raise click.BadParameter(f"Expected a comma list of trained runs' names, none empty. "
+                                         f"Received: {ensemble!r}", param_hint="--ensemble")
         check_run_folders(config, predict_only, stage)  # before TensorFlow loads and the data is read
         if predict_only:
             from provided_code.predict import predict_stage
 
-            members = [name.strip() for name in ensemble.split(",") if name.strip()] if ensemble else None
             report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress,
                                    ensemble=members)
             click.echo(report.summary())
@@ -202,6 +207,10 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
+    click.echo(json.dumps(scores.summary(), indent=2))  # first: a file that cannot be written loses nothing
     if json_path is not None:
-        write_score_reports(scores, Path(json_path), Path(json_path).with_suffix(".csv"))
-    click.echo(json.dumps(scores.summary(), indent=2))
+        try:
+            write_score_reports(scores, Path(json_path), Path(json_path).with_suffix(".csv"))
+        except OSError as error:
+            raise click.ClickException(f"Could not write the scores to {json_path} (they are printed above): "
+                                       f"{one_line(error)}") from None

@@ -4,6 +4,10 @@ The lock is the operating system's (``fcntl.flock`` on ``results/<model-name>/.l
 with its process: a run killed with SIGKILL, or a lost machine, leaves nothing that blocks the
 next. The file also says who holds it (process, host, what, since when), for the refusal's
 message; it is never deleted (deleting a lock file races with the next process that opens it).
+
+A process that only reads a model folder (an ensemble reading a member) takes the lock shared:
+several readers at once, none while a run that writes (training, ``--predict-only``) holds it,
+and no such run while a reader does. With several readers the file names the last to arrive.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ except ImportError:  # not POSIX: no lock (said once per run)
 
 class RunLock:
     """``with RunLock(run_dir, "training"):`` holds the folder's lock, or raises
-    :class:`~provided_code.errors.RunLockedError` naming the folder and the process that holds it."""
+    :class:`~provided_code.errors.RunLockedError` naming the folder and the process that holds it.
+    ``shared``: for a process that only reads the folder (see the module docstring)."""
 
-    def __init__(self, run_dir: os.PathLike | str, what: str):
+    def __init__(self, run_dir: os.PathLike | str, what: str, shared: bool = False):
         self.run_dir = Path(run_dir)
         self.what = what
+        self.shared = shared
         self._fd = None
 
     @property
@@ -46,12 +52,13 @@ class RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say"
             os.close(fd)
-            raise RunLockedError(f"{self.run_dir} is in use by another run ({holder}); wait for it to end, or "
-                                 f"use another --model-name or --results-dir") from None
+            advice = ("wait for it to end before reading it" if self.shared else
+                      "wait for it to end, or use another --model-name or --results-dir")
+            raise RunLockedError(f"{self.run_dir} is in use by another run ({holder}); {advice}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, {self.what} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)

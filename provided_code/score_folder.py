@@ -30,14 +30,16 @@ def write_score_reports(scores: Scores, json_path: Path, csv_path: Path, extra: 
     write_text_atomic(Path(csv_path), buffer.getvalue())
 
 
-def check_prediction_folder(folder: os.PathLike | str, patient_ids: list[str]) -> Path:
-    """``folder`` must hold exactly one ``pt_<N>.csv`` per patient: names the missing and extra ones."""
+def check_prediction_folder(folder: os.PathLike | str, patient_ids: list[str],
+                            may_hold: list[str] = ()) -> Path:
+    """``folder`` must hold exactly one ``pt_<N>.csv`` per patient (and may hold those of
+    ``may_hold``, the reference's patients without a dose): names the missing and extra ones."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"Prediction folder {folder} does not exist.")
     found = {path.stem for path in folder.glob("pt_*.csv")}
     missing = [pid for pid in patient_ids if pid not in found]
-    extra = sorted(found - set(patient_ids), key=lambda pid: (len(pid), pid))
+    extra = sorted(found - set(patient_ids) - set(may_hold), key=lambda pid: (len(pid), pid))
     if missing or extra:
         problems = []
         if missing:
@@ -66,9 +68,26 @@ def read_prediction(folder: Path, patient_id: str) -> np.ndarray:
     return dose
 
 
+def reference_rows(arrays, split: os.PathLike | str) -> np.ndarray:
+    """The rows of the patients of ``arrays`` that have a reference dose; when only some have one,
+    a warning says how many and names the others. None: a :class:`PatientDataError`."""
+    rows = np.flatnonzero(arrays.has_dose)
+    if rows.size == 0:
+        raise PatientDataError("(all)", split, "no patient has a reference dose.csv: nothing to score against")
+    if rows.size < len(arrays):
+        without = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
+        logger.warning("Only %d of %d patients of %s have a reference dose.csv: scoring those %d; no reference "
+                       "for %s", rows.size, len(arrays), split, rows.size, ", ".join(without))
+    return rows
+
+
 def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
                             cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> Scores:
-    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir``."""
-    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=True, progress=progress)
-    folder = check_prediction_folder(prediction_dir, arrays.patient_ids)
-    return score_split(arrays, lambda row: read_prediction(folder, arrays.patient_ids[row]), progress)
+    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir`` that have
+    a reference dose (when only some have one, those, with a warning)."""
+    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=False, progress=progress)
+    rows = reference_rows(arrays, reference_dir)
+    scored = [arrays.patient_ids[row] for row in rows]
+    folder = check_prediction_folder(prediction_dir, scored,
+                                     may_hold=[pid for pid in arrays.patient_ids if pid not in scored])
+    return score_split(arrays, lambda row: read_prediction(folder, arrays.patient_ids[row]), progress, rows=rows)

@@ -178,7 +178,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     ensembles = {}
     for row in ensembled:
         name = f"{row}-ensemble"
-        scores_path = Path(results_dir) / name / "validation-scores.json"
+        scores_path = Path(results_dir) / name / "validation-predictions" / "scores.json"
         if not scores_path.is_file():
             members = ",".join(run_name(row, seed) for seed in seeds)
             lanes.run([sys.executable, str(REPO / "runpod_train.py"), "--data-dir", data_dir, "--results-dir",

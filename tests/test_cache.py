@@ -208,3 +208,19 @@ def test_real_round_trip_csv_cache_arrays_csv(tmp_path, split):
             assert arrays.structure_present[row, bit] == (len(expected) > 0)
         assert np.array_equal(arrays.voxel_dimensions[row], np.loadtxt(source / "voxel_dimensions.csv"))
     shutil.rmtree(out)
+
+
+def test_a_cache_built_before_doses_were_checked_is_rebuilt_and_the_bad_dose_refused(phantom_split, tmp_path,
+                                                                                     monkeypatch, caplog):
+    import provided_code.data.cache as cache
+    import provided_code.data.csv_io as csv_io
+
+    (phantom_split / "pt_2" / "dose.csv").write_text(",data\n")  # a header only: was cached as a zero dose
+    with monkeypatch.context() as earlier:  # the cache as the version before the check built it
+        earlier.setattr(cache, "CACHE_FORMAT_VERSION", 3)
+        earlier.setattr(csv_io, "_check_dose", lambda *args: None, raising=False)
+        assert load_split(phantom_split, cache_dir=tmp_path / "c", workers=1).has_dose.all()
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            PatientDataError, match=r"Patient pt_2: .*pt_2/dose\.csv: lists no voxel \(a header only\)"):
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    assert "has format 3, expected" in caplog.text

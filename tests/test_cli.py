@@ -41,3 +41,32 @@ def test_bad_recipe_values_are_clear_errors(tmp_path):
     result = run("--ensemble", "a,b", cwd=tmp_path)
     assert result.returncode == 2 and "Expected --predict-only with --ensemble" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_empty_ensemble_is_refused_not_read_as_the_model_alone(tmp_path):
+    for members in ("", ",", "a,,b"):
+        result = run("--predict-only", "--ensemble", members, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "Expected a comma list of trained runs' names, none empty" in result.stderr
+    result = run("--ensemble", "", cwd=tmp_path)
+    assert result.returncode == 2 and "Expected --predict-only with --ensemble" in result.stderr
+
+
+def test_openkbp_score_prints_the_scores_before_a_json_that_cannot_be_written(phantom_split, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from provided_code.cli import score_command
+    from provided_code.data.csv_io import read_patient, write_dose_csv
+
+    for pid in ("pt_1", "pt_2", "pt_3"):
+        write_dose_csv(tmp_path / "pred" / f"{pid}.csv", read_patient(phantom_split / pid).dose)
+    result = CliRunner().invoke(score_command, ["--reference", str(phantom_split), "--predictions",
+                                                str(tmp_path / "pred"), "--json", "/proc/nope/s.json",
+                                                "--cache-dir", str(tmp_path / "c")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)  # not an OSError
+    assert json.loads(result.stdout)["patients"] == 3
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: Could not write the scores to /proc/nope/s.json (they are printed above): ")
+    assert "Traceback" not in result.stderr

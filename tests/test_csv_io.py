@@ -1,3 +1,5 @@
+import logging
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,6 +20,30 @@ def test_discover_orders_by_patient_number(tmp_path):
     for name in ["pt_10", "pt_2", "pt_1", "notes", "pt_x"]:
         (tmp_path / name).mkdir()
     assert [p.name for p in discover_patients(tmp_path)] == ["pt_1", "pt_2", "pt_10"]
+
+
+def test_folders_not_named_pt_n_are_named_in_a_warning_once_per_split(tmp_path, caplog):
+    for name in ["pt_1", "pt_x", "Pt_6", ".ipynb_checkpoints"]:
+        (tmp_path / name).mkdir()
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
+    with caplog.at_level(logging.WARNING):
+        assert [p.name for p in discover_patients(tmp_path)] == ["pt_1"]
+        discover_patients(tmp_path)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0]
+    assert warnings[0].endswith("skipped 2 folder(s) not named pt_<N> (a patient folder's name is pt_ and its "
+                                "number): Pt_6, pt_x")
+
+
+def test_a_byte_order_mark_is_read_in_voxel_dimensions_as_in_the_other_csvs(phantom_split):
+    folder = phantom_split / "pt_1"
+    expected = read_patient(folder)
+    for name in ("voxel_dimensions.csv", "ct.csv"):
+        path = folder / name
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as Excel's "CSV UTF-8" writes
+    patient = read_patient(folder)
+    assert np.array_equal(patient.voxel_dimensions, expected.voxel_dimensions)
+    assert np.array_equal(patient.ct, expected.ct)
 
 
 def test_empty_or_missing_split_is_an_error(tmp_path):
@@ -58,6 +84,14 @@ def test_phantom_patient_reads_back(phantom_split):
         ("voxel_dimensions.csv", "3.5\n3.5\n", "expected three positive numbers"),
         ("voxel_dimensions.csv", "3.5\n-3.5\n2\n", "expected three positive numbers"),
         ("voxel_dimensions.csv", "3.5\nabc\n2\n", "expected three positive numbers"),
+        # A header-only dose would train and score as a zero dose; a negative one is no dose.
+        ("dose.csv", ",data\n", "lists no voxel (a header only)"),
+        ("dose.csv", ",data\n12,1.5\n13,-0.5\n", "dose -0.5 on line 3 is negative"),
+        # The scores assume the reference dose is zero outside the mask: refused when read, not when scored.
+        ("dose.csv", ",data\n0,1.5\n", "non-zero in 1 voxel(s) outside the possible-dose mask "
+                                                   "(possible_dose_mask.csv), the first index 0 on line 2"),
+        # An extra column on every row: pandas would take the first as row labels ("index 1 is listed twice").
+        ("ct.csv", ",data\n1,2,3\n4,5,6\n", "line 2 has 3 comma-separated fields ('1,2,3'); expected 2"),
     ],
 )
 def test_bad_input_names_patient_file_and_problem(phantom_split, filename, breakage, problem):

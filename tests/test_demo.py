@@ -14,7 +14,7 @@ def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(tmp_path):
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
     assert re.search(r"dose score \d+\.\d+ Gy", last)
-    assert (tmp_path / "demo" / "validation-scores.json").exists()
+    assert (tmp_path / "demo" / "validation-predictions" / "scores.json").exists()
     assert (tmp_path / "demo" / "models" / "best.keras").exists() and "best.keras, epoch" in result.output
     assert len(list((tmp_path / "demo" / "validation-predictions").glob("pt_*.csv"))) == 2
     assert len(list((tmp_path / "demo-data" / "train-pats").iterdir())) == 4

@@ -1,8 +1,11 @@
 import dataclasses
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pandas as pd
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.errors import RunLockedError
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
@@ -19,6 +23,8 @@ from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.predict import predict_stage
+from provided_code.run_lock import RunLock
+from provided_code.score_folder import score_prediction_folder
 from provided_code.training.checkpoints import load_newest
 from provided_code.training.train import train
 
@@ -39,9 +45,14 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
 def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained):
     report = predict_stage(trained, stage="validation")
     assert report.epoch == 2 and report.patients == 2
-    files = sorted(p.name for p in report.predictions_dir.iterdir())
+    files = sorted(p.name for p in report.predictions_dir.glob("pt_*.csv"))
     assert files == ["pt_201.csv", "pt_202.csv"]
     assert report.predictions_dir == Path(trained.results_dir) / "m" / "validation-predictions"
+    # The set in one folder: CSVs, zip and scores (moved into place together).
+    assert report.submission == report.predictions_dir / "m_validation_epoch_2.zip"
+    assert report.scores_path == report.predictions_dir / "scores.json"
+    assert sorted(p.name for p in report.predictions_dir.iterdir()) == [
+        "m_validation_epoch_2.zip", *files, "scores.csv", "scores.json"]
     with zipfile.ZipFile(report.submission) as archive:
         assert sorted(archive.namelist()) == files
     arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
@@ -51,7 +62,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
         assert np.all(values >= 0)
     summary = json.loads(report.scores_path.read_text())
     assert summary["patients"] == 2 and summary["dose_score"] == report.scores.dose_score  # JSON keeps a float64 exactly
-    per_patient = pd.read_csv(Path(trained.results_dir) / "m" / "validation-scores.csv")
+    assert (summary["model"], summary["stage"], summary["epoch"]) == ("m", "validation", 2)
+    per_patient = pd.read_csv(report.predictions_dir / "scores.csv")
     assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
     assert "PTV70_D_99_difference" in per_patient.columns
 
@@ -72,7 +84,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
 def test_stage_without_reference_doses_is_predicted_not_scored(trained):
     report = predict_stage(trained, stage="test", epoch=1)
     assert report.epoch == 1 and report.scores is None
-    assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["pt_241.csv", "pt_242.csv"]
+    assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["m_test_epoch_1.zip", "pt_241.csv",
+                                                                        "pt_242.csv"]
     assert "not scored" in report.summary()
 
 
@@ -165,3 +178,130 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     assert standalone.dose_score == report.scores.dose_score and standalone.dvh_score == report.scores.dvh_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
         predict_stage(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
+
+    with pytest.raises(ConfigError, match=r"Expected each member once \(m would weigh more than the others\). "
+                                          r"Received: ensemble='m,m2,m'"):
+        predict_stage(ensemble, stage="validation", ensemble=["m", "m2", "m"])
+    with pytest.raises(ConfigError, match=r"Expected the names of one or more trained runs. Received: ensemble=\[\]"):
+        predict_stage(ensemble, stage="validation", ensemble=[])
+
+
+def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:
+    """The trained model's checkpoints in a run folder of its own (its predictions apart from the fixture's)."""
+    shutil.copytree(trained.models_dir, results_dir / name / "models")
+    return dataclasses.replace(trained, results_dir=str(results_dir), model_name=name)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def _assert_scores_describe_the_csvs(config, folder: Path, epoch: int) -> None:
+    """The folder's scores.json is its own CSVs' scores (openkbp-score's, exactly) and names its epoch."""
+    summary = json.loads((folder / "scores.json").read_text())
+    standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", folder, cache_dir=config.cache_dir)
+    assert summary["epoch"] == epoch and (folder / f"m_validation_epoch_{epoch}.zip").is_file()
+    assert (summary["dose_score"], summary["dvh_score"]) == (standalone.dose_score, standalone.dvh_score)
+
+
+# Runs `--predict-only` with every prediction CSV followed by a pause and a line in a marker file,
+# so that the test can kill it between two CSVs (the patch is the test's, not the library's).
+SLOW_PREDICT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+
+    import provided_code.data.csv_io as csv_io
+
+    real, written = csv_io.write_dose_csv, []
+
+    def write_then_wait(path, *args, **kwargs):
+        real(path, *args, **kwargs)
+        written.append(str(path))
+        Path(sys.argv[1]).write_text("\\n".join(written))
+        time.sleep(120)
+
+    csv_io.write_dose_csv = write_then_wait  # before provided_code.predict binds it
+    from provided_code.cli import main
+
+    main(sys.argv[2:])
+""")
+
+
+def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run_tidies(trained, tmp_path):
+    config = _copy_run(trained, tmp_path / "results")
+    folder = config.run_dir / "validation-predictions"
+    predict_stage(config, stage="validation", epoch=1)
+    previous = _files(folder)
+    _assert_scores_describe_the_csvs(config, folder, epoch=1)
+
+    marker = tmp_path / "written.txt"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PREDICT, str(marker), "--predict-only", "--stage", "validation", "--epoch", "2",
+         "--data-dir", config.data_dir, "--results-dir", config.results_dir, "--model-name", "m",
+         "--cache-dir", config.cache_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate()[1] if process.poll() is not None else "no CSV in 240 s"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert len(marker.read_text().splitlines()) == 1  # killed with one CSV of epoch 2 written, one to go
+    assert list(config.run_dir.glob(".validation-predictions.tmp-*"))  # where it was written
+
+    assert _files(folder) == previous  # epoch 1's set, whole: CSVs, zip and its scores
+    _assert_scores_describe_the_csvs(config, folder, epoch=1)
+
+    report = predict_stage(config, stage="validation", epoch=2)  # the next run removes what the killed one left
+    assert not [path.name for path in config.run_dir.iterdir() if path.name.startswith(".validation-predictions")]
+    assert report.scores_path == folder / "scores.json" and sorted(_files(folder)) == [
+        "m_validation_epoch_2.zip", "pt_201.csv", "pt_202.csv", "scores.csv", "scores.json"]
+    assert _files(folder)["pt_201.csv"] != previous["pt_201.csv"]
+    _assert_scores_describe_the_csvs(config, folder, epoch=2)
+
+
+def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(trained, tmp_path):
+    config = _copy_run(trained, tmp_path / "results")
+    predict_stage(config, stage="validation")
+    predict_stage(config, stage="test")
+    train(TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
+                      results_dir=config.results_dir, model_name="m", cache_dir=config.cache_dir), start_over=True)
+    keras.backend.clear_session()
+    (abandoned,) = config.run_dir.glob("abandoned-*")
+    assert sorted(path.name for path in (abandoned / "validation-predictions").iterdir()) == [
+        "m_validation_epoch_2.zip", "pt_201.csv", "pt_202.csv", "scores.csv", "scores.json"]
+    assert (abandoned / "test-predictions" / "m_test_epoch_2.zip").is_file()
+    assert not (config.run_dir / "validation-predictions").exists()
+    assert not (config.run_dir / "test-predictions").exists()
+
+
+def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trained, tmp_path):
+    data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
+    (data / "validation-pats" / "pt_202" / "dose.csv").unlink()
+    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
+    report = predict_stage(config, stage="validation")
+    assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
+    assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()
+    summary = json.loads(report.scores_path.read_text())
+    assert summary["patients"] == 1 and summary["patients_without_reference_dose"] == ["pt_202"]
+    standalone = score_prediction_folder(data / "validation-pats", report.predictions_dir, cache_dir=config.cache_dir)
+    assert standalone.dose_score == report.scores.dose_score and standalone.patient_ids == ["pt_201"]
+
+
+def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_member(trained, tmp_path):
+    for name in ("a", "b"):
+        _copy_run(trained, tmp_path / "results", name)
+    ensemble = dataclasses.replace(trained, results_dir=str(tmp_path / "results"), model_name="ens")
+    member = tmp_path / "results" / "b"
+    with RunLock(member, "training"):
+        with pytest.raises(RunLockedError) as caught:
+            predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+    message = str(caught.value)
+    assert message.startswith(f"{member} is in use by another run (pid ") and "training since" in message
+    assert "\n" not in message and not (ensemble.run_dir / "validation-predictions").exists()
+    with RunLock(member, "read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
+        report = predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+    assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
+    with RunLock(member, "training"):  # released when the ensemble is done
+        pass

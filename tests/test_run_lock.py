@@ -59,3 +59,21 @@ def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path,
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def test_readers_share_the_lock_and_exclude_a_writer_and_the_reverse(tmp_path):
+    run_dir = tmp_path / "results" / "member"
+    with RunLock(run_dir, "read by the ensemble 'a'", shared=True), \
+            RunLock(run_dir, "read by the ensemble 'b'", shared=True):  # two readers at once
+        with pytest.raises(RunLockedError, match=r"in use by another run \(pid \d+ on .*, read by the ensemble"):
+            with RunLock(run_dir, "training"):
+                pass
+    with RunLock(run_dir, "training"):
+        with pytest.raises(RunLockedError) as caught:
+            with RunLock(run_dir, "read by the ensemble 'a'", shared=True):
+                pass
+    message = str(caught.value)
+    assert "training since" in message and message.endswith("wait for it to end before reading it")
+    assert "\n" not in message
+    with RunLock(run_dir, "read by the ensemble 'a'", shared=True):  # released on exit
+        pass

@@ -100,3 +100,41 @@ def test_prediction_folder_problems_name_patients_and_files(phantom_split, tmp_p
     (folder / "pt_3.csv").write_text(",data\n5,abc\n")
     with pytest.raises(PatientDataError, match=r"Patient pt_3: .*pt_3\.csv: value 'abc' on line 2"):
         score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
+
+
+def test_a_prediction_outside_the_possible_dose_mask_is_counted_and_named(phantom_split, tmp_path, caplog):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    folder = tmp_path / "pred"
+    for row, pid in enumerate(arrays.patient_ids):
+        dose = arrays.dose[row].copy()
+        if pid == "pt_2":
+            dose.reshape(-1)[np.flatnonzero(~arrays.possible_dose_mask[row])[:1000]] = 1.0
+        write_dose_csv(folder / f"{pid}.csv", dose)  # every non-zero voxel, mask or not
+    with caplog.at_level(logging.WARNING):
+        scores = score_prediction_folder(phantom_split, folder, cache_dir=tmp_path / "c")
+    assert ("Patient pt_2: the prediction is non-zero in 1000 voxel(s) outside the possible-dose mask (1000 Gy in "
+            "all); the dose score counts them, as the challenge's does") in caplog.text
+    assert "pt_1" not in caplog.text and "pt_3" not in caplog.text
+    assert scores.dose_errors[1] == pytest.approx(1000 / arrays.possible_dose_mask[1].sum())  # as the challenge
+
+
+def test_a_split_where_only_some_patients_have_reference_doses_scores_those(phantom_split, tmp_path, caplog):
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    _write_perturbed(arrays, tmp_path / "pred", seed=4)
+    everyone = score_prediction_folder(phantom_split, tmp_path / "pred", cache_dir=tmp_path / "c")
+    (phantom_split / "pt_2" / "dose.csv").unlink()
+    with caplog.at_level(logging.WARNING):
+        scores = score_prediction_folder(phantom_split, tmp_path / "pred", cache_dir=tmp_path / "c")
+    assert f"Only 2 of 3 patients of {phantom_split} have a reference dose.csv: scoring those 2; no reference " \
+           f"for pt_2" in caplog.text
+    assert scores.patient_ids == ["pt_1", "pt_3"] and scores.without_reference == ["pt_2"]
+    assert scores.dose_errors.tolist() == everyone.dose_errors[[0, 2]].tolist()
+    summary = scores.summary()
+    assert summary["patients"] == 2 and summary["patients_without_reference_dose"] == ["pt_2"]
+    (tmp_path / "pred" / "pt_2.csv").unlink()  # a patient without reference needs no prediction
+    assert score_prediction_folder(phantom_split, tmp_path / "pred", cache_dir=tmp_path / "c").patient_ids == [
+        "pt_1", "pt_3"]
+    for pid in ("pt_1", "pt_3"):
+        (phantom_split / pid / "dose.csv").unlink()
+    with pytest.raises(PatientDataError, match="no patient has a reference dose.csv: nothing to score against"):
+        score_prediction_folder(phantom_split, tmp_path / "pred", cache_dir=tmp_path / "c")

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import keras
@@ -8,6 +9,7 @@ from click.testing import CliRunner
 
 from provided_code.cli import main
 from provided_code.config import TrainConfig
+from provided_code.data.csv_io import PatientDataError
 from provided_code.score_folder import score_prediction_folder
 from provided_code.predict import predict_stage
 from provided_code.training.checkpoints import list_checkpoints, read_best
@@ -22,6 +24,18 @@ pytestmark = pytest.mark.usefixtures("reset_keras")
 def scored_rows(config):
     return {int(row["epoch"]): (float(row["val_dose_score"]), float(row["val_dvh_score"]))
             for row in read_log(config.run_dir / "training_log.csv") if row["val_dose_score"]}
+
+
+def test_a_reference_dose_outside_its_mask_is_refused_when_loaded_not_at_the_first_scoring(phantom_data, tmp_path):
+    data = Path(shutil.copytree(phantom_data, tmp_path / "data"))
+    dose = data / "validation-pats" / "pt_202" / "dose.csv"
+    dose.write_text(dose.read_text() + "0,2.5\n")  # voxel 0, a corner: outside the possible-dose mask
+    config = TrainConfig(filters=4, resolution=32, epochs=1, score_every=1, xla="off", data_dir=str(data),
+                         results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(PatientDataError, match=r"^Patient pt_202: .*pt_202/dose\.csv: the dose is non-zero in 1 "
+                                               r"voxel\(s\) outside the possible-dose mask"):
+        train(config)
+    assert not list_checkpoints(config.models_dir)  # before training, so a resume cannot die there each time
 
 
 def test_scoring_epochs_are_every_n_and_the_last():
@@ -59,7 +73,7 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
     assert result.exit_code == 0, result.output
     assert f"with the epoch {best_epoch} checkpoint" in result.output
     assert best.scores.dose_score == pytest.approx(rows[best_epoch][0], rel=1e-6)  # as above: CSV decimals, ulps
-    assert json.loads((config.run_dir / "validation-scores.json").read_text())["dose_score"] == pytest.approx(
+    assert json.loads((config.run_dir / "validation-predictions" / "scores.json").read_text())["dose_score"] == pytest.approx(
         rows[best_epoch][0], rel=1e-6)
 
     # Rotation (keep 1) never removes it; a resumed run continues from the best so far.

@@ -56,7 +56,9 @@ from provided_code.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-CACHE_FORMAT_VERSION = 3  # 3: per-chunk checksums
+# 3: per-chunk checksums; 4: doses checked when read (no header-only or negative dose.csv, none
+# outside the possible-dose mask), so a cache built before the check is rebuilt and checked
+CACHE_FORMAT_VERSION = 4
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 _TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
 

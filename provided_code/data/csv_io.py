@@ -13,6 +13,7 @@ In memory a patient is a :class:`Patient`: ``ct`` as uint16 clipped to [0, 4095]
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from pathlib import Path
@@ -33,7 +34,10 @@ from provided_code.constants import (
 )
 from provided_code.errors import UserError
 
+logger = logging.getLogger(__name__)
+
 _PATIENT_FOLDER = re.compile(r"^pt_(\d+)$")
+_WARNED_SPLITS: set[Path] = set()  # splits whose other folders were named already (once per process)
 
 
 class PatientDataError(UserError, ValueError):
@@ -75,11 +79,23 @@ def patient_number(patient_id: str) -> int:
 
 
 def discover_patients(split_dir: os.PathLike | str) -> list[Path]:
-    """The ``pt_<N>`` folders of a split, ordered by patient number (pt_2 before pt_10)."""
+    """The ``pt_<N>`` folders of a split, ordered by patient number (pt_2 before pt_10). Other
+    folders (``pt_x``, ``Pt_6``; hidden ones aside) are left out with a warning naming them, once
+    per split and process."""
     split_dir = Path(split_dir)
     if not split_dir.is_dir():
         raise SplitError(f"Split folder {split_dir} does not exist or is not a folder.")
-    folders = [p for p in split_dir.iterdir() if p.is_dir() and _PATIENT_FOLDER.match(p.name)]
+    folders, others = [], []
+    for path in split_dir.iterdir():
+        if path.is_dir():
+            if _PATIENT_FOLDER.match(path.name):
+                folders.append(path)
+            elif not path.name.startswith("."):
+                others.append(path.name)
+    if others and split_dir.resolve() not in _WARNED_SPLITS:
+        _WARNED_SPLITS.add(split_dir.resolve())
+        logger.warning("%s: skipped %d folder(s) not named pt_<N> (a patient folder's name is pt_ and its "
+                       "number): %s", split_dir, len(others), ", ".join(sorted(others)))
     if not folders:
         raise SplitError(f"Split folder {split_dir} holds no pt_<N> patient folders.")
     return sorted(folders, key=lambda p: patient_number(p.name))
@@ -99,6 +115,8 @@ def read_sparse_csv(path: Path, patient_id: str, with_values: bool) -> tuple[np.
         raise PatientDataError(
             patient_id, path, f"header is {','.join(map(str, frame.columns))!r}; expected ',data'"
         )
+    if not frame.index.equals(pd.RangeIndex(len(frame))):  # more fields than the header: pandas made row labels
+        raise PatientDataError(patient_id, path, _wrong_field_count(path))
     indices = _numeric_column(frame.iloc[:, 0], patient_id, path, "index")
     whole = indices == np.floor(indices)
     if not np.all(whole):
@@ -121,6 +139,20 @@ def read_sparse_csv(path: Path, patient_id: str, with_values: bool) -> tuple[np.
                                                      f"(lines {first + 2} and {second + 2})")
     values = _numeric_column(frame.iloc[:, 1], patient_id, path, "value") if with_values else None
     return indices, values
+
+
+def _wrong_field_count(path: Path) -> str:
+    """The first line of ``path`` that does not have the header's two fields, as a problem."""
+    with open(path, encoding="utf-8-sig", errors="replace") as handle:
+        next(handle, None)
+        for number, line in enumerate(handle, start=2):
+            fields = line.rstrip("\r\n").count(",") + 1
+            if fields != 2:
+                shown = line.rstrip("\r\n")
+                shown = shown if len(shown) <= 40 else shown[:40] + "..."
+                return (f"line {number} has {fields} comma-separated fields ({shown!r}); expected 2 "
+                        f"(index,value), as the header ',data' says")
+    return "a line has more fields than the header ',data' (index,value)"
 
 
 def _numeric_column(column: pd.Series, patient_id: str, path: Path, what: str) -> np.ndarray:
@@ -153,7 +185,7 @@ def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:
     if not path.is_file():
         raise PatientDataError(patient_id, path, "file is missing")
     try:
-        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+        values = np.loadtxt(path, dtype=np.float64, ndmin=1, encoding="utf-8-sig")  # a byte-order mark is fine
     except ValueError as error:
         raise PatientDataError(patient_id, path, f"expected three positive numbers ({error})") from None
     if values.shape != (3,) or not np.all(np.isfinite(values)) or np.any(values <= 0):
@@ -189,6 +221,7 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
     dose_path = folder / DOSE_FILE
     if dose_path.is_file() or require_dose:
         dose_indices, dose_values = read_sparse_csv(dose_path, patient_id, with_values=True)
+        _check_dose(patient_id, dose_path, dose_indices, dose_values, possible_dose_mask)
         dose = np.zeros(NUM_VOXELS, np.float32)
         dose[dose_indices] = dose_values
         dose_decimals = decimals_of(dose_values)
@@ -202,6 +235,27 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
         dose=None if dose is None else dose.reshape(VOLUME_SHAPE),
         dose_decimals=dose_decimals,
     )
+
+
+def _check_dose(patient_id: str, path: Path, indices: np.ndarray, values: np.ndarray,
+                possible_dose_mask: np.ndarray) -> None:
+    """A reference dose lists values, none negative, none non-zero outside the possible-dose mask
+    (the challenge's scores assume it): else a :class:`PatientDataError`. A header-only file would
+    be a zero dose that trains and scores silently."""
+    if indices.size == 0:
+        raise PatientDataError(patient_id, path, "lists no voxel (a header only), which would be a zero "
+                                                 "dose everywhere")
+    negative = np.flatnonzero(values < 0)
+    if negative.size:
+        row = int(negative[0])
+        raise PatientDataError(patient_id, path, f"dose {_shown(values[row])} on line {row + 2} is negative "
+                                                 f"({negative.size} negative value(s))")
+    outside = np.flatnonzero((values != 0) & ~possible_dose_mask[indices])
+    if outside.size:
+        row = int(outside[0])
+        raise PatientDataError(patient_id, path, f"the dose is non-zero in {outside.size} voxel(s) outside the "
+                                                 f"possible-dose mask ({POSSIBLE_DOSE_MASK_FILE}), the first "
+                                                 f"index {indices[row]} on line {row + 2}")
 
 
 def decimals_of(values: np.ndarray, most: int = 5) -> int:

@@ -15,8 +15,9 @@ apply to the structure or the structure is absent.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,8 @@ import pandas as pd
 from provided_code.constants import OARS, STRUCTURES
 from provided_code.data.cache import exact_dose
 from provided_code.progress import Progress, no_progress
+
+logger = logging.getLogger(__name__)
 
 METRICS = ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
 OAR_METRICS = METRICS[:2]
@@ -62,6 +65,7 @@ class Scores:
     dose_errors: np.ndarray  # (P,) Gy
     reference: np.ndarray  # (P, structures, metrics) Gy, NaN where absent
     predicted: np.ndarray  # same
+    without_reference: list[str] = dataclasses.field(default_factory=list)  # the split's patients left out: no dose
 
     @property
     def dose_score(self) -> float:
@@ -81,13 +85,16 @@ class Scores:
             warnings.simplefilter("ignore", RuntimeWarning)
             by_structure = np.nanmean(differences, axis=(0, 2))
             by_metric = np.nanmean(differences, axis=(0, 1))
-        return {
+        summary = {
             "dose_score": self.dose_score,
             "dvh_score": self.dvh_score,
             "patients": len(self.patient_ids),
             "dvh_by_structure": {name: _number(value) for name, value in zip(STRUCTURES, by_structure)},
             "dvh_by_metric": {name: _number(value) for name, value in zip(METRICS, by_metric)},
         }
+        if self.without_reference:
+            summary["patients_without_reference_dose"] = list(self.without_reference)
+        return summary
 
     def per_patient(self) -> pd.DataFrame:
         """One row per patient: dose error, and each metric's reference, predicted and difference."""
@@ -106,25 +113,31 @@ def _number(value: float) -> float | None:
     return None if np.isnan(value) else float(value)
 
 
-def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progress = no_progress) -> Scores:
+def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progress = no_progress,
+                rows: Sequence[int] | None = None) -> Scores:
     """Scores of ``predicted(row)`` (a 128³ dose, any float dtype) against each reference of ``arrays``.
 
     ``arrays`` is a 128³ :class:`~provided_code.data.cache.SplitArrays` with reference doses; they
     are restored to the CSV's exact float64 values before scoring. One patient at a time.
+    ``rows``: score only these patients (e.g. those with reference doses); the others are listed
+    in ``Scores.without_reference``. A prediction that is non-zero outside the possible-dose mask
+    counts there, as in the challenge, with a warning naming the patient and the voxel count.
     """
-    missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
+    rows = list(range(len(arrays))) if rows is None else [int(row) for row in rows]
+    missing = [arrays.patient_ids[row] for row in rows if not arrays.has_dose[row]]
     if missing:
         raise ValueError(f"Cannot score: no reference dose.csv for {', '.join(missing)}")
-    count = len(arrays)
+    count = len(rows)
     errors = np.empty(count)
     reference_tables = np.empty((count, len(STRUCTURES), len(METRICS)))
     predicted_tables = np.empty_like(reference_tables)
-    for row in progress(range(count), count, "Scoring"):
+    for slot, row in enumerate(progress(rows, count, "Scoring")):
         reference32 = arrays.dose[row].reshape(-1)
         decimals = int(arrays.dose_decimals[row])
         prediction = np.asarray(predicted(row)).reshape(-1)
         # Work on the voxels that matter: the reference is zero outside the possible-dose mask
-        # (checked), so the dose error is the sum over the mask plus |prediction| outside it.
+        # (checked when the data is read, and again here), so the dose error is the sum over the
+        # mask plus |prediction| outside it.
         inside = np.flatnonzero(arrays.possible_dose_mask[row])
         reference_inside = exact_dose(reference32[inside], decimals)
         if np.count_nonzero(reference_inside) != np.count_nonzero(reference32):
@@ -132,12 +145,18 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
                              f"its possible-dose mask")
         prediction_inside = prediction[inside].astype(np.float64)
         outside = 0.0
-        if np.count_nonzero(prediction) != np.count_nonzero(prediction_inside):
+        outside_voxels = np.count_nonzero(prediction) - np.count_nonzero(prediction_inside)
+        if outside_voxels:
             outside = np.abs(prediction[~arrays.possible_dose_mask[row].reshape(-1)]).sum(dtype=np.float64)
-        errors[row] = (np.abs(reference_inside - prediction_inside).sum() + outside) / inside.size
+            logger.warning("Patient %s: the prediction is non-zero in %d voxel(s) outside the possible-dose mask "
+                           "(%.4g Gy in all); the dose score counts them, as the challenge's does",
+                           arrays.patient_ids[row], outside_voxels, outside)
+        errors[slot] = (np.abs(reference_inside - prediction_inside).sum() + outside) / inside.size
         indices = structure_indices(arrays.structure_masks[row])
-        reference_tables[row] = dvh_metrics(lambda v: exact_dose(reference32[v], decimals), indices,
-                                            arrays.voxel_dimensions[row])
-        predicted_tables[row] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
-                                            arrays.voxel_dimensions[row])
-    return Scores(list(arrays.patient_ids), errors, reference_tables, predicted_tables)
+        reference_tables[slot] = dvh_metrics(lambda v: exact_dose(reference32[v], decimals), indices,
+                                             arrays.voxel_dimensions[row])
+        predicted_tables[slot] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
+                                             arrays.voxel_dimensions[row])
+    chosen = set(rows)
+    return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables,
+                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen])

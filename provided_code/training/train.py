@@ -161,10 +161,13 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
 
 def _settings(config: TrainConfig, start_over: bool) -> TrainConfig | None:
     """The saved config of the model (None for a new one), checked against ``config``."""
-    if start_over:
+    if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
         moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
             config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
-            config.run_dir / name for name in (LOG_FILE, CURVES_FILE)])
+            config.run_dir / name for name in (LOG_FILE, CURVES_FILE, "submissions", *(
+                f"{stage}-{what}" for stage in ("validation", "test")
+                for what in ("predictions", "plots", "scores.json", "scores.csv")))] + sorted(
+            config.run_dir.glob(".*-predictions.*")))
         if moved is not None:
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     saved = read_saved_config(config.models_dir)

@@ -1,0 +1,39 @@
+"""Folders replaced whole: swapped in one step, or (without that call) recovered after a kill."""
+
+import provided_code.atomic as atomic
+from provided_code.atomic import new_folder_beside, replace_folder, tidy_folder
+
+
+def _fill(folder, text):
+    (folder / "pt_1.csv").write_text(text)
+    (folder / "scores.json").write_text(text)
+
+
+def _contents(folder):
+    return {path.name: path.read_text() for path in folder.iterdir()}
+
+
+def test_a_folder_is_replaced_whole_and_nothing_is_left_beside_it(tmp_path, monkeypatch):
+    final = tmp_path / "validation-predictions"
+    for exchange in (True, False):  # renameat2's swap, and the two renames elsewhere
+        if not exchange:
+            monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+        for text in ("first", "second"):
+            new = new_folder_beside(final)
+            assert new.name.startswith(".validation-predictions.tmp-")
+            _fill(new, text)
+            replace_folder(new, final)
+            assert _contents(final) == {"pt_1.csv": text, "scores.json": text}
+            assert sorted(path.name for path in tmp_path.iterdir()) == ["validation-predictions"]
+
+
+def test_a_kill_between_the_two_renames_is_undone_by_the_next_run(tmp_path):
+    final = tmp_path / "validation-predictions"
+    old, new = tmp_path / ".validation-predictions.old-123", tmp_path / ".validation-predictions.tmp-123"
+    old.mkdir()
+    _fill(old, "previous")
+    new.mkdir()
+    (new / "pt_1.csv").write_text("half")
+    tidy_folder(final)
+    assert _contents(final) == {"pt_1.csv": "previous", "scores.json": "previous"}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["validation-predictions"]
