@@ -3,7 +3,9 @@
 Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/``, predict with a trained model at
 its own resolution (from its ``config.json``), write the prediction in the challenge's CSV format,
 export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
-clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given).
+clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is
+computed on the CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the
+challenge's scores on the 128³ grid they are defined on.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.atomic import write_text_atomic
-from provided_code.data.cache import SplitArrays, exact_dose
+from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import read_patient, write_dose_csv
-from provided_code.dicom.exporter import export_dose
+from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
-from provided_code.metrics.scoring import score_split, structure_indices
+from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, read_rtdose
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
+from provided_code.metrics.scoring import score_split
 from provided_code.inference import predict_full_resolution
 from provided_code.predict import load_trained_model
 from provided_code.progress import Progress, no_progress
@@ -78,9 +81,12 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}")[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
-    export_dose(imported.folder, predicted, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                description=f"Predicted dose, {model_dir.name} epoch {epoch}")
-    dvh = dvh_report(arrays, predicted)
+    dose_ct = dose_on_ct_grid(predicted, imported.geometry)
+    write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
+                          description=f"Predicted dose, {model_dir.name} epoch {epoch}")
+    reference_grid = read_rtdose(rtdose, imported.geometry.frame_of_reference_uid) if imported.has_dose else None
+    dvh = dvh_report(arrays, predicted, imported, dose_ct, reference_grid)
+    del dose_ct
     dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta}
     write_dvh_files(out_dir, dvh)
     written = []
@@ -94,13 +100,24 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     return ClinicReport(out_dir, epoch, imported, dvh, written)
 
 
-def dvh_report(arrays: SplitArrays, predicted: np.ndarray) -> dict:
-    """The DVH table of the prediction, and of the reference and the challenge's scores if there is one."""
-    indices = structure_indices(arrays.structure_masks[0])
-    report = {"metrics": list(CLINICAL_METRICS), "predicted": clinical_dvh(predicted, indices)}
-    if arrays.has_dose[0]:
-        reference = exact_dose(arrays.dose[0], int(arrays.dose_decimals[0]))
-        report["reference"] = clinical_dvh(reference, indices)
+def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,
+               reference_grid: DoseGrid | None = None) -> dict:
+    """The clinical DVH table of the prediction, and of the clinic's dose and the challenge's scores
+    if there is one.
+
+    The table is a planning system's: on the CT's grid, from the dose as ``RD.dcm`` holds it
+    (``dose_ct``) and the clinic's dose at the same voxel centres (trilinear), over each structure's
+    CT pixels as drawn (``imported.ct_voxels``). The scores stay the challenge's, on the 128³ grid.
+    """
+    geometry = imported.geometry
+    flat = dose_ct.reshape(-1)
+    report = {"metrics": list(CLINICAL_METRICS),
+              "grid": {"what": "the CT's voxels; each structure as drawn", "slices": len(geometry.slice_z),
+                       "rows": geometry.rows, "columns": geometry.columns,
+                       "voxel_mm": [*geometry.pixel_spacing, geometry.slice_spacing]},
+              "predicted": clinical_dvh_of_values({key: flat[voxels] for key, voxels in imported.ct_voxels.items()})}
+    if arrays.has_dose[0] and reference_grid is not None:
+        report["reference"] = clinical_dvh_of_values(dose_at_ct_voxels(reference_grid, geometry, imported.ct_voxels))
         report["scores"] = {key: value for key, value in score_split(arrays, lambda row: predicted).summary().items()
                             if key in ("dose_score", "dvh_score")}
     return report

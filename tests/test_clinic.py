@@ -1,6 +1,7 @@
 """``openkbp-dicom predict``: a clinic's DICOM through a trained model to RT Dose, NIfTI and a DVH table."""
 
 import json
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -10,9 +11,10 @@ from click.testing import CliRunner
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
+import provided_code.clinic as clinic_module  # noqa: E402
 from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.constants import STRUCTURES  # noqa: E402
-from provided_code.data.cache import SplitArrays  # noqa: E402
+from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom_cli import main  # noqa: E402
@@ -20,7 +22,7 @@ from provided_code.dicom.exporter import read_dose_csv  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.training.train import train  # noqa: E402
-from tests.dicom_writer import write_patient  # noqa: E402
+from tests.dicom_writer import CLINICAL_NAMES, write_patient  # noqa: E402
 
 
 def test_clinical_dvh_table_by_hand():
@@ -60,6 +62,7 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(phantom_data, tmp_
     assert not predicted[~patient.possible_dose_mask].any() and predicted[patient.possible_dose_mask].max() > 0
     report = json.loads((out / "dvh.json").read_text())
     assert report["model"]["epoch"] == 1 and report["model"]["tta"] is True
+    # The table is on the CT's grid; this CT (factor 1) has the box's pixels, so it is the box's table.
     expected = clinical_dvh(predicted, structure_indices(patient.structure_masks))
     assert list(report["predicted"]) == list(expected)
     for structure, metrics in expected.items():
@@ -78,6 +81,92 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(phantom_data, tmp_
     values = rd.pixel_array * float(rd.DoseGridScaling)
     assert not values[:4].any() and not values[-4:].any()  # CT slices outside the 128³ box: no dose
     assert values.max() == pytest.approx(float(predicted.max()), rel=0.05)
+
+
+def _dicompyler_dvhcalc(monkeypatch):
+    """dicompyler-core's DVH calculation; its 0.5.6 imports ``read_file``, which pydicom 3 removed."""
+    pytest.importorskip("dicompylercore", reason="dicompyler-core (the dev extra) is not installed")
+    import pydicom.dicomio
+
+    monkeypatch.setattr(pydicom.dicomio, "read_file", pydicom.dcmread, raising=False)
+    from dicompylercore import dvhcalc
+
+    return dvhcalc
+
+
+def _tolerance(doses: np.ndarray, metric: str) -> float:
+    """How far dicompyler-core's figure may lie from ours when both count the same voxels: its
+    histogram has 0.01 Gy bins (Dmax: a bin's upper edge; Dmean: bin centres) and its Dx is the
+    (lowest) bin edge whose volume is nearest x %, anywhere in a dose interval that holds no
+    voxel, where ours interpolates between the two voxels around that rank: one bin, plus for Dx
+    the doses from the next lower to the next higher dose than the voxels beside that rank."""
+    bin_gy = 0.01 + 1e-6  # and RD.dcm's 32-bit pixel scaling (1e-8 Gy here) and float rounding
+    if metric in ("Dmean", "Dmax"):
+        return bin_gy
+    rank = (1 - float(metric[1:]) / 100) * (doses.size - 1)
+    ordered = np.sort(doses)
+    low, high = ordered[max(int(np.floor(rank)) - 1, 0)], ordered[min(int(np.ceil(rank)) + 1, doses.size - 1)]
+    below, above = ordered[ordered < low], ordered[ordered > high]
+    return bin_gy + float((above[0] if above.size else high) - (below[-1] if below.size else low))
+
+
+@pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
+def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruct(tmp_path, monkeypatch):
+    """Oracle: dicompyler-core (an independent DVH calculator) on the exported RD.dcm, and on the
+    clinic's own RT Dose, with the clinic's RTSTRUCT. The CT is 256 × 256 (twice the box's
+    in-plane resolution): a table on the 128³ voxels differs by up to 0.8 Gy (Dmax) here."""
+    dvhcalc = _dicompyler_dvhcalc(monkeypatch)
+    volumes = make_phantom(3)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)) | volumes["PTV63"].any((0, 1)))
+    keep = slice(target_slices.min() - 3, target_slices.max() + 4)  # a short scan: fast, and padded in the box
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=2)
+    # The model's place is taken by the clinic's dose moved 2 voxels (a prediction that is not the reference).
+    (tmp_path / "run" / "models").mkdir(parents=True)
+    (tmp_path / "run" / "models" / "config.json").write_text("{}")
+    monkeypatch.setattr(clinic_module, "load_trained_model",
+                        lambda models_dir, epoch: (SimpleNamespace(resolution=128), 7, None))
+    predictions = []
+
+    def predict(model, arrays, *args, **kwargs):
+        predictions.append(np.where(arrays.possible_dose_mask[0], np.roll(
+            exact_dose(arrays.dose[0], int(arrays.dose_decimals[0])), 2, axis=1), 0).astype(np.float32))
+        return predictions
+
+    monkeypatch.setattr(clinic_module, "predict_full_resolution", predict)
+    out = tmp_path / "out"
+    report = clinic_module.predict_dicom_patient(tmp_path / "run", clinic.ct_dir, clinic.rtstruct, out,
+                                                 rtdose=clinic.rtdose, plots=False)
+    table = json.loads((out / "dvh.json").read_text())
+    geometry = report.imported.geometry
+    assert table["grid"]["rows"] == 256 and table["grid"]["slices"] == len(clinic.slice_z)
+
+    rs = pydicom.dcmread(clinic.rtstruct)
+    numbers = {roi.ROIName: int(roi.ROINumber) for roi in rs.StructureSetROISequence}
+    voxel_cc = np.prod(geometry.pixel_spacing) * geometry.slice_spacing / 1000
+    for source, rtdose in (("predicted", out / "RD.dcm"), ("reference", clinic.rtdose)):
+        rd = pydicom.dcmread(rtdose)
+        # frames run ascending in z, the CT's slices (and the voxel indices) descending
+        dose_ct = (rd.pixel_array * float(rd.DoseGridScaling))[::-1].reshape(-1)
+        for structure in ("SpinalCord", "PTV63", "PTV70"):
+            oracle = dvhcalc.get_dvh(str(clinic.rtstruct), str(rtdose), numbers[CLINICAL_NAMES[structure]])
+            voxels = report.imported.ct_voxels[structure]
+            # Contours traced at half-pixel positions pass through no pixel centre: both fills take the same pixels.
+            assert voxels.size * voxel_cc == pytest.approx(oracle.volume, rel=1e-9), structure
+            theirs = {"Dmean": oracle.mean, "Dmax": oracle.max,
+                      **{m: oracle.statistic(m).value for m in ("D99", "D95", "D50", "D1")}}
+            for metric, value in theirs.items():
+                ours = table[source][structure][metric]
+                # dicompyler-core's 0.01 Gy bins, plus (Dx) the dose gap around the percentile's rank: _tolerance
+                tolerance = _tolerance(dose_ct[voxels], metric)
+                assert ours == pytest.approx(value, abs=tolerance), (source, structure, metric)
+
+    # The challenge's scores stay on the 128³ grid they are defined on.
+    arrays = SplitArrays.from_patients([read_patient(out / "patient")])
+    assert table["scores"]["dose_score"] == pytest.approx(score_split(arrays, lambda row: predictions[0]).dose_score,
+                                                          rel=1e-6)
 
 
 def test_plots_of_a_patient_without_a_reference_show_the_prediction_alone(tmp_path):

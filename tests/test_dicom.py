@@ -206,7 +206,7 @@ def test_pydicom_example_rt_files(tmp_path):
     frame = pydicom.dcmread(rtstruct, force=True).ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID
     structures = read_rtstruct(rtstruct, frame)
     assert structures.roi_names and all(isinstance(c, np.ndarray) and c.shape[1] == 3
-                                        for contours in structures.contours.values() for c in contours)
+                                        for name in structures.roi_names for c in structures.contours(name))
     with pytest.raises(DicomInputError, match="not the CT's 1.2.3"):
         read_rtstruct(rtstruct, "1.2.3")
     rtdose = get_testdata_file("rtdose.dcm")
@@ -349,7 +349,7 @@ def test_heart_rasterised_on_the_dose_grid_matches_dicompyler_core():
     structures = read_rtstruct(data / "heart_rtss.dcm", frame)
     assert structures.roi_names == ["Heart"]
     z_descending = grid.z[::-1]
-    planes = contours_by_slice(structures.contours["Heart"], z_descending, "Heart", data)
+    planes = contours_by_slice(structures.contours("Heart"), z_descending, "Heart", data)
     spacing = (grid.x[1] - grid.x[0], grid.y[1] - grid.y[0], grid.z[1] - grid.z[0])
     doses = []
     for k, polygons in planes.items():
@@ -379,3 +379,141 @@ def test_an_earlier_import_is_replaced_and_a_foreign_folder_refused(small_clinic
     with pytest.raises(DicomInputError, match="mine: output folder exists and is not an earlier import"):
         import_patient(clinic / "ct", clinic / "RS.dcm", foreign)
     assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+def _contour(points_mm) -> "pydicom.Dataset":
+    contour = pydicom.Dataset()
+    contour.ContourGeometricType = "CLOSED_PLANAR"
+    contour.NumberOfContourPoints = len(points_mm) // 3
+    contour.ContourData = [f"{v:.4f}" for v in points_mm]
+    return contour
+
+
+def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clinic, tmp_path, caplog):
+    clinic = _copy(small_clinic, tmp_path)
+    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "clean").folder,
+                            require_dose=False)
+    rs = pydicom.dcmread(clinic / "RS.dcm")
+    number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
+    ptv70 = next(item for item in rs.ROIContourSequence if item.ReferencedROINumber == number["PTV_7000"])
+    x, y, z = (float(v) for v in ptv70.ContourSequence[0].ContourData[:3])
+    ptv70.ContourSequence.append(_contour([x, y, z, x + 1, y, z]))  # two points, as rt-utils writes for a lone pixel
+    ptv70.ContourSequence.append(_contour([x, y, z]))  # a point written as a closed contour
+    couch = pydicom.Dataset()
+    couch.ROINumber, couch.ROIName = 99, "Couch"
+    couch.ReferencedFrameOfReferenceUID = rs.StructureSetROISequence[0].ReferencedFrameOfReferenceUID
+    rs.StructureSetROISequence.append(couch)
+    item = pydicom.Dataset()
+    item.ReferencedROINumber = 99
+    item.ContourSequence = pydicom.Sequence([_contour([x, y, z]), _contour([x, y, z, x])])  # one point; malformed
+    rs.ROIContourSequence.append(item)
+    rs.save_as(clinic / "RS.dcm")
+    with caplog.at_level("INFO", logger="provided_code.dicom.rtstruct"):
+        report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
+    imported = read_patient(report.folder, require_dose=False)
+    assert np.array_equal(imported.structure_masks, expected.structure_masks)
+    assert "unused ROIs: 'Couch'" in report.lines
+    assert "ROI 'PTV_7000': left out 2 contours of fewer than 3 points" in caplog.text and "Couch" not in caplog.text
+
+
+def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic, tmp_path):
+    clinic = _copy(small_clinic, tmp_path)
+    rs = pydicom.dcmread(clinic / "RS.dcm")
+    number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
+    ptv70 = next(item for item in rs.ROIContourSequence if item.ReferencedROINumber == number["PTV_7000"])
+    z = sorted({float(c.ContourData[2]) for c in ptv70.ContourSequence}, reverse=True)
+    kept = set(z[::3])
+    ptv70.ContourSequence = pydicom.Sequence([c for c in ptv70.ContourSequence if float(c.ContourData[2]) in kept])
+    rs.save_as(clinic / "RS.dcm")
+    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
+    warned = [line for line in report.lines if line.startswith("warning: PTV70 ('PTV_7000') has contours on")]
+    span = len(z) - (len(z) - 1) % 3
+    assert warned == [f"warning: PTV70 ('PTV_7000') has contours on {len(kept)} of the {span} CT slices from "
+                      f"z = {z[0]:g} to {max(kept, key=lambda v: -v):g} mm (none at z = {z[1]:g} mm); the "
+                      f"{span - len(kept)} slices without are empty in its mask"]
+
+
+def test_a_scan_ending_inside_the_targets_is_warned_about(tmp_path):
+    volumes, masks = phantom_volumes(seed=9)
+    centre = int(np.flatnonzero(volumes["PTV70"].any(axis=(0, 1))).mean())
+    keep = slice(centre - 2, centre + 3)  # a 5-slice CT through the middle of PTV70
+    patient = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep],
+                            {k: m[:, :, keep] for k, m in masks.items()}, volumes["voxel_dimensions"], factor=1)
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", allow_missing_targets=True)
+    z = patient.slice_z
+    assert (f"warning: PTV70 ('PTV_7000') is drawn on the CT's first (z = {z[0]:g} mm) and last (z = {z[-1]:g} mm) "
+            f"slice: the scan (5 slices) is shorter than the targets need and may end inside PTV70; the model sees "
+            f"no anatomy beyond it") in report.lines
+
+
+def test_a_jpeg_2000_ct_imports_and_without_a_decoder_is_refused_in_one_line(small_clinic, tmp_path, monkeypatch):
+    pytest.importorskip("openjpeg", reason="pylibjpeg-openjpeg (the dicom extra) is not installed")
+    from pydicom.pixels import get_decoder
+    from pydicom.uid import JPEG2000Lossless
+
+    clinic = _copy(small_clinic, tmp_path)
+    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "plain").folder,
+                            require_dose=False)
+    files = sorted((clinic / "ct").iterdir())
+    for path in files[:3]:
+        dataset = pydicom.dcmread(path)
+        dataset.compress(JPEG2000Lossless)  # pylibjpeg-openjpeg encodes
+        dataset.save_as(path)
+    assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID == JPEG2000Lossless
+    imported = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1").folder,
+                            require_dose=False)
+    assert np.array_equal(imported.ct, expected.ct)  # lossless
+
+    decoder = get_decoder(JPEG2000Lossless)  # as if neither pylibjpeg-openjpeg nor Pillow nor GDCM were installed
+    monkeypatch.setattr(decoder, "_available", {})
+    monkeypatch.setattr(decoder, "_unavailable", {"pylibjpeg": ("pylibjpeg>=2.0", "pylibjpeg-openjpeg>=2.0"),
+                                                  "pillow": ("pillow>=10.0",)})
+    error = _refused(tmp_path, clinic / "ct", clinic / "RS.dcm",
+                     r": CT pixels are compressed as JPEG 2000 Image Compression \(Lossless Only\) "
+                     r"\(1.2.840.10008.1.2.4.90\) and no decoder for it is installed: "
+                     r"pip install 'provided_code\[dicom\]' installs one")
+    assert Path(error.path).name in {p.name for p in files[:3]}
+
+
+class _NoMatrixProducts(np.ndarray):
+    """An array that fails on any matrix product (the BLAS calls whose threads contend under load)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.matmul:
+            raise AssertionError("a matrix product")
+        inputs = tuple(np.asarray(x) if isinstance(x, _NoMatrixProducts) else x for x in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in (np.dot, np.einsum, np.tensordot, np.matmul, np.inner, np.vdot):
+            raise AssertionError(f"a matrix product ({func.__name__})")
+        return super().__array_function__(func, types, args, kwargs)
+
+
+def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
+    from provided_code.dicom.importer import _Resampler
+
+    rng = np.random.default_rng(0)
+    for rows, columns in ((512, 512), (300, 420)):
+        plane = rng.normal(0, 500, (rows, columns)).astype(np.float32)
+        by_matrices = area_weights(rows, 128) @ plane.astype(np.float64) @ area_weights(columns, 128).T
+        resampled = _Resampler(rows, columns)(plane.view(_NoMatrixProducts))
+        assert np.allclose(np.asarray(resampled), by_matrices, rtol=1e-6, atol=1e-4)  # equal within float32 rounding
+    geometry = PatientGeometry(rows=300, columns=420, pixel_spacing=[1.2, 1.1], origin_xy=[-200.0, -150.0],
+                               slice_z=(50 - 2.5 * np.arange(128)).tolist(), first_slice=0, frame_of_reference_uid="1",
+                               series_instance_uid="2", sop_instance_uids=[""] * 128, tags={})
+    dose = rng.uniform(0, 70, VOLUME_SHAPE).astype(np.float32)
+    on_ct = dose_on_ct_grid(dose.view(_NoMatrixProducts), geometry)
+    k = 40
+    by_matrices = linear_weights(128, 300) @ dose[:, :, k].astype(np.float64) @ linear_weights(128, 420).T
+    assert np.allclose(np.asarray(on_ct[k]), by_matrices, rtol=1e-6, atol=1e-5)
+    grid = DoseGrid(dose[:, :, :20].transpose(2, 0, 1).copy().view(_NoMatrixProducts), np.arange(128) * 3.0 - 100,
+                    np.arange(128) * 3.0 - 80, 10 - np.arange(20) * 2.5)
+    y, x, z = np.linspace(-90, 300, 64), np.linspace(-120, 250, 48), np.linspace(15, -45, 16)
+    sampled = sample_dose(grid, y, x, z)
+    from provided_code.dicom.rtdose import _linear_at
+
+    by_frame = np.einsum("frc,ir,jc->ijf", np.asarray(grid.dose, np.float64), _linear_at(grid.y, y),
+                         _linear_at(grid.x, x), optimize=True)
+    by_matrices = np.einsum("ijf,kf->ijk", by_frame, _linear_at(grid.z, z), optimize=True)
+    assert np.allclose(np.asarray(sampled), by_matrices, rtol=1e-6, atol=1e-5)

@@ -4,8 +4,9 @@ The folder may also hold other objects of the same patient (RTSTRUCT, RTDOSE, RT
 export them together): they are left out. A file that is not DICOM is left out with a warning,
 unless nothing in the folder is DICOM. Refused, each with one line naming a file and the problem:
 no CT image, CT images of two series, slices of different size, spacing or in-plane position, an
-orientation other than axial head-first or feet-first supine (``ImageOrientationPatient``
-``[1, 0, 0, 0, 1, 0]``), two slices at one position, and uneven slice spacing (a missing slice).
+orientation other than axial head-first supine (``ImageOrientationPatient`` ``[1, 0, 0, 0, 1, 0]``;
+feet-first supine is ``[-1, 0, 0, 0, 1, 0]`` and refused too), two slices at one position, uneven
+slice spacing (a missing slice), and compressed pixels without an installed decoder.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.dicom.errors import DicomInputError
-from provided_code.dicom.files import read_dataset
+from provided_code.dicom.files import pixel_array, read_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +125,10 @@ def _assemble(images) -> CTSeries:
     rows, columns = int(first.Rows), int(first.Columns)
     hu = np.empty((len(images), rows, columns), np.float32)
     for k, (path, _) in enumerate(images):
-        try:
-            dataset = read_dataset(path)
-            pixels = dataset.pixel_array
-        except Exception as error:  # pydicom raises many kinds for undecodable pixel data
-            raise DicomInputError(path, f"cannot read the CT pixels ({type(error).__name__}: {error})") from None
+        dataset = read_dataset(path)
+        if dataset is None:
+            raise DicomInputError(path, "CT slice became unreadable while the series was read")
+        pixels = pixel_array(dataset, path, "CT")
         if pixels.shape != (rows, columns):
             raise DicomInputError(path, f"pixel data of shape {pixels.shape}, expected {(rows, columns)}")
         slope = float(dataset.get("RescaleSlope", 1.0) or 1.0)

@@ -15,7 +15,7 @@ import numpy as np
 from provided_code.atomic import atomic_path
 from provided_code.constants import NUM_VOXELS, VOLUME_SHAPE
 from provided_code.data.csv_io import read_sparse_csv
-from provided_code.dicom.grid import BOX, PatientGeometry, linear_weights
+from provided_code.dicom.grid import BOX, PatientGeometry, Taps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
 
 
@@ -30,11 +30,12 @@ def read_dose_csv(path: os.PathLike | str, patient_id: str = "") -> np.ndarray:
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
     """``(CT slices, rows, columns)`` float32 Gy, slices in ``geometry.slice_z``'s (descending) order."""
-    along_rows = linear_weights(BOX, geometry.rows)
-    along_columns = linear_weights(BOX, geometry.columns)
+    along_rows = Taps.from_matrix(linear_weights(BOX, geometry.rows))
+    along_columns = Taps.from_matrix(linear_weights(BOX, geometry.columns))
     out = np.zeros((len(geometry.slice_z), geometry.rows, geometry.columns), np.float32)
     for b, k in zip(*geometry.box_slices()):
-        out[k] = np.maximum(along_rows @ dose[:, :, b].astype(np.float64) @ along_columns.T, 0)
+        plane = dose[:, :, b].astype(np.float64)
+        out[k] = np.maximum(along_columns.apply(along_rows.apply(plane, axis=0), axis=1), 0)
     return out
 
 
@@ -74,8 +75,13 @@ def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLi
     dose = np.asarray(dose)
     if dose.shape != VOLUME_SHAPE:
         raise ValueError(f"Invalid `dose`. Expected shape {VOLUME_SHAPE}. Received: dose.shape={dose.shape}")
-    dose_ct = dose_on_ct_grid(dose, geometry)
+    write_dose_on_ct_grid(dose_on_ct_grid(dose, geometry), geometry, out, nifti, description)
+    return geometry
+
+
+def write_dose_on_ct_grid(dose_ct: np.ndarray, geometry: PatientGeometry, out: os.PathLike | str,
+                          nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> None:
+    """``dose_ct`` (as :func:`dose_on_ct_grid` gives it) as an RT Dose at ``out`` (and NIfTI)."""
     write_rtdose(out, dose_ct, geometry, description)
     if nifti is not None:
         write_nifti(nifti, dose_ct, geometry)
-    return geometry

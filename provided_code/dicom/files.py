@@ -39,3 +39,30 @@ def read_required(path: os.PathLike | str, modality: str, what: str):
     if dataset.get("Modality") != modality:
         raise DicomInputError(path, f"not an {what} (modality {dataset.get('Modality')!r})")
     return dataset
+
+
+def pixel_array(dataset, path: os.PathLike | str, what: str):
+    """``dataset.pixel_array``, or one line naming the file and the problem: for compressed pixels
+    without an installed decoder, the transfer syntax and what to install (pydicom's plugin list
+    would take several lines)."""
+    require_pydicom()
+    from pydicom.pixels import get_decoder
+
+    syntax = getattr(getattr(dataset, "file_meta", None), "TransferSyntaxUID", None)
+    if syntax is not None and syntax.is_transfer_syntax and syntax.is_compressed:
+        try:
+            decoder = get_decoder(syntax)
+        except NotImplementedError:
+            raise DicomInputError(path, f"{what} pixels are compressed as {syntax.name} ({syntax}), which pydicom "
+                                        f"cannot decode") from None
+        if not decoder.is_available:
+            needs = "; ".join(decoder.missing_dependencies) or "a pixel data plugin"
+            extra = ("pip install 'provided_code[dicom]' installs one (pylibjpeg-openjpeg); "
+                     if "pylibjpeg-openjpeg" in needs else "")
+            raise DicomInputError(path, f"{what} pixels are compressed as {syntax.name} ({syntax}) and no decoder for "
+                                        f"it is installed: {extra}pydicom's plugins need {needs}")
+    try:
+        return dataset.pixel_array
+    except Exception as error:  # pydicom raises many kinds for undecodable pixel data, some over several lines
+        message = " ".join(str(error).split())
+        raise DicomInputError(path, f"cannot read the {what} pixels ({type(error).__name__}: {message})") from None

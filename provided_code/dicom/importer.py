@@ -4,9 +4,12 @@ in the OpenKBP layout, with the sidecar the export needs.
 - CT: Hounsfield units averaged onto the 128 × 128 in-plane grid, then stored as OpenKBP stores
   it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset was
   found in the OpenKBP data).
-- Structures: each ROI's contours filled on the CT's own pixels, averaged onto the 128 × 128 grid
-  and kept where at least half of a voxel is inside. Targets are made disjoint as in OpenKBP: a
-  voxel in several PTVs belongs to the highest.
+- Structures: only the ROIs matched to a structure (or BODY) are parsed; each one's contours filled
+  on the CT's own pixels, averaged onto the 128 × 128 grid and kept where at least half of a voxel
+  is inside. Targets are made disjoint as in OpenKBP: a voxel in several PTVs belongs to the
+  highest. The CT-grid pixels of each ROI as drawn are returned too (``ImportReport.ct_voxels``:
+  what the clinical DVH table counts). Slices skipped inside an ROI, and a target on the scan's
+  first or last slice, are warned about.
 - Possible-dose mask: the BODY/External outline, else the CT above ``BODY_THRESHOLD_HU``.
 - Reference dose (``--rtdose``): trilinear at the box's voxel centres, zero outside the dose grid
   and outside the possible-dose mask, to the challenge's three decimals.
@@ -39,7 +42,7 @@ from provided_code.constants import (
 from provided_code.data.csv_io import write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
-from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, area_weights, choose_first_slice
+from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, Taps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import read_rtdose, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
@@ -59,17 +62,23 @@ class ImportReport:
     geometry: PatientGeometry
     lines: list[str]  # what the user should read: the ROI matching, the mask's source, warnings
     has_dose: bool
+    # Structure -> flat indices into the CT's grid (slices in geometry.slice_z's order, rows, columns) of
+    # the pixels its contours hold, on every CT slice it is drawn on, each ROI as drawn (targets not
+    # made disjoint): what a planning system's DVH counts. The clinical DVH table is computed on these.
+    ct_voxels: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
 
 
 class _Resampler:
-    """CT-grid planes to the box's 128 × 128 plane (area average over the same field of view)."""
+    """CT-grid planes to the box's 128 × 128 plane (area average over the same field of view), by
+    gathers and weighted sums (:class:`~provided_code.dicom.grid.Taps`), so that the time does not
+    depend on BLAS threads."""
 
     def __init__(self, rows: int, columns: int):
-        self.along_rows = area_weights(rows, BOX)
-        self.along_columns = area_weights(columns, BOX)
+        self.along_rows = Taps.from_matrix(area_weights(rows, BOX))
+        self.along_columns = Taps.from_matrix(area_weights(columns, BOX))
 
     def __call__(self, plane: np.ndarray) -> np.ndarray:
-        return self.along_rows @ plane.astype(np.float64) @ self.along_columns.T
+        return self.along_columns.apply(self.along_rows.apply(plane, axis=0), axis=1)
 
 
 def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
@@ -91,8 +100,8 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
                                                   f"or --allow-missing-targets")
     dose_grid = read_rtdose(rtdose, ct.frame_of_reference_uid) if rtdose is not None else None
 
-    planes = {key: contours_by_slice(structure_set.contours[roi], ct.slice_z, roi, structure_set.path)
-              for key, roi in mapping.items()}
+    planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
+              for key, roi in mapping.items()}  # only the mapped ROIs are parsed
     empty_targets = [key for key in TARGETS if key in planes and not planes[key]]
     if empty_targets and not allow_missing_targets:
         target = empty_targets[0]
@@ -109,13 +118,17 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
     if target_slices and (min(target_slices) < ct_slices[0] or max(target_slices) > ct_slices[-1]):
         lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
                      f"128 of the box; the slices beyond it are left out")
+    lines += _check_slices(planes, mapping, ct.slice_z)
     lines += _check_voxel_size(geometry)
 
     resample = _Resampler(geometry.rows, geometry.columns)
     volume_ct = np.zeros((BOX, BOX, BOX), np.uint16)  # padded slices: air
     for b, k in zip(box_slices, ct_slices):
         volume_ct[:, :, b] = np.clip(np.rint(resample(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
-    masks = {key: _roi_in_box(planes[key], geometry, resample, box_slices, ct_slices) for key in mapping}
+    masks, ct_voxels = {}, {}
+    for key in mapping:
+        masks[key], ct_voxels[key] = _fill_roi(planes[key], geometry, resample, box_slices, ct_slices)
+    ct_voxels.pop(BODY, None)
     for higher, lower in ((2, 1), (2, 0), (1, 0)):  # PTV70 over PTV63 over PTV56, as OpenKBP's disjoint targets
         if TARGETS[lower] in masks and TARGETS[higher] in masks:
             masks[TARGETS[lower]] &= ~masks[TARGETS[higher]]
@@ -136,23 +149,52 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
     _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose)
     logger.info("Imported %s into %s", ct_dir, out)
-    return ImportReport(out, geometry, lines, dose is not None)
+    return ImportReport(out, geometry, lines, dose is not None, ct_voxels)
 
 
-def _roi_in_box(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, resample: _Resampler,
-                box_slices: np.ndarray, ct_slices: np.ndarray) -> np.ndarray:
-    """An ROI's 128³ mask: each slice's contours filled on the CT's pixels, averaged to the box's
-    grid, kept where at least half inside."""
+def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, resample: _Resampler,
+              box_slices: np.ndarray, ct_slices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An ROI's 128³ mask (each slice's contours filled on the CT's pixels, averaged to the box's
+    grid, kept where at least half inside), and its CT-grid pixels (flat indices, every slice)."""
     mask = np.zeros((BOX, BOX, BOX), bool)
+    box_of = dict(zip(ct_slices.tolist(), box_slices.tolist()))
     origin, spacing = np.asarray(geometry.origin_xy), np.asarray(geometry.pixel_spacing)
-    for b, k in zip(box_slices, ct_slices):
-        if k not in planes:
-            continue
+    plane_size = geometry.rows * geometry.columns
+    voxels = [np.zeros(0, np.int64)]
+    for k in sorted(planes):
         polygons = [np.stack([(p[:, 0] - origin[0]) / spacing[1], (p[:, 1] - origin[1]) / spacing[0]], axis=1)
                     for p in planes[k]]  # (column, row) pixel units
         filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
-        mask[:, :, b] = resample(filled) >= 0.5
-    return mask
+        voxels.append(k * plane_size + np.flatnonzero(filled))
+        if k in box_of:
+            mask[:, :, box_of[k]] = resample(filled) >= 0.5
+    return mask, np.concatenate(voxels)
+
+
+def _check_slices(planes: dict[str, dict[int, list]], mapping: dict[str, str], slice_z: np.ndarray) -> list[str]:
+    """Warnings about slices: an ROI with CT slices between its first and last contour that have
+    none (contoured on every other slice, or a slice forgotten: those slices stay empty in its
+    mask), and a scan shorter than the targets need, i.e. a target drawn on the scan's first or
+    last slice (the scan may end inside it, and the model sees no anatomy beyond)."""
+    lines = []
+    for key in (*STRUCTURES, BODY):
+        slices = sorted(planes.get(key, {}))
+        if not slices:
+            continue
+        span = slices[-1] - slices[0] + 1
+        if span > len(slices):
+            gap = next(k for k in range(slices[0], slices[-1]) if k not in planes[key])
+            lines.append(f"warning: {key} ({mapping[key]!r}) has contours on {len(slices)} of the {span} CT slices "
+                         f"from z = {slice_z[slices[0]]:g} to {slice_z[slices[-1]]:g} mm (none at z = "
+                         f"{slice_z[gap]:g} mm); the {span - len(slices)} slices without are empty in its mask")
+    ends = {0: "first", len(slice_z) - 1: "last"}
+    for key in TARGETS:
+        reached = [f"{ends[k]} (z = {slice_z[k]:g} mm)" for k in sorted(ends) if k in planes.get(key, {})]
+        if reached:
+            lines.append(f"warning: {key} ({mapping[key]!r}) is drawn on the CT's {' and '.join(reached)} slice: "
+                         f"the scan ({len(slice_z)} slices) is shorter than the targets need and may end inside "
+                         f"{key}; the model sees no anatomy beyond it")
+    return lines
 
 
 def _check_voxel_size(geometry: PatientGeometry) -> list[str]:

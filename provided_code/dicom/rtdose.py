@@ -18,7 +18,8 @@ import numpy as np
 from provided_code.atomic import atomic_path
 from provided_code.dicom.ct_series import AXIAL
 from provided_code.dicom.errors import DicomInputError, require_pydicom
-from provided_code.dicom.files import read_required
+from provided_code.dicom.files import pixel_array, read_required
+from provided_code.dicom.grid import Taps
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1
@@ -45,10 +46,7 @@ def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGri
     units = str(dataset.get("DoseUnits", "GY")).upper()
     if units not in ("GY", "CGY"):
         raise DicomInputError(path, f"DoseUnits {units!r}; expected GY")
-    try:
-        pixels = dataset.pixel_array
-    except Exception as error:
-        raise DicomInputError(path, f"cannot read the dose pixels ({type(error).__name__}: {error})") from None
+    pixels = pixel_array(dataset, path, "dose")
     pixels = pixels.reshape(int(dataset.get("NumberOfFrames", 1) or 1), int(dataset.Rows), int(dataset.Columns))
     dose = pixels.astype(np.float64) * float(dataset.get("DoseGridScaling", 1.0))
     if units == "CGY":
@@ -86,9 +84,33 @@ def _linear_at(source: np.ndarray, points: np.ndarray) -> np.ndarray:
 def sample_dose(grid: DoseGrid, y: np.ndarray, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Trilinear dose (Gy) at every (y[i], x[j], z[k]): a ``(len(y), len(x), len(z))`` float32
     array, zero outside the dose grid."""
-    along_z, along_y, along_x = _linear_at(grid.z, z), _linear_at(grid.y, y), _linear_at(grid.x, x)
-    by_frame = np.einsum("frc,ir,jc->ijf", grid.dose.astype(np.float64), along_y, along_x, optimize=True)
-    return np.einsum("ijf,kf->ijk", by_frame, along_z, optimize=True).astype(np.float32)
+    along_z = Taps.from_matrix(_linear_at(grid.z, np.asarray(z, dtype=np.float64)))
+    along_y = Taps.from_matrix(_linear_at(grid.y, np.asarray(y, dtype=np.float64)))
+    along_x = Taps.from_matrix(_linear_at(grid.x, np.asarray(x, dtype=np.float64)))
+    out = np.zeros((len(y), len(x), len(z)), np.float32)
+    for k in range(len(z)):  # one output plane at a time: two dose frames, then rows, then columns
+        taps = np.flatnonzero(along_z.weight[k])
+        if not taps.size:
+            continue  # outside the dose grid
+        frame = sum(along_z.weight[k, t] * grid.dose[along_z.index[k, t]].astype(np.float64) for t in taps)
+        out[:, :, k] = along_x.apply(along_y.apply(frame, axis=0), axis=1)
+    return out
+
+
+def dose_at_ct_voxels(grid: DoseGrid, geometry, voxels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Trilinear dose (Gy, float32) at CT voxels: ``voxels`` maps a name to flat indices into the
+    CT's grid ``(slices in geometry.slice_z's order, rows, columns)`` of a
+    :class:`~provided_code.dicom.grid.PatientGeometry`; zero outside the dose grid. Only the CT
+    slices that hold such voxels are sampled."""
+    plane_size = geometry.rows * geometry.columns
+    slice_z = np.asarray(geometry.slice_z, dtype=np.float64)
+    y, x = geometry.ct_y(), geometry.ct_x()
+    wanted = np.unique(np.concatenate([np.zeros(0, np.int64), *(v // plane_size for v in voxels.values())]))
+    planes = np.zeros((wanted.size, plane_size), np.float32)
+    for row, k in enumerate(wanted):
+        planes[row] = sample_dose(grid, y, x, slice_z[k:k + 1])[:, :, 0].reshape(-1)
+    return {name: planes[np.searchsorted(wanted, flat // plane_size), flat % plane_size]
+            for name, flat in voxels.items()}
 
 
 def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, description: str = "Predicted dose") -> Path:

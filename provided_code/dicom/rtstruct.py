@@ -2,7 +2,8 @@
 
 A closed planar contour is filled by the even-odd rule at pixel centres; all contours of an ROI on
 one slice are filled together, so a contour inside another is a hole (as planning systems draw
-them). Open contours and points are left out.
+them). Open contours, points and contours of fewer than three points are left out. Only the ROIs
+asked for are parsed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,57 @@ from provided_code.dicom.files import read_required
 logger = logging.getLogger(__name__)
 
 
+CONTOUR_DATA = 0x30060050
+
+
 @dataclasses.dataclass
 class StructureSet:
+    """An RTSTRUCT's ROI names; each ROI's contours are read when asked for (:meth:`contours`), so
+    that a malformed contour in an ROI the import does not use (a couch, a marker) is never seen."""
+
     path: Path
     roi_names: list[str]  # in the file's order
-    contours: dict[str, list[np.ndarray]]  # ROI name -> closed planar contours, each (points, 3) mm (x, y, z)
+    # ROI name -> its ROIContourSequence items, parsed by contours()
+    items: dict[str, list] = dataclasses.field(default_factory=dict, repr=False)
+
+    def contours(self, name: str) -> list[np.ndarray]:
+        """The closed planar contours of ROI ``name``, each ``(points, 3)`` mm (x, y, z). Open
+        contours, points, and contours of fewer than three points (rt-utils writes one for every
+        isolated pixel) are left out with a count in the log."""
+        contours, open_or_points, short = [], 0, 0
+        for item in self.items.get(name, []):
+            for contour in item.get("ContourSequence", []):
+                if contour.get("ContourGeometricType", "CLOSED_PLANAR") != "CLOSED_PLANAR":
+                    open_or_points += 1
+                    continue
+                points = _contour_data(contour, name, self.path)
+                if points.size % 3:
+                    raise DicomInputError(self.path, f"ROI {name!r} has a contour of {points.size} coordinates "
+                                                     f"(not 3 per point)")
+                if points.size < 9:
+                    short += 1
+                    continue
+                contours.append(points.reshape(-1, 3))
+        if open_or_points or short:
+            logger.info("%s: ROI %r: left out %d contours of fewer than 3 points and %d open or point contours",
+                        self.path, name, short, open_or_points)
+        return contours
+
+
+def _contour_data(contour, name: str, path: Path) -> np.ndarray:
+    """A contour's ContourData as float64, parsed from the file's text directly (pydicom's
+    per-value conversion took most of the RTSTRUCT's reading time)."""
+    element = contour.get_item(CONTOUR_DATA)
+    if element is None:
+        return np.zeros(0)
+    value = element.value
+    try:
+        if isinstance(value, bytes):
+            text = value.decode("ascii").strip(" \0")
+            return np.array(text.split("\\"), dtype=np.float64) if text else np.zeros(0)
+        return np.asarray([] if value is None else value, dtype=np.float64).reshape(-1)
+    except (ValueError, UnicodeDecodeError):
+        raise DicomInputError(path, f"ROI {name!r} has a contour whose ContourData is not numbers") from None
 
 
 def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> StructureSet:
@@ -41,24 +88,12 @@ def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> Struc
         raise DicomInputError(path, f"contours are in frame of reference {', '.join(sorted(frames))}, "
                                     f"not the CT's {frame_of_reference_uid}")
     names = {int(item.ROINumber): str(item.ROIName).strip() for item in dataset.StructureSetROISequence}
-    contours: dict[str, list[np.ndarray]] = {name: [] for name in names.values()}
-    skipped = 0
+    items: dict[str, list] = {name: [] for name in names.values()}
     for item in dataset.get("ROIContourSequence", []):
         name = names.get(int(item.ReferencedROINumber))
-        if name is None:
-            continue
-        for contour in item.get("ContourSequence", []):
-            if contour.get("ContourGeometricType", "CLOSED_PLANAR") != "CLOSED_PLANAR":
-                skipped += 1
-                continue
-            points = np.asarray(contour.ContourData, dtype=np.float64)
-            if points.size < 9 or points.size % 3:
-                raise DicomInputError(path, f"ROI {name!r} has a contour of {points.size} coordinates "
-                                            f"(need 3 per point, 3 points at least)")
-            contours[name].append(points.reshape(-1, 3))
-    if skipped:
-        logger.info("%s: left out %d open or point contours", path, skipped)
-    return StructureSet(path, list(names.values()), contours)
+        if name is not None:
+            items[name].append(item)
+    return StructureSet(path, list(names.values()), items)
 
 
 def contours_by_slice(contours: list[np.ndarray], slice_z: np.ndarray, name: str,

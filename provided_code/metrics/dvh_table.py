@@ -19,12 +19,18 @@ def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray]) -> dict[str, dict[
     """``{structure: {metric: Gy}}`` for every structure with voxels; ``indices`` as
     :func:`provided_code.metrics.scoring.structure_indices` gives them (flat, per structure)."""
     flat = np.asarray(dose, dtype=np.float64).reshape(-1)
+    return clinical_dvh_of_values({name: flat[voxels] for name, voxels in zip(STRUCTURES, indices)})
+
+
+def clinical_dvh_of_values(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """``{structure: {metric: Gy}}`` from each structure's voxel doses (all voxels of one size),
+    in the order of ``STRUCTURES``, for every structure with voxels."""
     table = {}
-    for name, voxels in zip(STRUCTURES, indices):
-        if voxels.size == 0:
+    for name in STRUCTURES:
+        doses = np.asarray(values.get(name, ()), dtype=np.float64)
+        if doses.size == 0:
             continue
-        values = flat[voxels]
-        d99, d95, d50 = np.percentile(values, _PERCENTILES)
-        table[name] = {"D99": float(d99), "D95": float(d95), "D50": float(d50), "Dmean": float(values.mean()),
-                       "D1": float(np.percentile(values, 99.0)), "Dmax": float(values.max())}
+        d99, d95, d50 = np.percentile(doses, _PERCENTILES)
+        table[name] = {"D99": float(d99), "D95": float(d95), "D50": float(d50), "Dmean": float(doses.mean()),
+                       "D1": float(np.percentile(doses, 99.0)), "Dmax": float(doses.max())}
     return table
