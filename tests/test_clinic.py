@@ -66,20 +66,24 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(phantom_data, tmp_
     expected = clinical_dvh(predicted, structure_indices(patient.structure_masks))
     assert list(report["predicted"]) == list(expected)
     for structure, metrics in expected.items():
+        # the table reads the float32 dose, the test its CSV's shortest decimals (half an ulp, 6e-8 relative)
         assert report["predicted"][structure] == pytest.approx(metrics, rel=1e-5)
+    # the clinic's RT Dose holds integers × DoseGridScaling and is sampled at the voxel centres: ~1e-3 Gy
     assert report["reference"]["PTV70"]["D50"] == pytest.approx(np.median(volumes["dose"][volumes["PTV70"]]), abs=0.01)
     scores = score_split(arrays, lambda row: predicted)
+    # float32 prediction in memory against its CSV decimals read back; the reference through the RT Dose's scaling
     assert report["scores"]["dose_score"] == pytest.approx(scores.dose_score, rel=1e-4)
     table = pd.read_csv(out / "dvh.csv")
     assert table["structure"].tolist() == list(report["predicted"])
     assert table.loc[table.structure == "PTV70", "Dmax_reference"].item() == pytest.approx(
-        report["reference"]["PTV70"]["Dmax"], abs=1e-3)
+        report["reference"]["PTV70"]["Dmax"], abs=1e-3)  # dvh.csv writes 3 decimals: within 5e-4 Gy
 
     rd = pydicom.dcmread(out / "RD.dcm")
     assert (rd.Rows, rd.Columns, rd.NumberOfFrames) == (128, 128, 136)
     assert rd.FrameOfReferenceUID == clinic.frame_of_reference_uid
     values = rd.pixel_array * float(rd.DoseGridScaling)
     assert not values[:4].any() and not values[-4:].any()  # CT slices outside the 128³ box: no dose
+    # linear interpolation onto the CT's pixels only averages: its maximum is at most the box's, a little lower
     assert values.max() == pytest.approx(float(predicted.max()), rel=0.05)
 
 
@@ -165,6 +169,7 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
 
     # The challenge's scores stay on the 128³ grid they are defined on.
     arrays = SplitArrays.from_patients([read_patient(out / "patient")])
+    # the same float32 prediction scored in memory and from its CSV decimals (half an ulp each): under 1e-6
     assert table["scores"]["dose_score"] == pytest.approx(score_split(arrays, lambda row: predictions[0]).dose_score,
                                                           rel=1e-6)
 

@@ -77,6 +77,7 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     geometry = export_dose(report.folder, dose, tmp_path / "RD.dcm", nifti=tmp_path / "dose.nii.gz")
     image = sitk.ReadImage(str(tmp_path / "RD.dcm"))
     assert image.GetSize() == (256, 256, 128)
+    # positions written as DICOM decimal strings (at most 16 characters): 1e-4 mm
     assert np.allclose(image.GetOrigin(), [*patient.origin_xy, patient.slice_z.min()], atol=1e-4)
     slice_spacing = patient.slice_z[0] - patient.slice_z[1]
     assert np.allclose(image.GetSpacing(), [*patient.pixel_spacing[::-1], slice_spacing], atol=1e-4)
@@ -93,13 +94,13 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     k, i, j = 60, 70, 50
     plane = dose[:, :, k].astype(np.float64)
     hand = (9 * plane[i, j] + 3 * plane[i - 1, j] + 3 * plane[i, j - 1] + plane[i - 1, j - 1]) / 16
-    assert values[127 - k, 2 * i, 2 * j] == pytest.approx(hand, abs=1e-6)
+    assert values[127 - k, 2 * i, 2 * j] == pytest.approx(hand, abs=1e-6)  # float64 by hand, float32 weights in the export
     nifti = nibabel.load(tmp_path / "dose.nii.gz")
     assert nifti.shape == (256, 256, 128)
     world = nifti.affine @ [2 * j, 2 * i, 127 - k, 1]  # RAS: DICOM x and y negated
     assert np.allclose(world[:3], [-(patient.origin_xy[0] + 2 * j * patient.pixel_spacing[1]),
                                    -(patient.origin_xy[1] + 2 * i * patient.pixel_spacing[0]), patient.slice_z[k]])
-    assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)
+    assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)  # NIfTI stores float32 Gy
 
 
 @requires_sample
@@ -170,7 +171,7 @@ def test_trilinear_dose_sampling_is_exact_for_a_linear_dose():
     py, px, pz = np.array([6.1, 20.0, 100.0]), np.array([-19.0, -1.3, 2.0]), np.array([39.0, 31.5])
     sampled = sample_dose(grid, py, px, pz)
     expected = 0.3 * px[None, :, None] + 0.2 * py[:, None, None] + 0.5 * pz[None, None, :] + 50
-    assert np.allclose(sampled[:2], expected[:2], atol=1e-4)
+    assert np.allclose(sampled[:2], expected[:2], atol=1e-4)  # float32 doses of ~60 Gy: ulps of 4e-6, interpolated
     assert not sampled[2].any()  # y = 100 mm is outside the dose grid
 
 
@@ -359,10 +360,11 @@ def test_heart_rasterised_on_the_dose_grid_matches_dicompyler_core():
     doses = np.concatenate(doses).astype(np.float64)
     volume_cc = doses.size * np.prod(spacing) / 1000
     assert volume_cc == pytest.approx(440.23125, abs=1e-6)
+    # dicompyler-core's figures as printed by its own test (7 digits; its bins 0.01 Gy for max and min)
     assert doses.mean() == pytest.approx(0.6475329, abs=1e-4)
     assert doses.max() == pytest.approx(3.1, abs=0.01) and doses.min() == pytest.approx(0.03, abs=0.01)
     planning_system = pydicom.dcmread(data / "heart_rtdose.dcm").DVHSequence[0]
-    assert volume_cc == pytest.approx(float(planning_system.DVHData[1]), rel=0.01)
+    assert volume_cc == pytest.approx(float(planning_system.DVHData[1]), rel=0.01)  # the planning system's own rasteriser
 
 
 def test_an_earlier_import_is_replaced_and_a_foreign_folder_refused(small_clinic, tmp_path):
@@ -498,7 +500,7 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
         plane = rng.normal(0, 500, (rows, columns)).astype(np.float32)
         by_matrices = area_weights(rows, 128) @ plane.astype(np.float64) @ area_weights(columns, 128).T
         resampled = _Resampler(rows, columns)(plane.view(_NoMatrixProducts))
-        assert np.allclose(np.asarray(resampled), by_matrices, rtol=1e-6, atol=1e-4)  # equal within float32 rounding
+        assert np.allclose(np.asarray(resampled), by_matrices, rtol=1e-6, atol=1e-4)  # float32 sums of ~500 HU: ulps of 3e-5
     geometry = PatientGeometry(rows=300, columns=420, pixel_spacing=[1.2, 1.1], origin_xy=[-200.0, -150.0],
                                slice_z=(50 - 2.5 * np.arange(128)).tolist(), first_slice=0, frame_of_reference_uid="1",
                                series_instance_uid="2", sop_instance_uids=[""] * 128, tags={})
@@ -506,7 +508,7 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
     on_ct = dose_on_ct_grid(dose.view(_NoMatrixProducts), geometry)
     k = 40
     by_matrices = linear_weights(128, 300) @ dose[:, :, k].astype(np.float64) @ linear_weights(128, 420).T
-    assert np.allclose(np.asarray(on_ct[k]), by_matrices, rtol=1e-6, atol=1e-5)
+    assert np.allclose(np.asarray(on_ct[k]), by_matrices, rtol=1e-6, atol=1e-5)  # float32 doses to 70 Gy: ulps of 4e-6
     grid = DoseGrid(dose[:, :, :20].transpose(2, 0, 1).copy().view(_NoMatrixProducts), np.arange(128) * 3.0 - 100,
                     np.arange(128) * 3.0 - 80, 10 - np.arange(20) * 2.5)
     y, x, z = np.linspace(-90, 300, 64), np.linspace(-120, 250, 48), np.linspace(15, -45, 16)
@@ -516,4 +518,4 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
     by_frame = np.einsum("frc,ir,jc->ijf", np.asarray(grid.dose, np.float64), _linear_at(grid.y, y),
                          _linear_at(grid.x, x), optimize=True)
     by_matrices = np.einsum("ijf,kf->ijk", by_frame, _linear_at(grid.z, z), optimize=True)
-    assert np.allclose(np.asarray(sampled), by_matrices, rtol=1e-6, atol=1e-5)
+    assert np.allclose(np.asarray(sampled), by_matrices, rtol=1e-6, atol=1e-5)  # as above, float32 against float64
