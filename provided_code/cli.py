@@ -124,8 +124,8 @@ def one_line(error: Exception) -> str:
               help="Train this model from scratch: its checkpoints, config and log are moved into "
                    "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
 @click.option("--change-recipe", is_flag=True,
-              help="On a resume: train on with the recipe flags given (loss, augmentation, rate, schedule, batch, "
-                   "seed, ...) where they differ from the saved ones, recorded in config.json's history; without "
+              help="On a resume: train on with the recipe flags given (loss, augmentation, rate, schedule, seed, "
+                   "...) where they differ from the saved ones, recorded in config.json's history; without "
                    "it such a resume is refused.")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,

@@ -91,19 +91,21 @@ class TrainConfig:
     # command line does not give (so the bare command resumes any run, preset or not); a field it
     # gives with another value is:
     # - ARCHITECTURE (the network's shape and inputs): refused, always; the weights would not fit.
-    # - RECIPE (what the updates compute, epoch by epoch: loss, data, rate, batch, seed): refused
-    #   unless --change-recipe, and then applied from the resumed epoch on and recorded in
-    #   ``history``, so config.json still says what the earlier epochs were trained with. ``ema``
-    #   is recipe but is never toggled (the optimizer, the checkpoints and best.keras would
-    #   disagree on which weights are the model's).
-    # - KEPT_ON_RESUME (``epochs``): changed freely (resuming to more epochs is normal; a cosine
-    #   schedule that bends is said in the log).
+    # - RECIPE (what the updates compute, epoch by epoch: the loss, the data's augmentation and
+    #   order, the rate): refused unless --change-recipe, and then applied from the resumed epoch on
+    #   and recorded in ``history``, so config.json still says what the earlier epochs were trained
+    #   with. ``ema`` is recipe but is never toggled (the optimizer, the checkpoints and best.keras
+    #   would disagree on which weights are the model's).
+    # - KEPT_ON_RESUME: changed freely. ``epochs``: resuming to more epochs is normal (a cosine
+    #   schedule that bends is said in the log). ``batch_size`` and ``accumulate``: how an update is
+    #   split over devices and micro-batches; a resume on other hardware sets them so that batch ×
+    #   replicas × accumulate, the patients per update, stays the same.
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
     ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
                     "beam_channels")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
-              "batch_size", "accumulate", "seed")
-    KEPT_ON_RESUME = ("epochs",)
+              "seed")
+    KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
 
     def __post_init__(self):
         def positive(name):
