@@ -17,6 +17,7 @@ from provided_code.config import (
     PRECISIONS,
     XLA_MODES,
     TrainConfig,
+    check_beam_flags,
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
@@ -24,7 +25,7 @@ from provided_code.networks.beams import BEAM_CHANNELS
 from provided_code.environment import configure_tensorflow
 from provided_code.errors import UserError
 from provided_code.preflight import check_run_folders
-from provided_code.presets import PRESETS, apply_preset
+from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -122,6 +123,10 @@ def one_line(error: Exception) -> str:
 @click.option("--start-over", is_flag=True,
               help="Train this model from scratch: its checkpoints, config, log and predictions are moved into "
                    "results/<model-name>/abandoned-<time>/ first (needed when no checkpoint loads).")
+@click.option("--change-recipe", is_flag=True,
+              help="On a resume: train on with the recipe flags given (loss, augmentation, rate, schedule, seed, "
+                   "...) where they differ from the saved ones, recorded in config.json's history; without "
+                   "it such a resume is refused.")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
               help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
@@ -136,7 +141,8 @@ def one_line(error: Exception) -> str:
               help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
                    "term) to a documented set: starter (the 2020 recipe), v1, default; flags given override it.")
 @click.pass_context
-def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, ensemble, preset, **options):
+def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, change_recipe, ensemble, preset,
+         **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
@@ -144,10 +150,16 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     _setup_logging()
     try:
         given = {name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+        if {"beams", "beam_angles"} <= given:
+            check_beam_flags(options["beams"], options["beam_angles"])
         options = apply_preset(preset, options, given)
         if no_xla:
             options["xla"] = "off"
         config = TrainConfig(resolution=int(resolution), **options)
+        # What this command asks for on purpose (a resume takes the saved value of everything else):
+        # the flags given, and every field of a preset given.
+        given |= {"resolution"} if ctx.get_parameter_source("resolution") is not ParameterSource.DEFAULT else set()
+        given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
         if config.multi_worker and not predict_only:
             read_tf_config()  # a bad TF_CONFIG fails now, before TensorFlow is imported and the data loaded
         if epoch is not None and epoch != "best":
@@ -176,7 +188,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 
         # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
         result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0,
-                       start_over=start_over)
+                       start_over=start_over, given=given, change_recipe=change_recipe)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     if result.first_epoch >= result.last_epoch:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
 from pathlib import Path
 
 from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.networks.beams import BEAM_CHANNELS, resolve_beam_angles
+from provided_code.networks.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -23,7 +25,7 @@ NORMS = ("batch", "instance")
 CONFIG_FILE = "config.json"  # in results/<model-name>/models/
 LOG_FILE = "training_log.csv"  # in results/<model-name>/
 CURVES_FILE = "training_curves.png"  # in results/<model-name>/
-
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -81,9 +83,29 @@ class TrainConfig:
     tensorboard: bool = False  # also write TensorBoard events under results/<model_name>/tensorboard/
     score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
     #                       validation patients, and models/best.keras (lowest dose score); 0: never
+    # -- the run's record --
+    history: tuple = ()  # the recipe changes made on resumes (--change-recipe), oldest first: each
+    #                      {"epoch": the first epoch trained with it, "field": name, "from": old, "to": new}
 
-    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel", "beam_angles",
+    # What a resume may change. A resume takes the saved value of every field below that the
+    # command line does not give (so the bare command resumes any run, preset or not); a field it
+    # gives with another value is:
+    # - ARCHITECTURE (the network's shape and inputs): refused, always; the weights would not fit.
+    # - RECIPE (what the updates compute, epoch by epoch: the loss, the data's augmentation and
+    #   order, the rate): refused unless --change-recipe, and then applied from the resumed epoch on
+    #   and recorded in ``history``, so config.json still says what the earlier epochs were trained
+    #   with. ``ema`` is recipe but is never toggled (the optimizer, the checkpoints and best.keras
+    #   would disagree on which weights are the model's).
+    # - KEPT_ON_RESUME: changed freely. ``epochs``: resuming to more epochs is normal (a cosine
+    #   schedule that bends is said in the log). ``batch_size`` and ``accumulate``: how an update is
+    #   split over devices and micro-batches; a resume on other hardware sets them so that batch ×
+    #   replicas × accumulate, the patients per update, stays the same.
+    # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
+    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
                     "beam_channels")
+    RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
+              "seed")
+    KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
 
     def __post_init__(self):
         def positive(name):
@@ -103,9 +125,9 @@ class TrainConfig:
             raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
         if self.norm not in NORMS:
             raise ConfigError(f"Invalid `norm`. Expected one of {NORMS}. Received: norm={self.norm!r}")
-        if not (isinstance(self.dvh_weight, (int, float)) and not isinstance(self.dvh_weight, bool)
-                and self.dvh_weight >= 0):
-            raise ConfigError(f"Invalid `dvh_weight`. Expected a number >= 0. Received: dvh_weight={self.dvh_weight!r}")
+        if not (_is_finite_number(self.dvh_weight) and self.dvh_weight >= 0):
+            raise ConfigError(f"Invalid `dvh_weight`. Expected a finite number >= 0. "
+                              f"Received: dvh_weight={self.dvh_weight!r}")
         if isinstance(self.beams, bool) or not isinstance(self.beams, int) or self.beams < 0:
             raise ConfigError(f"Invalid `beams`. Expected an integer >= 0 (0: none). Received: beams={self.beams!r}")
         try:
@@ -134,8 +156,8 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"Invalid `precision`. Expected one of {PRECISIONS}. "
                               f"Received: precision={self.precision!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-            raise ConfigError(f"Invalid `learning_rate`. Expected a number > 0. "
+        if not (_is_finite_number(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"Invalid `learning_rate`. Expected a finite number > 0. "
                               f"Received: learning_rate={self.learning_rate!r}")
         if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
             raise ConfigError(f"Invalid `dropout`. Expected a number in [0, 1). Received: dropout={self.dropout!r}")
@@ -144,6 +166,9 @@ class TrainConfig:
         if not self.model_name or os.sep in self.model_name or self.model_name in (".", ".."):
             raise ConfigError(f"Invalid `model_name`. Expected a plain folder name. "
                               f"Received: model_name={self.model_name!r}")
+        if not (isinstance(self.history, (list, tuple)) and all(isinstance(entry, dict) for entry in self.history)):
+            raise ConfigError(f"Invalid `history`. Expected a list of recipe changes. Received: history={self.history!r}")
+        self.history = tuple(self.history)
 
     @property
     def run_dir(self) -> Path:
@@ -163,12 +188,70 @@ class TrainConfig:
     @classmethod
     def from_json(cls, text: str) -> "TrainConfig":
         """A saved config; a setting it lacks (saved before the setting existed) takes the value
-        that reproduces what that run trained (``ABSENT_MEANS``), not today's default."""
-        known = {field.name for field in dataclasses.fields(cls)}
-        values = {**ABSENT_MEANS, **{key: value for key, value in json.loads(text).items() if key in known}}
-        if isinstance(values.get("xla"), bool):  # configs saved before --xla auto|on|off
-            values["xla"] = "on" if values["xla"] else "off"
-        return cls(**values)
+        that reproduces what that run trained (``ABSENT_MEANS``), not today's default. Fields it
+        has that this version does not know are left out (:func:`read_saved_config` names them)."""
+        return cls(**_known_values(json.loads(text))[0])
+
+    def concerns(self) -> list[str]:
+        """Settings that are valid but probably not what was meant, one sentence each (a run logs
+        them as warnings): a warm-up as long as the run, too many or too close beams."""
+        concerns = []
+        if self.warmup_epochs >= self.epochs:
+            concerns.append(f"--warmup-epochs {self.warmup_epochs} with --epochs {self.epochs}: the rate rises until "
+                            f"epoch {self.warmup_epochs + 1}, so the peak --learning-rate {self.learning_rate:g} is "
+                            f"never reached")
+        if self.beams:
+            concerns += [f"--beams/--beam-angles: {concern}" for concern in
+                         beam_concerns(resolve_beam_angles(self.beams, self.beam_angles), self.resolution)]
+        return concerns
+
+    def resume(self, saved: "TrainConfig", given: set[str] | None = None,
+               change_recipe: bool = False) -> tuple["TrainConfig", list[tuple[str, object, object]]]:
+        """``(config, changes)``: the settings a resume of ``saved`` trains with, and the recipe
+        changes it makes, ``(field, saved value, new value)``.
+
+        ``given``: the fields the caller set on purpose (the command line's explicit flags, a
+        ``--preset``'s fields); None: every field (a library caller's config says what it wants).
+        A field in ``ARCHITECTURE``, ``RECIPE`` or ``KEPT_ON_RESUME`` that is not given takes the
+        saved value. Raises :class:`ConfigError` for a given architecture field (or precision) that
+        differs, an ``ema`` toggle, and, without ``change_recipe``, a given recipe field that differs,
+        naming each field's saved and requested value. The result keeps the saved ``history``.
+        """
+        given = {field.name for field in dataclasses.fields(self)} if given is None else set(given)
+        if given & {"beams", "beam_angles"}:  # one setting: the angles, or their number
+            given |= {"beams", "beam_angles"}
+        names = self.ARCHITECTURE + self.RECIPE + self.KEPT_ON_RESUME
+        config = dataclasses.replace(self, history=saved.history, **{
+            name: getattr(self if name in given else saved, name) for name in names})
+        config.check_resume(saved)
+        if config.ema != saved.ema:
+            raise ConfigError(
+                f"Cannot resume model {self.model_name!r} in {self.models_dir} with --{'' if config.ema else 'no-'}ema: "
+                f"it was trained {'without' if config.ema else 'with'} weight averaging, and averaging cannot be "
+                f"turned {'on' if config.ema else 'off'} on a resume, not even with --change-recipe (the optimizer, "
+                f"the checkpoints and best.keras would disagree on which weights are the model). Drop the flag, or "
+                f"train a new --model-name.")
+        changes = [(name, getattr(saved, name), getattr(config, name)) for name in self.RECIPE
+                   if getattr(config, name) != getattr(saved, name)]
+        if changes and not change_recipe:
+            raise ConfigError(
+                f"Cannot resume model {self.model_name!r} in {self.models_dir} with another recipe ("
+                + "; ".join(f"{name}: saved {old!r}, requested {new!r}" for name, old, new in changes)
+                + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
+                  "it from the resumed epoch on (recorded in config.json's history).")
+        return config, changes
+
+    def with_changes_recorded(self, changes: list[tuple[str, object, object]], first_epoch: int) -> "TrainConfig":
+        """This config with ``changes`` (see :meth:`resume`) added to its ``history``, as made
+        from epoch ``first_epoch`` (1-based: the first epoch trained with them)."""
+        return dataclasses.replace(self, history=self.history + tuple(
+            {"epoch": first_epoch, "field": name, "from": old, "to": new} for name, old, new in changes))
+
+    def loss_changed_at(self) -> int:
+        """The first epoch (1-based) trained with today's loss (``loss`` and ``dvh_weight``): 1,
+        unless a resume changed it (``history``). Losses before it are not comparable."""
+        return max([int(entry.get("epoch", 1)) for entry in self.history
+                    if entry.get("field") in ("loss", "dvh_weight")], default=1)
 
     def check_resume(self, saved: "TrainConfig") -> None:
         """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
@@ -188,20 +271,57 @@ ABSENT_MEANS = {"norm": "batch", "prescription_channel": False, "beams": 0, "bea
                 "ema": False, "dvh_weight": 0.0}
 
 
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _known_values(saved) -> tuple[dict, list[str]]:
+    """``(values, unknown)``: the fields of a parsed config.json that ``TrainConfig`` knows (with
+    ``ABSENT_MEANS`` for those it lacks), and the names of those it does not."""
+    if not isinstance(saved, dict):
+        raise ConfigError(f"expected a JSON object of settings, found {type(saved).__name__} {saved!r:.60}")
+    known = {field.name for field in dataclasses.fields(TrainConfig)}
+    values = {**ABSENT_MEANS, **{key: value for key, value in saved.items() if key in known}}
+    if isinstance(values.get("xla"), bool):  # configs saved before --xla auto|on|off
+        values["xla"] = "on" if values["xla"] else "off"
+    return values, sorted(str(key) for key in saved if key not in known)
+
+
 def field_defaults() -> dict:
     """``TrainConfig``'s defaults as declared, before ``__post_init__`` resolves them (``beams``
     without its angles): what the command line and the presets start from."""
     return {field.name: field.default for field in dataclasses.fields(TrainConfig)}
 
 
+def check_beam_flags(beams: int, beam_angles: str) -> None:
+    """``--beams`` and ``--beam-angles`` both given on purpose: they must agree (the angles would
+    otherwise win in silence)."""
+    if not str(beam_angles).strip():
+        return
+    try:
+        angles = resolve_beam_angles(beams, beam_angles)
+    except ValueError:
+        return  # TrainConfig names the bad list
+    if beams != len(angles):
+        raise ConfigError(f"Invalid `beams`. Expected the number of --beam-angles ({len(angles)}: {beam_angles!r}), "
+                          f"or --beam-angles alone. Received: beams={beams}")
+
+
 def read_saved_config(models_dir: Path) -> TrainConfig | None:
-    path = models_dir / CONFIG_FILE
+    """The config saved in ``models_dir`` (None if there is none); a one-line :class:`ConfigError`
+    naming the file if it is not a config. Fields it holds that this version does not know (a
+    newer version wrote it, or a hand edit) are named in a warning and left out."""
+    path = Path(models_dir) / CONFIG_FILE
     if not path.is_file():
         return None
     try:
-        return TrainConfig.from_json(path.read_text())
+        values, unknown = _known_values(json.loads(path.read_text()))
+        config = TrainConfig(**values)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"Invalid saved config {path}: {error}") from None
+    if unknown:
+        logger.warning("%s has settings this version does not know, left out: %s", path, ", ".join(unknown))
+    return config
 
 
 def read_tf_config(environ=os.environ) -> tuple[list[str], int]:

@@ -1,7 +1,13 @@
-"""Folders replaced whole: swapped in one step, or (without that call) recovered after a kill."""
+"""Atomic writes and folders: nothing half-written, a failed write names the file it was writing, and a
+folder replaced whole (swapped in one step, or, without that call, recovered after a kill)."""
+
+import errno
+
+import pytest
 
 import provided_code.atomic as atomic
-from provided_code.atomic import new_folder_beside, replace_folder, tidy_folder
+from provided_code.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
+from provided_code.errors import ConfigError
 
 
 def _fill(folder, text):
@@ -37,3 +43,17 @@ def test_a_kill_between_the_two_renames_is_undone_by_the_next_run(tmp_path):
     tidy_folder(final)
     assert _contents(final) == {"pt_1.csv": "previous", "scores.json": "previous"}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["validation-predictions"]
+
+
+def test_a_full_disk_deep_inside_a_writer_names_the_file_being_written(tmp_path):
+    target = tmp_path / "models" / "epoch_3.keras"
+    with pytest.raises(OSError) as caught:
+        with atomic_path(target, suffix=".keras"):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as zipfile or h5py raise it: no file name
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    assert not target.exists() and not list(target.parent.iterdir())
+    with pytest.raises(ConfigError, match="^bad$"):  # the package's own errors pass unchanged
+        with atomic_path(target):
+            raise ConfigError("bad")
+    write_text_atomic(target, "fine")
+    assert target.read_text() == "fine"

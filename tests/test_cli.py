@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -70,3 +72,52 @@ def test_openkbp_score_prints_the_scores_before_a_json_that_cannot_be_written(ph
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("Error: Could not write the scores to /proc/nope/s.json (they are printed above): ")
     assert "Traceback" not in result.stderr
+
+
+def test_beams_that_contradict_the_beam_angles_are_refused_in_one_line(tmp_path):
+    result = run("--beams", "5", "--beam-angles", "0,120,240", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert ("Invalid `beams`. Expected the number of --beam-angles (3: '0,120,240'), or --beam-angles alone. "
+            "Received: beams=5") in result.stderr
+
+
+def test_an_infinite_learning_rate_or_dvh_weight_is_refused(tmp_path):
+    for flag, field in (("--learning-rate", "learning_rate"), ("--dvh-weight", "dvh_weight")):
+        result = run(flag, "inf", cwd=tmp_path)
+        assert result.returncode == 1 and f"Invalid `{field}`. Expected a finite number" in result.stderr
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refused_or_recorded(phantom_data, tmp_path):
+    """Started with --preset starter plus a flag: the bare command (no recipe or network flags)
+    resumes it; --preset v1 (another loss) is refused naming the field, and with --change-recipe
+    it is applied and recorded in config.json's history."""
+    from click.testing import CliRunner
+
+    import provided_code.cli as cli
+    from provided_code.config import TrainConfig
+
+    where = ["--data-dir", str(phantom_data), "--results-dir", str(tmp_path / "results"), "--model-name", "p",
+             "--cache-dir", str(tmp_path / "cache"), "--score-every", "0", "--save-every", "1"]
+    saved = tmp_path / "results" / "p" / "models" / "config.json"
+    started = CliRunner().invoke(cli.main, where + ["--preset", "starter", "--augment", "flip", "--filters", "4",
+                                                    "--resolution", "32", "--xla", "off", "--epochs", "1"])
+    assert started.exit_code == 0, started.output
+
+    bare = CliRunner().invoke(cli.main, where + ["--epochs", "2"])
+    assert bare.exit_code == 0, bare.output
+    assert "Trained p from epoch 1 to 2" in bare.output
+    config = TrainConfig.from_json(saved.read_text())
+    assert (config.loss, config.augment, config.norm, config.beams, config.filters, config.history) == \
+        ("mae", "flip", "batch", 0, 4, ())
+
+    refused = CliRunner().invoke(cli.main, where + ["--preset", "v1", "--epochs", "3"])
+    assert refused.exit_code == 1
+    assert "with another recipe (loss: saved 'mae', requested 'masked-mae')" in refused.output
+    assert "--change-recipe" in refused.output and TrainConfig.from_json(saved.read_text()) == config
+
+    changed = CliRunner().invoke(cli.main, where + ["--preset", "v1", "--epochs", "3", "--change-recipe"])
+    assert changed.exit_code == 0, changed.output
+    config = TrainConfig.from_json(saved.read_text())
+    assert config.loss == "masked-mae"
+    assert config.history == ({"epoch": 3, "field": "loss", "from": "mae", "to": "masked-mae"},)

@@ -41,3 +41,85 @@ def test_a_config_saved_before_a_setting_existed_loads_as_what_it_trained():
     assert set(ABSENT_MEANS) <= {field for field in TrainConfig.__dataclass_fields__}
     new = TrainConfig(filters=8, resolution=32, beams=9, norm="instance")
     assert TrainConfig.from_json(new.to_json()) == new
+
+
+@pytest.mark.parametrize("field, value", [("learning_rate", float("inf")), ("learning_rate", float("nan")),
+                                          ("dvh_weight", float("inf")), ("dvh_weight", float("nan"))])
+def test_rates_and_weights_must_be_finite(field, value):
+    with pytest.raises(ConfigError, match=f"Invalid `{field}`. Expected a finite number"):
+        TrainConfig(**{field: value})
+
+
+def test_a_resume_takes_the_saved_recipe_and_architecture_where_no_flag_is_given():
+    saved = TrainConfig(filters=4, resolution=32, epochs=3, loss="mae", augment="none", norm="batch", beams=0,
+                        prescription_channel=False, learning_rate=1e-3, seed=3)
+    config, changes = TrainConfig(epochs=10, keep=1).resume(saved, given={"epochs", "keep"})
+    assert changes == [] and config.keep == 1 and config.epochs == 10
+    assert config == TrainConfig(**{**saved.__dict__, "epochs": 10, "keep": 1})
+    config, _ = TrainConfig().resume(saved, given=set())  # the bare command: the saved run, to its saved epochs
+    assert config == saved
+
+
+def test_a_resume_refuses_a_given_recipe_flag_that_differs_naming_each_field():
+    saved = TrainConfig(filters=4, resolution=32, loss="mae", augment="none", learning_rate=2e-4)
+    requested = TrainConfig(filters=4, resolution=32, loss="masked-mae", augment="flip", learning_rate=2e4)
+    with pytest.raises(ConfigError, match=r"with another recipe \(loss: saved 'mae', requested 'masked-mae'; augment: "
+                                          r"saved 'none', requested 'flip'; learning_rate: saved 0.0002, requested "
+                                          r"20000.0\).*--change-recipe"):
+        requested.resume(saved, given={"loss", "augment", "learning_rate"})
+    requested.resume(saved, given=set())  # not given: the saved values, no refusal
+    with pytest.raises(ConfigError, match="filters: saved 4, requested 8"):  # architecture: even with --change-recipe
+        TrainConfig(filters=8, resolution=32).resume(saved, given={"filters"}, change_recipe=True)
+
+
+def test_a_recipe_change_with_change_recipe_is_applied_and_recorded_in_the_history():
+    saved = TrainConfig(filters=4, resolution=32, learning_rate=2e-4)
+    config, changes = TrainConfig(filters=4, resolution=32, learning_rate=1e-4, loss="mae").resume(
+        saved, given={"learning_rate", "loss"}, change_recipe=True)
+    assert (config.learning_rate, config.loss) == (1e-4, "mae")
+    config = config.with_changes_recorded(changes, first_epoch=7)
+    again = TrainConfig.from_json(config.to_json())
+    assert again.history == ({"epoch": 7, "field": "loss", "from": "masked-mae", "to": "mae"},
+                             {"epoch": 7, "field": "learning_rate", "from": 2e-4, "to": 1e-4})
+    assert again.loss_changed_at() == 7 and saved.loss_changed_at() == 1
+    resumed, changes = TrainConfig().resume(again, given=set())  # the next bare resume keeps both
+    assert changes == [] and resumed.history == again.history and resumed.learning_rate == 1e-4
+
+
+def test_toggling_ema_on_a_resume_is_refused_even_with_change_recipe():
+    for before, after in ((False, True), (True, False)):
+        with pytest.raises(ConfigError, match=f"with --{'' if after else 'no-'}ema: .*cannot be turned "
+                                              f"{'on' if after else 'off'} on a resume, not even with --change-recipe"):
+            TrainConfig(ema=after).resume(TrainConfig(ema=before), given={"ema"}, change_recipe=True)
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '"unet"', "3"])
+def test_a_saved_config_that_is_not_a_json_object_is_one_line_naming_the_file(tmp_path, text):
+    from provided_code.config import read_saved_config
+
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=f"Invalid saved config {tmp_path / 'config.json'}: expected a JSON object"):
+        read_saved_config(tmp_path)
+
+
+def test_unknown_fields_in_a_saved_config_are_named_in_one_warning(tmp_path, caplog):
+    import json
+
+    from provided_code.config import read_saved_config
+
+    values = {**json.loads(TrainConfig(filters=8, resolution=32).to_json()), "filtres": 16, "mystery": True}
+    (tmp_path / "config.json").write_text(json.dumps(values))
+    assert read_saved_config(tmp_path) == TrainConfig(filters=8, resolution=32)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "settings this version does not know, left out: filtres, mystery" in warnings[0]
+
+
+def test_a_warm_up_as_long_as_the_run_and_too_many_or_too_close_beams_are_concerns():
+    assert TrainConfig(resolution=32).concerns() == []
+    assert "the peak --learning-rate 0.0002 is never reached" in TrainConfig(warmup_epochs=5, epochs=5).concerns()[0]
+    (many,) = TrainConfig(beams=40, resolution=128).concerns()
+    assert "40 beams: more than 36" in many
+    assert len(TrainConfig(beams=1000, resolution=128).concerns()) == 2  # too many, and 0.36° apart
+    (close,) = TrainConfig(beam_angles="0,2,180", resolution=32).concerns()
+    assert "beams 2° apart: closer than a 32³ grid resolves" in close
+    assert TrainConfig(beam_angles="0,2,180", resolution=128).concerns() == []

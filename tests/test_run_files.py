@@ -39,20 +39,21 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
     rows = read_log(log)
     assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)  # float32 rate, as text
 
-    # A cosine schedule resumed with another --epochs: said, not silent.
+    # A cosine schedule resumed with another --epochs (a recipe change, so --change-recipe): said, not silent.
+    cosine = TrainConfig(**{**config.__dict__, "epochs": 3, "lr_schedule": "cosine"})
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        train(TrainConfig(**{**config.__dict__, "epochs": 3, "lr_schedule": "cosine"}))
+        train(cosine, change_recipe=True)
     assert "schedule changes on this resume (saved: constant over 2 epochs, now: cosine over 3)" in caplog.text
 
     # A log that does not parse at all: one line naming the file.
     good = log.read_text()
     log.write_text("hello\nworld\n")
     with pytest.raises(LogError, match=r"training_log.csv: not a training log \(header 'hello'\)"):
-        train(TrainConfig(**{**config.__dict__, "epochs": 4}))
+        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
     log.write_text(good.replace("\n3,", "\nthree,"))
     with pytest.raises(LogError, match=r"training_log.csv: line 4 is not a log row"):
-        train(TrainConfig(**{**config.__dict__, "epochs": 4}))
+        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
     log.write_text(good)
 
     # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.

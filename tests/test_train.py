@@ -1,5 +1,6 @@
 import csv
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -16,6 +17,7 @@ import pytest
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
 from provided_code.predict import predict_stage
 from provided_code.preflight import DataNotFoundError
@@ -121,6 +123,57 @@ def test_resume_with_other_architecture_is_an_error(config):
 
 
 @requires_float16_convolutions
+
+
+def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_checkpoint(config):
+    """A resume with --learning-rate 1e4 (2e-4 meant), --keep 1: the first epoch's loss is ~1e9;
+    the run stops in one line before that epoch's checkpoint, and epoch_2.keras is not rotated
+    away. config.json goes back to the saved recipe, so the plain command resumes as before."""
+    first = dataclasses.replace(config, epochs=2, keep=1)
+    train(first)
+    saved_config = (config.models_dir / "config.json").read_text()
+    keras.backend.clear_session()
+    with pytest.raises(DivergenceError) as caught:
+        train(dataclasses.replace(first, epochs=4, learning_rate=1e4), change_recipe=True)
+    message = str(caught.value)
+    assert message.startswith("Training diverged at epoch 3: its mean training loss ") and "\n" not in message
+    assert f"the newest checkpoint, {config.models_dir / 'epoch_2.keras'}, is kept" in message
+    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [2]
+    assert log_epochs(config.run_dir) == [1, 2]
+    assert (config.models_dir / "config.json").read_text() == saved_config
+    with pytest.raises(ConfigError, match="Invalid `learning_rate`. Expected a finite number > 0"):
+        dataclasses.replace(first, learning_rate=float("inf"))
+
+
+def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
+    from provided_code.cli import one_line
+
+    def disk_full(self, filepath, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as zipfile raises it: no file name
+
+    monkeypatch.setattr(keras.Model, "save", disk_full)
+    with pytest.raises(OSError) as caught:
+        train(dataclasses.replace(config, epochs=1))
+    assert one_line(caught.value) == f"{config.models_dir / 'epoch_1.keras'}: No space left on device"
+    assert list_checkpoints(config.models_dir) == []
+
+
+def test_toggling_ema_on_a_resume_is_refused_before_any_work(config):
+    config.models_dir.mkdir(parents=True)
+    (config.models_dir / "config.json").write_text(dataclasses.replace(config, precision="float32").to_json())
+    for change_recipe in (False, True):
+        with pytest.raises(ConfigError, match="with --ema: it was trained without weight averaging"):
+            train(dataclasses.replace(config, ema=True), change_recipe=change_recipe)
+
+
+def test_settings_no_one_means_are_warned_before_the_data_loads(config, tmp_path, caplog):
+    odd = dataclasses.replace(config, beams=40, beam_angles="", warmup_epochs=3, epochs=3, data_dir=str(tmp_path / "nowhere"))
+    with caplog.at_level(logging.WARNING), pytest.raises(DataNotFoundError):
+        train(odd)
+    assert "--warmup-epochs 3 with --epochs 3: the rate rises until epoch 4" in caplog.text
+    assert "40 beams: more than 36" in caplog.text
+
+
 @pytest.mark.slow
 def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     mixed = dataclasses.replace(config, precision="mixed_float16", epochs=1, tensorboard=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
+import zipfile
 from pathlib import Path
 
 import keras
@@ -54,17 +56,37 @@ def load_newest(models_dir: Path, epoch: int | None = None, compile: bool = True
     failures = []
     for found_epoch, path in candidates:
         try:
-            return found_epoch, keras.models.load_model(path, compile=compile)
+            return found_epoch, _load(path, compile)
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
             if epoch is not None:
-                raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
+            reason = _reason(path, error)
             logger.warning("Checkpoint %s does not load (%s); trying the previous one", path, reason)
             failures.append(f"{path.name} ({reason[:200]})")
     if candidates:
         raise CheckpointError(f"No checkpoint in {models_dir} loads: {'; '.join(failures)}. To train this model "
                               f"from scratch, pass --start-over (the old files are moved aside, not deleted).")
     return None
+
+
+class _NotAKerasFile(ValueError):
+    pass
+
+
+def _load(path: Path, compile: bool) -> keras.Model:
+    """``keras.models.load_model``, except that a file that is not a zip archive (a ``.keras``
+    file cut off while it was written or copied, or not a checkpoint at all) says so: Keras calls
+    it "File not found"."""
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise _NotAKerasFile(f"not a complete .keras file (a zip archive): truncated or corrupt, "
+                             f"{path.stat().st_size} bytes")
+    return keras.models.load_model(path, compile=compile)
+
+
+def _reason(path: Path, error: Exception) -> str:
+    """The first line of why ``path`` did not load."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text if isinstance(error, _NotAKerasFile) else f"{type(error).__name__}: {text}"
 
 
 def read_best(models_dir: Path) -> dict | None:
@@ -106,9 +128,9 @@ def load_best(models_dir: Path) -> tuple[int, keras.Model]:
         raise FileNotFoundError(f"No best checkpoint in {models_dir} ({BEST_FILE} and {BEST_RECORD}): it is written "
                                 f"when validation patients with doses are scored during training (--score-every).")
     try:
-        return record["epoch"], keras.models.load_model(path, compile=False)
+        return record["epoch"], _load(path, compile=False)
     except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
-        raise CheckpointError(f"Checkpoint {path} does not load: {error}") from error
+        raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
 
 
 def set_aside(run_dir: Path, names: list[Path]) -> Path | None:
@@ -127,7 +149,10 @@ class RotatingCheckpoint(keras.callbacks.Callback):
     """Save ``epoch_<N>.keras`` every ``save_every`` epochs and at epoch ``epochs``; keep the newest ``keep``.
 
     Each file is written under a temporary name in the same folder and moved into place; older
-    checkpoints are deleted only after the new one is in place.
+    checkpoints are deleted only after the new one is in place. An epoch whose loss is not finite
+    is not saved, and rotates nothing away: rotation runs only after a checkpoint of a finite loss
+    is in place, so the newest such checkpoint is never deleted, whatever ``keep`` says (the run
+    stops on such an epoch before this callback: :mod:`provided_code.training.divergence`).
     """
 
     def __init__(self, models_dir: Path, save_every: int, keep: int, epochs: int):
@@ -146,6 +171,10 @@ class RotatingCheckpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
         if done % self.save_every and done != self.epochs:
+            return
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss):
+            logger.warning("Not saving epoch %d: its loss is %s; the checkpoints stay as they are", done, loss)
             return
         final = self.models_dir / f"epoch_{done}.keras"
         with atomic_path(final, suffix=".keras") as tmp:  # Keras insists on the extension

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import keras
 
-from provided_code.atomic import write_text_atomic
+from provided_code.atomic import naming_path, write_text_atomic
 from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class EpochCSVLogger(keras.callbacks.Callback):
             "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),
             "peak_memory_mb": scalar("peak_memory_mb"),
         }
-        with open(self.path, "a", newline="") as handle:
+        with naming_path(self.path), open(self.path, "a", newline="") as handle:  # a full disk names the log
             csv.DictWriter(handle, COLUMNS, lineterminator="\n").writerow(row)
             handle.flush()
             os.fsync(handle.fileno())

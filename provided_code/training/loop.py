@@ -10,14 +10,15 @@ them in any order.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
+from provided_code.training.divergence import DivergenceGuard, epoch_mean_loss
 from provided_code.training.ema import averaged_weights
 from provided_code.training.step import TrainStep
 
 
 def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_data, updates_per_epoch: int,
-               first_epoch: int, epochs: int, validation=None, batch_logs: bool = False, measures=()) -> dict:
+               first_epoch: int, epochs: int, validation=None, batch_logs: bool = False, measures=(),
+               guard: DivergenceGuard | None = None) -> dict:
     """Train epochs ``first_epoch .. epochs - 1`` (0-based) from ``train_data``, which holds exactly
     ``updates_per_epoch`` elements per epoch; ``validation`` is ``(dataset, patients)`` or None.
 
@@ -25,6 +26,8 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
     asked in turn after the validation loss (peak memory first, before the scores' predictions).
     The validation loss and the measures see the averaged weights if the optimizer keeps them
     (``--ema``); the training steps, the callbacks and the checkpoints the raw ones.
+    ``guard``: checks each epoch's loss first, and stops the run (raises) before anything of a
+    diverged epoch is validated, measured, logged or saved.
     Returns the last epoch's logs."""
     logs: dict = {}
     for measure in measures:
@@ -42,7 +45,9 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
             losses.append(step.train(next(batches)))
             if batch_logs:
                 callbacks.on_train_batch_end(index, {"loss": float(losses[-1])})
-        logs = {"loss": float(tf.add_n(losses)) / updates_per_epoch}
+        logs = {"loss": epoch_mean_loss(losses, getattr(step, "loss_scaling", False), epoch)}
+        if guard is not None:
+            guard.check(epoch, logs["loss"])
         with averaged_weights(step.model):  # what is judged and kept: the averaged weights under --ema
             if validation is not None:
                 callbacks.on_test_begin()

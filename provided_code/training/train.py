@@ -40,8 +40,9 @@ from provided_code.training.checkpoints import (
     load_newest,
     set_aside,
 )
+from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
-from provided_code.training.epoch_log import EpochCSVLogger
+from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.curves import TrainingCurves
 from provided_code.training.hardware import describe_devices, resolve_precision
@@ -70,18 +71,22 @@ class TrainResult:
 
 
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
-          start_over: bool = False) -> TrainResult:
+          start_over: bool = False, given: set[str] | None = None, change_recipe: bool = False) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint.
 
     ``verbose``: 1 draws Keras's progress bar (for a terminal); otherwise one log line per epoch.
     ``start_over``: move the model's checkpoints, config and log aside and train from scratch.
+    ``given``, ``change_recipe``: a resume takes the saved settings, except those in ``given``
+    (None: all of ``config``'s); a recipe setting that differs is refused unless
+    ``change_recipe``, and then recorded (:meth:`TrainConfig.resume`).
     The run holds the model folder's lock throughout (with ``--multi-worker``, the chief: the one
-    that writes); a second run on the same folder is refused.
+    that writes); a second run on the same folder is refused. A diverging run stops with a
+    :class:`~provided_code.training.divergence.DivergenceError` before it saves the diverged epoch.
     """
     if config.multi_worker and read_tf_config()[1] != 0:
-        return _train(config, progress, verbose, start_over=False)
+        return _train(config, progress, verbose, False, given, change_recipe)
     with RunLock(config.run_dir, "training"):
-        return _train(config, progress, verbose, start_over)
+        return _train(config, progress, verbose, start_over, given, change_recipe)
 
 
 @dataclasses.dataclass
@@ -103,13 +108,19 @@ class Hardware:
     learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
 
 
-def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool) -> TrainResult:
-    saved = _settings(config, start_over)  # 1. a resume must not silently change the model
+def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool, given: set[str] | None,
+           change_recipe: bool) -> TrainResult:
+    config, saved, changes = _settings(config, start_over, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
     hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
     initial_epoch, model = _new_or_resumed_model(config, hardware, updates)  # 4. newest checkpoint that loads, or new
+    if changes:
+        config = config.with_changes_recorded(changes, initial_epoch + 1)
+        logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
+                       initial_epoch + 1, CONFIG_FILE,
+                       "; ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes))
     _describe_run(config, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
@@ -143,9 +154,20 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
+    guard = DivergenceGuard(loss_history(read_log(config.run_dir / LOG_FILE), config.loss_changed_at(), initial_epoch),
+                            newest_checkpoint=lambda: _newest(config))
     try:
         run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_input,
-                   batch_logs=show_bar, measures=measures)
+                   batch_logs=show_bar, measures=measures, guard=guard)
+    except DivergenceError as error:
+        newest = list_checkpoints(config.models_dir)
+        if changes and placement.is_chief and (not newest or newest[0][0] <= initial_epoch):
+            # No checkpoint was trained with the changed recipe: config.json goes back to what the
+            # checkpoints were trained with, so that the plain command resumes them as they were.
+            write_text_atomic(config.models_dir / CONFIG_FILE, saved.to_json() + "\n")
+            raise DivergenceError(f"{error} The recipe change was not kept: {config.models_dir / CONFIG_FILE} "
+                                  f"holds the saved recipe again.") from None
+        raise
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
             tf.errors.AbortedError, tf.errors.InternalError) as error:
         if placement.workers == 1:
@@ -159,8 +181,11 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, _newest(config))
 
 
-def _settings(config: TrainConfig, start_over: bool) -> TrainConfig | None:
-    """The saved config of the model (None for a new one), checked against ``config``."""
+def _settings(config: TrainConfig, start_over: bool, given: set[str] | None,
+              change_recipe: bool) -> tuple[TrainConfig, TrainConfig | None, list]:
+    """``(config, saved, changes)``: the settings to train with (on a resume, the saved ones
+    where ``given`` does not say otherwise), the saved config of the model (None for a new one),
+    and the recipe changes a resume makes (:meth:`TrainConfig.resume`)."""
     if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
         moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
             config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
@@ -171,8 +196,9 @@ def _settings(config: TrainConfig, start_over: bool) -> TrainConfig | None:
         if moved is not None:
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     saved = read_saved_config(config.models_dir)
+    changes = []
     if saved is not None:
-        config.check_resume(saved)
+        config, changes = config.resume(saved, given, change_recipe)
         _warn_schedule_change(config, saved)
     elif list_checkpoints(config.models_dir):
         raise ConfigError(f"{config.models_dir} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
@@ -180,7 +206,9 @@ def _settings(config: TrainConfig, start_over: bool) -> TrainConfig | None:
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
                           "(or pip install tensorboard)")
-    return saved
+    for concern in config.concerns():
+        logger.warning("%s", concern)
+    return config, saved, changes
 
 
 def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
