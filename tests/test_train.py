@@ -36,6 +36,26 @@ def config(phantom_data, tmp_path) -> TrainConfig:
                        model_name="tiny", cache_dir=str(tmp_path / "cache"))
 
 
+@pytest.fixture(scope="module")
+def _two_epochs(phantom_data, tmp_path_factory) -> TrainConfig:
+    """``config`` trained to epoch 2 once per module (checkpoints 1 and 2, the log, config.json)."""
+    root = tmp_path_factory.mktemp("two-epochs")
+    trained = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0,
+                          data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="tiny",
+                          cache_dir=str(root / "cache"))
+    train(trained)
+    keras.backend.clear_session()
+    return trained
+
+
+@pytest.fixture
+def two_epochs(config, _two_epochs) -> TrainConfig:
+    """``config`` whose model is already trained to epoch 2: a copy of the module's run folder, the
+    module's (read-only) cache."""
+    shutil.copytree(_two_epochs.run_dir, config.run_dir)
+    return dataclasses.replace(config, cache_dir=_two_epochs.cache_dir)
+
+
 def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     result = train(config)
     assert (result.first_epoch, result.last_epoch) == (0, 3)
@@ -103,8 +123,8 @@ def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_ra
     assert report.scores.dose_score == pytest.approx(float(best_row["val_dose_score"]), rel=1e-4)
 
 
-def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
-    train(dataclasses.replace(config, epochs=2))
+def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(two_epochs, caplog):
+    config = two_epochs
     newest = config.models_dir / "epoch_2.keras"
     with open(newest, "r+b") as handle:
         handle.truncate(newest.stat().st_size // 3)
@@ -116,21 +136,19 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(config, caplog):
     assert log_epochs(config.run_dir) == [1, 2, 3]  # the row of the lost epoch 2 was replaced, not duplicated
 
 
-def test_resume_with_other_architecture_is_an_error(config):
-    train(dataclasses.replace(config, epochs=1))
+def test_resume_with_other_architecture_is_an_error(two_epochs):
+    config = two_epochs
     with pytest.raises(ConfigError, match="filters: saved 4, requested 8"):
         train(dataclasses.replace(config, filters=8))
 
 
-@requires_float16_convolutions
-
-
-def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_checkpoint(config):
+def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_checkpoint(two_epochs):
     """A resume with --learning-rate 1e4 (2e-4 meant), --keep 1: the first epoch's loss is ~1e9;
     the run stops in one line before that epoch's checkpoint, and epoch_2.keras is not rotated
     away. config.json goes back to the saved recipe, so the plain command resumes as before."""
+    config = two_epochs
     first = dataclasses.replace(config, epochs=2, keep=1)
-    train(first)
+    (config.models_dir / "epoch_1.keras").unlink()  # as --keep 1 would have left it
     saved_config = (config.models_dir / "config.json").read_text()
     keras.backend.clear_session()
     with pytest.raises(DivergenceError) as caught:
@@ -174,6 +192,7 @@ def test_settings_no_one_means_are_warned_before_the_data_loads(config, tmp_path
     assert "40 beams: more than 36" in caplog.text
 
 
+@requires_float16_convolutions
 @pytest.mark.slow
 def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     mixed = dataclasses.replace(config, precision="mixed_float16", epochs=1, tensorboard=True)
@@ -218,7 +237,7 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
 def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
                "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,
-               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "24", "--save-every", "2", "--score-every", "0",
+               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "14", "--save-every", "2", "--score-every", "0",
                "--keep", "3"]
     log = Path(config.results_dir) / "killed" / "training_log.csv"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -231,11 +250,11 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = len(log.read_text().splitlines()) - 1
-    assert 5 <= killed_at < 24
+    assert 5 <= killed_at < 14
 
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "Resuming killed from epoch" in rerun.stderr
     killed = dataclasses.replace(config, model_name="killed")
-    assert log_epochs(killed.run_dir) == list(range(1, 25))
-    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [24, 22, 20]
+    assert log_epochs(killed.run_dir) == list(range(1, 15))
+    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [14, 12, 10]
