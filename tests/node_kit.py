@@ -65,7 +65,9 @@ def add_image_references(rtstruct: Path, ct_dir: Path) -> None:
 def read_patient_files(folder: Path) -> list[Dataset]:
     """Every DICOM file of a written patient: the CT images, then RS.dcm, then RD.dcm if there is one."""
     folder = Path(folder)
-    paths = sorted((folder / "ct").iterdir()) + [folder / "RS.dcm"] + ([folder / "RD.dcm"] if (folder / "RD.dcm").is_file() else [])
+    paths = sorted((folder / "ct").iterdir()) + [folder / "RS.dcm"]
+    if (folder / "RD.dcm").is_file():
+        paths.append(folder / "RD.dcm")
     return [dcmread(path) for path in paths]
 
 
@@ -168,8 +170,8 @@ class Listener:
     """A Storage SCP standing in for the planning system: keeps every dataset it is sent, with the
     time it arrived, and answers ``status``."""
 
-    def __init__(self, port: int = 0, ae_title: str = "PLANNING", status: int = 0x0000):
-        self.port, self.ae_title, self.status = port, ae_title, status
+    def __init__(self, port: int = 0, ae_title: str = "PLANNING", status: int = 0x0000, ssl_context=None):
+        self.port, self.ae_title, self.status, self.ssl_context = port, ae_title, status, ssl_context
         self.received: list[tuple[float, Dataset]] = []
         self._lock = threading.Lock()
         self._server = None
@@ -180,7 +182,7 @@ class Listener:
         ae = AE(ae_title=self.ae_title)
         ae.add_supported_context(RTDOSE_STORAGE, SYNTAXES)
         ae.require_called_aet = True
-        self._server = ae.start_server((LOCALHOST, self.port), block=False,
+        self._server = ae.start_server((LOCALHOST, self.port), block=False, ssl_context=self.ssl_context,
                                        evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
         self.port = self._server.server_address[1]
         return self

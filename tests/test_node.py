@@ -31,7 +31,7 @@ from provided_code.dicom_cli import main  # noqa: E402
 from provided_code.node.journal import FAILED, Journal  # noqa: E402
 from provided_code.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.node.sender import parse_destination  # noqa: E402
-from provided_code.node.server import HOLD_VARIABLE, Node, NodeSettings  # noqa: E402
+from provided_code.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
 from provided_code.training.train import train  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.node_kit import (  # noqa: E402
@@ -244,7 +244,8 @@ def test_a_failing_prediction_fails_its_patient_and_the_next_is_predicted(start_
     send(node.port, good[:-1])
     wait_until(lambda: state(node, rtstruct_uid(good)) == "sent", 60, "the second patient sent")
     row = node.journal.patient(rtstruct_uid(broken))
-    assert row["state"] == FAILED and row["reason"].startswith("prediction failed:") and "no ROI for PTV" in row["reason"]
+    assert row["state"] == FAILED
+    assert row["reason"].startswith("prediction failed:") and "no ROI for PTV" in row["reason"]
     assert len(listener.datasets()) == 1
 
 
@@ -309,13 +310,17 @@ def test_an_object_over_the_size_limit_is_refused_out_of_resources(start_node, p
     assert not any(node.store.objects.iterdir())
 
 
-def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node):
+def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, caplog):
     node = start_node(allow=("TPS", "PACS"))
     assert echo(node.port, calling="PACS")
     assoc = client_ae("INTRUDER").associate(LOCALHOST, node.port, ae_title="KBP")
     assert assoc.is_rejected
     assoc = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="OTHER")  # not this node's AE title
     assert assoc.is_rejected
+    refusals = [r.getMessage() for r in caplog.records if r.name == "provided_code.node.server" and "Refused" in r.msg]
+    assert len(refusals) == 2 and "calling AE title 'INTRUDER' is not in --allow" in refusals[0]
+    assert "called AE title 'OTHER' is not 'KBP'" in refusals[1]
+    assert echo(node.port, calling="TPS")
 
 
 @pytest.mark.parametrize("keyword", ["SeriesInstanceUID", "SOPInstanceUID"])
@@ -338,7 +343,8 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
     cert, key = folder / "node.pem", folder / "node.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                     "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
     return cert, key
 
 
@@ -349,6 +355,24 @@ def test_with_certificates_it_speaks_tls_only_and_a_silent_client_holds_no_one_u
     with socket.create_connection((LOCALHOST, node.port)):  # connected, never says a word
         assert echo(node.port, tls=(client, "localhost"))
     assert not echo(node.port, timeout=2)  # plain DICOM on the TLS port
+
+
+def test_with_a_ca_clients_need_a_certificate_and_the_rt_dose_goes_back_over_tls(start_node, phantom, tmp_path):
+    cert, key = _certificate(tmp_path)  # self-signed: its own CA, for the node, the client and the listener
+    planning = Listener(ssl_context=server_ssl_context(cert, key, cert)).start()
+    try:
+        node = start_node(tls_cert=cert, tls_key=key, tls_ca=cert, send_to=parse_destination(planning.destination),
+                          network_timeout=5)
+        anonymous = ssl.create_default_context(cafile=str(cert))
+        assert not echo(node.port, tls=(anonymous, "localhost"), timeout=2)
+        known = ssl.create_default_context(cafile=str(cert))
+        known.load_cert_chain(str(cert), str(key))
+        patient = clone_patient(phantom, 19)
+        assert send(node.port, patient, tls=(known, "localhost")) == [0] * len(patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient sent over TLS")
+        assert len(doses_for(planning, patient)) == 1
+    finally:
+        planning.stop()
 
 
 def test_status_prints_the_journal(start_node, phantom, tmp_path):

@@ -26,7 +26,8 @@ from pathlib import Path
 from provided_code.errors import UserError
 from provided_code.node.readiness import References, SeriesStatus
 
-RECEIVING, READY, PREDICTING, PREDICTED, SENT, FAILED = "receiving", "ready", "predicting", "predicted", "sent", "failed"
+RECEIVING, READY, PREDICTING, PREDICTED = "receiving", "ready", "predicting", "predicted"
+SENT, FAILED = "sent", "failed"
 STATES = (RECEIVING, READY, PREDICTING, PREDICTED, SENT, FAILED)
 NEXT = {
     RECEIVING: {READY, FAILED},
@@ -234,7 +235,8 @@ class Journal:
             if len(found) > 1:
                 problem = f"the CT images it names arrived in {len(found)} series ({', '.join(sorted(found))})"
             elif found and named and named not in found:
-                problem = f"the CT images it names arrived in series {next(iter(found))}, not in the series {named} it names"
+                problem = (f"the CT images it names arrived in series {next(iter(found))}, not in the series "
+                           f"{named} it names")
             elif found:
                 series = next(iter(found))
             elif not named and not expected:

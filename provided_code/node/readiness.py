@@ -46,7 +46,8 @@ def structure_set_references(dataset) -> References:
     frames = list(dict.fromkeys(f for f in frames if f))
     if not frames:
         raise ValueError("the structure set names no frame of reference")
-    return References(frames[0], tuple(dict.fromkeys(s for s in series if s)), tuple(dict.fromkeys(i for i in images if i)))
+    return References(frames[0], tuple(dict.fromkeys(s for s in series if s)),
+                      tuple(dict.fromkeys(i for i in images if i)))
 
 
 @dataclasses.dataclass(frozen=True)

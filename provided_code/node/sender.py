@@ -89,7 +89,8 @@ def send_file(path: os.PathLike | str, destination: Destination, calling_ae: str
     """Send the DICOM file at ``path`` by C-STORE; returns the outcome's detail, raises
     :class:`SendError` when it was not stored."""
     dataset = dcmread(path)
-    syntaxes = list(dict.fromkeys([dataset.file_meta.TransferSyntaxUID, ExplicitVRLittleEndian, ImplicitVRLittleEndian]))
+    syntaxes = list(dict.fromkeys([dataset.file_meta.TransferSyntaxUID, ExplicitVRLittleEndian,
+                                   ImplicitVRLittleEndian]))
     ae = no_delay_ae(calling_ae)
     ae.add_requested_context(dataset.SOPClassUID, syntaxes)
     ae.connection_timeout = ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout

@@ -297,10 +297,13 @@ class Node:
 
     def _on_rejected(self, event) -> None:
         requestor = event.assoc.requestor
-        calling, called = _text(requestor.ae_title), _text(event.assoc.acceptor.ae_title)
-        why = (f"calling AE title {_printable(calling)!r} is not in --allow" if self.settings.allow
-               and calling not in self.settings.allow else f"called AE title {_printable(called)!r} is not "
-               f"{self.settings.ae_title!r}" if called != self.settings.ae_title else "refused")
+        calling, called = _text(requestor.ae_title), _text(getattr(requestor.primitive, "called_ae_title", ""))
+        if self.settings.allow and calling not in self.settings.allow:
+            why = f"calling AE title {_printable(calling)!r} is not in --allow"
+        elif called != self.settings.ae_title:
+            why = f"called AE title {_printable(called)!r} is not {self.settings.ae_title!r}"
+        else:
+            why = "refused by pynetdicom (see --verbose)"
         logger.warning("Refused an association from %s: %s", requestor.address, why)
 
     def _on_close(self, event) -> None:
@@ -336,7 +339,8 @@ class Node:
                                             f"{settings.max_object_bytes / 1e6:.1f} MB")
         free = self.store.free_bytes()
         if free - size < settings.min_free_bytes:
-            raise Refusal(OUT_OF_RESOURCES, f"free disk {free / 1e6:.0f} MB, floor {settings.min_free_bytes / 1e6:.0f} MB")
+            raise Refusal(OUT_OF_RESOURCES,
+                          f"free disk {free / 1e6:.0f} MB, floor {settings.min_free_bytes / 1e6:.0f} MB")
         try:
             dataset = event.dataset
             sop_class, sop_instance = _text(dataset.get("SOPClassUID")), _text(dataset.get("SOPInstanceUID"))
@@ -377,7 +381,7 @@ class Node:
                 sop_instance_uid=sop_instance, sop_class_uid=sop_class, modality=modality, study_uid=study,
                 series_uid=series, frame_uid=frame, patient_id=patient_id, path=str(path), size=size,
                 calling_ae=calling, own=modality == "RTDOSE" and manufacturer == OWN_MANUFACTURER)
-            self._open.setdefault(id(event.assoc), set()).update({series, frame})
+            self._open.setdefault(id(event.assoc), set()).update({series, frame} - {""})
             if references is not None:
                 outcome = self.journal.add_structure_set(sop_instance, patient_id, study, references)
                 if references.series_uids:
