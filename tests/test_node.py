@@ -375,6 +375,14 @@ def test_with_a_ca_clients_need_a_certificate_and_the_rt_dose_goes_back_over_tls
         planning.stop()
 
 
+def test_a_second_node_on_the_same_store_is_refused(start_node):
+    from provided_code.errors import RunLockedError
+
+    start_node()
+    with pytest.raises(RunLockedError, match="is in use by another run .*a DICOM node.*give this node another --store"):
+        start_node()
+
+
 def test_status_prints_the_journal(start_node, phantom, tmp_path):
     node = start_node(completion_timeout=0.3)
     patient = clone_patient(phantom, 15)

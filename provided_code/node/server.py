@@ -52,6 +52,7 @@ from provided_code.node.journal import (
 from provided_code.node.readiness import FAIL, READY as DECIDED_READY, decide, structure_set_references
 from provided_code.node.sender import Destination, SendError, backoff_delay, client_ssl_context, send_file
 from provided_code.node.store import InvalidUIDError, Store, check_uid
+from provided_code.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -199,12 +200,15 @@ class Node:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server = None
+        self._lock_file: RunLock | None = None
         self._send_ssl = (client_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                           if settings.tls_ca is not None else None)
 
     # Life
 
     def start(self) -> "Node":
+        self._lock_file = RunLock(self.store.root, "a DICOM node", advice="stop it, or give this node another --store")
+        self._lock_file.__enter__()  # one node per store, released by stop() or by the process's end
         removed = self.store.clean_temporaries()
         if removed:
             logger.info("Removed %d half-written file(s) an earlier run left in %s", removed, self.store.root)
@@ -237,6 +241,7 @@ class Node:
             thread.join(max(deadline - time.monotonic(), 0.1))
         if self.journal is not None and not any(thread.is_alive() for thread in self._threads):
             self.journal.close()
+            self._lock_file.__exit__(None, None, None)
 
     def __enter__(self) -> "Node":
         return self.start()
