@@ -179,11 +179,12 @@ class Listener:
     def start(self) -> "Listener":
         from pynetdicom import AE, evt
 
+        from provided_code.node.server import start_server
+
         ae = AE(ae_title=self.ae_title)
         ae.add_supported_context(RTDOSE_STORAGE, SYNTAXES)
         ae.require_called_aet = True
-        self._server = ae.start_server((LOCALHOST, self.port), block=False, ssl_context=self.ssl_context,
-                                       evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
+        self._server = start_server(ae, (LOCALHOST, self.port), [(evt.EVT_C_STORE, self._on_store)], self.ssl_context)
         self.port = self._server.server_address[1]
         return self
 

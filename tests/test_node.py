@@ -396,6 +396,17 @@ def test_status_prints_the_journal(start_node, phantom, tmp_path):
     assert missing.exit_code == 1 and "no journal here" in missing.output
 
 
+def test_serve_help_loads_neither_tensorflow_nor_the_node():
+    probe = ("import sys\nfrom provided_code.dicom_cli import main\n"
+             "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'pynetdicom', 'provided_code.node.server') "
+             "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
+    assert "LOADED []" in result.stdout
+
+
 # DCMTK, a client no one here wrote
 
 

@@ -182,6 +182,18 @@ class _Server(ThreadedAssociationServer):
             assoc.abort()
 
 
+def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.SSLContext | None = None,
+                 handshake_timeout: float = 30.0):
+    """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`); ``shutdown()`` stops it
+    within a tenth of a second."""
+    server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server)
+    server.handshake_timeout = handshake_timeout
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
+                              daemon=True)
+    thread.start()
+    return server
+
+
 class Node:
     """A running node (``start``/``stop``, or a ``with`` block). ``predictor(ct_dir, rtstruct,
     out_dir, rtdose)`` writes a patient's outputs into ``out_dir`` (see ``predictor``)."""
@@ -287,13 +299,7 @@ class Node:
                     (evt.EVT_CONN_CLOSE, self._on_close), (evt.EVT_REJECTED, self._on_rejected)]
         context = (server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                    if settings.tls_cert is not None else None)
-        server = ae.make_server((settings.host, settings.port), ssl_context=context, evt_handlers=handlers,
-                                server_class=_Server)
-        server.handshake_timeout = settings.network_timeout
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
-                                  daemon=True)  # the poll interval bounds how long stop() waits for it
-        thread.start()
-        return server
+        return start_server(ae, (settings.host, settings.port), handlers, context, settings.network_timeout)
 
     # Receiving
 
@@ -314,7 +320,7 @@ class Node:
     def _on_close(self, event) -> None:
         with self._lock:
             delivered = self._open.pop(id(event.assoc), None)
-        if delivered:
+        if delivered and not self._stop.is_set():  # while stopping: decided at the next start
             self._check_patients()
 
     def _on_store(self, event):
