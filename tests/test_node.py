@@ -140,6 +140,17 @@ def test_a_patient_comes_back_as_an_rt_dose_on_its_ct_grid(start_node, listener,
     assert attempt["outcome"] == "ok" and attempt["destination"] == listener.destination
 
 
+def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 20)
+    del structure_set_of(patient).ReferencedFrameOfReferenceSequence[0].RTReferencedStudySequence
+    assert send(node.port, patient) == [0] * len(patient)
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient sent")
+    assert node.journal.patient(uid)["series_uid"] == ct_of(patient)[0].SeriesInstanceUID
+    assert len(doses_for(listener, patient)) == 1
+
+
 @pytest.mark.slow
 def test_twenty_patients_from_four_clients_are_each_predicted_and_sent_once(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
