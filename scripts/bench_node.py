@@ -10,7 +10,9 @@ SCP standing in for the planning system (``tests/node_kit.py``; needs the dev ex
   RT Dose; ``--step 1``: a 128 × 128 CT of 128 slices, 4 a 32 × 32 CT of 32) sent by one client to
   a node whose model is loaded and warm: from the answer to the last C-STORE (the last object
   received) to the listener's C-STORE handler holding the RT Dose (it acknowledges on return).
-  The median of ``--repeats`` patients, each a copy of the phantom under new UIDs.
+  The median of ``--repeats`` patients, each a copy of the phantom under new UIDs; with its stages
+  from the journal (to ``ready``, the prediction, from ``predicted`` to the listener) and
+  ``node_s_outside_prediction``, what the node adds to the prediction.
 - ``predict_s``: ``predict_dicom_patient`` (what ``openkbp-dicom predict --no-plots`` runs, without
   TensorFlow's start-up) on the same files with the same loaded model, after a warm-up; median of
   as many runs, alternating with the node's. ``ratio`` = node / predict.
@@ -116,7 +118,7 @@ def main() -> None:
             ct_dir, rtstruct, rtdose = export(clone_patient(phantom, 0), workdir / "warm")
             predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / "warm-out", rtdose=rtdose, plots=False,
                                   loaded=predictor.loaded)
-            node_s, predict_s = [], []
+            node_s, predict_s, stages = [], [], []
             for repeat in range(1, args.repeats + 1):
                 patient = clone_patient(phantom, repeat)
                 frame = str(ct_of(patient)[0].FrameOfReferenceUID)
@@ -128,6 +130,11 @@ def main() -> None:
                 received = wait_until(lambda: [t for t, ds in listener.received if ds.FrameOfReferenceUID == frame],
                                       300, "the RT Dose at the listener", interval=0.002)
                 node_s.append(received[0] - last)
+                times = dict(node.journal._query(
+                    "SELECT state, MAX(time) FROM history WHERE structure_set_uid = ? GROUP BY state",
+                    (str(structure_set_of(patient).SOPInstanceUID),)))
+                stages.append({"to_ready_s": times["ready"] - last, "predict_s": times["predicted"] - times["predicting"],
+                               "to_listener_s": received[0] - times["predicted"]})
                 ct_dir, rtstruct, rtdose = export(patient, workdir / f"files-{repeat}")
                 start = time.perf_counter()
                 predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / f"out-{repeat}", rtdose=rtdose,
@@ -155,6 +162,8 @@ def main() -> None:
         print(json.dumps({
             "ct_shape": [int(ct[0].Rows), int(ct[0].Columns), len(ct)], "repeats": args.repeats,
             "node_s_received_to_sent": statistics.median(node_s), "node_s_runs": node_s,
+            "node_stages_median": {key: statistics.median(stage[key] for stage in stages) for key in stages[0]},
+            "node_s_outside_prediction": statistics.median(n - stage["predict_s"] for n, stage in zip(node_s, stages)),
             "predict_s": statistics.median(predict_s), "predict_s_runs": predict_s,
             "ratio": statistics.median(node_s) / statistics.median(predict_s),
             "load": {"patients": args.patients, "clients": args.clients, "ct_shape": [32, 32, 32], "seconds": load_s,
