@@ -62,11 +62,12 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
                           out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
-                          progress: Progress = no_progress) -> ClinicReport:
+                          progress: Progress = no_progress, loaded: tuple | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
     ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
-    or None: ``best`` when the run has one, else the newest checkpoint.
+    or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: what
+    :func:`load_trained_model` returned for this folder, to predict with a model kept in memory.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     models_dir = model_dir / "models"
@@ -77,7 +78,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets)
     arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False)])
-    saved, epoch, model = load_trained_model(models_dir, epoch)
+    saved, epoch, model = loaded if loaded is not None else load_trained_model(models_dir, epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}")[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])

@@ -1,7 +1,10 @@
 """``openkbp-dicom``: a clinic's DICOM to an OpenKBP patient folder, a predicted dose back to an RT
-Dose, or both around a trained model in one command. Prints; TensorFlow loads only for ``predict``."""
+Dose, or both around a trained model in one command; or a DICOM node that does it for a planning
+system (``serve``). Prints; TensorFlow loads only for ``predict`` and ``serve``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -92,6 +95,101 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())
+
+
+@main.command("serve")
+@click.option("--model-dir", default=None, help="A trained run's folder, e.g. results/unet (not needed with --status).")
+@click.option("--store", "store_dir", required=True,
+              help="The node's folder: objects received, results, journal.sqlite (created if missing).")
+@click.option("--status", is_flag=True, help="Print the summary of the journal in --store and exit.")
+@click.option("--ae-title", default="KBP", show_default=True, help="This node's AE title (the called AE title).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="The address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=11112, show_default=True, help="The port to listen on.")
+@click.option("--send-to", default=None, help="Where each RT Dose goes: AE@HOST:PORT (planning system or PACS).")
+@click.option("--allow", default=None, help="Calling AE titles allowed in, comma-separated [default: any].")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TLS: this node's certificate (PEM); with --tls-key, associations only over TLS.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None, help="TLS: its private key (PEM).")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TLS: the CA (PEM) that signs the clients' and the destination's certificates: clients must "
+                   "present one, and --send-to is reached over TLS.")
+@click.option("--completion-timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
+              help="Seconds without a new object after which a patient with CT images missing fails.")
+@click.option("--max-object-mb", type=click.FloatRange(min=0.001), default=2048.0, show_default=True,
+              help="Largest object accepted (MB); a larger one is refused with status A700.")
+@click.option("--min-free-mb", type=click.FloatRange(min=0), default=1024.0, show_default=True,
+              help="Free-disk floor (MB) of the store: below it objects are refused with status A700.")
+@click.option("--send-attempts", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Attempts at sending each RT Dose before the patient fails.")
+@click.option("--send-backoff", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
+              help="Seconds before the second attempt; doubling after each failure, at most 300 s.")
+@click.option("--epoch", default=None, help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
+@click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
+@click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
+@click.option("--allow-missing-targets", is_flag=True, help="Predict without PTV70/PTV63/PTV56 ROIs.")
+@click.option("--verbose", is_flag=True, help="Also pynetdicom's own log (every association and message).")
+def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
+                  completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,
+                  allow_missing_targets, verbose):
+    """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
+    _setup_logging()
+    if status:
+        from provided_code.node.journal import Journal, summary_lines
+
+        try:
+            journal = Journal(Path(store_dir) / "journal.sqlite", readonly=True)
+            click.echo("\n".join(summary_lines(journal)))
+        except USER_ERRORS as error:
+            raise click.ClickException(one_line(error)) from None
+        return
+    if model_dir is None:
+        raise click.UsageError("--model-dir is required (unless --status).")
+    if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
+        raise click.UsageError("--tls-cert and --tls-key go together; --tls-ca needs them.")
+    epoch = _parse_epoch(epoch)
+    import logging
+    import signal
+    import threading
+
+    from provided_code.errors import UserError
+    from provided_code.node.sender import check_ae_title, parse_destination
+    from provided_code.node.server import Node, NodeSettings
+
+    logging.getLogger("pynetdicom").setLevel(logging.INFO if verbose else logging.CRITICAL)
+    try:
+        settings = NodeSettings(
+            store=Path(store_dir), ae_title=check_ae_title(ae_title, "ae_title"), host=host, port=port,
+            send_to=parse_destination(send_to) if send_to else None,
+            allow=tuple(check_ae_title(title, "allow") for title in allow.split(",")) if allow else (),
+            tls_cert=tls_cert and Path(tls_cert), tls_key=tls_key and Path(tls_key), tls_ca=tls_ca and Path(tls_ca),
+            completion_timeout=completion_timeout, max_object_bytes=int(max_object_mb * 1e6),
+            min_free_bytes=int(min_free_mb * 1e6), send_attempts=send_attempts, send_backoff=send_backoff)
+    except UserError as error:
+        raise click.BadParameter(str(error)) from None
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        from provided_code.node.predictor import ModelPredictor
+
+        predictor = ModelPredictor(model_dir, epoch=epoch, tta=tta, names=names,
+                                   allow_missing_targets=allow_missing_targets)
+        node = Node(settings, predictor).start()
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
+    while not stop.wait(1.0):
+        pass
+    click.echo("Stopping: finishing the running prediction, if any.", err=True)
+    node.stop()
+
+
+def _parse_epoch(epoch):
+    if epoch is not None and epoch != "best":
+        if not epoch.isdigit():
+            raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
+                                     param_hint="--epoch")
+        epoch = int(epoch)
+    return epoch
 
 
 if __name__ == "__main__":

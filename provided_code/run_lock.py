@@ -33,12 +33,14 @@ except ImportError:  # not POSIX: no lock (said once per run)
 class RunLock:
     """``with RunLock(run_dir, "training"):`` holds the folder's lock, or raises
     :class:`~provided_code.errors.RunLockedError` naming the folder and the process that holds it.
-    ``shared``: for a process that only reads the folder (see the module docstring)."""
+    ``shared``: for a process that only reads the folder (see the module docstring). ``advice``: what
+    the refusal tells the user to do, instead of the default for a model folder."""
 
-    def __init__(self, run_dir: os.PathLike | str, what: str, shared: bool = False):
+    def __init__(self, run_dir: os.PathLike | str, what: str, shared: bool = False, advice: str | None = None):
         self.run_dir = Path(run_dir)
         self.what = what
         self.shared = shared
+        self.advice = advice
         self._fd = None
 
     @property
@@ -56,8 +58,8 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "a process that did not say"
             os.close(fd)
-            advice = ("wait for it to end before reading it" if self.shared else
-                      "wait for it to end, or use another --model-name or --results-dir")
+            advice = self.advice or ("wait for it to end before reading it" if self.shared else
+                                     "wait for it to end, or use another --model-name or --results-dir")
             raise RunLockedError(f"{self.run_dir} is in use by another run ({holder}); {advice}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, {self.what} since "

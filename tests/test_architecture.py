@@ -6,7 +6,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 
 # Lowest first. data, networks, losses and metrics are peers below training, which sits below
-# predict and the command lines.
+# predict, the clinic's command and its DICOM node, then the command lines.
 LAYERS = (
     ("constants", "errors", "atomic", "progress", "environment", "run_lock"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "preflight", "presets"),
@@ -14,6 +14,7 @@ LAYERS = (
     ("training",),
     ("predict",),
     ("clinic",),
+    ("node",),
     ("cli", "dicom_cli", "demo", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

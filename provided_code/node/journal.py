@@ -1,0 +1,343 @@
+"""The node's journal: SQLite (write-ahead log, synchronous commits) at ``STORE/journal.sqlite``.
+
+Tables: ``objects`` (every object received: its UIDs, modality, file, size, calling AE title,
+times received), ``patients`` (one per structure set: its state, the reason of a failure, the CT
+series it was drawn on, its result folder), ``referenced_images`` (the CT images each structure
+set names), ``history`` (every state a patient entered, with the reason and time) and ``sends``
+(every send attempt, its destination, outcome and detail). A patient's states::
+
+    receiving -> ready -> predicting -> predicted -> sent
+         \\          \\          \\            \\
+          +----------+----------+------------+--> failed (with its reason)
+
+A patient caught ``predicting`` by a crash goes back to ``ready`` (its outputs were never
+committed); a ``failed`` one is tried again when any of its objects is sent again (back to
+``receiving``, or to ``predicted`` when only the send had failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+from provided_code.errors import UserError
+from provided_code.node.readiness import References, SeriesStatus
+
+RECEIVING, READY, PREDICTING, PREDICTED = "receiving", "ready", "predicting", "predicted"
+SENT, FAILED = "sent", "failed"
+STATES = (RECEIVING, READY, PREDICTING, PREDICTED, SENT, FAILED)
+NEXT = {
+    RECEIVING: {READY, FAILED},
+    READY: {PREDICTING, FAILED},
+    PREDICTING: {PREDICTED, FAILED, READY},
+    PREDICTED: {SENT, FAILED},
+    SENT: set(),
+    FAILED: {RECEIVING, PREDICTED},
+}
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
+    study_uid TEXT NOT NULL, series_uid TEXT NOT NULL, frame_uid TEXT NOT NULL, patient_id TEXT NOT NULL,
+    path TEXT NOT NULL, bytes INTEGER NOT NULL, calling_ae TEXT NOT NULL, own INTEGER NOT NULL,
+    first_received REAL NOT NULL, received REAL NOT NULL, times INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS objects_by_series ON objects (series_uid, modality);
+CREATE INDEX IF NOT EXISTS objects_by_frame ON objects (frame_uid, modality);
+CREATE TABLE IF NOT EXISTS patients (
+    structure_set_uid TEXT PRIMARY KEY, patient_id TEXT NOT NULL, study_uid TEXT NOT NULL,
+    frame_uid TEXT NOT NULL, series_uid TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
+    failed_in TEXT NOT NULL, output TEXT NOT NULL, send_attempts INTEGER NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS patients_by_state ON patients (state);
+CREATE TABLE IF NOT EXISTS referenced_images (
+    structure_set_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL,
+    PRIMARY KEY (structure_set_uid, sop_instance_uid));
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, structure_set_uid TEXT NOT NULL, time REAL NOT NULL,
+    state TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS history_by_patient ON history (structure_set_uid);
+CREATE TABLE IF NOT EXISTS sends (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, structure_set_uid TEXT NOT NULL, attempt INTEGER NOT NULL,
+    destination TEXT NOT NULL, started REAL NOT NULL, finished REAL, outcome TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS sends_by_patient ON sends (structure_set_uid);
+"""
+PENDING, OK, FAILED_SEND, INTERRUPTED = "pending", "ok", "failed", "interrupted"
+
+
+class JournalError(UserError, RuntimeError):
+    """A journal that cannot be used (missing for ``--status``, or of a newer format)."""
+
+
+class Journal:
+    """One SQLite connection shared by the node's threads (serialised by a lock)."""
+
+    def __init__(self, path: Path | str, readonly: bool = False):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        if readonly:
+            if not self.path.is_file():
+                raise JournalError(f"{self.path}: no journal here (is this a node's --store folder?)")
+            self._db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                                       check_same_thread=False, timeout=10)
+        else:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a C-STORE answered 'success' survives a power cut
+        self._db.row_factory = sqlite3.Row
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise JournalError(f"{self.path}: journal format {version} is newer than this program's {SCHEMA_VERSION}")
+        if not readonly:
+            with self._transaction() as db:
+                for statement in SCHEMA.split(";"):  # executescript would commit on its own
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args=()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # Objects
+
+    def add_object(self, *, sop_instance_uid: str, sop_class_uid: str, modality: str, study_uid: str,
+                   series_uid: str, frame_uid: str, patient_id: str, path: str, size: int, calling_ae: str,
+                   own: bool = False, now: float | None = None) -> bool:
+        """Record a received object (again: its latest arrival). True when it is new."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            known = db.execute("SELECT 1 FROM objects WHERE sop_instance_uid = ?", (sop_instance_uid,)).fetchone()
+            if known:
+                db.execute("UPDATE objects SET received = ?, times = times + 1, path = ?, bytes = ?, calling_ae = ? "
+                           "WHERE sop_instance_uid = ?", (now, path, size, calling_ae, sop_instance_uid))
+            else:
+                db.execute("INSERT INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+                           (sop_instance_uid, sop_class_uid, modality, study_uid, series_uid, frame_uid, patient_id,
+                            path, size, calling_ae, int(own), now, now))
+        return not known
+
+    def object_path(self, sop_instance_uid: str) -> str | None:
+        rows = self._query("SELECT path FROM objects WHERE sop_instance_uid = ?", (sop_instance_uid,))
+        return rows[0]["path"] if rows else None
+
+    def reference_dose(self, frame_uid: str) -> str | None:
+        """The newest RT Dose received in ``frame_uid`` that this node did not write, or None."""
+        rows = self._query("SELECT path FROM objects WHERE frame_uid = ? AND modality = 'RTDOSE' AND own = 0 "
+                           "ORDER BY received DESC LIMIT 1", (frame_uid,))
+        return rows[0]["path"] if rows else None
+
+    # Patients
+
+    def add_structure_set(self, uid: str, patient_id: str, study_uid: str, references: References,
+                          now: float | None = None) -> str:
+        """A structure set received: ``"new"`` (a patient now ``receiving``), ``"reopened"`` (it had
+        failed and is tried again) or the state of the patient it already is."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM patients WHERE structure_set_uid = ?", (uid,)).fetchone()
+            if row is not None:
+                return "reopened" if row["state"] == FAILED and self._reopen(db, uid, now) else row["state"]
+            series = references.series_uids[0] if len(references.series_uids) == 1 else ""
+            db.execute("INSERT INTO patients VALUES (?, ?, ?, ?, ?, ?, '', '', '', 0, ?, ?)",
+                       (uid, patient_id, study_uid, references.frame_uid, series, RECEIVING, now, now))
+            db.executemany("INSERT OR IGNORE INTO referenced_images VALUES (?, ?)",
+                           [(uid, image) for image in references.images])
+            db.execute("INSERT INTO history (structure_set_uid, time, state, reason) VALUES (?, ?, ?, '')",
+                       (uid, now, RECEIVING))
+            if len(references.series_uids) > 1:
+                self._set(db, uid, FAILED, now, f"it names {len(references.series_uids)} image series "
+                                                 f"({', '.join(references.series_uids)}); the node predicts on one CT "
+                                                 f"series", failed_in=RECEIVING)
+        return "new"
+
+    def reopen_failed(self, series_uid: str, frame_uid: str, now: float | None = None) -> list[str]:
+        """Patients that had failed and whose CT series (or frame of reference, when they name no
+        series) an object just arrived in: tried again. Returns their UIDs."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            rows = db.execute("SELECT structure_set_uid FROM patients WHERE state = ? AND "
+                              "(series_uid = ? OR (series_uid = '' AND frame_uid = ?))",
+                              (FAILED, series_uid, frame_uid)).fetchall()
+            return [row["structure_set_uid"] for row in rows if self._reopen(db, row["structure_set_uid"], now)]
+
+    def _reopen(self, db, uid: str, now: float) -> bool:
+        row = db.execute("SELECT failed_in, output FROM patients WHERE structure_set_uid = ?", (uid,)).fetchone()
+        if row["failed_in"] == "sending" and row["output"]:
+            self._set(db, uid, PREDICTED, now, "sent again", send_attempts=0)
+        else:
+            self._set(db, uid, RECEIVING, now, "objects sent again")
+        return True
+
+    def patient(self, uid: str) -> sqlite3.Row | None:
+        rows = self._query("SELECT * FROM patients WHERE structure_set_uid = ?", (uid,))
+        return rows[0] if rows else None
+
+    def patients(self, *states: str) -> list[sqlite3.Row]:
+        marks = ", ".join("?" * len(states))
+        return self._query(f"SELECT * FROM patients WHERE state IN ({marks}) ORDER BY created", states)
+
+    def transition(self, uid: str, state: str, reason: str = "", expect: tuple[str, ...] | None = None,
+                   failed_in: str = "", now: float | None = None, **fields) -> bool:
+        """Move a patient to ``state`` (with ``reason``) if it stands in one of ``expect`` (default:
+        any state from which ``state`` may be entered); False when it does not."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM patients WHERE structure_set_uid = ?", (uid,)).fetchone()
+            if row is None:
+                return False
+            allowed = expect if expect is not None else tuple(s for s, nxt in NEXT.items() if state in nxt)
+            if row["state"] not in allowed or state not in NEXT[row["state"]]:
+                return False
+            self._set(db, uid, state, now, reason, failed_in=failed_in, **fields)
+            return True
+
+    @staticmethod
+    def _set(db, uid: str, state: str, now: float, reason: str, failed_in: str = "", **fields) -> None:
+        columns = {"state": state, "reason": reason, "failed_in": failed_in, "updated": now, **fields}
+        assignments = ", ".join(f"{name} = ?" for name in columns)
+        db.execute(f"UPDATE patients SET {assignments} WHERE structure_set_uid = ?", (*columns.values(), uid))
+        db.execute("INSERT INTO history (structure_set_uid, time, state, reason) VALUES (?, ?, ?, ?)",
+                   (uid, now, state, reason))
+
+    def history(self, uid: str) -> list[tuple[str, str]]:
+        return [(row["state"], row["reason"]) for row in
+                self._query("SELECT state, reason FROM history WHERE structure_set_uid = ? ORDER BY id", (uid,))]
+
+    def series_status(self, patient: sqlite3.Row) -> SeriesStatus:
+        """How far the CT series of ``patient`` has arrived (see :class:`SeriesStatus`)."""
+        uid, named, frame = patient["structure_set_uid"], patient["series_uid"], patient["frame_uid"]
+        with self._lock:
+            expected = self._db.execute("SELECT COUNT(*) FROM referenced_images WHERE structure_set_uid = ?",
+                                        (uid,)).fetchone()[0]
+            found = dict(self._db.execute(
+                "SELECT o.series_uid, COUNT(*) FROM referenced_images r JOIN objects o "
+                "ON o.sop_instance_uid = r.sop_instance_uid WHERE r.structure_set_uid = ? AND o.modality = 'CT' "
+                "GROUP BY o.series_uid", (uid,)).fetchall())
+            problem, series = "", named
+            if len(found) > 1:
+                problem = f"the CT images it names arrived in {len(found)} series ({', '.join(sorted(found))})"
+            elif found and named and named not in found:
+                problem = (f"the CT images it names arrived in series {next(iter(found))}, not in the series "
+                           f"{named} it names")
+            elif found:
+                series = next(iter(found))
+            elif not named and not expected:
+                candidates = [row[0] for row in self._db.execute(
+                    "SELECT DISTINCT series_uid FROM objects WHERE frame_uid = ? AND modality = 'CT'", (frame,))]
+                if len(candidates) > 1:
+                    problem = (f"it names no CT series and {len(candidates)} CT series share its frame of reference "
+                               f"{frame}")
+                elif candidates:
+                    series = candidates[0]
+            slices = last = 0
+            if series:
+                slices, last = self._db.execute("SELECT COUNT(*), MAX(received) FROM objects WHERE series_uid = ? "
+                                                "AND modality = 'CT'", (series,)).fetchone()
+            own = self._db.execute("SELECT received FROM objects WHERE sop_instance_uid = ?", (uid,)).fetchone()
+        last = max(last or 0.0, own[0] if own else patient["created"], patient["updated"])
+        return SeriesStatus(series, expected, sum(found.values()), slices, last, problem)
+
+    # Sends
+
+    def start_send(self, uid: str, destination: str, now: float | None = None) -> tuple[int, int]:
+        """Record a send attempt before it starts: ``(its id, attempt number since the patient was predicted)``."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            attempt = db.execute("SELECT send_attempts FROM patients WHERE structure_set_uid = ?",
+                                 (uid,)).fetchone()[0] + 1
+            db.execute("UPDATE patients SET send_attempts = ? WHERE structure_set_uid = ?", (attempt, uid))
+            cursor = db.execute("INSERT INTO sends (structure_set_uid, attempt, destination, started, outcome, detail) "
+                                "VALUES (?, ?, ?, ?, ?, '')", (uid, attempt, destination, now, PENDING))
+            return cursor.lastrowid, attempt
+
+    def finish_send(self, send_id: int, outcome: str, detail: str = "", now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            db.execute("UPDATE sends SET finished = ?, outcome = ?, detail = ? WHERE id = ?",
+                       (now, outcome, detail, send_id))
+
+    def close_interrupted_sends(self) -> int:
+        """Sends a crash left pending: recorded as interrupted (whether the destination has the
+        object is unknown; the node sends it again). Returns how many."""
+        with self._transaction() as db:
+            return db.execute("UPDATE sends SET outcome = ?, detail = 'the node stopped during the attempt' "
+                              "WHERE outcome = ?", (INTERRUPTED, PENDING)).rowcount
+
+    def sends(self, uid: str) -> list[sqlite3.Row]:
+        return self._query("SELECT * FROM sends WHERE structure_set_uid = ? ORDER BY id", (uid,))
+
+    # Summary
+
+    def summary(self) -> dict:
+        """Counts and the latest patients, for ``openkbp-dicom serve --status``."""
+        with self._lock:
+            db = self._db
+            objects = {row[0]: (row[1], row[2] or 0) for row in
+                       db.execute("SELECT modality, COUNT(*), SUM(bytes) FROM objects GROUP BY modality")}
+            last_object = db.execute("SELECT MAX(received) FROM objects").fetchone()[0]
+            states = dict(db.execute("SELECT state, COUNT(*) FROM patients GROUP BY state").fetchall())
+            sends = dict(db.execute("SELECT outcome, COUNT(*) FROM sends GROUP BY outcome").fetchall())
+            recent = [dict(row) for row in db.execute(
+                "SELECT structure_set_uid, patient_id, state, reason, updated FROM patients "
+                "ORDER BY updated DESC LIMIT 20")]
+            failed_sends = [dict(row) for row in db.execute(
+                "SELECT structure_set_uid, attempt, destination, finished, detail FROM sends WHERE outcome != ? "
+                "ORDER BY id DESC LIMIT 5", (OK,))]
+            unclaimed = db.execute(
+                "SELECT COUNT(DISTINCT o.series_uid) FROM objects o WHERE o.modality = 'CT' AND NOT EXISTS "
+                "(SELECT 1 FROM patients p WHERE p.series_uid = o.series_uid) AND NOT EXISTS "
+                "(SELECT 1 FROM patients p WHERE p.series_uid = '' AND p.frame_uid = o.frame_uid)").fetchone()[0]
+        return {"objects": objects, "last_object": last_object, "states": states, "sends": sends,
+                "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed}
+
+
+def summary_lines(journal: Journal) -> list[str]:
+    """``openkbp-dicom serve --status``: the journal's summary as lines of text."""
+    summary = journal.summary()
+
+    def when(seconds) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "never"
+
+    objects = summary["objects"]
+    count = sum(n for n, _ in objects.values())
+    size = sum(b for _, b in objects.values())
+    kinds = ", ".join(f"{kind} {n}" for kind, (n, _) in sorted(objects.items()))
+    lines = [f"Journal: {journal.path}",
+             f"Objects received: {count}{f' ({kinds})' if kinds else ''}, {size / 1e6:.1f} MB; last "
+             f"{when(summary['last_object'])}"]
+    states = summary["states"]
+    lines.append(f"Patients: {sum(states.values())}" + "".join(f", {state} {states[state]}" for state in STATES
+                                                              if state in states))
+    if summary["ct_series_without_structure_set"]:
+        lines.append(f"CT series without a structure set: {summary['ct_series_without_structure_set']}")
+    sends = summary["sends"]
+    if sends:
+        lines.append(f"Send attempts: {sum(sends.values())}" + "".join(f", {k} {v}" for k, v in sorted(sends.items())))
+    for send in summary["failed_sends"]:
+        lines.append(f"  {when(send['finished'])} attempt {send['attempt']} to {send['destination']} for structure "
+                     f"set {send['structure_set_uid']}: {send['detail'] or 'interrupted'}")
+    if summary["recent"]:
+        lines.append("Latest patients (PatientID, state, structure set, reason):")
+    for row in summary["recent"]:
+        patient = "".join(c if c.isprintable() else "?" for c in row["patient_id"]) or "(no PatientID)"
+        reason = f": {row['reason']}" if row["reason"] else ""
+        lines.append(f"  {when(row['updated'])} {patient} {row['state']} {row['structure_set_uid']}{reason}")
+    return lines

@@ -1,0 +1,46 @@
+"""The model of a node: loaded once at start, warmed up, then asked one patient at a time."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.clinic import predict_dicom_patient
+from provided_code.predict import load_trained_model
+
+logger = logging.getLogger(__name__)
+
+
+class ModelPredictor:
+    """``predictor(ct_dir, rtstruct, out_dir, rtdose)`` writes ``openkbp-dicom predict``'s outputs
+    (without plots) into ``out_dir`` with a model kept in memory; returns the checkpoint's epoch."""
+
+    def __init__(self, model_dir: os.PathLike | str, epoch: int | str | None = None, tta: bool = False,
+                 names: os.PathLike | str | None = None, allow_missing_targets: bool = False):
+        self.model_dir = Path(model_dir)
+        models_dir = self.model_dir / "models"
+        if not (models_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{self.model_dir} is not a trained model's folder: "
+                                    f"{models_dir / 'config.json'} is missing")
+        if epoch is None:
+            epoch = "best" if (models_dir / "best.keras").is_file() else None
+        self.loaded = load_trained_model(models_dir, epoch)
+        self.epoch = self.loaded[1]
+        self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
+        self._warm_up()
+        logger.info("Model %s at epoch %s loaded", self.model_dir, self.epoch)
+
+    def _warm_up(self) -> None:
+        """One prediction on zeros, so that the first patient does not pay for tracing the model."""
+        model = self.loaded[2]
+        inputs = {tensor.name.split(":")[0]: np.zeros((1, *tensor.shape[1:]), tensor.dtype) for tensor in model.inputs}
+        model.predict_on_batch(inputs)
+
+    def __call__(self, ct_dir: Path, rtstruct: Path, out_dir: Path, rtdose: Path | None = None) -> int:
+        report = predict_dicom_patient(self.model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=self.tta,
+                                       names=self.names, allow_missing_targets=self.allow_missing_targets,
+                                       plots=False, loaded=self.loaded)
+        return report.epoch

@@ -1,0 +1,89 @@
+"""When a patient is ready: a structure set together with every CT image of the series it was
+drawn on.
+
+A structure set names its images in ``ReferencedFrameOfReferenceSequence > RTReferencedStudySequence
+> RTReferencedSeriesSequence > ContourImageSequence`` (and per contour in ``ContourImageSequence``).
+When it names none, the CT series of its frame of reference stands in (if exactly one has arrived).
+As long as an association that delivered objects of the patient is open, more may come (the
+clinic's RT Dose, say): the patient waits for it to close, or for the completion timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+READY, WAIT, FAIL = "ready", "wait", "fail"
+
+
+@dataclasses.dataclass(frozen=True)
+class References:
+    frame_uid: str  # the frame of reference the contours are in
+    series_uids: tuple[str, ...]  # the image series it names (usually one)
+    images: tuple[str, ...]  # SOP Instance UIDs of the images it names
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def structure_set_references(dataset) -> References:
+    """The frame of reference, image series and images an RTSTRUCT dataset names. Raises
+    ``ValueError`` (one line) when it names no frame of reference at all."""
+    frames, series, images = [], [], []
+    for frame in dataset.get("ReferencedFrameOfReferenceSequence", None) or []:
+        frames.append(_text(frame.get("FrameOfReferenceUID")))
+        for study in frame.get("RTReferencedStudySequence", None) or []:
+            for item in study.get("RTReferencedSeriesSequence", None) or []:
+                series.append(_text(item.get("SeriesInstanceUID")))
+                images += [_text(image.get("ReferencedSOPInstanceUID"))
+                           for image in item.get("ContourImageSequence", None) or []]
+    for roi in dataset.get("ROIContourSequence", None) or []:
+        for contour in roi.get("ContourSequence", None) or []:
+            images += [_text(image.get("ReferencedSOPInstanceUID"))
+                       for image in contour.get("ContourImageSequence", None) or []]
+    frames += [_text(roi.get("ReferencedFrameOfReferenceUID"))
+               for roi in dataset.get("StructureSetROISequence", None) or []]
+    frames = list(dict.fromkeys(f for f in frames if f))
+    if not frames:
+        raise ValueError("the structure set names no frame of reference")
+    return References(frames[0], tuple(dict.fromkeys(s for s in series if s)),
+                      tuple(dict.fromkeys(i for i in images if i)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesStatus:
+    """How far the CT series of a structure set has arrived."""
+
+    series_uid: str  # the CT series to predict on ('' while unknown)
+    expected: int  # images the structure set names (0: it names none)
+    present: int  # of those, how many are here
+    slices: int  # CT images of ``series_uid`` here
+    last_received: float  # time of the newest object of the patient (structure set or CT)
+    problem: str = ""  # a reason to fail now, whatever arrives later
+
+    @property
+    def complete(self) -> bool:
+        return not self.problem and bool(self.series_uid) and self.slices >= 2 and self.present == self.expected
+
+    def describe(self) -> str:
+        """What is missing, for a failure reason."""
+        if self.expected:
+            here = f" (series {self.series_uid}: {self.slices} images here)" if self.series_uid else ""
+            return f"{self.present} of the {self.expected} CT images it names arrived{here}"
+        if not self.series_uid:
+            return "no CT series of its frame of reference arrived"
+        return f"series {self.series_uid} has {self.slices} CT image(s)"
+
+
+def decide(status: SeriesStatus, now: float, timeout: float, busy: bool) -> tuple[str, str]:
+    """``(READY | WAIT | FAIL, reason)`` for a patient still receiving. ``busy``: an open association
+    has delivered objects of the patient; ``timeout``: seconds without a new object of the patient
+    before an incomplete one fails (and a complete one stops waiting for its association)."""
+    if status.problem:
+        return FAIL, status.problem
+    quiet = now - status.last_received
+    if status.complete and (not busy or quiet >= timeout):
+        return READY, ""
+    if quiet >= timeout and not status.complete:
+        return FAIL, f"incomplete after {timeout:g} s without a new object: {status.describe()}"
+    return WAIT, ""

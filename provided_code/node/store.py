@@ -1,0 +1,142 @@
+"""The node's store: every received object under a path made of its validated UIDs, written whole.
+
+Layout of ``STORE/``::
+
+    journal.sqlite                       the journal (see ``journal``)
+    objects/<SeriesInstanceUID>/<SOPInstanceUID>.dcm   every object received, as received
+    results/<structure set SOPInstanceUID>/            a patient's RD.dcm, dose.nii.gz, dvh.csv, ...
+    incoming/                            temporary files, emptied at start
+
+A UID names a file only when it is digits and dots (DICOM PS3.5 §9.1: at most 64 characters,
+components of digits separated by single dots), so no tag text can reach outside the store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from provided_code.errors import UserError
+
+JOURNAL_FILE = "journal.sqlite"
+UID_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*")
+MAX_UID_LENGTH = 64
+
+
+class InvalidUIDError(UserError, ValueError):
+    """A UID that may not name a file."""
+
+
+def check_uid(value, what: str) -> str:
+    """``value`` as a UID string if it is digits and dots (at most 64 characters), else a one-line error."""
+    text = "" if value is None else str(value)
+    if len(text) > MAX_UID_LENGTH or not UID_PATTERN.fullmatch(text):
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise InvalidUIDError(f"Invalid `{what}`. Expected a UID of digits and dots, at most {MAX_UID_LENGTH} "
+                              f"characters. Received: {what}={shown!r}")
+    return text
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Store:
+    """The folders of a node's store (created when missing)."""
+
+    def __init__(self, root: os.PathLike | str):
+        self.root = Path(root)
+        self.objects = self.root / "objects"
+        self.results = self.root / "results"
+        self.incoming = self.root / "incoming"
+        for folder in (self.root, self.objects, self.results, self.incoming):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._resolved = self.root.resolve()
+
+    @property
+    def journal_path(self) -> Path:
+        return self.root / JOURNAL_FILE
+
+    def _inside(self, path: Path) -> Path:
+        """``path``, after checking that it resolves inside the store (a second guard behind the UID check)."""
+        if not path.resolve().is_relative_to(self._resolved):
+            raise InvalidUIDError(f"Invalid path. Expected a path inside the store {self.root}. Received: {path}")
+        return path
+
+    def series_dir(self, series_uid: str) -> Path:
+        return self._inside(self.objects / check_uid(series_uid, "SeriesInstanceUID"))
+
+    def object_path(self, series_uid: str, sop_instance_uid: str) -> Path:
+        return self._inside(self.series_dir(series_uid) / f"{check_uid(sop_instance_uid, 'SOPInstanceUID')}.dcm")
+
+    def result_dir(self, structure_set_uid: str) -> Path:
+        return self._inside(self.results / check_uid(structure_set_uid, "SOPInstanceUID"))
+
+    def write_object(self, series_uid: str, sop_instance_uid: str, data: bytes) -> Path:
+        """Write ``data`` to the object's path: a temporary file in ``incoming/``, flushed to disk,
+        then moved into place (an earlier copy of the same instance is replaced whole)."""
+        path = self.object_path(series_uid, sop_instance_uid)
+        path.parent.mkdir(exist_ok=True)
+        tmp = self.incoming / f"{sop_instance_uid}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return path
+
+    def staging_dir(self, structure_set_uid: str) -> Path:
+        """A new empty folder beside the patient's result folder, to be committed by :meth:`commit_result`."""
+        final = self.result_dir(structure_set_uid)
+        staging = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        staging.mkdir()
+        return staging
+
+    def commit_result(self, staging: Path, structure_set_uid: str) -> Path:
+        """Move a finished staging folder to the patient's result folder in one rename (an earlier
+        result is moved aside first, then removed)."""
+        final = self.result_dir(structure_set_uid)
+        if final.exists():
+            old = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
+            os.replace(final, old)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+        return final
+
+    def clean_temporaries(self) -> int:
+        """Remove what an interrupted run left half-written: ``incoming/*`` and hidden staging
+        folders under ``results/``. Returns how many were removed."""
+        removed = 0
+        for path in self.incoming.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed += 1
+        for path in self.results.glob(".*"):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.root).free

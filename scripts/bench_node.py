@@ -1,0 +1,179 @@
+"""The DICOM node against ``openkbp-dicom predict`` on the same files; prints one JSON object.
+
+    python scripts/bench_node.py [--model-dir results/unet] [--step 1] [--repeats 3] [--patients 20] [--clients 4]
+
+Without ``--model-dir`` a small model is trained first on phantoms (4 filters, 32³, 1 epoch, as the
+tests train). Everything runs in this process on 127.0.0.1; the listener is a pynetdicom Storage
+SCP standing in for the planning system (``tests/node_kit.py``; needs the dev extra).
+
+- ``node_s_received_to_sent``: one phantom patient (CT, RTSTRUCT naming its images, the clinic's
+  RT Dose; ``--step 1``: a 128 × 128 CT of 128 slices, 4 a 32 × 32 CT of 32) sent by one client to
+  a node whose model is loaded and warm: from the answer to the last C-STORE (the last object
+  received) to the listener's C-STORE handler holding the RT Dose (it acknowledges on return).
+  The median of ``--repeats`` patients, each a copy of the phantom under new UIDs; with its stages
+  from the journal (to ``ready``, the prediction, from ``predicted`` to the listener) and
+  ``node_s_outside_prediction``, what the node adds to the prediction.
+- ``predict_s``: ``predict_dicom_patient`` (what ``openkbp-dicom predict --no-plots`` runs, without
+  TensorFlow's start-up) on the same files with the same loaded model, after a warm-up; median of
+  as many runs, alternating with the node's. ``ratio`` = node / predict.
+- ``patients_per_minute``: the load test's setup: ``--patients`` small patients (``--step 4``) from
+  ``--clients`` concurrent clients, one association per patient; from the first association to the
+  last RT Dose received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")) or "vnni" in flag)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor() or platform.machine()
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+                platform.machine())
+
+
+def train_small_model(workdir: Path) -> Path:
+    import keras
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.phantoms import write_phantom_split
+    from provided_code.training.train import train
+
+    write_phantom_split(workdir / "data" / "train-pats", 4, first_number=1)
+    write_phantom_split(workdir / "data" / "validation-pats", 2, first_number=201)
+    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(workdir / "data"),
+                      results_dir=str(workdir / "results"), model_name="m", cache_dir=str(workdir / "cache")))
+    keras.backend.clear_session()
+    return workdir / "results" / "m"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=None, help="a trained run (default: train a small one)")
+    parser.add_argument("--step", type=int, default=1, help="phantom voxels per CT pixel for the latency (1: 128²)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--patients", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=4)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from provided_code.environment import configure_tensorflow
+
+    configure_tensorflow()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("pynetdicom").setLevel(logging.CRITICAL)
+    from provided_code.clinic import predict_dicom_patient
+    from provided_code.node.predictor import ModelPredictor
+    from provided_code.node.sender import parse_destination
+    from provided_code.node.server import Node, NodeSettings
+    from tests.node_kit import (Listener, client_ae, clone_patient, ct_of, read_patient_files, send, small_patient,
+                                structure_set_of, wait_until, write_files)
+
+    def export(patient, folder: Path) -> tuple[Path, Path, Path]:
+        """The patient as files: (CT folder, RS.dcm, RD.dcm)."""
+        write_files(ct_of(patient), folder / "ct")
+        structure_set_of(patient).save_as(folder / "RS.dcm", enforce_file_format=True)
+        patient[-1].save_as(folder / "RD.dcm", enforce_file_format=True)
+        return folder / "ct", folder / "RS.dcm", folder / "RD.dcm"
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-node-"))
+    try:
+        model_dir = args.model_dir or train_small_model(workdir / "model")
+        predictor = ModelPredictor(model_dir)
+        listener = Listener().start()
+        node = Node(NodeSettings(store=workdir / "store", host="127.0.0.1", port=0, min_free_bytes=0,
+                                 send_to=parse_destination(listener.destination)), predictor).start()
+        try:
+            phantom = read_patient_files(small_patient(workdir / "clinic", step=args.step))
+            assert phantom[-1].Modality == "RTDOSE"
+            warm = clone_patient(phantom, 0)  # a warm-up of both paths, each on a copy of its own
+            send(node.port, warm)
+            wait_until(lambda: len(listener.datasets()) == 1, 300, "the warm-up patient sent")
+            ct_dir, rtstruct, rtdose = export(clone_patient(phantom, 0), workdir / "warm")
+            predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / "warm-out", rtdose=rtdose, plots=False,
+                                  loaded=predictor.loaded)
+            node_s, predict_s, stages = [], [], []
+            for repeat in range(1, args.repeats + 1):
+                patient = clone_patient(phantom, repeat)
+                frame = str(ct_of(patient)[0].FrameOfReferenceUID)
+                assoc = client_ae("TPS").associate("127.0.0.1", node.port, ae_title="KBP")
+                statuses = [int(assoc.send_c_store(dataset).Status) for dataset in patient]
+                last = time.time()  # the answer to the last C-STORE: the node holds the last object
+                assoc.release()
+                assert set(statuses) == {0}, statuses
+                received = wait_until(lambda: [t for t, ds in listener.received if ds.FrameOfReferenceUID == frame],
+                                      300, "the RT Dose at the listener", interval=0.002)
+                node_s.append(received[0] - last)
+                times = dict(node.journal._query(
+                    "SELECT state, MAX(time) FROM history WHERE structure_set_uid = ? GROUP BY state",
+                    (str(structure_set_of(patient).SOPInstanceUID),)))
+                stages.append({"to_ready_s": times["ready"] - last, "predict_s": times["predicted"] - times["predicting"],
+                               "to_listener_s": received[0] - times["predicted"]})
+                ct_dir, rtstruct, rtdose = export(patient, workdir / f"files-{repeat}")
+                start = time.perf_counter()
+                predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / f"out-{repeat}", rtdose=rtdose,
+                                      plots=False, loaded=predictor.loaded)
+                predict_s.append(time.perf_counter() - start)
+
+            small = read_patient_files(small_patient(workdir / "small", step=4))
+            patients = [clone_patient(small, 1000 + i) for i in range(args.patients)]
+            before = len(listener.datasets())
+            start = time.time()
+
+            def client(number):
+                for patient in patients[number::args.clients]:
+                    send(node.port, patient, calling=f"TPS{number}")
+
+            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+                list(pool.map(client, range(args.clients)))
+            wait_until(lambda: len(listener.datasets()) == before + args.patients, 1200, "every patient sent",
+                       interval=0.01)
+            load_s = max(t for t, _ in listener.received) - start
+        finally:
+            node.stop()
+            listener.stop()
+        ct = ct_of(phantom)
+        print(json.dumps({
+            "ct_shape": [int(ct[0].Rows), int(ct[0].Columns), len(ct)], "repeats": args.repeats,
+            "node_s_received_to_sent": statistics.median(node_s), "node_s_runs": node_s,
+            "node_stages_median": {key: statistics.median(stage[key] for stage in stages) for key in stages[0]},
+            "node_s_outside_prediction": statistics.median(n - stage["predict_s"] for n, stage in zip(node_s, stages)),
+            "predict_s": statistics.median(predict_s), "predict_s_runs": predict_s,
+            "ratio": statistics.median(node_s) / statistics.median(predict_s),
+            "load": {"patients": args.patients, "clients": args.clients, "ct_shape": [32, 32, 32], "seconds": load_s,
+                     "patients_per_minute": args.patients / load_s * 60},
+            "model": str(args.model_dir or "small model trained here (4 filters, 32³, 1 epoch)"),
+            "cores": os.cpu_count(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+        }, indent=2))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

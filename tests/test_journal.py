@@ -1,0 +1,153 @@
+"""The node's journal: objects, patients' states and reasons, send attempts; readable while the
+node runs and after it was killed."""
+
+import sqlite3
+
+import pytest
+
+from provided_code.node.journal import (
+    FAILED,
+    PREDICTED,
+    PREDICTING,
+    READY,
+    RECEIVING,
+    SENT,
+    Journal,
+    JournalError,
+    summary_lines,
+)
+from provided_code.node.readiness import References
+
+
+def add_ct(journal, uid, series="1.7", frame="1.5", now=100.0):
+    return journal.add_object(sop_instance_uid=uid, sop_class_uid="1.2.840.10008.5.1.4.1.1.2", modality="CT",
+                       study_uid="1.4", series_uid=series, frame_uid=frame, patient_id="P1", path=f"/s/{uid}.dcm",
+                       size=10, calling_ae="TPS", now=now)
+
+
+def add_structure_set(journal, uid="1.8", images=("1.9.1", "1.9.2"), series=("1.7",), now=100.0):
+    journal.add_object(sop_instance_uid=uid, sop_class_uid="1.2.840.10008.5.1.4.1.1.481.3", modality="RTSTRUCT",
+                       study_uid="1.4", series_uid="1.3", frame_uid="1.5", patient_id="P1", path=f"/s/{uid}.dcm",
+                       size=10, calling_ae="TPS", now=now)
+    return journal.add_structure_set(uid, "P1", "1.4", References("1.5", tuple(series), tuple(images)), now=now)
+
+
+@pytest.fixture
+def journal(tmp_path):
+    opened = Journal(tmp_path / "journal.sqlite")
+    yield opened
+    opened.close()
+
+
+def test_the_journal_is_sqlite_in_write_ahead_mode(journal):
+    assert journal._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_a_structure_set_waits_for_every_image_it_names(journal):
+    assert add_structure_set(journal) == "new"
+    patient = journal.patient("1.8")
+    assert patient["state"] == RECEIVING and patient["series_uid"] == "1.7"
+    add_ct(journal, "1.9.1", now=101.0)
+    status = journal.series_status(journal.patient("1.8"))
+    assert (status.series_uid, status.expected, status.present, status.slices) == ("1.7", 2, 1, 1)
+    assert not status.complete
+    add_ct(journal, "1.9.2", now=102.0)
+    status = journal.series_status(journal.patient("1.8"))
+    assert status.complete and status.last_received == 102.0
+
+
+def test_without_named_images_the_one_ct_series_of_its_frame_stands_in(journal):
+    add_structure_set(journal, images=(), series=())
+    add_ct(journal, "1.9.1", series="1.70")
+    add_ct(journal, "1.9.2", series="1.70")
+    status = journal.series_status(journal.patient("1.8"))
+    assert status.series_uid == "1.70" and status.complete
+    add_ct(journal, "1.9.3", series="1.71")
+    assert "2 CT series share its frame of reference" in journal.series_status(journal.patient("1.8")).problem
+
+
+def test_named_images_arriving_in_another_series_is_a_problem(journal):
+    add_structure_set(journal)
+    add_ct(journal, "1.9.1", series="1.99")
+    assert "not in the series 1.7 it names" in journal.series_status(journal.patient("1.8")).problem
+
+
+def test_a_structure_set_naming_two_series_fails_at_once(journal):
+    add_structure_set(journal, series=("1.7", "1.77"))
+    patient = journal.patient("1.8")
+    assert patient["state"] == FAILED and "it names 2 image series" in patient["reason"]
+
+
+def test_states_move_only_forward_and_every_one_is_in_the_history(journal):
+    add_structure_set(journal)
+    assert not journal.transition("1.8", PREDICTED)  # not from receiving
+    for state in (READY, PREDICTING, PREDICTED, SENT):
+        assert journal.transition("1.8", state, f"to {state}")
+    assert not journal.transition("1.8", FAILED) and not journal.transition("1.8", READY)
+    assert [s for s, _ in journal.history("1.8")] == [RECEIVING, READY, PREDICTING, PREDICTED, SENT]
+    assert journal.history("1.8")[-1] == (SENT, "to sent")
+
+
+def test_a_failed_patient_is_tried_again_when_its_objects_come_again(journal):
+    add_structure_set(journal)
+    journal.transition("1.8", FAILED, "incomplete", failed_in=RECEIVING)
+    assert journal.reopen_failed("1.7", "1.5") == ["1.8"]
+    assert journal.patient("1.8")["state"] == RECEIVING
+    journal.transition("1.8", FAILED, "incomplete", failed_in=RECEIVING)
+    assert add_structure_set(journal) == "reopened" and journal.patient("1.8")["state"] == RECEIVING
+    assert add_structure_set(journal) == RECEIVING
+
+
+def test_a_patient_whose_send_failed_is_sent_again_not_predicted_again(journal):
+    add_structure_set(journal)
+    for state in (READY, PREDICTING):
+        journal.transition("1.8", state)
+    journal.transition("1.8", PREDICTED, output="/s/results/1.8")
+    journal.transition("1.8", FAILED, "not sent", failed_in="sending")
+    add_ct(journal, "1.9.1")
+    assert journal.reopen_failed("1.7", "1.5") == ["1.8"] and journal.patient("1.8")["state"] == PREDICTED
+
+
+def test_send_attempts_are_numbered_and_a_pending_one_is_closed_after_a_crash(journal):
+    add_structure_set(journal)
+    first, attempt = journal.start_send("1.8", "PACS@h:104")
+    journal.finish_send(first, "failed", "no connection")
+    second, attempt = journal.start_send("1.8", "PACS@h:104")
+    assert attempt == 2
+    assert journal.close_interrupted_sends() == 1
+    assert [(row["attempt"], row["outcome"]) for row in journal.sends("1.8")] == [(1, "failed"), (2, "interrupted")]
+
+
+def test_the_reference_dose_is_the_clinics_newest_not_our_own(journal):
+    for uid, own, now in (("1.20", False, 1.0), ("1.21", False, 2.0), ("1.22", True, 3.0)):
+        journal.add_object(sop_instance_uid=uid, sop_class_uid="1.2.840.10008.5.1.4.1.1.481.2", modality="RTDOSE",
+                           study_uid="1.4", series_uid="1.30", frame_uid="1.5", patient_id="P1", path=f"/s/{uid}",
+                           size=1, calling_ae="TPS", own=own, now=now)
+    assert journal.reference_dose("1.5") == "/s/1.21" and journal.reference_dose("1.6") is None
+
+
+def test_an_object_sent_again_is_counted_not_duplicated(journal):
+    assert add_ct(journal, "1.9.1", now=1.0) is True
+    assert add_ct(journal, "1.9.1", now=2.0) is False
+    row = journal._db.execute("SELECT times, first_received, received FROM objects").fetchone()
+    assert tuple(row) == (2, 1.0, 2.0)
+
+
+def test_status_reads_the_journal_of_a_running_node_and_sums_it_up(journal, tmp_path):
+    add_structure_set(journal)
+    add_ct(journal, "1.9.1")
+    journal.transition("1.8", FAILED, "incomplete after 1 s", failed_in=RECEIVING)
+    reader = Journal(tmp_path / "journal.sqlite", readonly=True)
+    lines = summary_lines(reader)
+    assert "Objects received: 2 (CT 1, RTSTRUCT 1), 0.0 MB" in lines[1]
+    assert lines[2] == "Patients: 1, failed 1"
+    assert lines[-1].endswith("P1 failed 1.8: incomplete after 1 s")
+    with pytest.raises(sqlite3.OperationalError):  # read-only
+        reader._db.execute("DELETE FROM objects")
+    reader.close()
+
+
+def test_status_of_a_folder_without_journal_says_so(tmp_path):
+    with pytest.raises(JournalError, match="no journal here"):
+        Journal(tmp_path / "journal.sqlite", readonly=True)

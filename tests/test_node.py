@@ -1,0 +1,518 @@
+"""``openkbp-dicom serve``: the DICOM node, with real clients on real sockets (127.0.0.1).
+
+pynetdicom is the client of most tests, DCMTK's ``echoscu`` and ``storescu`` of a few (skipped
+with the reason when DCMTK is not installed); a pynetdicom Storage SCP (``tests/node_kit.py``)
+stands in for the planning system and keeps what the node sends. One small model is trained for
+the module and one small phantom patient written; every patient is a copy of it under new UIDs.
+Every wait is bounded.
+"""
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
+pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
+
+from click.testing import CliRunner  # noqa: E402
+
+from provided_code.config import TrainConfig  # noqa: E402
+from provided_code.dicom_cli import main  # noqa: E402
+from provided_code.node.journal import FAILED, Journal  # noqa: E402
+from provided_code.node.predictor import ModelPredictor  # noqa: E402
+from provided_code.node.sender import parse_destination  # noqa: E402
+from provided_code.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
+from provided_code.training.train import train  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+from tests.node_kit import (  # noqa: E402
+    LOCALHOST,
+    Listener,
+    client_ae,
+    clone_patient,
+    ct_of,
+    echo,
+    free_port,
+    read_patient_files,
+    send,
+    small_patient,
+    structure_set_of,
+    wait_until,
+    write_files,
+)
+
+DCMTK = shutil.which("storescu") and shutil.which("echoscu")
+requires_dcmtk = pytest.mark.skipif(not DCMTK, reason="DCMTK's echoscu/storescu are not installed "
+                                                      "(Debian/Ubuntu: apt-get install dcmtk)")
+OUT_OF_RESOURCES, DATA_SET_MISMATCH, CANNOT_UNDERSTAND = 0xA700, 0xA900, 0xC000
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, phantom_data):
+    root = tmp_path_factory.mktemp("node-model")
+    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
+                      results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
+    keras.backend.clear_session()
+    return root / "results" / "m"
+
+
+@pytest.fixture(scope="module")
+def predictor(model_dir):
+    yield ModelPredictor(model_dir)
+    keras.backend.clear_session()
+
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory):
+    """One small patient's datasets: 32 CT images, the structure set, the clinic's RT Dose."""
+    return read_patient_files(small_patient(tmp_path_factory.mktemp("node-phantom") / "clinic"))
+
+
+@pytest.fixture
+def listener():
+    listening = Listener().start()
+    yield listening
+    listening.stop()
+
+
+@pytest.fixture
+def start_node(tmp_path, predictor):
+    """``start_node(**settings)``: a node in this process on a free port of 127.0.0.1 (stopped after the test)."""
+    nodes = []
+
+    def start(predict=predictor, **fields):
+        fields = {"store": tmp_path / "store", "host": LOCALHOST, "port": 0, "completion_timeout": 10.0,
+                  "min_free_bytes": 0, "send_backoff": 0.1, **fields}
+        node = Node(NodeSettings(**fields), predict).start()
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        node.stop()
+
+
+def state(node, uid):
+    row = node.journal.patient(uid)
+    return row["state"] if row is not None else None
+
+
+def rtstruct_uid(datasets):
+    return str(structure_set_of(datasets).SOPInstanceUID)
+
+
+def doses_for(listener, datasets):
+    frame = str(ct_of(datasets)[0].FrameOfReferenceUID)
+    return [ds for ds in listener.datasets() if ds.FrameOfReferenceUID == frame]
+
+
+def test_a_patient_comes_back_as_an_rt_dose_on_its_ct_grid(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    assert echo(node.port)
+    patient = clone_patient(phantom, 1)
+    assert send(node.port, patient) == [0] * len(patient)
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
+    [dose] = doses_for(listener, patient)
+    ct = ct_of(patient)
+    assert dose.Modality == "RTDOSE" and dose.FrameOfReferenceUID == ct[0].FrameOfReferenceUID
+    assert dose.PatientID == "PHANTOM1" and dose.StudyInstanceUID == ct[0].StudyInstanceUID
+    assert (dose.Rows, dose.Columns, dose.NumberOfFrames) == (32, 32, len(ct))
+    lowest = min(ct, key=lambda image: float(image.ImagePositionPatient[2]))
+    assert np.allclose([float(v) for v in dose.ImagePositionPatient], [float(v) for v in lowest.ImagePositionPatient])
+    assert np.allclose([float(v) for v in dose.PixelSpacing], [float(v) for v in ct[0].PixelSpacing])
+    values = dose.pixel_array * float(dose.DoseGridScaling)
+    assert values.max() > 0
+    result = node.store.result_dir(uid)
+    assert {"RD.dcm", "dose.nii.gz", "dvh.csv", "dvh.json"} <= {p.name for p in result.iterdir()}
+    assert '"reference"' in (result / "dvh.json").read_text()  # the clinic's RT Dose came along: compared
+    assert [s for s, _ in node.journal.history(uid)] == ["receiving", "ready", "predicting", "predicted", "sent"]
+    [attempt] = node.journal.sends(uid)
+    assert attempt["outcome"] == "ok" and attempt["destination"] == listener.destination
+
+
+def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 20)
+    del structure_set_of(patient).ReferencedFrameOfReferenceSequence[0].RTReferencedStudySequence
+    assert send(node.port, patient) == [0] * len(patient)
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient sent")
+    assert node.journal.patient(uid)["series_uid"] == ct_of(patient)[0].SeriesInstanceUID
+    assert len(doses_for(listener, patient)) == 1
+
+
+@pytest.mark.slow
+def test_twenty_patients_from_four_clients_are_each_predicted_and_sent_once(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    patients = [clone_patient(phantom, index) for index in range(20)]
+
+    def client(number):  # one client of four, one association per patient
+        return [status for patient in patients[number::4] for status in send(node.port, patient, f"TPS{number}")]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        statuses = [status for result in pool.map(client, range(4)) for status in result]
+    assert statuses == [0] * sum(map(len, patients))
+    uids = [rtstruct_uid(patient) for patient in patients]
+    wait_until(lambda: all(state(node, uid) == "sent" for uid in uids), 240, "all 20 patients sent")
+    for patient, uid in zip(patients, uids):
+        assert [s for s, _ in node.journal.history(uid)].count("predicted") == 1
+        assert len(doses_for(listener, patient)) == 1
+    assert len(listener.datasets()) == 20
+    assert len({ds.SOPInstanceUID for ds in listener.datasets()}) == 20
+
+
+def test_a_sop_class_it_does_not_take_is_refused_at_its_presentation_context(start_node, phantom):
+    node = start_node()
+    image = clone_patient(phantom, 2)[0]
+    image.SOPClassUID = image.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.4"  # MR Image Storage
+    ae = client_ae("TPS", ["1.2.840.10008.5.1.4.1.1.4"])
+    assoc = ae.associate(LOCALHOST, node.port, ae_title="KBP")
+    assert assoc.is_established
+    try:
+        with pytest.raises(ValueError, match="presentation context"):
+            assoc.send_c_store(image)
+    finally:
+        assoc.release()
+    assert echo(node.port)
+
+
+def test_an_undecodable_data_set_gets_a_failure_status(start_node, phantom, tmp_path, monkeypatch):
+    from pynetdicom import _config
+    from pydicom.filewriter import write_file_meta_info
+
+    node = start_node()
+    image = clone_patient(phantom, 3)[0]
+    path = tmp_path / "broken.dcm"
+    with open(path, "wb") as handle:  # a valid file meta, then an element of a VR that does not exist
+        handle.write(b"\0" * 128 + b"DICM")
+        write_file_meta_info(handle, image.file_meta)
+        handle.write(b"\x08\x00\x16\x00ZZ\x04\x001.2\x00")
+    monkeypatch.setattr(_config, "STORE_SEND_CHUNKED_DATASET", True)  # send the bytes as they are
+    ae = client_ae("TPS", [])
+    ae.add_requested_context(image.SOPClassUID, image.file_meta.TransferSyntaxUID)
+    assoc = ae.associate(LOCALHOST, node.port, ae_title="KBP")
+    try:
+        status = assoc.send_c_store(path)
+    finally:
+        assoc.release()
+    assert status.Status == CANNOT_UNDERSTAND and "cannot decode" in status.ErrorComment
+    assert not any(node.store.objects.iterdir())
+    assert echo(node.port)
+
+
+def test_a_truncated_ct_image_gets_a_failure_status(start_node, phantom):
+    node = start_node()
+    image = clone_patient(phantom, 4)[0]
+    image.PixelData = image.PixelData[:100]
+    assert send(node.port, [image]) == [CANNOT_UNDERSTAND]
+    assert not any(node.store.objects.iterdir())
+
+
+def test_a_structure_set_in_another_frame_of_reference_fails_its_patient(start_node, phantom):
+    node = start_node()
+    patient = clone_patient(phantom, 5)
+    structures = structure_set_of(patient)
+    other = pydicom.uid.generate_uid()
+    structures.ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID = other
+    for roi in structures.StructureSetROISequence:
+        roi.ReferencedFrameOfReferenceUID = other
+    assert set(send(node.port, patient[:-1])) == {0}
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 30, "the patient failed")
+    reason = node.journal.patient(uid)["reason"]
+    assert reason.startswith("prediction failed:") and "frame of reference" in reason and other in reason
+    assert not node.store.result_dir(uid).exists()
+    assert echo(node.port)
+
+
+def test_a_series_that_never_comes_fails_after_the_completion_timeout(start_node, phantom):
+    node = start_node(completion_timeout=0.5)
+    patient = clone_patient(phantom, 6)
+    assert send(node.port, [structure_set_of(patient), *ct_of(patient)[:5]]) == [0] * 6
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 10, "the patient failed")
+    assert node.journal.patient(uid)["reason"] == (
+        f"incomplete after 0.5 s without a new object: 5 of the 32 CT images it names arrived "
+        f"(series {ct_of(patient)[0].SeriesInstanceUID}: 5 images here)")
+
+
+def test_a_failing_prediction_fails_its_patient_and_the_next_is_predicted(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    broken, good = clone_patient(phantom, 7), clone_patient(phantom, 8)
+    for roi in structure_set_of(broken).StructureSetROISequence:
+        roi.ROIName = f"X_{roi.ROIName}"  # no ROI is recognised: no target
+    send(node.port, broken[:-1])
+    send(node.port, good[:-1])
+    wait_until(lambda: state(node, rtstruct_uid(good)) == "sent", 60, "the second patient sent")
+    row = node.journal.patient(rtstruct_uid(broken))
+    assert row["state"] == FAILED
+    assert row["reason"].startswith("prediction failed:") and "no ROI for PTV" in row["reason"]
+    assert len(listener.datasets()) == 1
+
+
+def test_a_client_that_drops_mid_association_loses_nothing(start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 9)
+    assoc = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP")
+    for dataset in patient[:10]:
+        assert assoc.send_c_store(dataset).Status == 0
+    assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)  # the connection drops: no release, no abort
+    assoc.abort()
+    assert echo(node.port)
+    assert send(node.port, patient) == [0] * len(patient)  # the planning system sends the patient again
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient sent")
+    assert len(doses_for(listener, patient)) == 1
+
+
+def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
+    later = Listener(port=free_port())
+    node = start_node(send_to=parse_destination(later.destination), send_backoff=0.1)
+    patient = clone_patient(phantom, 10)
+    send(node.port, patient)
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: len(node.journal.sends(uid)) >= 2, 60, "two failed attempts")
+    assert state(node, uid) == "predicted"
+    later.start()
+    try:
+        wait_until(lambda: state(node, uid) == "sent", 30, "sent once the destination is up")
+        outcomes = [row["outcome"] for row in node.journal.sends(uid)]
+        assert outcomes[-1] == "ok" and set(outcomes[:-1]) == {"failed"}
+        assert node.journal.sends(uid)[0]["detail"] == f"{later.destination} cannot be reached (no connection)"
+        assert len(later.datasets()) == 1
+    finally:
+        later.stop()
+
+
+def test_a_destination_that_stays_down_fails_the_patient_after_the_last_attempt(start_node, phantom):
+    node = start_node(send_to=parse_destination(f"PLANNING@{LOCALHOST}:{free_port()}"), send_attempts=3,
+                      send_backoff=0.05)
+    patient = clone_patient(phantom, 11)
+    send(node.port, patient)
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 60, "the patient failed")
+    assert len(node.journal.sends(uid)) == 3
+    assert node.journal.patient(uid)["reason"].startswith("not sent to PLANNING@")
+    assert (node.store.result_dir(uid) / "RD.dcm").is_file()  # the prediction stays in the store
+
+
+def test_below_the_free_disk_floor_objects_are_refused_out_of_resources(start_node, phantom):
+    node = start_node(min_free_bytes=2**62)
+    patient = clone_patient(phantom, 12)
+    assert send(node.port, patient[:3]) == [OUT_OF_RESOURCES] * 3
+    assert not any(node.store.objects.iterdir()) and not any(node.store.incoming.iterdir())
+    assert node.journal.summary()["objects"] == {}
+    assert echo(node.port)
+
+
+def test_an_object_over_the_size_limit_is_refused_out_of_resources(start_node, phantom):
+    node = start_node(max_object_bytes=1000)
+    assert send(node.port, clone_patient(phantom, 13)[:1]) == [OUT_OF_RESOURCES]
+    assert not any(node.store.objects.iterdir())
+
+
+def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, caplog):
+    node = start_node(allow=("TPS", "PACS"))
+    assert echo(node.port, calling="PACS")
+    assoc = client_ae("INTRUDER").associate(LOCALHOST, node.port, ae_title="KBP")
+    assert assoc.is_rejected
+    assoc = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="OTHER")  # not this node's AE title
+    assert assoc.is_rejected
+    refusals = [r.getMessage() for r in caplog.records if r.name == "provided_code.node.server" and "Refused" in r.msg]
+    assert len(refusals) == 2 and "calling AE title 'INTRUDER' is not in --allow" in refusals[0]
+    assert "called AE title 'OTHER' is not 'KBP'" in refusals[1]
+    assert echo(node.port, calling="TPS")
+
+
+@pytest.mark.parametrize("keyword", ["SeriesInstanceUID", "SOPInstanceUID"])
+def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node, phantom, tmp_path, keyword):
+    node = start_node()
+    image = clone_patient(phantom, 14)[0]
+    with pytest.warns(UserWarning, match="Invalid value for VR UI"):
+        setattr(image, keyword, "../../../escape")
+    if keyword == "SOPInstanceUID":
+        image.file_meta.MediaStorageSOPInstanceUID = image.SOPInstanceUID
+    assert send(node.port, [image]) == [CANNOT_UNDERSTAND]
+    assert [p for p in tmp_path.parent.rglob("*escape*")] == []
+    assert not any(node.store.objects.iterdir())
+
+
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key (by the openssl command)."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl command to make a test certificate")
+    cert, key = folder / "node.pem", folder / "node.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_with_certificates_it_speaks_tls_only_and_a_silent_client_holds_no_one_up(start_node, tmp_path):
+    cert, key = _certificate(tmp_path)
+    node = start_node(tls_cert=cert, tls_key=key, network_timeout=5)
+    client = ssl.create_default_context(cafile=str(cert))
+    with socket.create_connection((LOCALHOST, node.port)):  # connected, never says a word
+        assert echo(node.port, tls=(client, "localhost"))
+    assert not echo(node.port, timeout=2)  # plain DICOM on the TLS port
+
+
+def test_with_a_ca_clients_need_a_certificate_and_the_rt_dose_goes_back_over_tls(start_node, phantom, tmp_path):
+    cert, key = _certificate(tmp_path)  # self-signed: its own CA, for the node, the client and the listener
+    planning = Listener(ssl_context=server_ssl_context(cert, key, cert)).start()
+    try:
+        node = start_node(tls_cert=cert, tls_key=key, tls_ca=cert, send_to=parse_destination(planning.destination),
+                          network_timeout=5)
+        anonymous = ssl.create_default_context(cafile=str(cert))
+        assert not echo(node.port, tls=(anonymous, "localhost"), timeout=2)
+        known = ssl.create_default_context(cafile=str(cert))
+        known.load_cert_chain(str(cert), str(key))
+        patient = clone_patient(phantom, 19)
+        assert send(node.port, patient, tls=(known, "localhost")) == [0] * len(patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient sent over TLS")
+        assert len(doses_for(planning, patient)) == 1
+    finally:
+        planning.stop()
+
+
+def test_a_second_node_on_the_same_store_is_refused(start_node):
+    from provided_code.errors import RunLockedError
+
+    start_node()
+    with pytest.raises(RunLockedError, match="is in use by another run .*a DICOM node.*give this node another --store"):
+        start_node()
+
+
+def test_status_prints_the_journal(start_node, phantom, tmp_path):
+    node = start_node(completion_timeout=0.3)
+    patient = clone_patient(phantom, 15)
+    send(node.port, [structure_set_of(patient)])
+    wait_until(lambda: state(node, rtstruct_uid(patient)) == FAILED, 10, "the patient failed")
+    result = CliRunner().invoke(main, ["serve", "--status", "--store", str(tmp_path / "store")])
+    assert result.exit_code == 0, result.output
+    assert "Objects received: 1 (RTSTRUCT 1)" in result.output and "Patients: 1, failed 1" in result.output
+    assert f"PHANTOM15 failed {rtstruct_uid(patient)}: incomplete after 0.3 s" in result.output
+    missing = CliRunner().invoke(main, ["serve", "--status", "--store", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1 and "no journal here" in missing.output
+
+
+def test_serve_help_loads_neither_tensorflow_nor_the_node():
+    probe = ("import sys\nfrom provided_code.dicom_cli import main\n"
+             "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'pynetdicom', 'provided_code.node.server') "
+             "if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
+    assert "LOADED []" in result.stdout
+
+
+# DCMTK, a client no one here wrote
+
+
+def _dcmtk(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+
+
+@requires_dcmtk
+def test_dcmtk_echoscu_is_answered(start_node):
+    node = start_node()
+    result = _dcmtk("echoscu", "-aet", "TPS", "-aec", "KBP", LOCALHOST, str(node.port))
+    assert result.returncode == 0, result.stderr
+
+
+@requires_dcmtk
+def test_dcmtk_storescu_sends_a_whole_patient_and_the_rt_dose_comes_back(start_node, listener, phantom, tmp_path):
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 16)
+    folder = write_files(patient, tmp_path / "export")
+    result = _dcmtk("storescu", "-aet", "TPS", "-aec", "KBP", "+sd", LOCALHOST, str(node.port), str(folder))
+    assert result.returncode == 0, result.stderr
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient sent")
+    [dose] = doses_for(listener, patient)
+    assert dose.NumberOfFrames == len(ct_of(patient)) and (dose.Rows, dose.Columns) == (32, 32)
+
+
+@requires_dcmtk
+def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
+    node = start_node(allow=("TPS",))
+    result = _dcmtk("echoscu", "-aet", "INTRUDER", "-aec", "KBP", LOCALHOST, str(node.port))
+    assert result.returncode != 0 and "Rejected" in result.stderr + result.stdout
+
+
+# The node as a process, killed
+
+
+def _serve(model_dir, store, port, destination, hold=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(HOLD_VARIABLE, None)
+    if hold is not None:
+        env[HOLD_VARIABLE] = str(hold)
+    log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
+    command = [sys.executable, "-m", "provided_code.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
+               str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
+               "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0"]
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    log.close()
+    try:
+        wait_until(lambda: process.poll() is not None or echo(port, timeout=2), 120, "the node answering C-ECHO",
+                   interval=0.2)
+    except AssertionError:
+        process.kill()
+        raise
+    assert process.poll() is None, (store.parent / f"node-{port}-{hold is not None}.log").read_text()[-2000:]
+    return process
+
+
+@pytest.mark.slow
+def test_killed_mid_receive_and_mid_prediction_the_restarted_node_sends_each_patient_once(
+        model_dir, listener, phantom, tmp_path):
+    store, port, hold = tmp_path / "store", free_port(), tmp_path / "hold"
+    hold.touch()
+    first, second = clone_patient(phantom, 17), clone_patient(phantom, 18)
+    node = _serve(model_dir, store, port, listener.destination, hold=hold)
+    try:
+        send(port, first)
+        journal = Journal(store / "journal.sqlite", readonly=True)
+        wait_until(lambda: (journal.patient(rtstruct_uid(first)) or {"state": ""})["state"] == "predicting", 60,
+                   "the first patient predicting")
+        wait_until(lambda: list(store.glob("results/.*.tmp/RD.dcm")), 60, "its outputs written, not committed")
+        assoc = client_ae("TPS").associate(LOCALHOST, port, ae_title="KBP")
+        for dataset in [structure_set_of(second), *ct_of(second)[:10]]:
+            assert assoc.send_c_store(dataset).Status == 0
+        node.send_signal(signal.SIGKILL)  # mid-receive (the association is open) and mid-prediction
+        node.wait(30)
+        assoc.abort()
+        journal.close()
+    finally:
+        node.kill()
+    node = _serve(model_dir, store, port, listener.destination)
+    try:
+        assert send(port, second) == [0] * len(second)  # the planning system sends the patient again
+        journal = Journal(store / "journal.sqlite", readonly=True)
+        uids = [rtstruct_uid(first), rtstruct_uid(second)]
+        wait_until(lambda: all(journal.patient(uid)["state"] == "sent" for uid in uids), 120, "both patients sent")
+        for patient, uid in zip((first, second), uids):
+            assert len(doses_for(listener, patient)) == 1
+            assert [s for s, _ in journal.history(uid)].count("predicted") == 1
+            assert [row["outcome"] for row in journal.sends(uid)] == ["ok"]
+        assert "ready" in [s for s, _ in journal.history(uids[0])][3:]  # back to ready after the kill
+        assert len(listener.datasets()) == 2
+        assert not list(store.glob("results/.*")) and not any((store / "incoming").iterdir())
+        journal.close()
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(60) == 0
+    finally:
+        node.kill()
