@@ -99,6 +99,22 @@ def phantom_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(phantom_data, tmp_path_factory) -> Path:
+    """The run folder (``results/m``) of a model trained once per test process on ``phantom_data``:
+    4 filters, 32³, one epoch, no scoring. To read and predict with, not to change."""
+    import keras
+
+    from provided_code.config import TrainConfig
+    from provided_code.training.train import train
+
+    root = tmp_path_factory.mktemp("tiny-model")
+    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
+                      results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
+    keras.backend.clear_session()
+    return root / "results" / "m"
+
+
+@pytest.fixture(scope="session")
 def _phantom_template(tmp_path_factory) -> Path:
     split = tmp_path_factory.mktemp("phantom-template") / "split"
     write_phantom_split(split, 3, first_number=1, seed=7)

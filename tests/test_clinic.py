@@ -3,7 +3,6 @@
 import json
 from types import SimpleNamespace
 
-import keras
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +11,6 @@ from click.testing import CliRunner
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
 import provided_code.clinic as clinic_module  # noqa: E402
-from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.constants import STRUCTURES  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
@@ -21,7 +19,6 @@ from provided_code.dicom_cli import main  # noqa: E402
 from provided_code.dicom.exporter import read_dose_csv  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
-from provided_code.training.train import train  # noqa: E402
 from tests.dicom_writer import CLINICAL_NAMES, write_patient  # noqa: E402
 
 
@@ -35,11 +32,7 @@ def test_clinical_dvh_table_by_hand():
 
 
 @pytest.mark.slow
-def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(phantom_data, tmp_path):
-    config = TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
-                         results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
-    train(config)
-    keras.backend.clear_session()
+def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(tiny_model, tmp_path):
     volumes = make_phantom(11)
     masks = {name: volumes[name] for name in STRUCTURES}
     masks["BODY"] = volumes["possible_dose_mask"]
@@ -47,7 +40,7 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(phantom_data, tmp_
                            factor=1, extra_slices=(4, 4))
     out = tmp_path / "out"
     # The console script's command, in this process (TensorFlow is loaded already).
-    result = CliRunner().invoke(main, ["predict", "--model-dir", str(tmp_path / "results" / "m"), "--ct",
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(tiny_model), "--ct",
                                        str(clinic.ct_dir), "--rtstruct", str(clinic.rtstruct), "--rtdose",
                                        str(clinic.rtdose), "--out", str(out), "--tta"])
     assert result.exit_code == 0, result.output

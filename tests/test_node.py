@@ -26,13 +26,11 @@ pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dic
 
 from click.testing import CliRunner  # noqa: E402
 
-from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.dicom_cli import main  # noqa: E402
 from provided_code.node.journal import FAILED, Journal  # noqa: E402
 from provided_code.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.node.sender import parse_destination  # noqa: E402
 from provided_code.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
-from provided_code.training.train import train  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.node_kit import (  # noqa: E402
     LOCALHOST,
@@ -57,12 +55,8 @@ OUT_OF_RESOURCES, DATA_SET_MISMATCH, CANNOT_UNDERSTAND = 0xA700, 0xA900, 0xC000
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, phantom_data):
-    root = tmp_path_factory.mktemp("node-model")
-    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
-                      results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
-    keras.backend.clear_session()
-    return root / "results" / "m"
+def model_dir(tiny_model):
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +328,7 @@ def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, c
     assert echo(node.port, calling="TPS")
 
 
+@pytest.mark.filterwarnings("ignore:Invalid value for VR UI:UserWarning")  # pydicom again, as the client encodes it
 @pytest.mark.parametrize("keyword", ["SeriesInstanceUID", "SOPInstanceUID"])
 def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node, phantom, tmp_path, keyword):
     node = start_node()
