@@ -22,9 +22,9 @@ from provided_code.config import (
 )
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.networks.beams import BEAM_CHANNELS
-from provided_code.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow
 from provided_code.errors import UserError
-from provided_code.preflight import check_run_folders
+from provided_code.infra.preflight import check_run_folders
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 
 T = TypeVar("T")
@@ -176,7 +176,10 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
             if not all(members):
                 raise click.BadParameter(f"Expected a comma list of trained runs' names, none empty. "
                                          f"Received: {ensemble!r}", param_hint="--ensemble")
-        check_run_folders(config, predict_only, stage)  # before TensorFlow loads and the data is read
+        from provided_code.data.cache import default_cache_dir
+
+        check_run_folders(config.data_dir, config.run_dir, config.cache_dir or default_cache_dir(), predict_only,
+                          stage)  # before TensorFlow loads and the data is read
         if predict_only:
             from provided_code.predict import predict_stage
 

@@ -12,7 +12,7 @@ from provided_code.data.batches import epoch_batches
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
-from provided_code.progress import Progress, no_progress
+from provided_code.infra.progress import Progress, no_progress
 
 
 class PredictionError(UserError, RuntimeError):

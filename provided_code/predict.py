@@ -13,14 +13,14 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from provided_code.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
+from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.config import LOG_FILE, ConfigError, TrainConfig, read_saved_config
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import Scores, score_split
-from provided_code.progress import Progress, no_progress
-from provided_code.run_lock import RunLock
+from provided_code.infra.progress import Progress, no_progress
+from provided_code.infra.run_lock import RunLock
 from provided_code.score_folder import read_prediction, reference_rows, write_score_reports
 from provided_code.training.checkpoints import load_best, load_newest
 from provided_code.training.ema import use_averaged_weights

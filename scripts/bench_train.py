@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 def child(spec: dict) -> dict:
     """One measurement in this fresh process: settings first (oneDNN, logical devices), then the
     kind's own function."""
-    from provided_code.environment import configure_tensorflow
+    from provided_code.infra.environment import configure_tensorflow
 
     configure_tensorflow()  # leaves TF_ENABLE_ONEDNN_OPTS alone when the parent set or removed it
     if spec.get("onednn") == "default":
@@ -170,7 +170,7 @@ def child_step(spec: dict, strategy) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.data.augment import Augmenter
     from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
-    from provided_code.environment import describe_cpu_kernels
+    from provided_code.infra.environment import describe_cpu_kernels
     from provided_code.losses import (loss_function, masked_mean_absolute_error, mean_absolute_error,
                                       needs_possible_dose_mask)
     from provided_code.presets import PRESETS

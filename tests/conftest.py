@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from provided_code.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow
 
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 

@@ -8,8 +8,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 # Lowest first. data, networks, losses and metrics are peers below training, which sits below
 # predict and the command lines.
 LAYERS = (
-    ("constants", "errors", "atomic", "progress", "environment", "run_lock"),
-    ("data", "networks", "losses", "metrics", "dicom", "config", "preflight", "presets"),
+    ("constants", "errors", "infra"),
+    ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
     ("inference", "score_folder", "score_loop", "plots"),
     ("training",),
     ("predict",),

@@ -23,7 +23,7 @@ from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.predict import predict_stage
-from provided_code.run_lock import RunLock
+from provided_code.infra.run_lock import RunLock
 from provided_code.score_folder import score_prediction_folder
 from provided_code.training.checkpoints import load_newest
 from provided_code.training.train import train

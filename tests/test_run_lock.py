@@ -9,9 +9,9 @@ import pytest
 
 from provided_code.config import TrainConfig
 from provided_code.errors import RunLockedError
-from provided_code.run_lock import LOCK_FILE, RunLock
+from provided_code.infra.run_lock import LOCK_FILE, RunLock
 
-HOLD = ("import sys, time\nfrom provided_code.run_lock import RunLock\n"
+HOLD = ("import sys, time\nfrom provided_code.infra.run_lock import RunLock\n"
         "with RunLock(sys.argv[1], 'training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
 
 

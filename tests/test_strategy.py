@@ -218,7 +218,7 @@ def test_bad_devices_value_is_clear(phantom_data, tmp_path):
 
 def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
     """float32 sums were exact only while replicas × epoch² < 2²⁴: 3 replicas at epoch 2401 were refused."""
-    probe = ("from provided_code.environment import configure_tensorflow; configure_tensorflow()\n"
+    probe = ("from provided_code.infra.environment import configure_tensorflow; configure_tensorflow()\n"
              "import tensorflow as tf\n"
              "from provided_code.training.strategy import make_placement\n"
              "strategy = make_placement('3', False).strategy\n"
@@ -234,7 +234,7 @@ def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
 
 INSTANCE_NORM_PROBE = """
 import numpy as np
-from provided_code.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow
 configure_tensorflow()
 import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement

@@ -20,7 +20,7 @@ from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
 from provided_code.predict import predict_stage
-from provided_code.preflight import DataNotFoundError
+from provided_code.infra.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
 from tests.conftest import REPO, log_epochs, requires_float16_convolutions
 

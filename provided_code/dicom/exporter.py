@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import atomic_path
+from provided_code.infra.atomic import atomic_path
 from provided_code.constants import NUM_VOXELS, VOLUME_SHAPE
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.dicom.grid import BOX, PatientGeometry, Taps, linear_weights

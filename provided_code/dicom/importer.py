@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import write_text_atomic
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,

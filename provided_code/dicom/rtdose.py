@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import atomic_path
+from provided_code.infra.atomic import atomic_path
 from provided_code.dicom.ct_series import AXIAL
 from provided_code.dicom.errors import DicomInputError, require_pydicom
 from provided_code.dicom.files import pixel_array, read_required

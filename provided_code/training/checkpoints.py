@@ -14,7 +14,7 @@ from pathlib import Path
 
 import keras
 
-from provided_code.atomic import atomic_path
+from provided_code.infra.atomic import atomic_path
 from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)

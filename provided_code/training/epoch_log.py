@@ -11,7 +11,7 @@ from pathlib import Path
 
 import keras
 
-from provided_code.atomic import naming_path, write_text_atomic
+from provided_code.infra.atomic import naming_path, write_text_atomic
 from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.atomic import write_text_atomic
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.config import (
     CONFIG_FILE,
     CURVES_FILE,
@@ -26,12 +26,12 @@ from provided_code.data.augment import ROTATION_STEP_DEGREES, Augmenter
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
-from provided_code.environment import describe_cpu_kernels
+from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
 from provided_code.networks.beams import augmentations_that_move_beams, resolve_beam_angles
-from provided_code.preflight import require_training_data
-from provided_code.progress import Progress, no_progress
-from provided_code.run_lock import RunLock
+from provided_code.infra.preflight import require_training_data
+from provided_code.infra.progress import Progress, no_progress
+from provided_code.infra.run_lock import RunLock
 from provided_code.training.checkpoints import (
     BEST_FILE,
     BEST_RECORD,
