@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,18 @@ def network_config(**fields):
     from provided_code.config import TrainConfig
 
     return types.SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), **fields})
+
+
+def console_script(name: str) -> list[str]:
+    """The command line that runs the console script ``name`` as setup.cfg declares it, in this
+    Python (an installed script may predate a move of its module until the next ``pip install -e``)."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    scripts = dict(line.split(" = ") for line in parser["options.entry_points"]["console_scripts"].strip().splitlines())
+    module, function = scripts[name].split(":")
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; {function}()"]
 
 
 def log_epochs(run_dir: Path) -> list[int]:

@@ -27,7 +27,7 @@ from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
 from tests.dicom_writer import write_patient  # noqa: E402
 
-OPENKBP_DICOM = [sys.executable, "-m", "provided_code.dicom_cli"]
+OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 
 
 def dice(a, b):

@@ -22,11 +22,12 @@ from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
-from provided_code.predict import predict_stage
+from provided_code.apps.predict import predict_stage
 from provided_code.infra.run_lock import RunLock
-from provided_code.score_folder import score_prediction_folder
+from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.training.checkpoints import load_newest
 from provided_code.training.train import train
+from tests.conftest import console_script
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +68,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
     assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
     assert "PTV70_D_99_difference" in per_patient.columns
 
-    command = Path(sys.executable).parent / "openkbp-score"
     out = Path(trained.results_dir) / "standalone.json"
-    result = subprocess.run([str(command), "--reference", str(Path(trained.data_dir) / "validation-pats"),
+    result = subprocess.run([*console_script("openkbp-score"), "--reference", str(Path(trained.data_dir) / "validation-pats"),
                              "--predictions", str(report.predictions_dir), "--json", str(out),
                              "--cache-dir", trained.cache_dir], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -170,7 +170,7 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     assert summary["members"] == [{"model": "m", "epoch": single.epoch}, {"model": "m2", "epoch": single.epoch}]
     assert report.predictions_dir == Path(trained.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
-    from provided_code.score_folder import score_prediction_folder
+    from provided_code.apps.score_folder import score_prediction_folder
 
     standalone = score_prediction_folder(Path(trained.data_dir) / "validation-pats", report.predictions_dir,
                                          cache_dir=trained.cache_dir)
@@ -220,8 +220,8 @@ SLOW_PREDICT = textwrap.dedent("""
         Path(sys.argv[1]).write_text("\\n".join(written))
         time.sleep(120)
 
-    csv_io.write_dose_csv = write_then_wait  # before provided_code.predict binds it
-    from provided_code.cli import main
+    csv_io.write_dose_csv = write_then_wait  # before provided_code.apps.predict binds it
+    from provided_code.apps.cli import main
 
     main(sys.argv[2:])
 """)

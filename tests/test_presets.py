@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-import provided_code.cli as cli
+import provided_code.apps.cli as cli
 from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import UserError
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset

@@ -42,7 +42,7 @@ def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_
 
 
 def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path, phantom_data):
-    from provided_code.predict import predict_stage
+    from provided_code.apps.predict import predict_stage
     from provided_code.training.train import train
 
     config = TrainConfig(filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),

@@ -19,7 +19,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.training.checkpoints import list_checkpoints, load_newest
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
-from provided_code.predict import predict_stage
+from provided_code.apps.predict import predict_stage
 from provided_code.infra.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
 from tests.conftest import REPO, log_epochs, requires_float16_convolutions
@@ -103,7 +103,7 @@ def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_ra
     """--ema (here with the beam channels, end to end): best.keras holds the optimizer's averages,
     the epoch checkpoint the raw weights (and the averages, in its optimizer), and predicting from
     either uses the averages."""
-    from provided_code.predict import load_trained_model
+    from provided_code.apps.predict import load_trained_model
 
     recipe = dataclasses.replace(config, epochs=2, score_every=2, ema=True, beams=9, beam_channels="each")
     train(recipe)
@@ -164,7 +164,7 @@ def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_che
 
 
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
-    from provided_code.cli import one_line
+    from provided_code.apps.cli import one_line
 
     def disk_full(self, filepath, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")  # as zipfile raises it: no file name

@@ -7,11 +7,11 @@ import keras
 import pytest
 from click.testing import CliRunner
 
-from provided_code.cli import main
+from provided_code.apps.cli import main
 from provided_code.config import TrainConfig
 from provided_code.data.csv_io import PatientDataError
-from provided_code.score_folder import score_prediction_folder
-from provided_code.predict import predict_stage
+from provided_code.apps.score_folder import score_prediction_folder
+from provided_code.apps.predict import predict_stage
 from provided_code.training.checkpoints import list_checkpoints, read_best
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train

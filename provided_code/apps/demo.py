@@ -1,6 +1,6 @@
 """The demo: write synthetic phantoms, train a small model, predict and score the held-out ones.
 
-    python -m provided_code.demo        (or: bash scripts/demo)
+    python -m provided_code.apps.demo        (or: bash scripts/demo)
 
 Everything lands under ``<results-dir>/``: the phantoms in ``demo-data/``, the model, log,
 predictions, scores and plots in ``demo/``. Nothing is downloaded.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from provided_code.cli import _setup_logging, click_progress
+from provided_code.apps.cli import _setup_logging, click_progress
 from provided_code.config import LOG_FILE
 from provided_code.data.resample import RESOLUTIONS
 
@@ -42,7 +42,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
             write_phantom_patient(folder, seed=int(folder.name[3:]))
 
     from provided_code.plots import has_matplotlib
-    from provided_code.predict import predict_stage
+    from provided_code.apps.predict import predict_stage
     from provided_code.training.train import train
 
     model_dir = results / "demo"

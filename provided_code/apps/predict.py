@@ -21,7 +21,7 @@ from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.infra.run_lock import RunLock
-from provided_code.score_folder import read_prediction, reference_rows, write_score_reports
+from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
 from provided_code.training.checkpoints import load_best, load_newest
 from provided_code.training.ema import use_averaged_weights
 

@@ -181,7 +181,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         check_run_folders(config.data_dir, config.run_dir, config.cache_dir or default_cache_dir(), predict_only,
                           stage)  # before TensorFlow loads and the data is read
         if predict_only:
-            from provided_code.predict import predict_stage
+            from provided_code.apps.predict import predict_stage
 
             report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress,
                                    ensemble=members)
@@ -216,7 +216,7 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     from pathlib import Path
 
     _setup_logging()
-    from provided_code.score_folder import score_prediction_folder, write_score_reports
+    from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 
     try:
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from provided_code.cli import USER_ERRORS, _setup_logging, click_progress, one_line
+from provided_code.apps.cli import USER_ERRORS, _setup_logging, click_progress, one_line
 
 _PATHS = {"exists": False, "dir_okay": True, "file_okay": True}
 
@@ -84,7 +84,7 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
                                      param_hint="--epoch")
         epoch = int(epoch)
     try:
-        from provided_code.clinic import predict_dicom_patient
+        from provided_code.apps.clinic import predict_dicom_patient
 
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,

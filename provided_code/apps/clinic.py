@@ -29,7 +29,7 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, read_rtdose
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.inference import predict_full_resolution
-from provided_code.predict import load_trained_model
+from provided_code.apps.predict import load_trained_model
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
