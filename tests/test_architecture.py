@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 LAYERS = (
     ("constants", "errors", "infra"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
-    ("inference", "plots", "score_loop"),
+    ("inference", "plots"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
     ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.__init__", "__init__", "__main__"),
 )

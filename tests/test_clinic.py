@@ -22,7 +22,7 @@ from provided_code.dicom.exporter import read_dose_csv  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.training.train import train  # noqa: E402
-from tests.dicom_writer import CLINICAL_NAMES, write_patient  # noqa: E402
+from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 
 
 def test_clinical_dvh_table_by_hand():
