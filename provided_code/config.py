@@ -1,4 +1,5 @@
-"""The one configuration of a training run, saved as JSON beside its checkpoints.
+"""The one configuration of a training run, saved as JSON beside its checkpoints
+(:class:`provided_code.run_folder.RunFolder` reads and writes it).
 
 Importing this module imports neither TensorFlow nor Keras.
 """
@@ -22,9 +23,6 @@ XLA_MODES = ("auto", "on", "off")
 LOSSES = ("mae", "masked-mae")
 LR_SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "instance")
-CONFIG_FILE = "config.json"  # in results/<model-name>/models/
-LOG_FILE = "training_log.csv"  # in results/<model-name>/
-CURVES_FILE = "training_curves.png"  # in results/<model-name>/
 logger = logging.getLogger(__name__)
 
 
@@ -172,11 +170,8 @@ class TrainConfig:
 
     @property
     def run_dir(self) -> Path:
+        """``results/<model-name>``: the run's folder (its layout: :mod:`provided_code.run_folder`)."""
         return Path(self.results_dir) / self.model_name
-
-    @property
-    def models_dir(self) -> Path:
-        return self.run_dir / "models"
 
     @property
     def augmentations(self) -> tuple[str, ...]:
@@ -187,10 +182,17 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "TrainConfig":
-        """A saved config; a setting it lacks (saved before the setting existed) takes the value
-        that reproduces what that run trained (``ABSENT_MEANS``), not today's default. Fields it
-        has that this version does not know are left out (:func:`read_saved_config` names them)."""
-        return cls(**_known_values(json.loads(text))[0])
+        """A saved config (see :meth:`parse_saved`), the fields this version does not know left out."""
+        return cls.parse_saved(text)[0]
+
+    @classmethod
+    def parse_saved(cls, text: str) -> tuple["TrainConfig", list[str]]:
+        """``(config, unknown)``: a saved config, and the names of the fields it has that this
+        version does not know (left out). A setting it lacks (saved before the setting existed)
+        takes the value that reproduces what that run trained (``ABSENT_MEANS``), not today's
+        default. Raises ValueError or TypeError for a text that is not a config."""
+        values, unknown = _known_values(json.loads(text))
+        return cls(**values), unknown
 
     def concerns(self) -> list[str]:
         """Settings that are valid but probably not what was meant, one sentence each (a run logs
@@ -226,7 +228,7 @@ class TrainConfig:
         config.check_resume(saved)
         if config.ema != saved.ema:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir} with --{'' if config.ema else 'no-'}ema: "
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --{'' if config.ema else 'no-'}ema: "
                 f"it was trained {'without' if config.ema else 'with'} weight averaging, and averaging cannot be "
                 f"turned {'on' if config.ema else 'off'} on a resume, not even with --change-recipe (the optimizer, "
                 f"the checkpoints and best.keras would disagree on which weights are the model). Drop the flag, or "
@@ -235,7 +237,7 @@ class TrainConfig:
                    if getattr(config, name) != getattr(saved, name)]
         if changes and not change_recipe:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir} with another recipe ("
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with another recipe ("
                 + "; ".join(f"{name}: saved {old!r}, requested {new!r}" for name, old, new in changes)
                 + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
                   "it from the resumed epoch on (recorded in config.json's history).")
@@ -261,7 +263,7 @@ class TrainConfig:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
         if changed:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir}: its saved config differs ("
+                f"Cannot resume model {self.model_name!r} in {self.run_dir}: its saved config differs ("
                 + "; ".join(changed) + "). Pass the saved values, or choose a new --model-name.")
 
 
@@ -305,23 +307,6 @@ def check_beam_flags(beams: int, beam_angles: str) -> None:
     if beams != len(angles):
         raise ConfigError(f"Invalid `beams`. Expected the number of --beam-angles ({len(angles)}: {beam_angles!r}), "
                           f"or --beam-angles alone. Received: beams={beams}")
-
-
-def read_saved_config(models_dir: Path) -> TrainConfig | None:
-    """The config saved in ``models_dir`` (None if there is none); a one-line :class:`ConfigError`
-    naming the file if it is not a config. Fields it holds that this version does not know (a
-    newer version wrote it, or a hand edit) are named in a warning and left out."""
-    path = Path(models_dir) / CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        values, unknown = _known_values(json.loads(path.read_text()))
-        config = TrainConfig(**values)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"Invalid saved config {path}: {error}") from None
-    if unknown:
-        logger.warning("%s has settings this version does not know, left out: %s", path, ", ".join(unknown))
-    return config
 
 
 def read_tf_config(environ=os.environ) -> tuple[list[str], int]:

@@ -19,6 +19,12 @@ class PredictionError(UserError, RuntimeError):
     """A model's predictions are unusable (not finite)."""
 
 
+def use_averaged_weights(model: keras.Model) -> None:
+    """Overwrite the model's trainable weights with its optimizer's moving averages (``--ema``):
+    the weights a model trained with averaging predicts with."""
+    model.optimizer.finalize_variable_values(model.trainable_variables)
+
+
 def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
     """Flip a bitfield volume left-right and swap the RightParotid and LeftParotid bits."""
     flipped = np.flip(structure_masks, axis=axis)

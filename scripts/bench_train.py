@@ -140,6 +140,7 @@ def child_score(spec: dict, strategy) -> dict:
 
     from provided_code.config import TrainConfig
     from provided_code.networks.unet import build_unet
+    from provided_code.run_folder import RunFolder
     from provided_code.training.validation_scores import ValidationScores
 
     full, _ = _phantoms(spec)
@@ -147,7 +148,7 @@ def child_score(spec: dict, strategy) -> dict:
     model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]))
     predict_batch = tf.function(lambda inputs: model(inputs, training=False))
     scoring = ValidationScores(full, spec["resolution"], spec["batch_size"], score_every=1, epochs=2,
-                               models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), model=model,
+                               folder=RunFolder(tempfile.mkdtemp(prefix="bench-score-")), model=model,
                                predict_batch=predict_batch)
     try:
         scoring.start()
@@ -156,7 +157,7 @@ def child_score(spec: dict, strategy) -> dict:
         scoring.measure(1)
         return {"score_s": time.perf_counter() - start, "patients": len(full)}
     finally:
-        shutil.rmtree(scoring.models_dir, ignore_errors=True)
+        shutil.rmtree(scoring.folder.path, ignore_errors=True)
 
 
 def child_step(spec: dict, strategy) -> dict:

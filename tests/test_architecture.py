@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 LAYERS = (
     ("constants", "errors", "infra"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
-    ("inference", "plots"),
+    ("inference", "plots", "run_folder"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
     ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.__init__", "__init__", "__main__"),
 )
@@ -51,9 +51,20 @@ def test_no_module_imports_one_above_it():
     assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
 
 
-def test_training_never_imports_predict_and_metrics_does_no_file_io():
-    for path in (PACKAGE / "training").rglob("*.py"):
-        assert "provided_code.apps.predict" not in {name for name, _ in _imports(path)}, path
+def test_prediction_does_not_import_training_nor_training_prediction():
+    """Prediction, the clinic's path and the folder scoring stand beside training: a trained model
+    is loaded from its folder (run_folder), below both."""
+    crossing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = _top("provided_code." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        for imported, line in _imports(path):
+            other = _top(imported)
+            if (own in BESIDE_TRAINING and other == "training") or (own == "training" and other.startswith("apps")):
+                crossing.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not crossing, "imports between training and prediction:\n" + "\n".join(crossing)
+
+
+def test_metrics_does_no_file_io():
     for path in (PACKAGE / "metrics").rglob("*.py"):
         source = path.read_text()
         tree = ast.parse(source)

@@ -130,8 +130,8 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     # The model's place is taken by the clinic's dose moved 2 voxels (a prediction that is not the reference).
     (tmp_path / "run" / "models").mkdir(parents=True)
     (tmp_path / "run" / "models" / "config.json").write_text("{}")
-    monkeypatch.setattr(clinic_module, "load_trained_model",
-                        lambda models_dir, epoch: (SimpleNamespace(resolution=128), 7, None))
+    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model",
+                        lambda folder, epoch: (SimpleNamespace(resolution=128), 7, None))
     predictions = []
 
     def predict(model, arrays, *args, **kwargs):

@@ -93,27 +93,6 @@ def test_toggling_ema_on_a_resume_is_refused_even_with_change_recipe():
             TrainConfig(ema=after).resume(TrainConfig(ema=before), given={"ema"}, change_recipe=True)
 
 
-@pytest.mark.parametrize("text", ["[]", "null", '"unet"', "3"])
-def test_a_saved_config_that_is_not_a_json_object_is_one_line_naming_the_file(tmp_path, text):
-    from provided_code.config import read_saved_config
-
-    (tmp_path / "config.json").write_text(text)
-    with pytest.raises(ConfigError, match=f"Invalid saved config {tmp_path / 'config.json'}: expected a JSON object"):
-        read_saved_config(tmp_path)
-
-
-def test_unknown_fields_in_a_saved_config_are_named_in_one_warning(tmp_path, caplog):
-    import json
-
-    from provided_code.config import read_saved_config
-
-    values = {**json.loads(TrainConfig(filters=8, resolution=32).to_json()), "filtres": 16, "mystery": True}
-    (tmp_path / "config.json").write_text(json.dumps(values))
-    assert read_saved_config(tmp_path) == TrainConfig(filters=8, resolution=32)
-    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
-    assert len(warnings) == 1 and "settings this version does not know, left out: filtres, mystery" in warnings[0]
-
-
 def test_a_warm_up_as_long_as_the_run_and_too_many_or_too_close_beams_are_concerns():
     assert TrainConfig(resolution=32).concerns() == []
     assert "the peak --learning-rate 0.0002 is never reached" in TrainConfig(warmup_epochs=5, epochs=5).concerns()[0]

@@ -23,9 +23,8 @@ from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.apps.predict import predict_stage
-from provided_code.infra.run_lock import RunLock
 from provided_code.apps.score_folder import score_prediction_folder
-from provided_code.training.checkpoints import load_newest
+from provided_code.run_folder import RunFolder
 from provided_code.training.train import train
 from tests.conftest import console_script
 
@@ -100,7 +99,7 @@ def test_mirror_swaps_the_parotids():
 
 
 def test_tta_prediction_is_left_right_equivariant(trained):
-    _, model = load_newest(trained.models_dir, compile=False)
+    _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir), 32)
     mirrored = dataclasses.replace(arrays, ct=np.ascontiguousarray(np.flip(arrays.ct, 2)),
                                    structure_masks=np.ascontiguousarray(mirror_left_right(arrays.structure_masks, 2)))
@@ -135,7 +134,7 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
     assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
     # By hand: the model on the 32³ patient and on its mirror (parotids swapped), mirrored back, averaged.
     low = downsample_split(arrays, 32)
-    _, model = load_newest(trained.models_dir, compile=False)
+    _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     direct = np.asarray(model.predict_on_batch({"ct": low.ct[:1], "structure_masks": low.structure_masks[:1]}))
     mirrored = np.asarray(model.predict_on_batch({"ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
                                                   "structure_masks": mirror_left_right(low.structure_masks[:1], 2)}))
@@ -148,11 +147,11 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
 
 def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_path):
     broken = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
-    shutil.copytree(trained.run_dir / "models", broken.models_dir)
-    _, model = load_newest(broken.models_dir)
+    shutil.copytree(trained.run_dir / "models", RunFolder(broken.run_dir).models)
+    _, model = RunFolder(broken.run_dir).load_newest()
     kernel = model.get_layer("dose_conv").kernel
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
-    model.save(broken.models_dir / "epoch_3.keras")
+    model.save(RunFolder(broken.run_dir).models / "epoch_3.keras")
     keras.backend.clear_session()
     with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
         predict_stage(broken, stage="validation")
@@ -188,7 +187,7 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
 
 def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:
     """The trained model's checkpoints in a run folder of its own (its predictions apart from the fixture's)."""
-    shutil.copytree(trained.models_dir, results_dir / name / "models")
+    shutil.copytree(RunFolder(trained.run_dir).models, results_dir / name / "models")
     return dataclasses.replace(trained, results_dir=str(results_dir), model_name=name)
 
 
@@ -294,14 +293,14 @@ def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_memb
         _copy_run(trained, tmp_path / "results", name)
     ensemble = dataclasses.replace(trained, results_dir=str(tmp_path / "results"), model_name="ens")
     member = tmp_path / "results" / "b"
-    with RunLock(member, "training"):
+    with RunFolder(member).lock("training"):
         with pytest.raises(RunLockedError) as caught:
             predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
     message = str(caught.value)
     assert message.startswith(f"{member} is in use by another run (pid ") and "training since" in message
     assert "\n" not in message and not (ensemble.run_dir / "validation-predictions").exists()
-    with RunLock(member, "read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
+    with RunFolder(member).lock("read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
         report = predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
     assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
-    with RunLock(member, "training"):  # released when the ensemble is done
+    with RunFolder(member).lock("training"):  # released when the ensemble is done
         pass

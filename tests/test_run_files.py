@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.training.checkpoints import CheckpointError, list_checkpoints
+from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
 
@@ -30,7 +30,7 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
     log = config.run_dir / "training_log.csv"
     train(config)
     # A crash while epoch 2's row was written (so before its checkpoint): the row is cut off.
-    (config.models_dir / "epoch_2.keras").unlink()
+    (RunFolder(config.run_dir).models / "epoch_2.keras").unlink()
     text = log.read_text()
     log.write_text(text[:-7])
     with caplog.at_level(logging.WARNING):
@@ -57,15 +57,15 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
     log.write_text(good)
 
     # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.
-    (config.models_dir / "config.json").unlink()
+    (RunFolder(config.run_dir).models / "config.json").unlink()
     with pytest.raises(ConfigError, match="holds checkpoints but no config.json"):
         train(TrainConfig(**{**config.__dict__, "filters": 4, "epochs": 4}))
-    assert not (config.models_dir / "config.json").exists()
+    assert not (RunFolder(config.run_dir).models / "config.json").exists()
 
     # Every checkpoint unreadable: refused with the reason; the log and files stay.
     train_config = TrainConfig(**{**config.__dict__, "epochs": 3, "precision": "float32"})
-    (config.models_dir / "config.json").write_text(train_config.to_json())
-    for _, path in list_checkpoints(config.models_dir):
+    (RunFolder(config.run_dir).models / "config.json").write_text(train_config.to_json())
+    for _, path in RunFolder(config.run_dir).checkpoints():
         path.write_bytes(b"not a keras file")
     with pytest.raises(CheckpointError, match=r"No checkpoint in .* loads: epoch_3.keras .*--start-over"):
         train(train_config)

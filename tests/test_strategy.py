@@ -16,7 +16,7 @@ import pytest
 
 from provided_code.config import ConfigError, read_tf_config
 
-from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
 from tests.conftest import REPO, log_epochs
@@ -50,7 +50,7 @@ def run_cli_together(phantom_data, tmp_path, *arg_lists):
 
 
 def final_weights(results, name):
-    _, model = load_newest(results / name / "models")
+    _, model = RunFolder(results / name).load_newest()
     weights = model_weights(model)
     keras.backend.clear_session()
     return weights
@@ -165,7 +165,7 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     assert fingerprints[0] == fingerprints[1]
     results = tmp_path / "results"
     assert log_epochs(results / "mw") == [1, 2]
-    assert [e for e, _ in list_checkpoints(results / "mw" / "models")] == [2, 1]
+    assert [e for e, _ in RunFolder(results / "mw").checkpoints()] == [2, 1]
     assert chief.count("Saved checkpoint") == 2 and "Saved checkpoint" not in other
 
     # A worker dies mid-run: the other stops with a clear error within the collective timeout.
@@ -183,7 +183,7 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     survivor = output(workers[0])
     assert code == 1 and "Multi-worker training stopped: a worker failed or stopped answering" in survivor
     assert "Traceback" not in survivor and waited < 60
-    newest = list_checkpoints(results / "lost" / "models")[0][0]
+    newest = RunFolder(results / "lost").checkpoints()[0][0]
 
     # Resume on one device from the multi-worker run's checkpoints.
     resumed = run_cli(phantom_data, tmp_path, "--model-name", "lost", "--batch-size", "2", "--epochs", str(newest + 1))

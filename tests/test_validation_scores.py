@@ -12,7 +12,7 @@ from provided_code.config import TrainConfig
 from provided_code.data.csv_io import PatientDataError
 from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.apps.predict import predict_stage
-from provided_code.training.checkpoints import list_checkpoints, read_best
+from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
@@ -35,7 +35,7 @@ def test_a_reference_dose_outside_its_mask_is_refused_when_loaded_not_at_the_fir
     with pytest.raises(PatientDataError, match=r"^Patient pt_202: .*pt_202/dose\.csv: the dose is non-zero in 1 "
                                                r"voxel\(s\) outside the possible-dose mask"):
         train(config)
-    assert not list_checkpoints(config.models_dir)  # before training, so a resume cannot die there each time
+    assert not RunFolder(config.run_dir).checkpoints()  # before training, so a resume cannot die there each time
 
 
 def test_scoring_epochs_are_every_n_and_the_last():
@@ -64,7 +64,7 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
 
     # best.keras is the lowest dose score, and --epoch best predicts with it.
     best_epoch = min(rows, key=lambda epoch: rows[epoch][0])
-    assert read_best(config.models_dir)["epoch"] == best_epoch
+    assert RunFolder(config.run_dir).read_best()["epoch"] == best_epoch
     best = predict_stage(config, stage="validation", epoch="best")
     assert best.epoch == best_epoch
     command = ["--predict-only", "--epoch", "best", "--data-dir", config.data_dir, "--results-dir", config.results_dir,
@@ -80,19 +80,19 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
     keras.backend.clear_session()
     longer = dataclasses.replace(config, epochs=3, keep=1)
     train(longer)
-    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [3]
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [3]
     rows = scored_rows(config)
     assert sorted(rows) == [1, 2, 3]
-    assert read_best(config.models_dir)["epoch"] == min(rows, key=lambda epoch: rows[epoch][0])
-    assert (config.models_dir / "best.keras").is_file()
+    assert RunFolder(config.run_dir).read_best()["epoch"] == min(rows, key=lambda epoch: rows[epoch][0])
+    assert (RunFolder(config.run_dir).models / "best.keras").is_file()
 
 
     # A resumed run knows the best score so far: say it was perfect, and no later epoch replaces it.
-    record = read_best(config.models_dir)
-    (config.models_dir / "best.json").write_text(json.dumps({**record, "val_dose_score": 0.0}))
-    saved = (config.models_dir / "best.keras").read_bytes()
+    record = RunFolder(config.run_dir).read_best()
+    (RunFolder(config.run_dir).models / "best.json").write_text(json.dumps({**record, "val_dose_score": 0.0}))
+    saved = (RunFolder(config.run_dir).models / "best.keras").read_bytes()
     keras.backend.clear_session()
     train(dataclasses.replace(longer, epochs=5))
     assert sorted(scored_rows(config)) == [1, 2, 3, 4, 5]
-    assert read_best(config.models_dir)["epoch"] == record["epoch"]
-    assert (config.models_dir / "best.keras").read_bytes() == saved
+    assert RunFolder(config.run_dir).read_best()["epoch"] == record["epoch"]
+    assert (RunFolder(config.run_dir).models / "best.keras").read_bytes() == saved

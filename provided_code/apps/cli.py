@@ -10,7 +10,6 @@ import click
 from click.core import ParameterSource
 
 from provided_code.config import (
-    LOG_FILE,
     LOSSES,
     LR_SCHEDULES,
     NORMS,
@@ -26,6 +25,7 @@ from provided_code.infra.environment import configure_tensorflow
 from provided_code.errors import UserError
 from provided_code.infra.preflight import check_run_folders
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
+from provided_code.run_folder import RunFolder
 
 T = TypeVar("T")
 DEFAULTS = TrainConfig()
@@ -200,7 +200,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         click.echo(f"Trained {config.model_name} from epoch {result.first_epoch} to {result.last_epoch} "
                    f"({result.policy} on {result.device}).")
     click.echo(f"Checkpoint: {result.checkpoint}")
-    click.echo(f"Log: {config.run_dir / LOG_FILE}")
+    click.echo(f"Log: {RunFolder(config.run_dir).log}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from provided_code.apps.cli import _setup_logging, click_progress
-from provided_code.config import LOG_FILE
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.run_folder import RunFolder
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -59,14 +59,14 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
 
     click.echo("")
     click.echo(f"Phantoms:     {data}/ (train-pats/, validation-pats/)")
-    click.echo(f"Model:        {config.models_dir}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
+    folder = RunFolder(config.run_dir)
+    click.echo(f"Model:        {folder.models}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
                f"predicted with)")
-    click.echo(f"Training log: {config.run_dir / LOG_FILE}"
-               + (f" (curves: {config.run_dir / 'training_curves.png'})" if plots else ""))
+    click.echo(f"Training log: {folder.log}" + (f" (curves: {folder.curves})" if plots else ""))
     click.echo(f"Predictions:  {report.predictions_dir}/")
     click.echo(f"Submission:   {report.submission}")
     click.echo(f"Scores:       {report.scores_path} (per patient: {report.scores_path.with_suffix('.csv')})")
-    click.echo(f"Plots:        {config.run_dir / 'validation-plots'}/" if plots
+    click.echo(f"Plots:        {folder.plots('validation')}/" if plots
                else "Plots:        skipped (pip install matplotlib to get them)")
     click.echo(f"For scale: predicting zero dose everywhere scores a dose score of {zero_score:.3f} Gy.")
     click.echo(f"dose score {report.scores.dose_score:.3f} Gy, DVH score {report.scores.dvh_score:.3f} Gy "

@@ -12,16 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.infra.atomic import write_text_atomic
-from provided_code.config import (
-    CONFIG_FILE,
-    CURVES_FILE,
-    LOG_FILE,
-    ConfigError,
-    TrainConfig,
-    read_saved_config,
-    read_tf_config,
-)
+from provided_code.config import ConfigError, TrainConfig, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES, Augmenter
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
@@ -31,15 +22,8 @@ from provided_code.losses import loss_function, needs_possible_dose_mask
 from provided_code.networks.beams import augmentations_that_move_beams, resolve_beam_angles
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.infra.run_lock import RunLock
-from provided_code.training.checkpoints import (
-    BEST_FILE,
-    BEST_RECORD,
-    RotatingCheckpoint,
-    list_checkpoints,
-    load_newest,
-    set_aside,
-)
+from provided_code.run_folder import CONFIG_FILE, RunFolder
+from provided_code.training.checkpoints import RotatingCheckpoint
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger, read_log
@@ -83,10 +67,11 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     that writes); a second run on the same folder is refused. A diverging run stops with a
     :class:`~provided_code.training.divergence.DivergenceError` before it saves the diverged epoch.
     """
+    folder = RunFolder(config.run_dir)
     if config.multi_worker and read_tf_config()[1] != 0:
-        return _train(config, progress, verbose, False, given, change_recipe)
-    with RunLock(config.run_dir, "training"):
-        return _train(config, progress, verbose, start_over, given, change_recipe)
+        return _train(config, folder, progress, verbose, False, given, change_recipe)
+    with folder.lock("training"):
+        return _train(config, folder, progress, verbose, start_over, given, change_recipe)
 
 
 @dataclasses.dataclass
@@ -108,14 +93,18 @@ class Hardware:
     learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
 
 
-def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool, given: set[str] | None,
-           change_recipe: bool) -> TrainResult:
-    config, saved, changes = _settings(config, start_over, given, change_recipe)  # 1. a resume takes the saved run's
+def _train(config: TrainConfig, folder: RunFolder, progress: Progress, verbose: int | str, start_over: bool,
+           given: set[str] | None, change_recipe: bool) -> TrainResult:
+    if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
+        moved = folder.start_over()
+        if moved is not None:
+            logger.warning("--start-over: moved the earlier run's files into %s", moved)
+    config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
     hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
-    initial_epoch, model = _new_or_resumed_model(config, hardware, updates)  # 4. newest checkpoint that loads, or new
+    initial_epoch, model = _new_or_resumed_model(config, folder, hardware, updates)  # 4. newest that loads, or new
     if changes:
         config = config.with_changes_recorded(changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
@@ -124,12 +113,11 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     _describe_run(config, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
-        config.models_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+        folder.write_config(config)
     if initial_epoch >= config.epochs:
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
                     config.model_name, initial_epoch, config.epochs)
-        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, _newest(config))
+        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
 
     # 5. The loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
     #    every worker feeds its own replicas' share of each update. Only the chief writes.
@@ -149,23 +137,23 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
             with_mask=with_mask), len(validation.arrays))
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
                      recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
-    callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
+    callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
-    guard = DivergenceGuard(loss_history(read_log(config.run_dir / LOG_FILE), config.loss_changed_at(), initial_epoch),
-                            newest_checkpoint=lambda: _newest(config))
+    guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
+                            newest_checkpoint=folder.newest_checkpoint)
     try:
         run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_input,
                    batch_logs=show_bar, measures=measures, guard=guard)
     except DivergenceError as error:
-        newest = list_checkpoints(config.models_dir)
+        newest = folder.checkpoints()
         if changes and placement.is_chief and (not newest or newest[0][0] <= initial_epoch):
             # No checkpoint was trained with the changed recipe: config.json goes back to what the
             # checkpoints were trained with, so that the plain command resumes them as they were.
-            write_text_atomic(config.models_dir / CONFIG_FILE, saved.to_json() + "\n")
-            raise DivergenceError(f"{error} The recipe change was not kept: {config.models_dir / CONFIG_FILE} "
+            folder.write_config(saved)
+            raise DivergenceError(f"{error} The recipe change was not kept: {folder.config_file} "
                                   f"holds the saved recipe again.") from None
         raise
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
@@ -175,33 +163,24 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
         raise WorkerLostError(
             f"Multi-worker training stopped: a worker failed or stopped answering (the others wait at most "
             f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
-            f"The newest checkpoint in {config.models_dir} is intact: restart every worker with the same "
+            f"The newest checkpoint in {folder.models} is intact: restart every worker with the same "
             f"command to resume.") from None
     logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
-    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, _newest(config))
+    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint())
 
 
-def _settings(config: TrainConfig, start_over: bool, given: set[str] | None,
+def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
               change_recipe: bool) -> tuple[TrainConfig, TrainConfig | None, list]:
     """``(config, saved, changes)``: the settings to train with (on a resume, the saved ones
     where ``given`` does not say otherwise), the saved config of the model (None for a new one),
     and the recipe changes a resume makes (:meth:`TrainConfig.resume`)."""
-    if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
-        moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
-            config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
-            config.run_dir / name for name in (LOG_FILE, CURVES_FILE, "submissions", *(
-                f"{stage}-{what}" for stage in ("validation", "test")
-                for what in ("predictions", "plots", "scores.json", "scores.csv")))] + sorted(
-            config.run_dir.glob(".*-predictions.*")))
-        if moved is not None:
-            logger.warning("--start-over: moved the earlier run's files into %s", moved)
-    saved = read_saved_config(config.models_dir)
+    saved = folder.read_config()
     changes = []
     if saved is not None:
         config, changes = config.resume(saved, given, change_recipe)
         _warn_schedule_change(config, saved)
-    elif list_checkpoints(config.models_dir):
-        raise ConfigError(f"{config.models_dir} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
+    elif folder.checkpoints():
+        raise ConfigError(f"{folder.models} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
                           f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
@@ -257,12 +236,13 @@ def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
     return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
 
 
-def _new_or_resumed_model(config: TrainConfig, hardware: Hardware, updates: int) -> tuple[int, keras.Model]:
+def _new_or_resumed_model(config: TrainConfig, folder: RunFolder, hardware: Hardware,
+                          updates: int) -> tuple[int, keras.Model]:
     """``(epochs done, model)``: the newest checkpoint that loads, else a new model (with
     ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates); the optimizer
     built eagerly, under the strategy; every worker checked to resume from the same epoch."""
     with hardware.placement.strategy.scope():
-        resumed = load_newest(config.models_dir)
+        resumed = folder.load_newest()
         if resumed is not None:
             initial_epoch, model = resumed
             logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
@@ -300,7 +280,7 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 if config.beams else "")
 
 
-def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: keras.Model,
+def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Hardware, model: keras.Model,
                             validation: Validation | None, initial_epoch: int, patients: int) -> tuple[list, list]:
     """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log,
     checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory, then the
@@ -311,17 +291,16 @@ def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: kera
         return callbacks, []
     measures = [PeakMemory()]
     callbacks += [
-        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
-        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+        EpochCSVLogger(folder.log, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
+        RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs),
     ]
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
         measures.append(ValidationScores(validation.full, config.resolution, config.batch_size, config.score_every,
-                                         config.epochs, config.models_dir, model, predict_batch))
-        callbacks.append(TrainingCurves(config.run_dir / LOG_FILE, config.run_dir / CURVES_FILE, config.models_dir,
-                                        initial_epoch))
+                                         config.epochs, folder, model, predict_batch))
+        callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
     return callbacks, measures
 
 
@@ -386,11 +365,6 @@ def _check_workers_agree(strategy: tf.distribute.Strategy, initial_epoch: int) -
         raise ConfigError(f"The workers would resume from different epochs (this one from {initial_epoch}, "
                           f"the mean {mean:g}): --results-dir must be storage every worker "
                           f"shares, with the same checkpoints.")
-
-
-def _newest(config: TrainConfig) -> Path | None:
-    checkpoints = list_checkpoints(config.models_dir)
-    return checkpoints[0][1] if checkpoints else None
 
 
 def model_weights(model: keras.Model) -> list[np.ndarray]:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from pathlib import Path
 
 import keras
 
-from provided_code.metrics.scoring import score_split
 from provided_code.inference import PredictionError, predict_full_resolution
-from provided_code.training.checkpoints import BEST_FILE, BEST_RECORD, read_best, save_best
+from provided_code.metrics.scoring import score_split
+from provided_code.run_folder import BEST_FILE, RunFolder
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +33,24 @@ class ValidationScores:
     """
 
     def __init__(self, arrays, resolution: int, batch_size: int, score_every: int, epochs: int,
-                 models_dir: Path, model: keras.Model, predict_batch):
+                 folder: RunFolder, model: keras.Model, predict_batch):
         self.arrays = arrays
         self.model = model
         self.resolution = resolution
         self.batch_size = batch_size
         self.score_every = score_every
         self.epochs = epochs
-        self.models_dir = Path(models_dir)
+        self.folder = folder
         self.predict_batch = predict_batch
         self.best = None
 
     def start(self) -> None:
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        for name in os.listdir(self.models_dir):  # left by a process killed while saving best.keras
-            if name.startswith((f".{BEST_FILE}.", f".{BEST_RECORD}.")):
-                (self.models_dir / name).unlink()
-        self.best = read_best(self.models_dir)
+        self.folder.models.mkdir(parents=True, exist_ok=True)
+        self.folder.remove_unfinished_best()  # left by a process killed while saving best.keras
+        self.best = self.folder.read_best()
         if self.best is not None:
             logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
-                        self.best["val_dose_score"], self.models_dir / BEST_FILE)
+                        self.best["val_dose_score"], self.folder.best_checkpoint)
 
     def begin_epoch(self, epoch: int) -> None:
         pass
@@ -75,7 +71,7 @@ class ValidationScores:
             self.best is None or scores.dose_score < self.best["val_dose_score"])
         if improved:
             self.best = {"epoch": done, "val_dose_score": scores.dose_score, "val_dvh_score": scores.dvh_score}
-            save_best(self.model, self.models_dir, self.best)
+            self.folder.save_best(self.model, self.best)
         logger.info("epoch %d: validation dose score %.4f Gy, DVH score %.4f Gy (%d patients, %.1f s)%s", done,
                     scores.dose_score, scores.dvh_score, len(self.arrays), time.perf_counter() - start,
                     f"; new best, saved {BEST_FILE}" if improved else
