@@ -18,7 +18,7 @@ from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
-from provided_code.dicom.exporter import read_dose_csv  # noqa: E402
+from provided_code.data.csv_io import read_dose_csv  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.training.train import train  # noqa: E402

@@ -56,7 +56,8 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
 def export_command(patient_dir, prediction, out, nifti):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
     _setup_logging()
-    from provided_code.dicom.exporter import export_dose, read_dose_csv
+    from provided_code.data.csv_io import read_dose_csv
+    from provided_code.dicom.exporter import export_dose
 
     try:
         dose = read_dose_csv(prediction)

@@ -13,19 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.infra.atomic import atomic_path
-from provided_code.constants import NUM_VOXELS, VOLUME_SHAPE
-from provided_code.data.csv_io import read_sparse_csv
+from provided_code.constants import VOLUME_SHAPE
 from provided_code.dicom.grid import BOX, PatientGeometry, Taps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
-
-
-def read_dose_csv(path: os.PathLike | str, patient_id: str = "") -> np.ndarray:
-    """A 128³ float32 dose (Gy) from an OpenKBP sparse CSV (a prediction or a dose.csv)."""
-    path = Path(path)
-    indices, values = read_sparse_csv(path, patient_id or path.stem, with_values=True)
-    dose = np.zeros(NUM_VOXELS, np.float32)
-    dose[indices] = values
-    return dose.reshape(VOLUME_SHAPE)
 
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
