@@ -19,7 +19,7 @@ from provided_code.infra.atomic import atomic_path
 from provided_code.dicom.ct_series import AXIAL
 from provided_code.dicom.errors import DicomInputError, require_pydicom
 from provided_code.dicom.files import pixel_array, read_required
-from provided_code.dicom.grid import Taps
+from provided_code.dicom.grid import Taps, linear_matrix
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1
@@ -66,19 +66,13 @@ def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGri
 def _linear_at(source: np.ndarray, points: np.ndarray) -> np.ndarray:
     """``(points, source)`` weights of linear interpolation at ``points`` along an evenly spaced
     coordinate axis; zero rows for points outside it."""
-    weights = np.zeros((points.size, source.size))
     if source.size == 1:
+        weights = np.zeros((points.size, 1))
         weights[np.abs(points - source[0]) < 1e-3, 0] = 1.0
         return weights
     position = (points - source[0]) / (source[1] - source[0])
     inside = (position > -1e-6) & (position < source.size - 1 + 1e-6)
-    position = np.clip(position, 0, source.size - 1)
-    low = np.minimum(np.floor(position).astype(np.int64), source.size - 2)
-    fraction = position - low
-    rows = np.flatnonzero(inside)
-    weights[rows, low[rows]] = 1 - fraction[rows]
-    weights[rows, low[rows] + 1] += fraction[rows]
-    return weights
+    return linear_matrix(position, source.size, inside)
 
 
 def sample_dose(grid: DoseGrid, y: np.ndarray, x: np.ndarray, z: np.ndarray) -> np.ndarray:
