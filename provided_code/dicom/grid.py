@@ -91,6 +91,23 @@ class Taps:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class PlaneTaps:
+    """A plane resampled along its rows (axis 0), then along its columns (axis 1): the separable
+    resampling of every plane between the CT's grid and the box's, either way."""
+
+    rows: Taps
+    columns: Taps
+
+    @classmethod
+    def from_matrices(cls, rows: np.ndarray, columns: np.ndarray) -> "PlaneTaps":
+        return cls(Taps.from_matrix(rows), Taps.from_matrix(columns))
+
+    def apply(self, plane: np.ndarray) -> np.ndarray:
+        """``rows @ plane @ columns.T`` (float64), by gathers."""
+        return self.columns.apply(self.rows.apply(plane, axis=0), axis=1)
+
+
 @dataclasses.dataclass
 class PatientGeometry:
     """The CT's grid, the box inside it, and the CT's identity (for the export)."""
