@@ -13,7 +13,7 @@ LAYERS = (
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
     ("inference", "plots", "run_folder"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
-    ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.__init__", "__init__", "__main__"),
+    ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.console", "apps.__init__", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 BESIDE_TRAINING = ("apps.predict", "apps.score_folder", "apps.clinic")

@@ -162,7 +162,7 @@ def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_che
 
 
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
-    from provided_code.apps.cli import one_line
+    from provided_code.apps.console import one_line
 
     def disk_full(self, filepath, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")  # as zipfile raises it: no file name

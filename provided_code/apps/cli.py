@@ -1,14 +1,14 @@
-"""Command-line entry points. The only place that prints; TensorFlow is imported after parsing."""
+"""The training and scoring command lines: ``openkbp-train`` (also ``python runpod_train.py``) and
+``openkbp-score``. TensorFlow is imported after parsing."""
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Iterable, Iterator, TypeVar
 
 import click
 from click.core import ParameterSource
 
+from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
 from provided_code.config import (
     LOSSES,
     LR_SCHEDULES,
@@ -20,41 +20,14 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.networks.beams import BEAM_CHANNELS
-from provided_code.infra.environment import configure_tensorflow
-from provided_code.errors import UserError
 from provided_code.infra.preflight import check_run_folders
+from provided_code.networks.beams import BEAM_CHANNELS
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
 
-T = TypeVar("T")
 DEFAULTS = TrainConfig()
 CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, "
                   "else ~/.cache/provided_code].")
-
-
-def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T]:
-    """A progress bar on stderr, for the library's ``progress`` hook."""
-    with click.progressbar(iterable, length=length, label=label, file=sys.stderr) as bar:
-        yield from bar
-
-
-def _setup_logging() -> None:
-    configure_tensorflow()  # before anything imports TensorFlow: oneDNN CPU kernels, quiet C++ start-up
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
-
-
-# Bad input or settings, and a file the run cannot read or write: shown as one line, not a traceback.
-USER_ERRORS = (UserError, OSError)
-
-
-def one_line(error: Exception) -> str:
-    """The message of a user error; for an OSError, the path and the reason."""
-    if isinstance(error, OSError) and not isinstance(error, UserError) and error.filename is not None:
-        return f"{error.filename}: {error.strerror or error}"
-    return str(error)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -147,7 +120,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 
     Example: python runpod_train.py --filters 64 --epochs 100
     """
-    _setup_logging()
+    setup_logging()
     try:
         given = {name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
         if {"beams", "beam_angles"} <= given:
@@ -162,11 +135,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
         if config.multi_worker and not predict_only:
             read_tf_config()  # a bad TF_CONFIG fails now, before TensorFlow is imported and the data loaded
-        if epoch is not None and epoch != "best":
-            if not epoch.isdigit():
-                raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
-                                         param_hint="--epoch")
-            epoch = int(epoch)
+        epoch = parse_epoch(epoch)
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")
@@ -215,7 +184,7 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     import json
     from pathlib import Path
 
-    _setup_logging()
+    setup_logging()
     from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 
     try:

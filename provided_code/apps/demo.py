@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from provided_code.apps.cli import _setup_logging, click_progress
+from provided_code.apps.console import click_progress, setup_logging
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.run_folder import RunFolder
 
@@ -29,7 +29,7 @@ from provided_code.run_folder import RunFolder
               help="Training resolution.")
 def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
-    _setup_logging()
+    setup_logging()
     from provided_code.config import TrainConfig
     from provided_code.data.phantoms import write_phantom_patient
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from provided_code.apps.cli import USER_ERRORS, _setup_logging, click_progress, one_line
+from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
 
 _PATHS = {"exists": False, "dir_okay": True, "file_okay": True}
 
@@ -34,7 +34,7 @@ def main():
 @click.option("--out", required=True, help="The patient folder to write (OpenKBP layout plus dicom.json).")
 def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
     """Import one patient into the OpenKBP layout."""
-    _setup_logging()
+    setup_logging()
     from provided_code.dicom.importer import import_patient
 
     try:
@@ -55,7 +55,7 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
 def export_command(patient_dir, prediction, out, nifti):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
-    _setup_logging()
+    setup_logging()
     from provided_code.data.csv_io import read_dose_csv
     from provided_code.dicom.exporter import export_dose
 
@@ -78,12 +78,8 @@ def export_command(patient_dir, prediction, out, nifti):
 @click.option("--no-plots", is_flag=True, help="Skip the DVH and slice PNGs.")
 def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""
-    _setup_logging()
-    if epoch is not None and epoch != "best":
-        if not epoch.isdigit():
-            raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
-                                     param_hint="--epoch")
-        epoch = int(epoch)
+    setup_logging()
+    epoch = parse_epoch(epoch)
     try:
         from provided_code.apps.clinic import predict_dicom_patient
 
