@@ -106,67 +106,42 @@ class TrainConfig:
     KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
 
     def __post_init__(self):
-        def positive(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Invalid `{name}`. Expected an integer >= 1. Received: {name}={value!r}")
-
         for name in ("filters", "epochs", "batch_size", "save_every", "keep", "accumulate"):
-            positive(name)
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
-            raise ConfigError(f"Invalid `warmup_epochs`. Expected an integer >= 0. "
-                              f"Received: warmup_epochs={self.warmup_epochs!r}")
-        if isinstance(self.score_every, bool) or not isinstance(self.score_every, int) or self.score_every < 0:
-            raise ConfigError(f"Invalid `score_every`. Expected an integer >= 0 (0: never). "
-                              f"Received: score_every={self.score_every!r}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
-        if self.norm not in NORMS:
-            raise ConfigError(f"Invalid `norm`. Expected one of {NORMS}. Received: norm={self.norm!r}")
-        if not (_is_finite_number(self.dvh_weight) and self.dvh_weight >= 0):
-            raise ConfigError(f"Invalid `dvh_weight`. Expected a finite number >= 0. "
-                              f"Received: dvh_weight={self.dvh_weight!r}")
-        if isinstance(self.beams, bool) or not isinstance(self.beams, int) or self.beams < 0:
-            raise ConfigError(f"Invalid `beams`. Expected an integer >= 0 (0: none). Received: beams={self.beams!r}")
-        try:
-            angles = resolve_beam_angles(self.beams, self.beam_angles)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+            self._check(name, _is_integer(getattr(self, name), 1), "an integer >= 1")
+        self._check("warmup_epochs", _is_integer(self.warmup_epochs, 0), "an integer >= 0")
+        self._check("score_every", _is_integer(self.score_every, 0), "an integer >= 0 (0: never)")
+        self._check_choice("loss", LOSSES)
+        self._check_choice("norm", NORMS)
+        self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
+        self._check("beams", _is_integer(self.beams, 0), "an integer >= 0 (0: none)")
+        angles = _parsed(resolve_beam_angles, self.beams, self.beam_angles)
         self.beams, self.beam_angles = len(angles), ",".join(f"{angle:g}" for angle in angles)
-        if self.beam_channels not in BEAM_CHANNELS:
-            raise ConfigError(f"Invalid `beam_channels`. Expected one of {BEAM_CHANNELS}. "
-                              f"Received: beam_channels={self.beam_channels!r}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
-                              f"Received: lr_schedule={self.lr_schedule!r}")
-        try:
-            self.augment = ",".join(parse_augment(self.augment)) or "none"
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        if self.xla not in XLA_MODES:
-            raise ConfigError(f"Invalid `xla`. Expected one of {XLA_MODES}. Received: xla={self.xla!r}")
-        if not (isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
-            raise ConfigError(f"Invalid `collective_timeout`. Expected a number of seconds > 0. "
-                              f"Received: collective_timeout={self.collective_timeout!r}")
-        if self.resolution not in RESOLUTIONS:
-            raise ConfigError(f"Invalid `resolution`. Expected one of {RESOLUTIONS}. "
-                              f"Received: resolution={self.resolution!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"Invalid `precision`. Expected one of {PRECISIONS}. "
-                              f"Received: precision={self.precision!r}")
-        if not (_is_finite_number(self.learning_rate) and self.learning_rate > 0):
-            raise ConfigError(f"Invalid `learning_rate`. Expected a finite number > 0. "
-                              f"Received: learning_rate={self.learning_rate!r}")
-        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
-            raise ConfigError(f"Invalid `dropout`. Expected a number in [0, 1). Received: dropout={self.dropout!r}")
-        if not (self.devices == "all" or (str(self.devices).isdigit() and int(self.devices) >= 1)):
-            raise ConfigError(f"Invalid `devices`. Expected a number >= 1 or 'all'. Received: devices={self.devices!r}")
-        if not self.model_name or os.sep in self.model_name or self.model_name in (".", ".."):
-            raise ConfigError(f"Invalid `model_name`. Expected a plain folder name. "
-                              f"Received: model_name={self.model_name!r}")
-        if not (isinstance(self.history, (list, tuple)) and all(isinstance(entry, dict) for entry in self.history)):
-            raise ConfigError(f"Invalid `history`. Expected a list of recipe changes. Received: history={self.history!r}")
+        self._check_choice("beam_channels", BEAM_CHANNELS)
+        self._check_choice("lr_schedule", LR_SCHEDULES)
+        self.augment = ",".join(_parsed(parse_augment, self.augment)) or "none"
+        self._check_choice("xla", XLA_MODES)
+        self._check("collective_timeout", isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0,
+                    "a number of seconds > 0")
+        self._check_choice("resolution", RESOLUTIONS)
+        self._check_choice("precision", PRECISIONS)
+        self._check("learning_rate", _is_finite_number(self.learning_rate) and self.learning_rate > 0,
+                    "a finite number > 0")
+        self._check("dropout", isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "a number in [0, 1)")
+        self._check("devices", self.devices == "all" or (str(self.devices).isdigit() and int(self.devices) >= 1),
+                    "a number >= 1 or 'all'")
+        self._check("model_name", bool(self.model_name) and os.sep not in self.model_name
+                    and self.model_name not in (".", ".."), "a plain folder name")
+        self._check("history", isinstance(self.history, (list, tuple))
+                    and all(isinstance(entry, dict) for entry in self.history), "a list of recipe changes")
         self.history = tuple(self.history)
+
+    def _check(self, name: str, valid: bool, expected: str) -> None:
+        """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
+        if not valid:
+            raise ConfigError(f"Invalid `{name}`. Expected {expected}. Received: {name}={getattr(self, name)!r}")
+
+    def _check_choice(self, name: str, choices: tuple) -> None:
+        self._check(name, getattr(self, name) in choices, f"one of {choices}")
 
     @property
     def run_dir(self) -> Path:
@@ -275,6 +250,19 @@ ABSENT_MEANS = {"norm": "batch", "prescription_channel": False, "beams": 0, "bea
 
 def _is_finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_integer(value, least: int) -> bool:
+    """``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _parsed(parse, *text):
+    """``parse(*text)``, its ValueError (a message in the house style) as a :class:`ConfigError`."""
+    try:
+        return parse(*text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _known_values(saved) -> tuple[dict, list[str]]:
