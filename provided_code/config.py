@@ -114,11 +114,12 @@ class TrainConfig:
         self._check_choice("norm", NORMS)
         self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
         self._check("beams", _is_integer(self.beams, 0), "an integer >= 0 (0: none)")
-        angles = _parsed(resolve_beam_angles, self.beams, self.beam_angles)
-        self.beams, self.beam_angles = len(angles), ",".join(f"{angle:g}" for angle in angles)
+        self._gantry_angles = _parsed(resolve_beam_angles, self.beams, self.beam_angles)  # parsed once, here
+        self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
         self._check_choice("beam_channels", BEAM_CHANNELS)
         self._check_choice("lr_schedule", LR_SCHEDULES)
-        self.augment = ",".join(_parsed(parse_augment, self.augment)) or "none"
+        self._augmentations = _parsed(parse_augment, self.augment)  # parsed once, here
+        self.augment = ",".join(self._augmentations) or "none"
         self._check_choice("xla", XLA_MODES)
         self._check("collective_timeout", isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0,
                     "a number of seconds > 0")
@@ -150,7 +151,13 @@ class TrainConfig:
 
     @property
     def augmentations(self) -> tuple[str, ...]:
-        return parse_augment(self.augment)
+        """``augment`` parsed: the moves in canonical order, () for none."""
+        return self._augmentations
+
+    @property
+    def gantry_angles(self) -> tuple[float, ...]:
+        """``beams`` and ``beam_angles`` resolved: each beam's gantry angle in degrees, () for none."""
+        return self._gantry_angles
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -179,7 +186,7 @@ class TrainConfig:
                             f"never reached")
         if self.beams:
             concerns += [f"--beams/--beam-angles: {concern}" for concern in
-                         beam_concerns(resolve_beam_angles(self.beams, self.beam_angles), self.resolution)]
+                         beam_concerns(self.gantry_angles, self.resolution)]
         return concerns
 
     def resume(self, saved: "TrainConfig", given: set[str] | None = None,

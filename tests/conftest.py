@@ -75,13 +75,15 @@ def reset_keras():
 
 def network_config(**fields):
     """The network and optimizer settings of ``TrainConfig``'s defaults, with ``fields`` changed,
-    without its checks (so that tests can build at 16³)."""
+    without its checks (so that tests can build at 16³); ``gantry_angles`` resolved as it resolves them."""
     import dataclasses
     import types
 
     from provided_code.config import TrainConfig
+    from provided_code.networks.beams import resolve_beam_angles
 
-    return types.SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), **fields})
+    settings = {**dataclasses.asdict(TrainConfig()), **fields}
+    return types.SimpleNamespace(**settings, gantry_angles=resolve_beam_angles(settings["beams"], settings["beam_angles"]))
 
 
 def console_script(name: str) -> list[str]:

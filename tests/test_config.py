@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
@@ -55,7 +57,7 @@ def test_a_resume_takes_the_saved_recipe_and_architecture_where_no_flag_is_given
                         prescription_channel=False, learning_rate=1e-3, seed=3)
     config, changes = TrainConfig(epochs=10, keep=1).resume(saved, given={"epochs", "keep"})
     assert changes == [] and config.keep == 1 and config.epochs == 10
-    assert config == TrainConfig(**{**saved.__dict__, "epochs": 10, "keep": 1})
+    assert config == dataclasses.replace(saved, epochs=10, keep=1)
     config, _ = TrainConfig().resume(saved, given=set())  # the bare command: the saved run, to its saved epochs
     assert config == saved
 

@@ -1,6 +1,7 @@
 """What a run writes, after the machine or the user broke it: a cut-off log line, a log that does
 not parse, a deleted config.json, checkpoints that no longer load, a changed schedule."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -40,7 +41,7 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
     assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)  # float32 rate, as text
 
     # A cosine schedule resumed with another --epochs (a recipe change, so --change-recipe): said, not silent.
-    cosine = TrainConfig(**{**config.__dict__, "epochs": 3, "lr_schedule": "cosine"})
+    cosine = dataclasses.replace(config, epochs=3, lr_schedule="cosine")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         train(cosine, change_recipe=True)
@@ -50,20 +51,20 @@ def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(con
     good = log.read_text()
     log.write_text("hello\nworld\n")
     with pytest.raises(LogError, match=r"training_log.csv: not a training log \(header 'hello'\)"):
-        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
+        train(dataclasses.replace(cosine, epochs=4))
     log.write_text(good.replace("\n3,", "\nthree,"))
     with pytest.raises(LogError, match=r"training_log.csv: line 4 is not a log row"):
-        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
+        train(dataclasses.replace(cosine, epochs=4))
     log.write_text(good)
 
     # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.
     (RunFolder(config.run_dir).models / "config.json").unlink()
     with pytest.raises(ConfigError, match="holds checkpoints but no config.json"):
-        train(TrainConfig(**{**config.__dict__, "filters": 4, "epochs": 4}))
+        train(dataclasses.replace(config, filters=4, epochs=4))
     assert not (RunFolder(config.run_dir).models / "config.json").exists()
 
     # Every checkpoint unreadable: refused with the reason; the log and files stay.
-    train_config = TrainConfig(**{**config.__dict__, "epochs": 3, "precision": "float32"})
+    train_config = dataclasses.replace(config, epochs=3, precision="float32")
     (RunFolder(config.run_dir).models / "config.json").write_text(train_config.to_json())
     for _, path in RunFolder(config.run_dir).checkpoints():
         path.write_bytes(b"not a keras file")

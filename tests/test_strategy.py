@@ -240,10 +240,8 @@ import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement
 two = make_placement("2", multi_worker=False).strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
-import dataclasses
-from types import SimpleNamespace
-from provided_code.config import TrainConfig
 from provided_code.data.tf_dataset import take_element
+from tests.conftest import network_config
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
@@ -258,9 +256,7 @@ def run(strategy, batch, xla, recompute=False):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        settings = {**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2, "dropout": 0.0,
-                    "norm": "instance", "learning_rate": 1e-3}
-        model = new_model(SimpleNamespace(**settings))
+        model = new_model(network_config(resolution=16, filters=2, dropout=0.0, norm="instance", learning_rate=1e-3))
         model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error)
     losses = []
@@ -276,8 +272,7 @@ one_losses, one_weights, _ = run(one, 2, xla=False)
 two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True)
 keras.backend.clear_session()
 with two.scope():  # synchronised batch norm on two replicas: XLA is refused for the step, not half-applied
-    bn = new_model(SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2,
-                                      "norm": "batch"}))
+    bn = new_model(network_config(resolution=16, filters=2, norm="batch"))
 print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error)._loss_and_grads,
                                            "_jit_compile", False)))
 again, _, _ = run(one, 2, xla=False, recompute=True)

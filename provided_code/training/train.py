@@ -19,7 +19,7 @@ from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
 from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.losses import loss_function, needs_possible_dose_mask
-from provided_code.networks.beams import augmentations_that_move_beams, resolve_beam_angles
+from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.run_folder import CONFIG_FILE, RunFolder
@@ -267,8 +267,7 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
-    broken = augmentations_that_move_beams(resolve_beam_angles(config.beams, config.beam_angles),
-                                           config.augmentations, ROTATION_STEP_DEGREES)
+    broken = augmentations_that_move_beams(config.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
     if broken:
         logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
