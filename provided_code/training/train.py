@@ -13,12 +13,12 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.config import ConfigError, TrainConfig, read_tf_config
-from provided_code.data.augment import ROTATION_STEP_DEGREES, Augmenter
+from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
-from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
+from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.infra.environment import describe_cpu_kernels
-from provided_code.losses import loss_function, needs_possible_dose_mask
+from provided_code.losses import loss_function
 from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
@@ -30,6 +30,7 @@ from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.curves import TrainingCurves
 from provided_code.training.hardware import describe_devices, resolve_precision
+from provided_code.training.inputs import training_input, validation_input
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
@@ -119,22 +120,10 @@ def _train(config: TrainConfig, folder: RunFolder, progress: Progress, verbose: 
                     config.model_name, initial_epoch, config.epochs)
         return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
 
-    # 5. The loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
-    #    every worker feeds its own replicas' share of each update. Only the chief writes.
-    #    Augmentation is drawn here on the host and applied on the device, inside the step.
+    # 5. The loop: one schedule over the remaining epochs (training/inputs.py). Only the chief writes.
     strategy = placement.strategy
-    shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
-    with_mask = needs_possible_dose_mask(config.loss)
-    augmenter = (Augmenter(config.augmentations, train_arrays.possible_dose_mask, config.seed)
-                 if config.augmentations else None)
-    train_data = distributed_dataset(strategy, train_arrays, update_schedule(
-        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape),
-        with_mask=with_mask, augmenter=augmenter)
-    validation_input = None  # (dataset, patients): the validation loss
-    if validation is not None:
-        validation_input = (distributed_dataset(strategy, validation.arrays, update_schedule(
-            len(validation.arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
-            with_mask=with_mask), len(validation.arrays))
+    train_data = training_input(strategy, train_arrays, config, first_epoch=initial_epoch)
+    validation_data = validation_input(strategy, validation.arrays, config) if validation is not None else None
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
                      recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
     callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
@@ -145,7 +134,7 @@ def _train(config: TrainConfig, folder: RunFolder, progress: Progress, verbose: 
     guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
                             newest_checkpoint=folder.newest_checkpoint)
     try:
-        run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_input,
+        run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_data,
                    batch_logs=show_bar, measures=measures, guard=guard)
     except DivergenceError as error:
         newest = folder.checkpoints()
