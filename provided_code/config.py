@@ -304,8 +304,22 @@ def check_beam_flags(beams: int, beam_angles: str) -> None:
                           f"or --beam-angles alone. Received: beams={beams}")
 
 
-def read_tf_config(environ=os.environ) -> tuple[list[str], int]:
-    """``(worker addresses, this worker's index)`` from ``TF_CONFIG``; a one-line ConfigError if bad."""
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The machines of a ``--multi-worker`` run, as ``TF_CONFIG`` describes them."""
+
+    workers: list[str]  # "host:port" of every worker
+    index: int  # this worker's
+
+    @property
+    def is_chief(self) -> bool:
+        """Worker 0 is the chief: the one that holds the run's lock and writes checkpoints and logs."""
+        return self.index == 0
+
+
+def read_tf_config(environ=os.environ) -> Cluster:
+    """The cluster of ``TF_CONFIG``; a one-line ConfigError if bad. Read once per process (the
+    command line reads it before TensorFlow loads, and hands it on)."""
     text = environ.get("TF_CONFIG")
     if not text:
         raise ConfigError("--multi-worker needs TF_CONFIG, e.g. TF_CONFIG='{\"cluster\": {\"worker\": "
@@ -335,4 +349,4 @@ def read_tf_config(environ=os.environ) -> tuple[list[str], int]:
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
         raise ConfigError(f"Invalid TF_CONFIG: task.index must be 0..{len(workers) - 1} for "
                           f"{len(workers)} workers. Received: task={task!r}")
-    return workers, index
+    return Cluster(workers, index)

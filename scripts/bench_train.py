@@ -65,7 +65,7 @@ def child(spec: dict) -> dict:
         os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
     from provided_code.training.strategy import make_placement
 
-    strategy = make_placement(str(spec.get("devices", 1)), multi_worker=False).strategy  # before TF starts
+    strategy = make_placement(str(spec.get("devices", 1))).strategy  # before TF starts
     import tensorflow as tf
 
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling

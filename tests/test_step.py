@@ -140,7 +140,7 @@ LOSS_SCALE_PROBE = textwrap.dedent("""
     configure_tensorflow()
     import keras, tensorflow as tf
     from provided_code.training.strategy import make_placement
-    strategy = make_placement("2", multi_worker=False).strategy
+    strategy = make_placement("2").strategy
     from provided_code.networks.layers import CompactInputs
     from provided_code.losses import mean_absolute_error
     from provided_code.training.step import TrainStep

@@ -221,7 +221,7 @@ def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
     probe = ("from provided_code.infra.environment import configure_tensorflow; configure_tensorflow()\n"
              "import tensorflow as tf\n"
              "from provided_code.training.strategy import make_placement\n"
-             "strategy = make_placement('3', False).strategy\n"
+             "strategy = make_placement('3').strategy\n"
              "from provided_code.training.train import replicas_agree\n"
              "same = replicas_agree(strategy, lambda: tf.constant(2401, tf.int64))\n"
              "def differ():\n"
@@ -238,7 +238,7 @@ from provided_code.infra.environment import configure_tensorflow
 configure_tensorflow()
 import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement
-two = make_placement("2", multi_worker=False).strategy
+two = make_placement("2").strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
 from provided_code.data.tf_dataset import take_element
 from tests.conftest import network_config

@@ -133,8 +133,8 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         # the flags given, and every field of a preset given.
         given |= {"resolution"} if ctx.get_parameter_source("resolution") is not ParameterSource.DEFAULT else set()
         given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
-        if config.multi_worker and not predict_only:
-            read_tf_config()  # a bad TF_CONFIG fails now, before TensorFlow is imported and the data loaded
+        # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
+        cluster = read_tf_config() if config.multi_worker and not predict_only else None
         epoch = parse_epoch(epoch)
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
@@ -160,7 +160,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 
         # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
         result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0,
-                       start_over=start_over, given=given, change_recipe=change_recipe)
+                       start_over=start_over, given=given, change_recipe=change_recipe, cluster=cluster)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     if result.first_epoch >= result.last_epoch:

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.config import ConfigError, TrainConfig, read_tf_config
+from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
@@ -56,7 +56,8 @@ class TrainResult:
 
 
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
-          start_over: bool = False, given: set[str] | None = None, change_recipe: bool = False) -> TrainResult:
+          start_over: bool = False, given: set[str] | None = None, change_recipe: bool = False,
+          cluster: Cluster | None = None) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint.
 
     ``verbose``: 1 draws Keras's progress bar (for a terminal); otherwise one log line per epoch.
@@ -64,15 +65,17 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     ``given``, ``change_recipe``: a resume takes the saved settings, except those in ``given``
     (None: all of ``config``'s); a recipe setting that differs is refused unless
     ``change_recipe``, and then recorded (:meth:`TrainConfig.resume`).
+    ``cluster``: with ``config.multi_worker``, ``TF_CONFIG`` as the caller read it (None: read here).
     The run holds the model folder's lock throughout (with ``--multi-worker``, the chief: the one
     that writes); a second run on the same folder is refused. A diverging run stops with a
     :class:`~provided_code.training.divergence.DivergenceError` before it saves the diverged epoch.
     """
     folder = RunFolder(config.run_dir)
-    if config.multi_worker and read_tf_config()[1] != 0:
-        return _train(config, folder, progress, verbose, False, given, change_recipe)
+    cluster = (cluster or read_tf_config()) if config.multi_worker else None
+    if cluster is not None and not cluster.is_chief:
+        return _train(config, folder, cluster, progress, verbose, False, given, change_recipe)
     with folder.lock("training"):
-        return _train(config, folder, progress, verbose, start_over, given, change_recipe)
+        return _train(config, folder, cluster, progress, verbose, start_over, given, change_recipe)
 
 
 @dataclasses.dataclass
@@ -94,15 +97,15 @@ class Hardware:
     learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
 
 
-def _train(config: TrainConfig, folder: RunFolder, progress: Progress, verbose: int | str, start_over: bool,
-           given: set[str] | None, change_recipe: bool) -> TrainResult:
+def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, progress: Progress, verbose: int | str,
+           start_over: bool, given: set[str] | None, change_recipe: bool) -> TrainResult:
     if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
         moved = folder.start_over()
         if moved is not None:
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
-    hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
+    hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
     initial_epoch, model = _new_or_resumed_model(config, folder, hardware, updates)  # 4. newest that loads, or new
@@ -201,10 +204,10 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     return train_arrays, validation
 
 
-def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
+def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig | None) -> Hardware:
     """The strategy first (it may split the CPU or join a cluster), then precision and XLA; sets
     the dtype policy, the seeds and, on a CPU without XLA, deterministic ops."""
-    placement = make_placement(config.devices, config.multi_worker, config.collective_timeout)
+    placement = make_placement(config.devices, cluster, config.collective_timeout)
     device, capabilities = describe_devices()
     if saved is not None and config.precision == "auto":
         policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
