@@ -59,14 +59,19 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
 
 
 def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
-                            progress: Progress = no_progress, label: str = "") -> np.ndarray:
+                            progress: Progress = no_progress, label: str = "",
+                            at_resolution: SplitArrays | None = None) -> np.ndarray:
     """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
     brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
+    ``at_resolution``: the same patients already at ``resolution`` (training keeps its validation
+    patients so); otherwise they are brought there here.
 
     Raises :class:`PredictionError` naming the patients whose predictions are not finite
     (``label`` says whose model, for the message).
     """
-    low = predict_arrays(model, downsample_split(arrays, resolution), batch_size, tta, progress)
+    if at_resolution is None:
+        at_resolution = downsample_split(arrays, resolution)
+    low = predict_arrays(model, at_resolution, batch_size, tta, progress)
     broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
     if broken:
         raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")

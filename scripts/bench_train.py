@@ -135,13 +135,13 @@ def child_score(spec: dict, strategy) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.networks.unet import build_unet
     from provided_code.run_folder import RunFolder
-    from provided_code.training.validation_scores import ValidationScores
+    from provided_code.training.validation_scores import Validation, ValidationScores
 
-    full, _ = _phantoms(spec)
+    full, low = _phantoms(spec)
     keras.utils.set_random_seed(0)
     model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]))
     predict_batch = tf.function(lambda inputs: model(inputs, training=False))
-    scoring = ValidationScores(full, spec["resolution"], spec["batch_size"], score_every=1, epochs=2,
+    scoring = ValidationScores(Validation(low, full), spec["batch_size"], score_every=1, epochs=2,
                                folder=RunFolder(tempfile.mkdtemp(prefix="bench-score-")), model=model,
                                predict_batch=predict_batch)
     try:

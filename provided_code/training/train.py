@@ -37,7 +37,7 @@ from provided_code.training.memory import PeakMemory
 from provided_code.training.step import TrainStep
 from provided_code.training.model import new_model
 from provided_code.training.strategy import Placement, make_placement
-from provided_code.training.validation_scores import ValidationScores
+from provided_code.training.validation_scores import Validation, ValidationScores
 from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -76,15 +76,6 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
         return _train(config, folder, cluster, progress, verbose, False, given, change_recipe)
     with folder.lock("training"):
         return _train(config, folder, cluster, progress, verbose, start_over, given, change_recipe)
-
-
-@dataclasses.dataclass
-class Validation:
-    """The validation patients that have reference doses: at the training resolution (for the
-    validation loss) and at 128³ (for the challenge's scores)."""
-
-    arrays: SplitArrays
-    full: SplitArrays
 
 
 @dataclasses.dataclass
@@ -287,8 +278,8 @@ def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Ha
     ]
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
-        measures.append(ValidationScores(validation.full, config.resolution, config.batch_size, config.score_every,
-                                         config.epochs, folder, model, predict_batch))
+        measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
+                                         model, predict_batch))
         callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
