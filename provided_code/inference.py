@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from provided_code.constants import LEFT_PAROTID_BIT, LEFT_RIGHT_AXIS, RIGHT_PAROTID_BIT
-from provided_code.data.batches import epoch_batches
+from provided_code.data.batches import in_batches
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
@@ -46,7 +46,7 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)
-    batches = epoch_batches(len(arrays), batch_size, seed=0, epoch=0, shuffle=False)
+    batches = in_batches(np.arange(len(arrays)), batch_size)
     for rows in progress(batches, len(batches), "Predicting"):
         inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
         dose = np.asarray(predict_batch(inputs))[..., 0]

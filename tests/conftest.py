@@ -98,6 +98,15 @@ def console_script(name: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; {function}()"]
 
 
+def predict(config, **options):
+    """``predict_stage`` of the model a TrainConfig trained, with its data, cache and batch size, as
+    ``runpod_train.py --predict-only`` passes them."""
+    from provided_code.apps.predict import predict_stage
+
+    return predict_stage(config.run_dir, config.data_dir, batch_size=config.batch_size, cache_dir=config.cache_dir,
+                         skip_incomplete=config.skip_incomplete, **options)
+
+
 def log_epochs(run_dir: Path) -> list[int]:
     """The epochs in a run's ``training_log.csv``, in order."""
     with open(Path(run_dir) / "training_log.csv", newline="") as handle:

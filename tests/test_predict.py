@@ -22,11 +22,10 @@ from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
-from provided_code.apps.predict import predict_stage
 from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.run_folder import RunFolder
 from provided_code.training.train import train
-from tests.conftest import console_script
+from tests.conftest import console_script, predict
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
 
 
 def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained):
-    report = predict_stage(trained, stage="validation")
+    report = predict(trained, stage="validation")
     assert report.epoch == 2 and report.patients == 2
     files = sorted(p.name for p in report.predictions_dir.glob("pt_*.csv"))
     assert files == ["pt_201.csv", "pt_202.csv"]
@@ -81,7 +80,7 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
 
 
 def test_stage_without_reference_doses_is_predicted_not_scored(trained):
-    report = predict_stage(trained, stage="test", epoch=1)
+    report = predict(trained, stage="test", epoch=1)
     assert report.epoch == 1 and report.scores is None
     assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["m_test_epoch_1.zip", "pt_241.csv",
                                                                         "pt_242.csv"]
@@ -112,23 +111,23 @@ def test_tta_prediction_is_left_right_equivariant(trained):
 
 def test_plots_are_written_or_explained(trained, monkeypatch):
     pytest.importorskip("matplotlib")
-    report = predict_stage(trained, stage="validation", plots=True)
+    report = predict(trained, stage="validation", plots=True)
     plots = sorted(p.name for p in (report.predictions_dir.parent / "validation-plots").iterdir())
     assert plots == ["pt_201_dvh.png", "pt_201_slices.png", "pt_202_dvh.png", "pt_202_slices.png"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="pip install 'provided_code\\[plots\\]'"):
-        predict_stage(trained, stage="validation", plots=True)
+        predict(trained, stage="validation", plots=True)
 
 
 def test_unknown_model_is_a_clear_error(trained):
     with pytest.raises(FileNotFoundError, match="No trained model 'nope'"):
-        predict_stage(dataclasses.replace(trained, model_name="nope"))
+        predict(dataclasses.replace(trained, model_name="nope"))
 
 
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(trained):
-    plain = predict_stage(trained, stage="validation")
+    plain = predict(trained, stage="validation")
     _, plain_values = read_sparse_csv(plain.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    report = predict_stage(trained, stage="validation", tta=True)
+    report = predict(trained, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
     arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
     assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
@@ -154,15 +153,15 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     model.save(RunFolder(broken.run_dir).models / "epoch_3.keras")
     keras.backend.clear_session()
     with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
-        predict_stage(broken, stage="validation")
+        predict(broken, stage="validation")
     assert not (broken.run_dir / "validation-predictions").exists()
 
 
 def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(trained, tmp_path):
-    single = predict_stage(trained, stage="validation", epoch="best")
+    single = predict(trained, stage="validation", epoch="best")
     shutil.copytree(trained.run_dir / "models", Path(trained.results_dir) / "m2" / "models")
     ensemble = dataclasses.replace(trained, model_name="ens")
-    report = predict_stage(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
+    report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
     assert report.epoch == "ensemble" and report.scores.dose_score == single.scores.dose_score
     assert report.scores.dvh_score == single.scores.dvh_score
     summary = json.loads(report.scores_path.read_text())
@@ -176,13 +175,13 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     # Both score the written CSVs through the same reader and arithmetic: exact.
     assert standalone.dose_score == report.scores.dose_score and standalone.dvh_score == report.scores.dvh_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
-        predict_stage(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
+        predict(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
 
     with pytest.raises(ConfigError, match=r"Expected each member once \(m would weigh more than the others\). "
                                           r"Received: ensemble='m,m2,m'"):
-        predict_stage(ensemble, stage="validation", ensemble=["m", "m2", "m"])
+        predict(ensemble, stage="validation", ensemble=["m", "m2", "m"])
     with pytest.raises(ConfigError, match=r"Expected the names of one or more trained runs. Received: ensemble=\[\]"):
-        predict_stage(ensemble, stage="validation", ensemble=[])
+        predict(ensemble, stage="validation", ensemble=[])
 
 
 def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:
@@ -229,7 +228,7 @@ SLOW_PREDICT = textwrap.dedent("""
 def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run_tidies(trained, tmp_path):
     config = _copy_run(trained, tmp_path / "results")
     folder = config.run_dir / "validation-predictions"
-    predict_stage(config, stage="validation", epoch=1)
+    predict(config, stage="validation", epoch=1)
     previous = _files(folder)
     _assert_scores_describe_the_csvs(config, folder, epoch=1)
 
@@ -252,7 +251,7 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
     assert _files(folder) == previous  # epoch 1's set, whole: CSVs, zip and its scores
     _assert_scores_describe_the_csvs(config, folder, epoch=1)
 
-    report = predict_stage(config, stage="validation", epoch=2)  # the next run removes what the killed one left
+    report = predict(config, stage="validation", epoch=2)  # the next run removes what the killed one left
     assert not [path.name for path in config.run_dir.iterdir() if path.name.startswith(".validation-predictions")]
     assert report.scores_path == folder / "scores.json" and sorted(_files(folder)) == [
         "m_validation_epoch_2.zip", "pt_201.csv", "pt_202.csv", "scores.csv", "scores.json"]
@@ -262,8 +261,8 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
 
 def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(trained, tmp_path):
     config = _copy_run(trained, tmp_path / "results")
-    predict_stage(config, stage="validation")
-    predict_stage(config, stage="test")
+    predict(config, stage="validation")
+    predict(config, stage="test")
     train(TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
                       results_dir=config.results_dir, model_name="m", cache_dir=config.cache_dir), start_over=True)
     keras.backend.clear_session()
@@ -279,7 +278,7 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
     data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
     (data / "validation-pats" / "pt_202" / "dose.csv").unlink()
     config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
-    report = predict_stage(config, stage="validation")
+    report = predict(config, stage="validation")
     assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
     assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()
     summary = json.loads(report.scores_path.read_text())
@@ -295,12 +294,12 @@ def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_memb
     member = tmp_path / "results" / "b"
     with RunFolder(member).lock("training"):
         with pytest.raises(RunLockedError) as caught:
-            predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+            predict(ensemble, stage="validation", ensemble=["a", "b"])
     message = str(caught.value)
     assert message.startswith(f"{member} is in use by another run (pid ") and "training since" in message
     assert "\n" not in message and not (ensemble.run_dir / "validation-predictions").exists()
     with RunFolder(member).lock("read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
-        report = predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+        report = predict(ensemble, stage="validation", ensemble=["a", "b"])
     assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
     with RunFolder(member).lock("training"):  # released when the ensemble is done
         pass

@@ -10,6 +10,7 @@ import pytest
 from provided_code.config import TrainConfig
 from provided_code.errors import RunLockedError
 from provided_code.run_folder import LOCK_FILE, RunFolder
+from tests.conftest import predict
 
 HOLD = ("import sys, time\nfrom provided_code.run_folder import RunFolder\n"
         "with RunFolder(sys.argv[1]).lock('training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
@@ -42,7 +43,6 @@ def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_
 
 
 def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path, phantom_data):
-    from provided_code.apps.predict import predict_stage
     from provided_code.training.train import train
 
     config = TrainConfig(filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),
@@ -54,7 +54,7 @@ def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path,
         with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
             train(config)
         with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
-            predict_stage(config)
+            predict(config)
         assert time.perf_counter() - start < 5 and not (tmp_path / "cache").exists()  # refused before the data
     finally:
         holder.send_signal(signal.SIGKILL)

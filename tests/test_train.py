@@ -19,10 +19,9 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
-from provided_code.apps.predict import predict_stage
 from provided_code.infra.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
-from tests.conftest import REPO, log_epochs, requires_float16_convolutions
+from tests.conftest import REPO, log_epochs, predict, requires_float16_convolutions
 
 
 
@@ -96,7 +95,7 @@ def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(co
     # --score-every 0: no scores, no best.keras, and asking for it says why.
     assert not any(row["val_dose_score"] for row in read_log(recipe.run_dir / "training_log.csv"))
     with pytest.raises(FileNotFoundError, match="No best checkpoint.*--score-every"):
-        predict_stage(recipe, stage="validation", epoch="best")
+        predict(recipe, stage="validation", epoch="best")
 
 
 def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_raw_ones(config):
@@ -116,7 +115,7 @@ def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_ra
         for average, weight in zip(averages, model.trainable_variables):
             np.testing.assert_array_equal(average, keras.ops.convert_to_numpy(weight))
     best_row = [row for row in read_log(recipe.run_dir / "training_log.csv") if row["val_dose_score"]][0]
-    report = predict_stage(recipe, stage="validation", epoch=2)
+    report = predict(recipe, stage="validation", epoch=2)
     # the log scores in-memory float32 predictions, --predict-only the CSVs' decimals of another batch's: ~1e-6 Gy
     assert report.scores.dose_score == pytest.approx(float(best_row["val_dose_score"]), rel=1e-4)
 

@@ -11,11 +11,11 @@ from provided_code.apps.cli import main
 from provided_code.config import TrainConfig
 from provided_code.data.csv_io import PatientDataError
 from provided_code.apps.score_folder import score_prediction_folder
-from provided_code.apps.predict import predict_stage
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
+from tests.conftest import predict
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
@@ -54,7 +54,7 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
     assert (config.run_dir / "training_curves.png").stat().st_size > 0
 
     # The log's scores of an epoch are openkbp-score's on that epoch's --predict-only output.
-    report = predict_stage(config, stage="validation", epoch=2)
+    report = predict(config, stage="validation", epoch=2)
     standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", report.predictions_dir,
                                          cache_dir=config.cache_dir)
     # the log scores in-memory float32 predictions; openkbp-score reads their CSV decimals (within half an ulp,
@@ -65,7 +65,7 @@ def test_scores_match_openkbp_score_and_best_keras_survives_rotation_and_resumes
     # best.keras is the lowest dose score, and --epoch best predicts with it.
     best_epoch = min(rows, key=lambda epoch: rows[epoch][0])
     assert RunFolder(config.run_dir).read_best()["epoch"] == best_epoch
-    best = predict_stage(config, stage="validation", epoch="best")
+    best = predict(config, stage="validation", epoch="best")
     assert best.epoch == best_epoch
     command = ["--predict-only", "--epoch", "best", "--data-dir", config.data_dir, "--results-dir", config.results_dir,
                "--model-name", config.model_name, "--cache-dir", config.cache_dir]

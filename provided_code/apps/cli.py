@@ -152,8 +152,9 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         if predict_only:
             from provided_code.apps.predict import predict_stage
 
-            report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress,
-                                   ensemble=members)
+            report = predict_stage(config.run_dir, config.data_dir, stage=stage, epoch=epoch, tta=tta, plots=plots,
+                                   progress=click_progress, ensemble=members, batch_size=config.batch_size,
+                                   cache_dir=config.cache_dir, skip_incomplete=config.skip_incomplete)
             click.echo(report.summary())
             return
         from provided_code.training.train import train

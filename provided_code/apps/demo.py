@@ -54,7 +54,8 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()
-    report = predict_stage(config, stage="validation", epoch="best", plots=plots, progress=click_progress)
+    report = predict_stage(config.run_dir, config.data_dir, stage="validation", epoch="best", plots=plots,
+                           progress=click_progress, batch_size=config.batch_size, cache_dir=config.cache_dir)
     zero_score = _zero_prediction_dose_score(config)
 
     click.echo("")

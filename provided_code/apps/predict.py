@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -50,27 +51,31 @@ class PredictionReport:
         return "\n".join(lines)
 
 
-def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | str | None = None, tta: bool = False,
-                  plots: bool = False, progress: Progress = no_progress,
-                  ensemble: list[str] | None = None) -> PredictionReport:
-    """Predict every patient of ``<data_dir>/<stage>-pats`` with a trained model; write and score.
+def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage: str = "validation",
+                  epoch: int | str | None = None, tta: bool = False, plots: bool = False,
+                  progress: Progress = no_progress, ensemble: list[str] | None = None,
+                  batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
+                  skip_incomplete: bool = False) -> PredictionReport:
+    """Predict every patient of ``<data_dir>/<stage>-pats`` with the model trained in ``run_dir``
+    (``results/<model-name>``; its architecture and resolution from its saved config); write and score.
 
     ``epoch``: a checkpoint's epoch, ``"best"`` (``models/best.keras``, the lowest validation
     dose score while training), or None for the newest.
 
-    ``ensemble``: names of trained runs in ``config.results_dir`` (each once), each at ``epoch``
-    (default ``"best"``); their 128³ predictions (each with its own mirror flips under ``tta``) are
-    averaged, then written and scored like one model's into ``results/<config.model_name>/``,
-    which must not be a member's folder. The scores JSON names the members. Each member's folder
-    is locked shared meanwhile: a member still training (or being predicted) refuses the ensemble.
+    ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
+    ``"best"``); their 128³ predictions (each with its own mirror flips under ``tta``) are
+    averaged, then written and scored like one model's into ``run_dir``, which must not be a
+    member's folder. The scores JSON names the members. Each member's folder is locked shared
+    meanwhile: a member still training (or being predicted) refuses the ensemble.
 
     The CSVs, the submission zip and the scores go into a new folder beside
     ``<stage>-predictions/`` that then replaces it whole (:meth:`RunFolder.predictions`): a run
     killed at any moment leaves the previous complete set or the new one, never a mix.
 
-    ``config`` names the model, data, results and cache folders; the architecture comes from the
-    model's saved config.
+    ``batch_size``: patients per prediction call; ``cache_dir`` and ``skip_incomplete``: how the
+    stage's patients are read, as training reads its splits.
     """
+    folder = RunFolder(run_dir)
     if plots:
         from provided_code.plots import require_matplotlib
 
@@ -83,43 +88,42 @@ def predict_stage(config: TrainConfig, stage: str = "validation", epoch: int | s
         if repeated:
             raise ConfigError(f"Invalid `ensemble`. Expected each member once ({', '.join(repeated)} would weigh "
                               f"more than the others). Received: ensemble={','.join(ensemble)!r}")
-        if config.model_name in ensemble:
+        if folder.name in ensemble:
             raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
                               f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
-                              f"Received: model_name={config.model_name!r}")
+                              f"Received: model_name={folder.name!r}")
         for name in ensemble:
-            if not _folder(config, name).models.is_dir():
+            if not _beside(folder, name).models.is_dir():
                 raise FileNotFoundError(f"No trained model {name!r} for the ensemble: "
-                                        f"{_folder(config, name).models} does not exist.")
-    folder = RunFolder(config.run_dir)
-    if ensemble is None and not folder.models.is_dir():
+                                        f"{_beside(folder, name).models} does not exist.")
+    elif not folder.models.is_dir():
         raise folder.missing_model()
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for name in ensemble or []:
-            locks.enter_context(_folder(config, name).lock(f"read by the ensemble {config.model_name!r}", shared=True))
+            locks.enter_context(_beside(folder, name).lock(f"read by the ensemble {folder.name!r}", shared=True))
         tidy_folder(folder.predictions(stage))  # left by a killed run
-        return _predict_stage(config, folder, stage, epoch, tta, plots, progress, ensemble)
+        stage_dir = Path(data_dir) / f"{stage}-pats"
+        arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
+                            progress=progress)
+        return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
 
 
-def _folder(config: TrainConfig, name: str) -> RunFolder:
-    """The folder of the trained run ``name`` beside ``config``'s (an ensemble's member)."""
-    return RunFolder(Path(config.results_dir) / name)
+def _beside(folder: RunFolder, name: str) -> RunFolder:
+    """The folder of the trained run ``name`` beside ``folder`` (an ensemble's member)."""
+    return RunFolder(folder.path.parent / name)
 
 
-def _predict_stage(config: TrainConfig, folder: RunFolder, stage: str, epoch: int | str | None, tta: bool,
-                   plots: bool, progress: Progress, ensemble: list[str] | None = None) -> PredictionReport:
-    stage_dir = Path(config.data_dir) / f"{stage}-pats"
-    arrays = load_split(stage_dir, cache_dir=config.cache_dir, require_dose=False,
-                        skip_incomplete=config.skip_incomplete, progress=progress)
+def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
+                   plots: bool, progress: Progress, ensemble: list[str] | None, batch_size: int) -> PredictionReport:
     members = []  # {"model": name, "epoch": epoch} of each model predicted with
     predictions = None
     member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
-    for name in ensemble or [config.model_name]:
-        member = _folder(config, name)
+    for name in ensemble or [folder.name]:
+        member = _beside(folder, name)
         saved, loaded_epoch, model = member.load_trained_model(member_epoch)
         try:
-            predicted = predict_full_resolution(model, arrays, saved.resolution, config.batch_size, tta, progress,
+            predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
                                                 label=f"Model {name!r} at epoch {loaded_epoch}")
         except PredictionError as error:
             raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
@@ -149,7 +153,7 @@ def _predict_stage(config: TrainConfig, folder: RunFolder, stage: str, epoch: in
             # judged on), read back as openkbp-score reads them: both report one number, on any processor.
             scores = score_split(arrays, lambda row: read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
-            extra = {"model": config.model_name, "stage": stage, "epoch": epoch}
+            extra = {"model": folder.name, "stage": stage, "epoch": epoch}
             write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"),
                                 extra={**extra, "members": members} if ensemble else extra)
         replace_folder(new, predictions_dir)
