@@ -13,6 +13,7 @@ from provided_code.data.cache import SplitArrays
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import BEST_FILE, RunFolder
+from provided_code.training.loop import EpochMeasure
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,11 @@ class Validation:
     full: SplitArrays
 
 
-class ValidationScores:
-    """An epoch measure (see :func:`provided_code.training.loop.run_epochs`): every ``score_every``
-    epochs and at epoch ``epochs``, predict the validation patients, bring them to 128³ and mask
-    them as ``--predict-only`` does, and score them with the code of ``openkbp-score``:
-    ``val_dose_score`` and ``val_dvh_score``; keep ``best.keras`` (lowest dose score so far, its
-    record ``best.json`` read back on resume).
+class ValidationScores(EpochMeasure):
+    """Every ``score_every`` epochs and at epoch ``epochs``, predict the validation patients, bring
+    them to 128³ and mask them as ``--predict-only`` does, and score them with the code of
+    ``openkbp-score``: ``val_dose_score`` and ``val_dvh_score``; keep ``best.keras`` (lowest dose
+    score so far, its record ``best.json`` read back on resume).
 
     ``validation``: the patients, downsampled once when loaded. ``model``: what is saved as best.
     ``predict_batch``: inputs → doses at the training resolution (a plain model call, no
@@ -61,9 +61,6 @@ class ValidationScores:
         if self.best is not None:
             logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
                         self.best["val_dose_score"], self.folder.best_checkpoint)
-
-    def begin_epoch(self, epoch: int) -> None:
-        pass
 
     def measure(self, epoch: int) -> dict:
         done = epoch + 1
