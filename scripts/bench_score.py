@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.apps.score_folder import read_prediction, score_prediction_folder
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import discover_patients, write_dose_csv
 from provided_code.metrics.scoring import score_split
-from provided_code.apps.score_folder import read_prediction, score_prediction_folder
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from provided_code.dicom.importer import import_patient  # noqa: E402
 from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
 from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
-from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
 from provided_code.dicom.synthetic import write_patient  # noqa: E402
+from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
 
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 

@@ -241,10 +241,10 @@ from provided_code.training.strategy import make_placement
 two = make_placement("2").strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
 from provided_code.data.tf_dataset import take_element
-from tests.conftest import network_config
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
+from tests.conftest import network_config
 
 rng = np.random.default_rng(0)
 class Arrays:

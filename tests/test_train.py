@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.infra.preflight import DataNotFoundError
 from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
-from provided_code.infra.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
 from tests.conftest import REPO, log_epochs, predict, requires_float16_convolutions
 

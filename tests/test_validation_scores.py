@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from provided_code.apps.cli import main
+from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.config import TrainConfig
 from provided_code.data.csv_io import PatientDataError
-from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import write_text_atomic
 from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import read_patient, write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, read_rtdose
+from provided_code.inference import predict_full_resolution
+from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
-from provided_code.inference import predict_full_resolution
-from provided_code.infra.progress import Progress, no_progress
 from provided_code.run_folder import RunFolder
 
 logger = logging.getLogger(__name__)

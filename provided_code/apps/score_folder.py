@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import write_text_atomic
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import PatientDataError, as_volume, read_sparse_csv
-from provided_code.metrics.scoring import Scores, score_split
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.metrics.scoring import Scores, score_split
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import atomic_path
 from provided_code.constants import VOLUME_SHAPE
 from provided_code.dicom.grid import BOX, PatientGeometry, PlaneTaps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
+from provided_code.infra.atomic import atomic_path
 
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import write_text_atomic
 from provided_code.constants import VOLUME_SHAPE
 from provided_code.data.resample import linear_taps, sample_centres
 from provided_code.dicom.errors import DicomInputError
+from provided_code.infra.atomic import write_text_atomic
 
 SIDECAR_FILE = "dicom.json"
 SIDECAR_FORMAT = 1

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import atomic_path
 from provided_code.dicom.ct_series import AXIAL
 from provided_code.dicom.errors import DicomInputError, require_pydicom
 from provided_code.dicom.files import pixel_array, read_required
 from provided_code.dicom.grid import PlaneTaps, Taps, linear_matrix
+from provided_code.infra.atomic import atomic_path
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1

@@ -17,28 +17,28 @@ from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
+from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
-from provided_code.losses import loss_function
-from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.losses import loss_function
+from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
 from provided_code.training.checkpoints import RotatingCheckpoint
+from provided_code.training.curves import TrainingCurves
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
-from provided_code.training.curves import TrainingCurves
 from provided_code.training.hardware import describe_devices, resolve_precision
 from provided_code.training.inputs import training_input, validation_input
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
-from provided_code.training.step import TrainStep
 from provided_code.training.model import new_model
+from provided_code.training.step import TrainStep
 from provided_code.training.strategy import Placement, make_placement
 from provided_code.training.validation_scores import Validation, ValidationScores
-from provided_code.errors import UserError
 
 logger = logging.getLogger(__name__)
 
