@@ -23,7 +23,6 @@ neither TensorFlow nor Keras; loading a model does.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import glob
 import json
 import logging
@@ -57,48 +56,23 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
 
 
-@dataclasses.dataclass(frozen=True)
 class RunFolder:
     """``results/<model-name>/`` of one model (see the module docstring)."""
 
-    path: Path
+    def __init__(self, path: os.PathLike | str):
+        self.path = Path(path)
+        self.name = self.path.name  # the model's name (--model-name)
+        self.models = self.path / MODELS_FOLDER
+        self.config_file = self.models / CONFIG_FILE
+        self.best_checkpoint = self.models / BEST_FILE
+        self.best_record = self.models / BEST_RECORD
+        self.log = self.path / LOG_FILE
+        self.curves = self.path / CURVES_FILE
+        self.tensorboard = self.path / TENSORBOARD_FOLDER
+        self.lock_file = self.path / LOCK_FILE
 
-    def __post_init__(self):
-        object.__setattr__(self, "path", Path(self.path))
-
-    @property
-    def name(self) -> str:
-        """The model's name (``--model-name``)."""
-        return self.path.name
-
-    # -- where things are ------------------------------------------------------------------------
-    @property
-    def models(self) -> Path:
-        return self.path / MODELS_FOLDER
-
-    @property
-    def config_file(self) -> Path:
-        return self.models / CONFIG_FILE
-
-    @property
-    def best_checkpoint(self) -> Path:
-        return self.models / BEST_FILE
-
-    @property
-    def best_record(self) -> Path:
-        return self.models / BEST_RECORD
-
-    @property
-    def log(self) -> Path:
-        return self.path / LOG_FILE
-
-    @property
-    def curves(self) -> Path:
-        return self.path / CURVES_FILE
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.path / TENSORBOARD_FOLDER
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
 
     def checkpoint(self, epoch: int) -> Path:
         return self.models / f"epoch_{epoch}.keras"
@@ -120,7 +94,7 @@ class RunFolder:
     def lock(self, what: str, shared: bool = False) -> RunLock:
         """The folder's lock (see :class:`~provided_code.infra.run_lock.RunLock`): ``what`` the holder
         does, for a refusal's message; ``shared`` for a process that only reads the folder."""
-        return RunLock(self.path / LOCK_FILE, what, shared=shared)
+        return RunLock(self.lock_file, what, shared=shared)
 
     # -- the settings ----------------------------------------------------------------------------
     def read_config(self) -> TrainConfig | None:

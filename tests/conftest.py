@@ -98,6 +98,16 @@ def console_script(name: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; {function}()"]
 
 
+def copy_of_run(trained, tmp_path: Path):
+    """For a test that changes a run a module fixture trained once: ``trained`` (its TrainConfig)
+    with its run folder copied into ``tmp_path/results``; the cache stays shared (it is only read)."""
+    import dataclasses
+
+    config = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
+    shutil.copytree(trained.run_dir, config.run_dir)
+    return config
+
+
 def predict(config, **options):
     """``predict_stage`` of the model a TrainConfig trained, with its data, cache and batch size, as
     ``runpod_train.py --predict-only`` passes them."""

@@ -4,7 +4,6 @@ scenario breaks its own copy of one two-epoch run (trained once for the module).
 
 import dataclasses
 import logging
-import shutil
 
 import pytest
 
@@ -12,6 +11,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
+from tests.conftest import copy_of_run
 
 
 # All slow, so that they run together (the slow tests run first) and share the module's trained run.
@@ -31,10 +31,8 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
 
 @pytest.fixture
 def config(trained, tmp_path) -> TrainConfig:
-    """This test's copy of the trained run (the cache is shared: it is only read)."""
-    config = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
-    shutil.copytree(trained.run_dir, config.run_dir)
-    return config
+    """This test's copy of the trained run."""
+    return copy_of_run(trained, tmp_path)
 
 
 def _epochs(config):

@@ -15,7 +15,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
-from tests.conftest import predict
+from tests.conftest import copy_of_run, predict
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
@@ -59,10 +59,8 @@ def scored(phantom_data, tmp_path_factory) -> TrainConfig:
 
 @pytest.fixture
 def copy_of(scored, tmp_path) -> TrainConfig:
-    """This test's copy of the scored run (the cache is shared: it is only read)."""
-    config = dataclasses.replace(scored, results_dir=str(tmp_path / "results"))
-    shutil.copytree(scored.run_dir, config.run_dir)
-    return config
+    """This test's copy of the scored run."""
+    return copy_of_run(scored, tmp_path)
 
 
 @pytest.mark.slow
