@@ -1,4 +1,5 @@
-"""The one configuration of a training run, saved as JSON beside its checkpoints.
+"""The one configuration of a training run, saved as JSON beside its checkpoints
+(:class:`provided_code.run_folder.RunFolder` reads and writes it).
 
 Importing this module imports neither TensorFlow nor Keras.
 """
@@ -22,9 +23,6 @@ XLA_MODES = ("auto", "on", "off")
 LOSSES = ("mae", "masked-mae")
 LR_SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "instance")
-CONFIG_FILE = "config.json"  # in results/<model-name>/models/
-LOG_FILE = "training_log.csv"  # in results/<model-name>/
-CURVES_FILE = "training_curves.png"  # in results/<model-name>/
 logger = logging.getLogger(__name__)
 
 
@@ -108,89 +106,75 @@ class TrainConfig:
     KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
 
     def __post_init__(self):
-        def positive(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Invalid `{name}`. Expected an integer >= 1. Received: {name}={value!r}")
-
         for name in ("filters", "epochs", "batch_size", "save_every", "keep", "accumulate"):
-            positive(name)
-        if isinstance(self.warmup_epochs, bool) or not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
-            raise ConfigError(f"Invalid `warmup_epochs`. Expected an integer >= 0. "
-                              f"Received: warmup_epochs={self.warmup_epochs!r}")
-        if isinstance(self.score_every, bool) or not isinstance(self.score_every, int) or self.score_every < 0:
-            raise ConfigError(f"Invalid `score_every`. Expected an integer >= 0 (0: never). "
-                              f"Received: score_every={self.score_every!r}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={self.loss!r}")
-        if self.norm not in NORMS:
-            raise ConfigError(f"Invalid `norm`. Expected one of {NORMS}. Received: norm={self.norm!r}")
-        if not (_is_finite_number(self.dvh_weight) and self.dvh_weight >= 0):
-            raise ConfigError(f"Invalid `dvh_weight`. Expected a finite number >= 0. "
-                              f"Received: dvh_weight={self.dvh_weight!r}")
-        if isinstance(self.beams, bool) or not isinstance(self.beams, int) or self.beams < 0:
-            raise ConfigError(f"Invalid `beams`. Expected an integer >= 0 (0: none). Received: beams={self.beams!r}")
-        try:
-            angles = resolve_beam_angles(self.beams, self.beam_angles)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        self.beams, self.beam_angles = len(angles), ",".join(f"{angle:g}" for angle in angles)
-        if self.beam_channels not in BEAM_CHANNELS:
-            raise ConfigError(f"Invalid `beam_channels`. Expected one of {BEAM_CHANNELS}. "
-                              f"Received: beam_channels={self.beam_channels!r}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ConfigError(f"Invalid `lr_schedule`. Expected one of {LR_SCHEDULES}. "
-                              f"Received: lr_schedule={self.lr_schedule!r}")
-        try:
-            self.augment = ",".join(parse_augment(self.augment)) or "none"
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        if self.xla not in XLA_MODES:
-            raise ConfigError(f"Invalid `xla`. Expected one of {XLA_MODES}. Received: xla={self.xla!r}")
-        if not (isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
-            raise ConfigError(f"Invalid `collective_timeout`. Expected a number of seconds > 0. "
-                              f"Received: collective_timeout={self.collective_timeout!r}")
-        if self.resolution not in RESOLUTIONS:
-            raise ConfigError(f"Invalid `resolution`. Expected one of {RESOLUTIONS}. "
-                              f"Received: resolution={self.resolution!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"Invalid `precision`. Expected one of {PRECISIONS}. "
-                              f"Received: precision={self.precision!r}")
-        if not (_is_finite_number(self.learning_rate) and self.learning_rate > 0):
-            raise ConfigError(f"Invalid `learning_rate`. Expected a finite number > 0. "
-                              f"Received: learning_rate={self.learning_rate!r}")
-        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
-            raise ConfigError(f"Invalid `dropout`. Expected a number in [0, 1). Received: dropout={self.dropout!r}")
-        if not (self.devices == "all" or (str(self.devices).isdigit() and int(self.devices) >= 1)):
-            raise ConfigError(f"Invalid `devices`. Expected a number >= 1 or 'all'. Received: devices={self.devices!r}")
-        if not self.model_name or os.sep in self.model_name or self.model_name in (".", ".."):
-            raise ConfigError(f"Invalid `model_name`. Expected a plain folder name. "
-                              f"Received: model_name={self.model_name!r}")
-        if not (isinstance(self.history, (list, tuple)) and all(isinstance(entry, dict) for entry in self.history)):
-            raise ConfigError(f"Invalid `history`. Expected a list of recipe changes. Received: history={self.history!r}")
+            self._check(name, _is_integer(getattr(self, name), 1), "an integer >= 1")
+        self._check("warmup_epochs", _is_integer(self.warmup_epochs, 0), "an integer >= 0")
+        self._check("score_every", _is_integer(self.score_every, 0), "an integer >= 0 (0: never)")
+        self._check_choice("loss", LOSSES)
+        self._check_choice("norm", NORMS)
+        self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
+        self._check("beams", _is_integer(self.beams, 0), "an integer >= 0 (0: none)")
+        self._gantry_angles = _parsed(resolve_beam_angles, self.beams, self.beam_angles)  # parsed once, here
+        self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
+        self._check_choice("beam_channels", BEAM_CHANNELS)
+        self._check_choice("lr_schedule", LR_SCHEDULES)
+        self._augmentations = _parsed(parse_augment, self.augment)  # parsed once, here
+        self.augment = ",".join(self._augmentations) or "none"
+        self._check_choice("xla", XLA_MODES)
+        self._check("collective_timeout", isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0,
+                    "a number of seconds > 0")
+        self._check_choice("resolution", RESOLUTIONS)
+        self._check_choice("precision", PRECISIONS)
+        self._check("learning_rate", _is_finite_number(self.learning_rate) and self.learning_rate > 0,
+                    "a finite number > 0")
+        self._check("dropout", isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "a number in [0, 1)")
+        self._check("devices", self.devices == "all" or (str(self.devices).isdigit() and int(self.devices) >= 1),
+                    "a number >= 1 or 'all'")
+        self._check("model_name", bool(self.model_name) and os.sep not in self.model_name
+                    and self.model_name not in (".", ".."), "a plain folder name")
+        self._check("history", isinstance(self.history, (list, tuple))
+                    and all(isinstance(entry, dict) for entry in self.history), "a list of recipe changes")
         self.history = tuple(self.history)
+
+    def _check(self, name: str, valid: bool, expected: str) -> None:
+        """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
+        if not valid:
+            raise ConfigError(f"Invalid `{name}`. Expected {expected}. Received: {name}={getattr(self, name)!r}")
+
+    def _check_choice(self, name: str, choices: tuple) -> None:
+        self._check(name, getattr(self, name) in choices, f"one of {choices}")
 
     @property
     def run_dir(self) -> Path:
+        """``results/<model-name>``: the run's folder (its layout: :mod:`provided_code.run_folder`)."""
         return Path(self.results_dir) / self.model_name
 
     @property
-    def models_dir(self) -> Path:
-        return self.run_dir / "models"
+    def augmentations(self) -> tuple[str, ...]:
+        """``augment`` parsed: the moves in canonical order, () for none."""
+        return self._augmentations
 
     @property
-    def augmentations(self) -> tuple[str, ...]:
-        return parse_augment(self.augment)
+    def gantry_angles(self) -> tuple[float, ...]:
+        """``beams`` and ``beam_angles`` resolved: each beam's gantry angle in degrees, () for none."""
+        return self._gantry_angles
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "TrainConfig":
-        """A saved config; a setting it lacks (saved before the setting existed) takes the value
-        that reproduces what that run trained (``ABSENT_MEANS``), not today's default. Fields it
-        has that this version does not know are left out (:func:`read_saved_config` names them)."""
-        return cls(**_known_values(json.loads(text))[0])
+        """A saved config (see :meth:`parse_saved`), the fields this version does not know left out."""
+        return cls.parse_saved(text)[0]
+
+    @classmethod
+    def parse_saved(cls, text: str) -> tuple["TrainConfig", list[str]]:
+        """``(config, unknown)``: a saved config, and the names of the fields it has that this
+        version does not know (left out). A setting it lacks (saved before the setting existed)
+        takes the value that reproduces what that run trained (``ABSENT_MEANS``), not today's
+        default. Raises ValueError or TypeError for a text that is not a config."""
+        values, unknown = _known_values(json.loads(text))
+        return cls(**values), unknown
 
     def concerns(self) -> list[str]:
         """Settings that are valid but probably not what was meant, one sentence each (a run logs
@@ -202,7 +186,7 @@ class TrainConfig:
                             f"never reached")
         if self.beams:
             concerns += [f"--beams/--beam-angles: {concern}" for concern in
-                         beam_concerns(resolve_beam_angles(self.beams, self.beam_angles), self.resolution)]
+                         beam_concerns(self.gantry_angles, self.resolution)]
         return concerns
 
     def resume(self, saved: "TrainConfig", given: set[str] | None = None,
@@ -226,7 +210,7 @@ class TrainConfig:
         config.check_resume(saved)
         if config.ema != saved.ema:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir} with --{'' if config.ema else 'no-'}ema: "
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --{'' if config.ema else 'no-'}ema: "
                 f"it was trained {'without' if config.ema else 'with'} weight averaging, and averaging cannot be "
                 f"turned {'on' if config.ema else 'off'} on a resume, not even with --change-recipe (the optimizer, "
                 f"the checkpoints and best.keras would disagree on which weights are the model). Drop the flag, or "
@@ -235,7 +219,7 @@ class TrainConfig:
                    if getattr(config, name) != getattr(saved, name)]
         if changes and not change_recipe:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir} with another recipe ("
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with another recipe ("
                 + "; ".join(f"{name}: saved {old!r}, requested {new!r}" for name, old, new in changes)
                 + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
                   "it from the resumed epoch on (recorded in config.json's history).")
@@ -261,7 +245,7 @@ class TrainConfig:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
         if changed:
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.models_dir}: its saved config differs ("
+                f"Cannot resume model {self.model_name!r} in {self.run_dir}: its saved config differs ("
                 + "; ".join(changed) + "). Pass the saved values, or choose a new --model-name.")
 
 
@@ -273,6 +257,19 @@ ABSENT_MEANS = {"norm": "batch", "prescription_channel": False, "beams": 0, "bea
 
 def _is_finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_integer(value, least: int) -> bool:
+    """``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _parsed(parse, *text):
+    """``parse(*text)``, its ValueError (a message in the house style) as a :class:`ConfigError`."""
+    try:
+        return parse(*text)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _known_values(saved) -> tuple[dict, list[str]]:
@@ -307,25 +304,22 @@ def check_beam_flags(beams: int, beam_angles: str) -> None:
                           f"or --beam-angles alone. Received: beams={beams}")
 
 
-def read_saved_config(models_dir: Path) -> TrainConfig | None:
-    """The config saved in ``models_dir`` (None if there is none); a one-line :class:`ConfigError`
-    naming the file if it is not a config. Fields it holds that this version does not know (a
-    newer version wrote it, or a hand edit) are named in a warning and left out."""
-    path = Path(models_dir) / CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        values, unknown = _known_values(json.loads(path.read_text()))
-        config = TrainConfig(**values)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"Invalid saved config {path}: {error}") from None
-    if unknown:
-        logger.warning("%s has settings this version does not know, left out: %s", path, ", ".join(unknown))
-    return config
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The machines of a ``--multi-worker`` run, as ``TF_CONFIG`` describes them."""
+
+    workers: list[str]  # "host:port" of every worker
+    index: int  # this worker's
+
+    @property
+    def is_chief(self) -> bool:
+        """Worker 0 is the chief: the one that holds the run's lock and writes checkpoints and logs."""
+        return self.index == 0
 
 
-def read_tf_config(environ=os.environ) -> tuple[list[str], int]:
-    """``(worker addresses, this worker's index)`` from ``TF_CONFIG``; a one-line ConfigError if bad."""
+def read_tf_config(environ=os.environ) -> Cluster:
+    """The cluster of ``TF_CONFIG``; a one-line ConfigError if bad. Read once per process (the
+    command line reads it before TensorFlow loads, and hands it on)."""
     text = environ.get("TF_CONFIG")
     if not text:
         raise ConfigError("--multi-worker needs TF_CONFIG, e.g. TF_CONFIG='{\"cluster\": {\"worker\": "
@@ -355,4 +349,4 @@ def read_tf_config(environ=os.environ) -> tuple[list[str], int]:
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
         raise ConfigError(f"Invalid TF_CONFIG: task.index must be 0..{len(workers) - 1} for "
                           f"{len(workers)} workers. Received: task={task!r}")
-    return workers, index
+    return Cluster(workers, index)

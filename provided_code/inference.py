@@ -8,15 +8,21 @@ import keras
 import numpy as np
 
 from provided_code.constants import LEFT_PAROTID_BIT, LEFT_RIGHT_AXIS, RIGHT_PAROTID_BIT
-from provided_code.data.batches import epoch_batches
+from provided_code.data.batches import in_batches
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
-from provided_code.progress import Progress, no_progress
+from provided_code.infra.progress import Progress, no_progress
 
 
 class PredictionError(UserError, RuntimeError):
     """A model's predictions are unusable (not finite)."""
+
+
+def use_averaged_weights(model: keras.Model) -> None:
+    """Overwrite the model's trainable weights with its optimizer's moving averages (``--ema``):
+    the weights a model trained with averaging predicts with."""
+    model.optimizer.finalize_variable_values(model.trainable_variables)
 
 
 def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
@@ -40,7 +46,7 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)
-    batches = epoch_batches(len(arrays), batch_size, seed=0, epoch=0, shuffle=False)
+    batches = in_batches(np.arange(len(arrays)), batch_size)
     for rows in progress(batches, len(batches), "Predicting"):
         inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
         dose = np.asarray(predict_batch(inputs))[..., 0]
@@ -53,14 +59,19 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
 
 
 def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
-                            progress: Progress = no_progress, label: str = "") -> np.ndarray:
+                            progress: Progress = no_progress, label: str = "",
+                            at_resolution: SplitArrays | None = None) -> np.ndarray:
     """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
     brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
+    ``at_resolution``: the same patients already at ``resolution`` (training keeps its validation
+    patients so); otherwise they are brought there here.
 
     Raises :class:`PredictionError` naming the patients whose predictions are not finite
     (``label`` says whose model, for the message).
     """
-    low = predict_arrays(model, downsample_split(arrays, resolution), batch_size, tta, progress)
+    if at_resolution is None:
+        at_resolution = downsample_split(arrays, resolution)
+    low = predict_arrays(model, at_resolution, batch_size, tta, progress)
     broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
     if broken:
         raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")

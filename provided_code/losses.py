@@ -1,8 +1,9 @@
 """Training losses, per patient: ``loss(element, predicted) -> (patients,)`` float32 Gy.
 
-``element`` is a training element (``data.tf_dataset``): ``dose`` ``(patients, z, y, x, 1)`` Gy,
+``element`` is a training element (``data.tf_dataset``): ``dose`` ``(patients, R, R, R, 1)`` Gy,
 ``structure_masks`` (for the DVH term), and, for the masked loss, ``possible_dose_mask``
-``(patients, z, y, x)`` bool.
+``(patients, R, R, R)`` bool; the volumes' axes are OpenKBP's (``constants``: anterior to
+posterior, right to left, superior to inferior). The losses treat the three alike.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
     python scripts/bench_dicom.py [--factor 4] [--extra-slices 20]
 
-A phantom written as a clinic exports it (by the tests' writer, ``tests/dicom_writer.py``: needs
-the dev extra for scikit-image): a CT of 128·factor pixels square, 128 + 2 × extra slices, 11
+A phantom written as a clinic exports it (``provided_code/dicom/synthetic.py``: needs the dev
+extra for scikit-image): a CT of 128·factor pixels square, 128 + 2 × extra slices, 11
 ROIs and an RT Dose; then ``openkbp-dicom import`` and ``export`` as functions, timed.
 """
 
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -25,12 +22,11 @@ def main() -> None:
     parser.add_argument("--factor", type=int, default=4, help="in-plane pixels per OpenKBP voxel (4: 512 × 512)")
     parser.add_argument("--extra-slices", type=int, default=20, help="air slices above and below the 128")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     from provided_code.constants import STRUCTURES
     from provided_code.data.phantoms import make_phantom
     from provided_code.dicom.exporter import export_dose
     from provided_code.dicom.importer import import_patient
-    from tests.dicom_writer import write_patient
+    from provided_code.dicom.synthetic import write_patient
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-dicom-"))
     try:

@@ -81,14 +81,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from provided_code.environment import configure_tensorflow
+    from provided_code.infra.environment import configure_tensorflow
 
     configure_tensorflow()
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pynetdicom").setLevel(logging.CRITICAL)
-    from provided_code.clinic import predict_dicom_patient
+    from provided_code.apps.clinic import predict_dicom_patient
     from provided_code.node.predictor import ModelPredictor
     from provided_code.node.sender import parse_destination
     from provided_code.node.server import Node, NodeSettings

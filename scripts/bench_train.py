@@ -58,14 +58,14 @@ REPO = Path(__file__).resolve().parents[1]
 def child(spec: dict) -> dict:
     """One measurement in this fresh process: settings first (oneDNN, logical devices), then the
     kind's own function."""
-    from provided_code.environment import configure_tensorflow
+    from provided_code.infra.environment import configure_tensorflow
 
     configure_tensorflow()  # leaves TF_ENABLE_ONEDNN_OPTS alone when the parent set or removed it
     if spec.get("onednn") == "default":
         os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)
     from provided_code.training.strategy import make_placement
 
-    strategy = make_placement(str(spec.get("devices", 1)), multi_worker=False).strategy  # before TF starts
+    strategy = make_placement(str(spec.get("devices", 1))).strategy  # before TF starts
     import tensorflow as tf
 
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
@@ -101,17 +101,11 @@ def child_fetch(spec: dict, strategy) -> dict:
     import numpy as np
 
     from provided_code.config import TrainConfig
-    from provided_code.data.augment import Augmenter
-    from provided_code.data.tf_dataset import distributed_dataset, update_schedule
-    from provided_code.losses import needs_possible_dose_mask
+    from provided_code.training.inputs import training_input
 
     _, arrays = _phantoms(spec)
-    defaults = TrainConfig()
-    augmenter = Augmenter(defaults.augmentations, arrays.possible_dose_mask, seed=0) if defaults.augmentations else None
-    schedule = update_schedule(len(arrays), spec["batch_size"], strategy.num_replicas_in_sync,
-                               spec.get("accumulate", 1), seed=0, first_epoch=0, epochs=40)
-    iterator = iter(distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(defaults.loss),
-                                        augmenter=augmenter))
+    defaults = TrainConfig(batch_size=spec["batch_size"], accumulate=spec.get("accumulate", 1))
+    iterator = iter(training_input(strategy, arrays, defaults, first_epoch=0, epochs=40))
     next(iterator)
     times = []
     for _ in range(20):
@@ -140,14 +134,15 @@ def child_score(spec: dict, strategy) -> dict:
 
     from provided_code.config import TrainConfig
     from provided_code.networks.unet import build_unet
-    from provided_code.training.validation_scores import ValidationScores
+    from provided_code.run_folder import RunFolder
+    from provided_code.training.validation_scores import Validation, ValidationScores
 
-    full, _ = _phantoms(spec)
+    full, low = _phantoms(spec)
     keras.utils.set_random_seed(0)
     model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]))
     predict_batch = tf.function(lambda inputs: model(inputs, training=False))
-    scoring = ValidationScores(full, spec["resolution"], spec["batch_size"], score_every=1, epochs=2,
-                               models_dir=Path(tempfile.mkdtemp(prefix="bench-score-")), model=model,
+    scoring = ValidationScores(Validation(low, full), spec["batch_size"], score_every=1, epochs=2,
+                               folder=RunFolder(tempfile.mkdtemp(prefix="bench-score-")), model=model,
                                predict_batch=predict_batch)
     try:
         scoring.start()
@@ -156,11 +151,12 @@ def child_score(spec: dict, strategy) -> dict:
         scoring.measure(1)
         return {"score_s": time.perf_counter() - start, "patients": len(full)}
     finally:
-        shutil.rmtree(scoring.models_dir, ignore_errors=True)
+        shutil.rmtree(scoring.folder.path, ignore_errors=True)
 
 
 def child_step(spec: dict, strategy) -> dict:
     """Training steps: the first (trace, compile, step) and the steady ones; memory around them."""
+    import dataclasses
     import time
 
     import keras
@@ -168,13 +164,12 @@ def child_step(spec: dict, strategy) -> dict:
     import tensorflow as tf
 
     from provided_code.config import TrainConfig
-    from provided_code.data.augment import Augmenter
-    from provided_code.data.tf_dataset import distributed_dataset, take_element, update_schedule
-    from provided_code.environment import describe_cpu_kernels
-    from provided_code.losses import (loss_function, masked_mean_absolute_error, mean_absolute_error,
-                                      needs_possible_dose_mask)
+    from provided_code.data.tf_dataset import take_element
+    from provided_code.infra.environment import describe_cpu_kernels
+    from provided_code.losses import loss_function
     from provided_code.presets import PRESETS
     from provided_code.training.hardware import describe_devices
+    from provided_code.training.inputs import training_input
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from provided_code.training.model import new_model
     from provided_code.training.step import TrainStep
@@ -185,21 +180,18 @@ def child_step(spec: dict, strategy) -> dict:
     keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
     recipe = PRESETS[spec["preset"]] if "preset" in spec else {}  # a preset: its network, loss and augmentation
-    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2,
-                         **{**recipe, **spec.get("network", {})})
+    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2, batch_size=batch,
+                         accumulate=accumulate, **{**recipe, **spec.get("network", {})})
+    augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
+    if not recipe:  # the plain MAE, or with "augment" full augmentation and the masked MAE
+        config = dataclasses.replace(config, loss="masked-mae" if augment else "mae",
+                                     augment="flip,rotate,shift" if augment else "none")
     with strategy.scope():
         model = new_model(config, keras_pooling=spec.get("builtin_pool", False))
         model.optimizer.build(model.trainable_variables)
-    augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
     fed_by_pipeline = augment is not None or bool(recipe)
-    if recipe:
-        loss_fn = loss_function(config.loss, config.dvh_weight)
-    elif augment:
-        loss_fn = masked_mean_absolute_error
-    else:
-        loss_fn = mean_absolute_error
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
-                     recompute=spec.get("recompute", False), loss_fn=loss_fn)
+                     recompute=spec.get("recompute", False), loss_fn=loss_function(config.loss, config.dvh_weight))
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
@@ -209,13 +201,7 @@ def child_step(spec: dict, strategy) -> dict:
         return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size])
 
     if fed_by_pipeline:  # as in training: new patients and draws every step
-        updates = spec["steps"] + 1
-        schedule = update_schedule(len(arrays), batch, replicas, accumulate, seed=0, first_epoch=0,
-                                   epochs=updates)
-        augmentations = config.augmentations if recipe else ("flip", "rotate", "shift") if augment else ()
-        augmenter = Augmenter(augmentations, arrays.possible_dose_mask, seed=0) if augmentations else None
-        with_mask = needs_possible_dose_mask(config.loss) if recipe else bool(augment)
-        pipeline = iter(distributed_dataset(strategy, arrays, schedule, with_mask=with_mask, augmenter=augmenter))
+        pipeline = iter(training_input(strategy, arrays, config, first_epoch=0, epochs=spec["steps"] + 1))
         next_element = lambda: next(pipeline)  # noqa: E731
     else:  # one element, fed again and again: the step alone
         element = strategy.experimental_distribute_values_from_function(value_fn)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from provided_code.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow
 
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 
@@ -74,13 +75,46 @@ def reset_keras():
 
 def network_config(**fields):
     """The network and optimizer settings of ``TrainConfig``'s defaults, with ``fields`` changed,
-    without its checks (so that tests can build at 16³)."""
+    without its checks (so that tests can build at 16³); ``gantry_angles`` resolved as it resolves them."""
     import dataclasses
     import types
 
     from provided_code.config import TrainConfig
+    from provided_code.networks.beams import resolve_beam_angles
 
-    return types.SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), **fields})
+    settings = {**dataclasses.asdict(TrainConfig()), **fields}
+    return types.SimpleNamespace(**settings, gantry_angles=resolve_beam_angles(settings["beams"], settings["beam_angles"]))
+
+
+def console_script(name: str) -> list[str]:
+    """The command line that runs the console script ``name`` as setup.cfg declares it, in this
+    Python (an installed script may predate a move of its module until the next ``pip install -e``)."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(REPO / "setup.cfg")
+    scripts = dict(line.split(" = ") for line in parser["options.entry_points"]["console_scripts"].strip().splitlines())
+    module, function = scripts[name].split(":")
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = {name!r}; from {module} import {function}; {function}()"]
+
+
+def copy_of_run(trained, tmp_path: Path):
+    """For a test that changes a run a module fixture trained once: ``trained`` (its TrainConfig)
+    with its run folder copied into ``tmp_path/results``; the cache stays shared (it is only read)."""
+    import dataclasses
+
+    config = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
+    shutil.copytree(trained.run_dir, config.run_dir)
+    return config
+
+
+def predict(config, **options):
+    """``predict_stage`` of the model a TrainConfig trained, with its data, cache and batch size, as
+    ``runpod_train.py --predict-only`` passes them."""
+    from provided_code.apps.predict import predict_stage
+
+    return predict_stage(config.run_dir, config.data_dir, batch_size=config.batch_size, cache_dir=config.cache_dir,
+                         skip_incomplete=config.skip_incomplete, **options)
 
 
 def log_epochs(run_dir: Path) -> list[int]:

@@ -19,7 +19,7 @@ from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate
 
 from provided_code.constants import STRUCTURES
 from provided_code.data.phantoms import make_phantom
-from tests.dicom_writer import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, write_patient
+from provided_code.dicom.synthetic import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, write_patient
 
 LOCALHOST = "127.0.0.1"
 INSTANCE_KEYWORDS = ("SOPInstanceUID", "SeriesInstanceUID", "StudyInstanceUID", "FrameOfReferenceUID",

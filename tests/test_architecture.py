@@ -5,24 +5,28 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 
-# Lowest first. data, networks, losses and metrics are peers below training, which sits below
-# predict, the clinic's command and its DICOM node, then the command lines.
+# Lowest first. data, networks, losses and metrics are peers below training; prediction, the
+# clinic's path and the folder scoring stand beside training (none imports another, tested
+# below); the DICOM node (a server around the clinic's path) above them; the command lines sit on
+# top. A module of apps/ has a layer of its own.
 LAYERS = (
-    ("constants", "errors", "atomic", "progress", "environment", "run_lock"),
-    ("data", "networks", "losses", "metrics", "dicom", "config", "preflight", "presets"),
-    ("inference", "score_folder", "score_loop", "plots"),
-    ("training",),
-    ("predict",),
-    ("clinic",),
+    ("constants", "errors", "infra"),
+    ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
+    ("inference", "plots", "run_folder"),
+    ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
     ("node",),
-    ("cli", "dicom_cli", "demo", "__init__", "__main__"),
+    ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.console", "apps.__init__", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+BESIDE_TRAINING = ("apps.predict", "apps.score_folder", "apps.clinic")
 
 
 def _top(module: str) -> str:
-    """``provided_code.training.step`` -> ``training``."""
-    return module.split(".")[1] if module.count(".") else "__init__"
+    """``provided_code.training.step`` -> ``training``; ``provided_code.apps.cli`` -> ``apps.cli``."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__"
+    return ".".join(parts[:2]) if parts[0] == "apps" and len(parts) > 1 else parts[0]
 
 
 def _imports(path: Path):
@@ -43,15 +47,26 @@ def test_no_module_imports_one_above_it():
         own = _top(module)
         assert own in RANK, f"{path}: put this module into a layer of {__file__}"
         for imported, line in _imports(path):
-            other = _top(imported) if imported != "provided_code" else "__init__"
+            other = _top(imported)
             if RANK[other] > RANK[own]:
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
     assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
 
 
-def test_training_never_imports_predict_and_metrics_does_no_file_io():
-    for path in (PACKAGE / "training").rglob("*.py"):
-        assert "provided_code.predict" not in {name for name, _ in _imports(path)}, path
+def test_prediction_does_not_import_training_nor_training_prediction():
+    """Prediction, the clinic's path and the folder scoring stand beside training: a trained model
+    is loaded from its folder (run_folder), below both."""
+    crossing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = _top("provided_code." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        for imported, line in _imports(path):
+            other = _top(imported)
+            if (own in BESIDE_TRAINING and other == "training") or (own == "training" and other.startswith("apps")):
+                crossing.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported}")
+    assert not crossing, "imports between training and prediction:\n" + "\n".join(crossing)
+
+
+def test_metrics_does_no_file_io():
     for path in (PACKAGE / "metrics").rglob("*.py"):
         source = path.read_text()
         tree = ast.parse(source)

@@ -5,9 +5,9 @@ import errno
 
 import pytest
 
-import provided_code.atomic as atomic
-from provided_code.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
+import provided_code.infra.atomic as atomic
 from provided_code.errors import ConfigError
+from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
 
 
 def _fill(folder, text):

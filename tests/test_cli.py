@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, console_script
 
 
 def run(*args, **kwargs):
@@ -20,6 +20,14 @@ def test_help_answers_without_importing_tensorflow():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "--filters INTEGER" in result.stdout and "--predict-only" in result.stdout
     assert "LOADED []" in result.stdout
+
+
+def test_the_console_scripts_are_the_commands():
+    for name, says in (("openkbp-train", "--predict-only"), ("openkbp-score", "--reference"),
+                       ("openkbp-dicom", "predict")):
+        result = subprocess.run([*console_script(name), "--help"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert f"Usage: {name} " in result.stdout and says in result.stdout
 
 
 def test_missing_data_folder_says_where_data_comes_from(tmp_path):
@@ -59,7 +67,7 @@ def test_openkbp_score_prints_the_scores_before_a_json_that_cannot_be_written(ph
 
     from click.testing import CliRunner
 
-    from provided_code.cli import score_command
+    from provided_code.apps.cli import score_command
     from provided_code.data.csv_io import read_patient, write_dose_csv
 
     for pid in ("pt_1", "pt_2", "pt_3"):
@@ -94,7 +102,7 @@ def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refu
     it is applied and recorded in config.json's history."""
     from click.testing import CliRunner
 
-    import provided_code.cli as cli
+    import provided_code.apps.cli as cli
     from provided_code.config import TrainConfig
 
     where = ["--data-dir", str(phantom_data), "--results-dir", str(tmp_path / "results"), "--model-name", "p",

@@ -10,16 +10,15 @@ from click.testing import CliRunner
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
-import provided_code.clinic as clinic_module  # noqa: E402
+import provided_code.apps.clinic as clinic_module  # noqa: E402
+from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.constants import STRUCTURES  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
-from provided_code.data.csv_io import read_patient  # noqa: E402
+from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
-from provided_code.dicom_cli import main  # noqa: E402
-from provided_code.dicom.exporter import read_dose_csv  # noqa: E402
+from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
-from tests.dicom_writer import CLINICAL_NAMES, write_patient  # noqa: E402
 
 
 def test_clinical_dvh_table_by_hand():
@@ -123,8 +122,8 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     # The model's place is taken by the clinic's dose moved 2 voxels (a prediction that is not the reference).
     (tmp_path / "run" / "models").mkdir(parents=True)
     (tmp_path / "run" / "models" / "config.json").write_text("{}")
-    monkeypatch.setattr(clinic_module, "load_trained_model",
-                        lambda models_dir, epoch: (SimpleNamespace(resolution=128), 7, None))
+    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model",
+                        lambda folder, epoch: (SimpleNamespace(resolution=128), 7, None))
     predictions = []
 
     def predict(model, arrays, *args, **kwargs):

@@ -3,7 +3,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from provided_code.demo import main
+from provided_code.apps.demo import main
 
 
 @pytest.mark.slow

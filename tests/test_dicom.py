@@ -24,10 +24,10 @@ from provided_code.dicom.importer import import_patient  # noqa: E402
 from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
 from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
+from provided_code.dicom.synthetic import write_patient  # noqa: E402
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
-from tests.dicom_writer import write_patient  # noqa: E402
 
-OPENKBP_DICOM = [sys.executable, "-m", "provided_code.dicom_cli"]
+OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 
 
 def dice(a, b):
@@ -493,13 +493,14 @@ class _NoMatrixProducts(np.ndarray):
 
 
 def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
-    from provided_code.dicom.importer import _Resampler
+    from provided_code.dicom.grid import PlaneTaps
 
     rng = np.random.default_rng(0)
     for rows, columns in ((512, 512), (300, 420)):
         plane = rng.normal(0, 500, (rows, columns)).astype(np.float32)
         by_matrices = area_weights(rows, 128) @ plane.astype(np.float64) @ area_weights(columns, 128).T
-        resampled = _Resampler(rows, columns)(plane.view(_NoMatrixProducts))
+        to_box = PlaneTaps.from_matrices(area_weights(rows, 128), area_weights(columns, 128))  # as the import does
+        resampled = to_box.apply(plane.view(_NoMatrixProducts))
         assert np.allclose(np.asarray(resampled), by_matrices, rtol=1e-6, atol=1e-4)  # float32 sums of ~500 HU: ulps of 3e-5
     geometry = PatientGeometry(rows=300, columns=420, pixel_spacing=[1.2, 1.1], origin_xy=[-200.0, -150.0],
                                slice_z=(50 - 2.5 * np.arange(128)).tolist(), first_slice=0, frame_of_reference_uid="1",

@@ -26,7 +26,7 @@ pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dic
 
 from click.testing import CliRunner  # noqa: E402
 
-from provided_code.dicom_cli import main  # noqa: E402
+from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.node.journal import FAILED, Journal  # noqa: E402
 from provided_code.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.node.sender import parse_destination  # noqa: E402
@@ -403,7 +403,7 @@ def test_status_prints_the_journal(start_node, phantom, tmp_path):
 
 
 def test_serve_help_loads_neither_tensorflow_nor_the_node():
-    probe = ("import sys\nfrom provided_code.dicom_cli import main\n"
+    probe = ("import sys\nfrom provided_code.apps.dicom_cli import main\n"
              "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
              "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'pynetdicom', 'provided_code.node.server') "
              "if m in sys.modules))")
@@ -456,7 +456,7 @@ def _serve(model_dir, store, port, destination, hold=None):
     if hold is not None:
         env[HOLD_VARIABLE] = str(hold)
     log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
-    command = [sys.executable, "-m", "provided_code.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
+    command = [sys.executable, "-m", "provided_code.apps.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
                str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
                "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0"]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log)

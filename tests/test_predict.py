@@ -14,19 +14,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.errors import RunLockedError
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
+from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
-from provided_code.predict import predict_stage
-from provided_code.run_lock import RunLock
-from provided_code.score_folder import score_prediction_folder
-from provided_code.training.checkpoints import load_newest
+from provided_code.run_folder import RunFolder
 from provided_code.training.train import train
+from tests.conftest import console_script, predict
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
 
 
 def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained):
-    report = predict_stage(trained, stage="validation")
+    report = predict(trained, stage="validation")
     assert report.epoch == 2 and report.patients == 2
     files = sorted(p.name for p in report.predictions_dir.glob("pt_*.csv"))
     assert files == ["pt_201.csv", "pt_202.csv"]
@@ -67,9 +66,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
     assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
     assert "PTV70_D_99_difference" in per_patient.columns
 
-    command = Path(sys.executable).parent / "openkbp-score"
     out = Path(trained.results_dir) / "standalone.json"
-    result = subprocess.run([str(command), "--reference", str(Path(trained.data_dir) / "validation-pats"),
+    result = subprocess.run([*console_script("openkbp-score"), "--reference", str(Path(trained.data_dir) / "validation-pats"),
                              "--predictions", str(report.predictions_dir), "--json", str(out),
                              "--cache-dir", trained.cache_dir], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -82,7 +80,7 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
 
 
 def test_stage_without_reference_doses_is_predicted_not_scored(trained):
-    report = predict_stage(trained, stage="test", epoch=1)
+    report = predict(trained, stage="test", epoch=1)
     assert report.epoch == 1 and report.scores is None
     assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["m_test_epoch_1.zip", "pt_241.csv",
                                                                         "pt_242.csv"]
@@ -100,7 +98,7 @@ def test_mirror_swaps_the_parotids():
 
 
 def test_tta_prediction_is_left_right_equivariant(trained):
-    _, model = load_newest(trained.models_dir, compile=False)
+    _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir), 32)
     mirrored = dataclasses.replace(arrays, ct=np.ascontiguousarray(np.flip(arrays.ct, 2)),
                                    structure_masks=np.ascontiguousarray(mirror_left_right(arrays.structure_masks, 2)))
@@ -113,29 +111,29 @@ def test_tta_prediction_is_left_right_equivariant(trained):
 
 def test_plots_are_written_or_explained(trained, monkeypatch):
     pytest.importorskip("matplotlib")
-    report = predict_stage(trained, stage="validation", plots=True)
+    report = predict(trained, stage="validation", plots=True)
     plots = sorted(p.name for p in (report.predictions_dir.parent / "validation-plots").iterdir())
     assert plots == ["pt_201_dvh.png", "pt_201_slices.png", "pt_202_dvh.png", "pt_202_slices.png"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="pip install 'provided_code\\[plots\\]'"):
-        predict_stage(trained, stage="validation", plots=True)
+        predict(trained, stage="validation", plots=True)
 
 
 def test_unknown_model_is_a_clear_error(trained):
     with pytest.raises(FileNotFoundError, match="No trained model 'nope'"):
-        predict_stage(dataclasses.replace(trained, model_name="nope"))
+        predict(dataclasses.replace(trained, model_name="nope"))
 
 
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(trained):
-    plain = predict_stage(trained, stage="validation")
+    plain = predict(trained, stage="validation")
     _, plain_values = read_sparse_csv(plain.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    report = predict_stage(trained, stage="validation", tta=True)
+    report = predict(trained, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
     arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
     assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
     # By hand: the model on the 32³ patient and on its mirror (parotids swapped), mirrored back, averaged.
     low = downsample_split(arrays, 32)
-    _, model = load_newest(trained.models_dir, compile=False)
+    _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     direct = np.asarray(model.predict_on_batch({"ct": low.ct[:1], "structure_masks": low.structure_masks[:1]}))
     mirrored = np.asarray(model.predict_on_batch({"ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
                                                   "structure_masks": mirror_left_right(low.structure_masks[:1], 2)}))
@@ -148,47 +146,47 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
 
 def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_path):
     broken = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
-    shutil.copytree(trained.run_dir / "models", broken.models_dir)
-    _, model = load_newest(broken.models_dir)
+    shutil.copytree(trained.run_dir / "models", RunFolder(broken.run_dir).models)
+    _, model = RunFolder(broken.run_dir).load_newest()
     kernel = model.get_layer("dose_conv").kernel
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
-    model.save(broken.models_dir / "epoch_3.keras")
+    model.save(RunFolder(broken.run_dir).models / "epoch_3.keras")
     keras.backend.clear_session()
     with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
-        predict_stage(broken, stage="validation")
+        predict(broken, stage="validation")
     assert not (broken.run_dir / "validation-predictions").exists()
 
 
 def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(trained, tmp_path):
-    single = predict_stage(trained, stage="validation", epoch="best")
+    single = predict(trained, stage="validation", epoch="best")
     shutil.copytree(trained.run_dir / "models", Path(trained.results_dir) / "m2" / "models")
     ensemble = dataclasses.replace(trained, model_name="ens")
-    report = predict_stage(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
+    report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
     assert report.epoch == "ensemble" and report.scores.dose_score == single.scores.dose_score
     assert report.scores.dvh_score == single.scores.dvh_score
     summary = json.loads(report.scores_path.read_text())
     assert summary["members"] == [{"model": "m", "epoch": single.epoch}, {"model": "m2", "epoch": single.epoch}]
     assert report.predictions_dir == Path(trained.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
-    from provided_code.score_folder import score_prediction_folder
+    from provided_code.apps.score_folder import score_prediction_folder
 
     standalone = score_prediction_folder(Path(trained.data_dir) / "validation-pats", report.predictions_dir,
                                          cache_dir=trained.cache_dir)
     # Both score the written CSVs through the same reader and arithmetic: exact.
     assert standalone.dose_score == report.scores.dose_score and standalone.dvh_score == report.scores.dvh_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
-        predict_stage(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
+        predict(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
 
     with pytest.raises(ConfigError, match=r"Expected each member once \(m would weigh more than the others\). "
                                           r"Received: ensemble='m,m2,m'"):
-        predict_stage(ensemble, stage="validation", ensemble=["m", "m2", "m"])
+        predict(ensemble, stage="validation", ensemble=["m", "m2", "m"])
     with pytest.raises(ConfigError, match=r"Expected the names of one or more trained runs. Received: ensemble=\[\]"):
-        predict_stage(ensemble, stage="validation", ensemble=[])
+        predict(ensemble, stage="validation", ensemble=[])
 
 
 def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:
     """The trained model's checkpoints in a run folder of its own (its predictions apart from the fixture's)."""
-    shutil.copytree(trained.models_dir, results_dir / name / "models")
+    shutil.copytree(RunFolder(trained.run_dir).models, results_dir / name / "models")
     return dataclasses.replace(trained, results_dir=str(results_dir), model_name=name)
 
 
@@ -220,8 +218,8 @@ SLOW_PREDICT = textwrap.dedent("""
         Path(sys.argv[1]).write_text("\\n".join(written))
         time.sleep(120)
 
-    csv_io.write_dose_csv = write_then_wait  # before provided_code.predict binds it
-    from provided_code.cli import main
+    csv_io.write_dose_csv = write_then_wait  # before provided_code.apps.predict binds it
+    from provided_code.apps.cli import main
 
     main(sys.argv[2:])
 """)
@@ -230,7 +228,7 @@ SLOW_PREDICT = textwrap.dedent("""
 def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run_tidies(trained, tmp_path):
     config = _copy_run(trained, tmp_path / "results")
     folder = config.run_dir / "validation-predictions"
-    predict_stage(config, stage="validation", epoch=1)
+    predict(config, stage="validation", epoch=1)
     previous = _files(folder)
     _assert_scores_describe_the_csvs(config, folder, epoch=1)
 
@@ -253,7 +251,7 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
     assert _files(folder) == previous  # epoch 1's set, whole: CSVs, zip and its scores
     _assert_scores_describe_the_csvs(config, folder, epoch=1)
 
-    report = predict_stage(config, stage="validation", epoch=2)  # the next run removes what the killed one left
+    report = predict(config, stage="validation", epoch=2)  # the next run removes what the killed one left
     assert not [path.name for path in config.run_dir.iterdir() if path.name.startswith(".validation-predictions")]
     assert report.scores_path == folder / "scores.json" and sorted(_files(folder)) == [
         "m_validation_epoch_2.zip", "pt_201.csv", "pt_202.csv", "scores.csv", "scores.json"]
@@ -263,8 +261,8 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
 
 def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(trained, tmp_path):
     config = _copy_run(trained, tmp_path / "results")
-    predict_stage(config, stage="validation")
-    predict_stage(config, stage="test")
+    predict(config, stage="validation")
+    predict(config, stage="test")
     train(TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
                       results_dir=config.results_dir, model_name="m", cache_dir=config.cache_dir), start_over=True)
     keras.backend.clear_session()
@@ -280,7 +278,7 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
     data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
     (data / "validation-pats" / "pt_202" / "dose.csv").unlink()
     config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
-    report = predict_stage(config, stage="validation")
+    report = predict(config, stage="validation")
     assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
     assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()
     summary = json.loads(report.scores_path.read_text())
@@ -294,14 +292,14 @@ def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_memb
         _copy_run(trained, tmp_path / "results", name)
     ensemble = dataclasses.replace(trained, results_dir=str(tmp_path / "results"), model_name="ens")
     member = tmp_path / "results" / "b"
-    with RunLock(member, "training"):
+    with RunFolder(member).lock("training"):
         with pytest.raises(RunLockedError) as caught:
-            predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+            predict(ensemble, stage="validation", ensemble=["a", "b"])
     message = str(caught.value)
     assert message.startswith(f"{member} is in use by another run (pid ") and "training since" in message
     assert "\n" not in message and not (ensemble.run_dir / "validation-predictions").exists()
-    with RunLock(member, "read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
-        report = predict_stage(ensemble, stage="validation", ensemble=["a", "b"])
+    with RunFolder(member).lock("read by the ensemble 'other'", shared=True):  # another ensemble reading b meanwhile
+        report = predict(ensemble, stage="validation", ensemble=["a", "b"])
     assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
-    with RunLock(member, "training"):  # released when the ensemble is done
+    with RunFolder(member).lock("training"):  # released when the ensemble is done
         pass

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from provided_code.errors import ConfigError
-from provided_code.preflight import check_writable
+from provided_code.infra.preflight import check_writable
 from tests.conftest import REPO
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-import provided_code.cli as cli
+import provided_code.apps.cli as cli
 from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import UserError
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
@@ -33,17 +33,18 @@ def test_v1_resolves_to_the_old_defaults_default_to_todays_and_starter_to_the_20
 
 @pytest.fixture
 def resolved_configs(monkeypatch) -> list:
-    """The configs the command line resolves, captured before it does any work (it then exits 1)."""
+    """The configs the command line resolves, captured as it makes them, before it does any work (it
+    then exits 1)."""
     seen = []
 
     class Stop(UserError):
         pass
 
-    def capture(config, predict_only, stage):
-        seen.append(config)
+    def capture(**settings):
+        seen.append(TrainConfig(**settings))
         raise Stop("stopped before any work")
 
-    monkeypatch.setattr(cli, "check_run_folders", capture)
+    monkeypatch.setattr(cli, "TrainConfig", capture)
     return seen
 
 

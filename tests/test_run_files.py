@@ -1,79 +1,102 @@
 """What a run writes, after the machine or the user broke it: a cut-off log line, a log that does
-not parse, a deleted config.json, checkpoints that no longer load, a changed schedule."""
+not parse, a deleted config.json, checkpoints that no longer load, a changed schedule. Each
+scenario breaks its own copy of one two-epoch run (trained once for the module)."""
 
+import dataclasses
 import logging
 
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.training.checkpoints import CheckpointError, list_checkpoints
+from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
+from tests.conftest import copy_of_run
 
 
-pytestmark = pytest.mark.usefixtures("reset_keras")
+# All slow, so that they run together (the slow tests run first) and share the module's trained run.
+pytestmark = [pytest.mark.usefixtures("reset_keras"), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def trained(phantom_data, tmp_path_factory) -> TrainConfig:
+    """Two epochs, a checkpoint after each (constant rate, no scores): not to be changed, copy it."""
+    root = tmp_path_factory.mktemp("run-files")
+    config = TrainConfig(filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
+                         lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(root / "results"),
+                         model_name="m", cache_dir=str(root / "cache"))
+    train(config)
+    return config
 
 
 @pytest.fixture
-def config(phantom_data, tmp_path) -> TrainConfig:
-    return TrainConfig(filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
-                       lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(tmp_path / "results"), model_name="m",
-                       cache_dir=str(tmp_path / "cache"))
+def config(trained, tmp_path) -> TrainConfig:
+    """This test's copy of the trained run."""
+    return copy_of_run(trained, tmp_path)
 
 
 def _epochs(config):
-    return [int(row["epoch"]) for row in read_log(config.run_dir / "training_log.csv")]
+    return [int(row["epoch"]) for row in read_log(RunFolder(config.run_dir).log)]
 
 
-@pytest.mark.slow
-def test_a_broken_run_folder_is_repaired_or_refused_never_silently_restarted(config, caplog):
-    log = config.run_dir / "training_log.csv"
-    train(config)
+def test_a_row_cut_off_by_a_crash_is_left_out_and_the_epoch_trained_again(config, caplog):
+    folder = RunFolder(config.run_dir)
     # A crash while epoch 2's row was written (so before its checkpoint): the row is cut off.
-    (config.models_dir / "epoch_2.keras").unlink()
-    text = log.read_text()
-    log.write_text(text[:-7])
+    folder.checkpoint(2).unlink()
+    folder.log.write_text(folder.log.read_text()[:-7])
     with caplog.at_level(logging.WARNING):
         train(config)
     assert "cut-off row" in caplog.text
-    rows = read_log(log)
+    rows = read_log(folder.log)
     assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)  # float32 rate, as text
 
+
+def test_a_cosine_schedule_resumed_with_other_epochs_is_said(config, caplog):
     # A cosine schedule resumed with another --epochs (a recipe change, so --change-recipe): said, not silent.
-    cosine = TrainConfig(**{**config.__dict__, "epochs": 3, "lr_schedule": "cosine"})
-    caplog.clear()
     with caplog.at_level(logging.WARNING):
-        train(cosine, change_recipe=True)
+        train(dataclasses.replace(config, epochs=3, lr_schedule="cosine"), change_recipe=True)
     assert "schedule changes on this resume (saved: constant over 2 epochs, now: cosine over 3)" in caplog.text
 
-    # A log that does not parse at all: one line naming the file.
+
+def test_a_log_that_does_not_parse_is_one_line_naming_the_file(config):
+    log = RunFolder(config.run_dir).log
     good = log.read_text()
     log.write_text("hello\nworld\n")
     with pytest.raises(LogError, match=r"training_log.csv: not a training log \(header 'hello'\)"):
-        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
-    log.write_text(good.replace("\n3,", "\nthree,"))
-    with pytest.raises(LogError, match=r"training_log.csv: line 4 is not a log row"):
-        train(TrainConfig(**{**cosine.__dict__, "epochs": 4}))
-    log.write_text(good)
+        train(dataclasses.replace(config, epochs=3))
+    log.write_text(good.replace("\n2,", "\ntwo,"))
+    with pytest.raises(LogError, match=r"training_log.csv: line 3 is not a log row"):
+        train(dataclasses.replace(config, epochs=3))
 
+
+def test_checkpoints_without_config_json_are_refused_not_read_with_the_flags(config):
     # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.
-    (config.models_dir / "config.json").unlink()
+    config_file = RunFolder(config.run_dir).config_file
+    config_file.unlink()
     with pytest.raises(ConfigError, match="holds checkpoints but no config.json"):
-        train(TrainConfig(**{**config.__dict__, "filters": 4, "epochs": 4}))
-    assert not (config.models_dir / "config.json").exists()
+        train(dataclasses.replace(config, filters=4, epochs=4))
+    assert not config_file.exists()
 
-    # Every checkpoint unreadable: refused with the reason; the log and files stay.
-    train_config = TrainConfig(**{**config.__dict__, "epochs": 3, "precision": "float32"})
-    (config.models_dir / "config.json").write_text(train_config.to_json())
-    for _, path in list_checkpoints(config.models_dir):
+
+def _break_every_checkpoint(config):
+    for _, path in RunFolder(config.run_dir).checkpoints():
         path.write_bytes(b"not a keras file")
-    with pytest.raises(CheckpointError, match=r"No checkpoint in .* loads: epoch_3.keras .*--start-over"):
-        train(train_config)
-    assert _epochs(config) == [1, 2, 3]
 
-    # --start-over: the old files move aside, training begins at epoch 0 with a fresh log.
-    result = train(train_config, start_over=True)
-    assert result.first_epoch == 0 and _epochs(config) == [1, 2, 3]
+
+def test_no_checkpoint_that_loads_is_refused_with_the_reason(config):
+    # Every checkpoint unreadable: refused with the reason; the log and files stay.
+    _break_every_checkpoint(config)
+    with pytest.raises(CheckpointError, match=r"No checkpoint in .* loads: epoch_2.keras .*--start-over"):
+        train(dataclasses.replace(config, epochs=3))
+    assert _epochs(config) == [1, 2]
+
+
+def test_start_over_moves_the_old_files_aside_and_trains_anew(config):
+    # --start-over (what no checkpoint that loads needs): the old files move aside, training begins
+    # at epoch 0 with a fresh log.
+    _break_every_checkpoint(config)
+    result = train(config, start_over=True)
+    assert result.first_epoch == 0 and _epochs(config) == [1, 2]
     abandoned = [p for p in config.run_dir.iterdir() if p.name.startswith("abandoned-")]
     assert len(abandoned) == 1
-    assert {"config.json", "epoch_3.keras", "training_log.csv"} <= {p.name for p in abandoned[0].iterdir()}
+    assert {"config.json", "epoch_2.keras", "training_log.csv"} <= {p.name for p in abandoned[0].iterdir()}

@@ -9,10 +9,11 @@ import pytest
 
 from provided_code.config import TrainConfig
 from provided_code.errors import RunLockedError
-from provided_code.run_lock import LOCK_FILE, RunLock
+from provided_code.run_folder import LOCK_FILE, RunFolder
+from tests.conftest import predict
 
-HOLD = ("import sys, time\nfrom provided_code.run_lock import RunLock\n"
-        "with RunLock(sys.argv[1], 'training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
+HOLD = ("import sys, time\nfrom provided_code.run_folder import RunFolder\n"
+        "with RunFolder(sys.argv[1]).lock('training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
 
 
 def _holder(run_dir):
@@ -26,7 +27,7 @@ def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_
     first = _holder(run_dir)
     try:
         with pytest.raises(RunLockedError) as caught:
-            with RunLock(run_dir, "training"):
+            with RunFolder(run_dir).lock("training"):
                 pass
         message = str(caught.value)
         assert str(run_dir) in message and f"pid {first.pid}" in message and "training since" in message
@@ -34,27 +35,26 @@ def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    with RunLock(run_dir, "--predict-only") as lock:  # a killed holder leaves nothing that blocks
+    with RunFolder(run_dir).lock("--predict-only") as lock:  # a killed holder leaves nothing that blocks
         assert "--predict-only" in (run_dir / LOCK_FILE).read_text()
-    with RunLock(run_dir, "training"):  # released on exit
+    with RunFolder(run_dir).lock("training"):  # released on exit
         pass
     assert lock.path == run_dir / LOCK_FILE
 
 
 def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path, phantom_data):
-    from provided_code.predict import predict_stage
     from provided_code.training.train import train
 
     config = TrainConfig(filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),
                          results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
-    (config.models_dir).mkdir(parents=True)
+    RunFolder(config.run_dir).models.mkdir(parents=True)
     holder = _holder(config.run_dir)
     try:
         start = time.perf_counter()
         with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
             train(config)
         with pytest.raises(RunLockedError, match=f"pid {holder.pid}"):
-            predict_stage(config)
+            predict(config)
         assert time.perf_counter() - start < 5 and not (tmp_path / "cache").exists()  # refused before the data
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -63,17 +63,17 @@ def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path,
 
 def test_readers_share_the_lock_and_exclude_a_writer_and_the_reverse(tmp_path):
     run_dir = tmp_path / "results" / "member"
-    with RunLock(run_dir, "read by the ensemble 'a'", shared=True), \
-            RunLock(run_dir, "read by the ensemble 'b'", shared=True):  # two readers at once
+    with RunFolder(run_dir).lock("read by the ensemble 'a'", shared=True), \
+            RunFolder(run_dir).lock("read by the ensemble 'b'", shared=True):  # two readers at once
         with pytest.raises(RunLockedError, match=r"in use by another run \(pid \d+ on .*, read by the ensemble"):
-            with RunLock(run_dir, "training"):
+            with RunFolder(run_dir).lock("training"):
                 pass
-    with RunLock(run_dir, "training"):
+    with RunFolder(run_dir).lock("training"):
         with pytest.raises(RunLockedError) as caught:
-            with RunLock(run_dir, "read by the ensemble 'a'", shared=True):
+            with RunFolder(run_dir).lock("read by the ensemble 'a'", shared=True):
                 pass
     message = str(caught.value)
     assert "training since" in message and message.endswith("wait for it to end before reading it")
     assert "\n" not in message
-    with RunLock(run_dir, "read by the ensemble 'a'", shared=True):  # released on exit
+    with RunFolder(run_dir).lock("read by the ensemble 'a'", shared=True):  # released on exit
         pass

@@ -5,13 +5,13 @@ import shutil
 import numpy as np
 import pytest
 
+from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import exact_dose, load_split
 from provided_code.data.csv_io import PatientDataError, write_dose_csv
-from provided_code.score_loop import score_folders_loop
 from provided_code.metrics.scoring import METRICS, score_split
-from provided_code.score_folder import score_prediction_folder, write_score_reports
 from tests.conftest import SAMPLE_DIR, requires_sample
+from tests.score_loop import score_folders_loop
 
 
 def reference(arrays, row):

@@ -136,11 +136,11 @@ def test_recompute_runs_the_blocks_again_and_the_unpacked_input_one_sample_at_a_
 
 LOSS_SCALE_PROBE = textwrap.dedent("""
     import numpy as np
-    from provided_code.environment import configure_tensorflow
+    from provided_code.infra.environment import configure_tensorflow
     configure_tensorflow()
     import keras, tensorflow as tf
     from provided_code.training.strategy import make_placement
-    strategy = make_placement("2", multi_worker=False).strategy
+    strategy = make_placement("2").strategy
     from provided_code.networks.layers import CompactInputs
     from provided_code.losses import mean_absolute_error
     from provided_code.training.step import TrainStep

@@ -16,7 +16,7 @@ import pytest
 
 from provided_code.config import ConfigError, read_tf_config
 
-from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
 from tests.conftest import REPO, log_epochs
@@ -50,7 +50,7 @@ def run_cli_together(phantom_data, tmp_path, *arg_lists):
 
 
 def final_weights(results, name):
-    _, model = load_newest(results / name / "models")
+    _, model = RunFolder(results / name).load_newest()
     weights = model_weights(model)
     keras.backend.clear_session()
     return weights
@@ -164,7 +164,7 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     assert fingerprints[0] == fingerprints[1]
     results = tmp_path / "results"
     assert log_epochs(results / "mw") == [1, 2]
-    assert [e for e, _ in list_checkpoints(results / "mw" / "models")] == [2, 1]
+    assert [e for e, _ in RunFolder(results / "mw").checkpoints()] == [2, 1]
     assert chief.count("Saved checkpoint") == 2 and "Saved checkpoint" not in other
 
     # A worker dies mid-run: the other stops with a clear error within the collective timeout.
@@ -182,7 +182,7 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     survivor = output(workers[0])
     assert code == 1 and "Multi-worker training stopped: a worker failed or stopped answering" in survivor
     assert "Traceback" not in survivor and waited < 60
-    newest = list_checkpoints(results / "lost" / "models")[0][0]
+    newest = RunFolder(results / "lost").checkpoints()[0][0]
 
     # Resume on one device from the multi-worker run's checkpoints.
     resumed = run_cli(phantom_data, tmp_path, "--model-name", "lost", "--batch-size", "2", "--epochs", str(newest + 1))
@@ -217,10 +217,10 @@ def test_bad_devices_value_is_clear(phantom_data, tmp_path):
 
 def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
     """float32 sums were exact only while replicas × epoch² < 2²⁴: 3 replicas at epoch 2401 were refused."""
-    probe = ("from provided_code.environment import configure_tensorflow; configure_tensorflow()\n"
+    probe = ("from provided_code.infra.environment import configure_tensorflow; configure_tensorflow()\n"
              "import tensorflow as tf\n"
              "from provided_code.training.strategy import make_placement\n"
-             "strategy = make_placement('3', False).strategy\n"
+             "strategy = make_placement('3').strategy\n"
              "from provided_code.training.train import replicas_agree\n"
              "same = replicas_agree(strategy, lambda: tf.constant(2401, tf.int64))\n"
              "def differ():\n"
@@ -233,19 +233,17 @@ def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
 
 INSTANCE_NORM_PROBE = """
 import numpy as np
-from provided_code.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow
 configure_tensorflow()
 import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement
-two = make_placement("2", multi_worker=False).strategy
+two = make_placement("2").strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
-import dataclasses
-from types import SimpleNamespace
-from provided_code.config import TrainConfig
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
+from tests.conftest import network_config
 
 rng = np.random.default_rng(0)
 class Arrays:
@@ -257,9 +255,7 @@ def run(strategy, batch, xla, recompute=False):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        settings = {**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2, "dropout": 0.0,
-                    "norm": "instance", "learning_rate": 1e-3}
-        model = new_model(SimpleNamespace(**settings))
+        model = new_model(network_config(resolution=16, filters=2, dropout=0.0, norm="instance", learning_rate=1e-3))
         model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error)
     losses = []
@@ -275,8 +271,7 @@ one_losses, one_weights, _ = run(one, 2, xla=False)
 two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True)
 keras.backend.clear_session()
 with two.scope():  # synchronised batch norm on two replicas: XLA is refused for the step, not half-applied
-    bn = new_model(SimpleNamespace(**{**dataclasses.asdict(TrainConfig()), "resolution": 16, "filters": 2,
-                                      "norm": "batch"}))
+    bn = new_model(network_config(resolution=16, filters=2, norm="batch"))
 print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error)._loss_and_grads,
                                            "_jit_compile", False)))
 again, _, _ = run(one, 2, xla=False, recompute=True)

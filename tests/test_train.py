@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.training.checkpoints import list_checkpoints, load_newest
+from provided_code.infra.preflight import DataNotFoundError
+from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
-from provided_code.predict import predict_stage
-from provided_code.preflight import DataNotFoundError
 from provided_code.training.train import model_weights, train
-from tests.conftest import REPO, log_epochs, requires_float16_convolutions
+from tests.conftest import REPO, log_epochs, predict, requires_float16_convolutions
 
 
 
@@ -59,7 +58,7 @@ def two_epochs(config, _two_epochs) -> TrainConfig:
 def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     result = train(config)
     assert (result.first_epoch, result.last_epoch) == (0, 3)
-    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [3, 2]  # keep=2
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [3, 2]  # keep=2
     assert log_epochs(config.run_dir) == [1, 2, 3]
     with open(config.run_dir / "training_log.csv", newline="") as handle:
         row = next(csv.DictReader(handle))
@@ -67,9 +66,9 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
                         "epoch_seconds", "samples_per_s", "peak_memory_mb"}
     assert float(row["val_loss"]) > 0 and float(row["learning_rate"]) == pytest.approx(2e-4)  # cosine: peak first (a float32 variable: 1e-6 relative)
     assert float(row["peak_memory_mb"]) > 50  # this process's peak resident memory (CPU)
-    saved = TrainConfig.from_json((config.models_dir / "config.json").read_text())
+    saved = TrainConfig.from_json((RunFolder(config.run_dir).models / "config.json").read_text())
     assert saved == dataclasses.replace(config, precision="float32")  # auto, resolved on this CPU
-    assert not [name for name in os.listdir(config.models_dir) if name.startswith(".")]
+    assert not [name for name in os.listdir(RunFolder(config.run_dir).models) if name.startswith(".")]
 
     again = train(config)  # already at --epochs: nothing to do, nothing written twice
     assert (again.first_epoch, again.last_epoch) == (3, 3)
@@ -81,51 +80,49 @@ def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(co
     recipe = dataclasses.replace(config, epochs=4, save_every=2, keep=5, loss="masked-mae",
                                  augment="flip,rotate,shift", lr_schedule="cosine", warmup_epochs=1, score_every=0)
     train(recipe)
-    uninterrupted = model_weights(load_newest(recipe.models_dir)[1])
+    uninterrupted = model_weights(RunFolder(recipe.run_dir).load_newest()[1])
     rates = [row["learning_rate"] for row in read_log(recipe.run_dir / "training_log.csv")]
     assert len(set(rates)) == 4  # warm-up, then cosine: a different rate every epoch
     # The machine is lost after the epoch-2 checkpoint: the same command resumes from it.
-    (recipe.models_dir / "epoch_4.keras").unlink()
+    (RunFolder(recipe.run_dir).models / "epoch_4.keras").unlink()
     keras.backend.clear_session()
     result = train(recipe)
     assert result.first_epoch == 2
     assert [row["learning_rate"] for row in read_log(recipe.run_dir / "training_log.csv")] == rates
-    _, resumed = load_newest(recipe.models_dir)
+    _, resumed = RunFolder(recipe.run_dir).load_newest()
     for x, y in zip(uninterrupted, model_weights(resumed)):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # one process, deterministic ops: in practice exact
     # --score-every 0: no scores, no best.keras, and asking for it says why.
     assert not any(row["val_dose_score"] for row in read_log(recipe.run_dir / "training_log.csv"))
     with pytest.raises(FileNotFoundError, match="No best checkpoint.*--score-every"):
-        predict_stage(recipe, stage="validation", epoch="best")
+        predict(recipe, stage="validation", epoch="best")
 
 
 def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_raw_ones(config):
     """--ema (here with the beam channels, end to end): best.keras holds the optimizer's averages,
     the epoch checkpoint the raw weights (and the averages, in its optimizer), and predicting from
     either uses the averages."""
-    from provided_code.predict import load_trained_model
-
     recipe = dataclasses.replace(config, epochs=2, score_every=2, ema=True, beams=9, beam_channels="each")
     train(recipe)
-    _, raw = load_newest(recipe.models_dir)
+    _, raw = RunFolder(recipe.run_dir).load_newest()
     averages = [keras.ops.convert_to_numpy(v) for v in raw.optimizer._model_variables_moving_average]
     raw_weights = [keras.ops.convert_to_numpy(v) for v in raw.trainable_variables]
     assert any(not np.array_equal(a, w) for a, w in zip(averages, raw_weights))
     assert raw.get_layer("compact_inputs").beam_angles == tuple(float(40 * k) for k in range(9))
     for epoch in ("best", 2):
-        saved, loaded_epoch, model = load_trained_model(recipe.models_dir, epoch)
+        saved, loaded_epoch, model = RunFolder(recipe.run_dir).load_trained_model(epoch)
         assert loaded_epoch == 2 and saved.ema
         for average, weight in zip(averages, model.trainable_variables):
             np.testing.assert_array_equal(average, keras.ops.convert_to_numpy(weight))
     best_row = [row for row in read_log(recipe.run_dir / "training_log.csv") if row["val_dose_score"]][0]
-    report = predict_stage(recipe, stage="validation", epoch=2)
+    report = predict(recipe, stage="validation", epoch=2)
     # the log scores in-memory float32 predictions, --predict-only the CSVs' decimals of another batch's: ~1e-6 Gy
     assert report.scores.dose_score == pytest.approx(float(best_row["val_dose_score"]), rel=1e-4)
 
 
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(two_epochs, caplog):
     config = two_epochs
-    newest = config.models_dir / "epoch_2.keras"
+    newest = RunFolder(config.run_dir).models / "epoch_2.keras"
     with open(newest, "r+b") as handle:
         handle.truncate(newest.stat().st_size // 3)
     keras.backend.clear_session()
@@ -148,23 +145,23 @@ def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_che
     away. config.json goes back to the saved recipe, so the plain command resumes as before."""
     config = two_epochs
     first = dataclasses.replace(config, epochs=2, keep=1)
-    (config.models_dir / "epoch_1.keras").unlink()  # as --keep 1 would have left it
-    saved_config = (config.models_dir / "config.json").read_text()
+    (RunFolder(config.run_dir).models / "epoch_1.keras").unlink()  # as --keep 1 would have left it
+    saved_config = (RunFolder(config.run_dir).models / "config.json").read_text()
     keras.backend.clear_session()
     with pytest.raises(DivergenceError) as caught:
         train(dataclasses.replace(first, epochs=4, learning_rate=1e4), change_recipe=True)
     message = str(caught.value)
     assert message.startswith("Training diverged at epoch 3: its mean training loss ") and "\n" not in message
-    assert f"the newest checkpoint, {config.models_dir / 'epoch_2.keras'}, is kept" in message
-    assert [epoch for epoch, _ in list_checkpoints(config.models_dir)] == [2]
+    assert f"the newest checkpoint, {RunFolder(config.run_dir).models / 'epoch_2.keras'}, is kept" in message
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [2]
     assert log_epochs(config.run_dir) == [1, 2]
-    assert (config.models_dir / "config.json").read_text() == saved_config
+    assert (RunFolder(config.run_dir).models / "config.json").read_text() == saved_config
     with pytest.raises(ConfigError, match="Invalid `learning_rate`. Expected a finite number > 0"):
         dataclasses.replace(first, learning_rate=float("inf"))
 
 
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
-    from provided_code.cli import one_line
+    from provided_code.apps.console import one_line
 
     def disk_full(self, filepath, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")  # as zipfile raises it: no file name
@@ -172,13 +169,13 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatc
     monkeypatch.setattr(keras.Model, "save", disk_full)
     with pytest.raises(OSError) as caught:
         train(dataclasses.replace(config, epochs=1))
-    assert one_line(caught.value) == f"{config.models_dir / 'epoch_1.keras'}: No space left on device"
-    assert list_checkpoints(config.models_dir) == []
+    assert one_line(caught.value) == f"{RunFolder(config.run_dir).models / 'epoch_1.keras'}: No space left on device"
+    assert RunFolder(config.run_dir).checkpoints() == []
 
 
 def test_toggling_ema_on_a_resume_is_refused_before_any_work(config):
-    config.models_dir.mkdir(parents=True)
-    (config.models_dir / "config.json").write_text(dataclasses.replace(config, precision="float32").to_json())
+    RunFolder(config.run_dir).models.mkdir(parents=True)
+    (RunFolder(config.run_dir).models / "config.json").write_text(dataclasses.replace(config, precision="float32").to_json())
     for change_recipe in (False, True):
         with pytest.raises(ConfigError, match="with --ema: it was trained without weight averaging"):
             train(dataclasses.replace(config, ema=True), change_recipe=change_recipe)
@@ -201,7 +198,7 @@ def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     assert any((config.run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     keras.backend.clear_session()
     keras.mixed_precision.set_global_policy("float32")
-    epoch, model = load_newest(config.models_dir, compile=False)
+    epoch, model = RunFolder(config.run_dir).load_newest(compile=False)
     assert epoch == 1
     assert model.get_layer("encoder_1_conv").dtype_policy.name == "mixed_float16"
     ct = np.zeros((1, 32, 32, 32), np.uint16)
@@ -257,4 +254,4 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     assert "Resuming killed from epoch" in rerun.stderr
     killed = dataclasses.replace(config, model_name="killed")
     assert log_epochs(killed.run_dir) == list(range(1, 15))
-    assert [epoch for epoch, _ in list_checkpoints(killed.models_dir)] == [14, 12, 10]
+    assert [epoch for epoch, _ in RunFolder(killed.run_dir).checkpoints()] == [14, 12, 10]

@@ -14,14 +14,19 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"Invalid `batch_size`. Expected an integer >= 1. Received: batch_size={batch_size!r}")
 
 
+def in_batches(rows: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """``rows`` cut into consecutive batches of ``batch_size``; the last may be smaller."""
+    check_batch_size(batch_size)
+    return [rows[start:start + batch_size] for start in range(0, len(rows), batch_size)]
+
+
 def epoch_batches(num_patients: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
     """Row indices of each batch of epoch ``epoch`` (0-based); the last batch may be smaller."""
-    check_batch_size(batch_size)
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(num_patients)
     else:
         order = np.arange(num_patients)
-    return [order[start:start + batch_size] for start in range(0, num_patients, batch_size)]
+    return in_batches(order, batch_size)
 
 
 def take_batch(arrays, rows: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -49,10 +49,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from provided_code.atomic import atomic_path
 from provided_code.constants import STRUCTURES, VOLUME_SHAPE
 from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
-from provided_code.progress import Progress, no_progress
+from provided_code.infra.atomic import atomic_path
+from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 

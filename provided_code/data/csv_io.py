@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from provided_code.atomic import write_text_atomic
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,
@@ -141,6 +141,21 @@ def read_sparse_csv(path: Path, patient_id: str, with_values: bool) -> tuple[np.
     return indices, values
 
 
+def as_volume(indices: np.ndarray, values: np.ndarray | None, dtype) -> np.ndarray:
+    """A flat 128³ volume of ``dtype`` from a sparse CSV's indices and values (None, a mask's:
+    true at the indices), zero elsewhere."""
+    volume = np.zeros(NUM_VOXELS, dtype)
+    volume[indices] = True if values is None else values
+    return volume
+
+
+def read_dose_csv(path: os.PathLike | str, patient_id: str = "", dtype=np.float32) -> np.ndarray:
+    """A 128³ dose (Gy) as ``dtype`` from an OpenKBP sparse CSV (a prediction or a dose.csv)."""
+    path = Path(path)
+    indices, values = read_sparse_csv(path, patient_id or path.stem, with_values=True)
+    return as_volume(indices, values, dtype).reshape(VOLUME_SHAPE)
+
+
 def _wrong_field_count(path: Path) -> str:
     """The first line of ``path`` that does not have the header's two fields, as a problem."""
     with open(path, encoding="utf-8-sig", errors="replace") as handle:
@@ -201,12 +216,9 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
     patient_id = folder.name
 
     ct_indices, ct_values = read_sparse_csv(folder / CT_FILE, patient_id, with_values=True)
-    ct = np.zeros(NUM_VOXELS, np.uint16)
-    ct[ct_indices] = np.clip(np.rint(ct_values), 0, CT_MAX)
-
-    mask_indices, _ = read_sparse_csv(folder / POSSIBLE_DOSE_MASK_FILE, patient_id, with_values=False)
-    possible_dose_mask = np.zeros(NUM_VOXELS, bool)
-    possible_dose_mask[mask_indices] = True
+    ct = as_volume(ct_indices, np.clip(np.rint(ct_values), 0, CT_MAX), np.uint16)
+    possible_dose_mask = as_volume(*read_sparse_csv(folder / POSSIBLE_DOSE_MASK_FILE, patient_id, with_values=False),
+                                   bool)
 
     structure_masks = np.zeros(NUM_VOXELS, np.uint16)
     for bit, name in enumerate(STRUCTURES):
@@ -222,8 +234,7 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
     if dose_path.is_file() or require_dose:
         dose_indices, dose_values = read_sparse_csv(dose_path, patient_id, with_values=True)
         _check_dose(patient_id, dose_path, dose_indices, dose_values, possible_dose_mask)
-        dose = np.zeros(NUM_VOXELS, np.float32)
-        dose[dose_indices] = dose_values
+        dose = as_volume(dose_indices, dose_values, np.float32)
         dose_decimals = decimals_of(dose_values)
 
     return Patient(

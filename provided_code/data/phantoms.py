@@ -23,8 +23,8 @@ from provided_code.constants import (
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
-from provided_code.atomic import write_text_atomic
 from provided_code.data.csv_io import write_sparse_csv
+from provided_code.infra.atomic import write_text_atomic
 
 
 def _ellipsoid(grid, centre, radii) -> np.ndarray:

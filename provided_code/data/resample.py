@@ -62,17 +62,30 @@ def downsample_split(arrays, resolution: int):
                                possible_dose_mask=possible_dose_mask, dose=dose)
 
 
+def sample_centres(source: int, target: int) -> np.ndarray:
+    """Where the centres of ``target`` samples fall among ``source`` samples spanning the same
+    field of view, in fractional source indices (source sample i's centre is at i)."""
+    return (np.arange(target) + 0.5) * (source / target) - 0.5
+
+
+def linear_taps(positions: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Linear interpolation at fractional indices ``positions`` along an axis of ``size`` samples
+    (beyond the outermost samples, the edge value): ``(low, high, fraction)``, the value at each
+    position being ``(1 - fraction) × v[low] + fraction × v[high]``. Resampling here, and between
+    the DICOM grids (:mod:`provided_code.dicom.grid`), take their weights from this one function."""
+    positions = np.clip(positions, 0, size - 1)
+    low = np.floor(positions).astype(np.int64)
+    high = np.minimum(low + 1, size - 1)
+    return low, high, positions - low
+
+
 def _linear_along(volume: np.ndarray, axis: int, factor: int) -> np.ndarray:
     """Upsample one axis by ``factor``, sampling at the centres of the fine voxels."""
     size = volume.shape[axis]
-    centres = (np.arange(size * factor) + 0.5) / factor - 0.5
-    centres = np.clip(centres, 0, size - 1)
-    low = np.floor(centres).astype(np.int64)
-    high = np.minimum(low + 1, size - 1)
-    weight = (centres - low).astype(np.float32)
+    low, high, fraction = linear_taps(sample_centres(size, size * factor), size)
     shape = [1] * volume.ndim
     shape[axis] = -1
-    weight = weight.reshape(shape)
+    weight = fraction.astype(np.float32).reshape(shape)
     return np.take(volume, low, axis=axis) * (1 - weight) + np.take(volume, high, axis=axis) * weight
 
 

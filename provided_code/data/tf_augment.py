@@ -33,7 +33,7 @@ def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tens
 
 def swap_parotids(structure_masks: tf.Tensor, mirrored: tf.Tensor) -> tf.Tensor:
     """Swap the RightParotid and LeftParotid bits of the patients where ``mirrored`` (what
-    ``predict.mirror_left_right`` does in numpy)."""
+    :func:`provided_code.inference.mirror_left_right` does in numpy for ``--tta``)."""
     dtype = structure_masks.dtype
     right = tf.bitwise.bitwise_and(structure_masks, tf.constant(RIGHT_PAROTID_BIT, dtype)) != 0
     left = tf.bitwise.bitwise_and(structure_masks, tf.constant(LEFT_PAROTID_BIT, dtype)) != 0

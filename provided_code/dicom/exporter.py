@@ -12,30 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import atomic_path
-from provided_code.constants import NUM_VOXELS, VOLUME_SHAPE
-from provided_code.data.csv_io import read_sparse_csv
-from provided_code.dicom.grid import BOX, PatientGeometry, Taps, linear_weights
+from provided_code.constants import VOLUME_SHAPE
+from provided_code.dicom.grid import BOX, PatientGeometry, PlaneTaps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
-
-
-def read_dose_csv(path: os.PathLike | str, patient_id: str = "") -> np.ndarray:
-    """A 128³ float32 dose (Gy) from an OpenKBP sparse CSV (a prediction or a dose.csv)."""
-    path = Path(path)
-    indices, values = read_sparse_csv(path, patient_id or path.stem, with_values=True)
-    dose = np.zeros(NUM_VOXELS, np.float32)
-    dose[indices] = values
-    return dose.reshape(VOLUME_SHAPE)
+from provided_code.infra.atomic import atomic_path
 
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
     """``(CT slices, rows, columns)`` float32 Gy, slices in ``geometry.slice_z``'s (descending) order."""
-    along_rows = Taps.from_matrix(linear_weights(BOX, geometry.rows))
-    along_columns = Taps.from_matrix(linear_weights(BOX, geometry.columns))
+    to_ct = PlaneTaps.from_matrices(linear_weights(BOX, geometry.rows), linear_weights(BOX, geometry.columns))
     out = np.zeros((len(geometry.slice_z), geometry.rows, geometry.columns), np.float32)
     for b, k in zip(*geometry.box_slices()):
-        plane = dose[:, :, b].astype(np.float64)
-        out[k] = np.maximum(along_columns.apply(along_rows.apply(plane, axis=0), axis=1), 0)
+        out[k] = np.maximum(to_ct.apply(dose[:, :, b].astype(np.float64)), 0)
     return out
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import write_text_atomic
 from provided_code.constants import VOLUME_SHAPE
+from provided_code.data.resample import linear_taps, sample_centres
 from provided_code.dicom.errors import DicomInputError
+from provided_code.infra.atomic import write_text_atomic
 
 SIDECAR_FILE = "dicom.json"
 SIDECAR_FORMAT = 1
@@ -42,13 +43,18 @@ def area_weights(source: int, target: int) -> np.ndarray:
 def linear_weights(source: int, target: int) -> np.ndarray:
     """``(target, source)`` weights of linear interpolation between pixel centres over the same
     field of view (beyond the outermost source centres, the edge value)."""
-    centres = np.clip((np.arange(target) + 0.5) * (source / target) - 0.5, 0, source - 1)
-    low = np.floor(centres).astype(np.int64)
-    high = np.minimum(low + 1, source - 1)
-    fraction = centres - low
-    weights = np.zeros((target, source))
-    np.add.at(weights, (np.arange(target), low), 1 - fraction)
-    np.add.at(weights, (np.arange(target), high), fraction)
+    return linear_matrix(sample_centres(source, target), source)
+
+
+def linear_matrix(positions: np.ndarray, size: int, inside: np.ndarray | None = None) -> np.ndarray:
+    """``(len(positions), size)`` weights of linear interpolation at fractional indices
+    ``positions`` (:func:`~provided_code.data.resample.linear_taps`); rows where ``inside`` is
+    false are zero."""
+    rows = np.arange(len(positions)) if inside is None else np.flatnonzero(inside)
+    low, high, fraction = linear_taps(np.asarray(positions, dtype=np.float64)[rows], size)
+    weights = np.zeros((len(positions), size))
+    np.add.at(weights, (rows, low), 1 - fraction)
+    np.add.at(weights, (rows, high), fraction)
     return weights
 
 
@@ -83,6 +89,23 @@ class Taps:
             term = np.take(array, self.index[:, k], axis=axis) * self.weight[:, k].reshape(shape)
             out = term if out is None else out + term
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaneTaps:
+    """A plane resampled along its rows (axis 0), then along its columns (axis 1): the separable
+    resampling of every plane between the CT's grid and the box's, either way."""
+
+    rows: Taps
+    columns: Taps
+
+    @classmethod
+    def from_matrices(cls, rows: np.ndarray, columns: np.ndarray) -> "PlaneTaps":
+        return cls(Taps.from_matrix(rows), Taps.from_matrix(columns))
+
+    def apply(self, plane: np.ndarray) -> np.ndarray:
+        """``rows @ plane @ columns.T`` (float64), by gathers."""
+        return self.columns.apply(self.rows.apply(plane, axis=0), axis=1)
 
 
 @dataclasses.dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import write_text_atomic
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,
@@ -42,7 +42,7 @@ from provided_code.constants import (
 from provided_code.data.csv_io import write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
-from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, Taps, area_weights, choose_first_slice
+from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import read_rtdose, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
@@ -66,19 +66,6 @@ class ImportReport:
     # the pixels its contours hold, on every CT slice it is drawn on, each ROI as drawn (targets not
     # made disjoint): what a planning system's DVH counts. The clinical DVH table is computed on these.
     ct_voxels: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
-
-
-class _Resampler:
-    """CT-grid planes to the box's 128 × 128 plane (area average over the same field of view), by
-    gathers and weighted sums (:class:`~provided_code.dicom.grid.Taps`), so that the time does not
-    depend on BLAS threads."""
-
-    def __init__(self, rows: int, columns: int):
-        self.along_rows = Taps.from_matrix(area_weights(rows, BOX))
-        self.along_columns = Taps.from_matrix(area_weights(columns, BOX))
-
-    def __call__(self, plane: np.ndarray) -> np.ndarray:
-        return self.along_columns.apply(self.along_rows.apply(plane, axis=0), axis=1)
 
 
 def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
@@ -121,13 +108,14 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
     lines += _check_slices(planes, mapping, ct.slice_z)
     lines += _check_voxel_size(geometry)
 
-    resample = _Resampler(geometry.rows, geometry.columns)
+    # CT-grid planes to the box's 128 × 128 plane: the area average over the same field of view
+    to_box = PlaneTaps.from_matrices(area_weights(geometry.rows, BOX), area_weights(geometry.columns, BOX))
     volume_ct = np.zeros((BOX, BOX, BOX), np.uint16)  # padded slices: air
     for b, k in zip(box_slices, ct_slices):
-        volume_ct[:, :, b] = np.clip(np.rint(resample(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
+        volume_ct[:, :, b] = np.clip(np.rint(to_box.apply(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
     masks, ct_voxels = {}, {}
     for key in mapping:
-        masks[key], ct_voxels[key] = _fill_roi(planes[key], geometry, resample, box_slices, ct_slices)
+        masks[key], ct_voxels[key] = _fill_roi(planes[key], geometry, to_box, box_slices, ct_slices)
     ct_voxels.pop(BODY, None)
     for higher, lower in ((2, 1), (2, 0), (1, 0)):  # PTV70 over PTV63 over PTV56, as OpenKBP's disjoint targets
         if TARGETS[lower] in masks and TARGETS[higher] in masks:
@@ -152,7 +140,7 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
     return ImportReport(out, geometry, lines, dose is not None, ct_voxels)
 
 
-def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, resample: _Resampler,
+def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to_box: PlaneTaps,
               box_slices: np.ndarray, ct_slices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An ROI's 128³ mask (each slice's contours filled on the CT's pixels, averaged to the box's
     grid, kept where at least half inside), and its CT-grid pixels (flat indices, every slice)."""
@@ -167,7 +155,7 @@ def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, re
         filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
         voxels.append(k * plane_size + np.flatnonzero(filled))
         if k in box_of:
-            mask[:, :, box_of[k]] = resample(filled) >= 0.5
+            mask[:, :, box_of[k]] = to_box.apply(filled) >= 0.5
     return mask, np.concatenate(voxels)
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import atomic_path
 from provided_code.dicom.ct_series import AXIAL
 from provided_code.dicom.errors import DicomInputError, require_pydicom
 from provided_code.dicom.files import pixel_array, read_required
-from provided_code.dicom.grid import Taps
+from provided_code.dicom.grid import PlaneTaps, Taps, linear_matrix
+from provided_code.infra.atomic import atomic_path
 
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1
@@ -66,34 +66,28 @@ def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGri
 def _linear_at(source: np.ndarray, points: np.ndarray) -> np.ndarray:
     """``(points, source)`` weights of linear interpolation at ``points`` along an evenly spaced
     coordinate axis; zero rows for points outside it."""
-    weights = np.zeros((points.size, source.size))
     if source.size == 1:
+        weights = np.zeros((points.size, 1))
         weights[np.abs(points - source[0]) < 1e-3, 0] = 1.0
         return weights
     position = (points - source[0]) / (source[1] - source[0])
     inside = (position > -1e-6) & (position < source.size - 1 + 1e-6)
-    position = np.clip(position, 0, source.size - 1)
-    low = np.minimum(np.floor(position).astype(np.int64), source.size - 2)
-    fraction = position - low
-    rows = np.flatnonzero(inside)
-    weights[rows, low[rows]] = 1 - fraction[rows]
-    weights[rows, low[rows] + 1] += fraction[rows]
-    return weights
+    return linear_matrix(position, source.size, inside)
 
 
 def sample_dose(grid: DoseGrid, y: np.ndarray, x: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Trilinear dose (Gy) at every (y[i], x[j], z[k]): a ``(len(y), len(x), len(z))`` float32
     array, zero outside the dose grid."""
     along_z = Taps.from_matrix(_linear_at(grid.z, np.asarray(z, dtype=np.float64)))
-    along_y = Taps.from_matrix(_linear_at(grid.y, np.asarray(y, dtype=np.float64)))
-    along_x = Taps.from_matrix(_linear_at(grid.x, np.asarray(x, dtype=np.float64)))
+    in_plane = PlaneTaps.from_matrices(_linear_at(grid.y, np.asarray(y, dtype=np.float64)),
+                                       _linear_at(grid.x, np.asarray(x, dtype=np.float64)))
     out = np.zeros((len(y), len(x), len(z)), np.float32)
     for k in range(len(z)):  # one output plane at a time: two dose frames, then rows, then columns
         taps = np.flatnonzero(along_z.weight[k])
         if not taps.size:
             continue  # outside the dose grid
         frame = sum(along_z.weight[k, t] * grid.dose[along_z.index[k, t]].astype(np.float64) for t in taps)
-        out[:, :, k] = along_x.apply(along_y.apply(frame, axis=0), axis=1)
+        out[:, :, k] = in_plane.apply(frame)
     return out
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from provided_code.constants import OARS, STRUCTURES
 from provided_code.data.cache import exact_dose
-from provided_code.progress import Progress, no_progress
+from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 

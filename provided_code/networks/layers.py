@@ -16,7 +16,8 @@ class CompactInputs(keras.layers.Layer):
     channels, one more with ``prescription``, and the beam channels.
 
     ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: uint16
-    bitfield, bit k unpacked into channel 1 + k. The host sends 4 bytes per voxel instead of 44.
+    bitfield, bit k unpacked into channel 1 + k. The host sends 4 bytes per voxel (two uint16) instead
+    of 4 per channel (44 for these 11 float32 channels, more with the prescription and beam channels).
     ``prescription``: one more channel, the highest prescription level of the PTVs that cover the
     voxel (70, 63 or 56 Gy) divided by 70, 0 outside them.
 

@@ -7,7 +7,6 @@ import re
 
 import keras
 
-from provided_code.networks.beams import resolve_beam_angles
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
@@ -58,7 +57,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     dtype policy.
 
     With ``config.prescription_channel`` the inputs carry one more channel, each voxel's highest
-    PTV prescription (:class:`CompactInputs`); with ``config.beam_angles`` (gantry degrees), the
+    PTV prescription (:class:`CompactInputs`); with ``config.gantry_angles`` (degrees), the
     beam channels (one, or one per beam: ``config.beam_channels``), made from the targets.
 
     Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
@@ -76,7 +75,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     shape = (resolution, resolution, resolution)
     ct = keras.Input(shape, dtype="uint16", name="ct")
     structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
-    x = CompactInputs(prescription=config.prescription_channel, beam_angles=resolve_beam_angles(config.beams, config.beam_angles),
+    x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.gantry_angles,
                       beam_channels=config.beam_channels, name="compact_inputs")([ct, structure_masks])
 
     skips = []

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.clinic import predict_dicom_patient
-from provided_code.predict import load_trained_model
+from provided_code.apps.clinic import predict_dicom_patient
+from provided_code.run_folder import RunFolder
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +21,12 @@ class ModelPredictor:
     def __init__(self, model_dir: os.PathLike | str, epoch: int | str | None = None, tta: bool = False,
                  names: os.PathLike | str | None = None, allow_missing_targets: bool = False):
         self.model_dir = Path(model_dir)
-        models_dir = self.model_dir / "models"
-        if not (models_dir / "config.json").is_file():
-            raise FileNotFoundError(f"{self.model_dir} is not a trained model's folder: "
-                                    f"{models_dir / 'config.json'} is missing")
+        folder = RunFolder(self.model_dir)
+        if not folder.config_file.is_file():
+            raise FileNotFoundError(f"{self.model_dir} is not a trained model's folder: {folder.config_file} is missing")
         if epoch is None:
-            epoch = "best" if (models_dir / "best.keras").is_file() else None
-        self.loaded = load_trained_model(models_dir, epoch)
+            epoch = "best" if folder.best_checkpoint.is_file() else None
+        self.loaded = folder.load_trained_model(epoch)
         self.epoch = self.loaded[1]
         self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
         self._warm_up()

@@ -52,7 +52,7 @@ from provided_code.node.journal import (
 from provided_code.node.readiness import FAIL, READY as DECIDED_READY, decide, structure_set_references
 from provided_code.node.sender import Destination, SendError, backoff_delay, client_ssl_context, send_file
 from provided_code.node.store import InvalidUIDError, Store, check_uid
-from provided_code.run_lock import RunLock
+from provided_code.infra.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class Node:
     # Life
 
     def start(self) -> "Node":
-        self._lock_file = RunLock(self.store.root, "a DICOM node", advice="stop it, or give this node another --store")
+        self._lock_file = RunLock(self.store.root / ".lock", "a DICOM node", advice="stop it, or give this node another --store")
         self._lock_file.__enter__()  # one node per store, released by stop() or by the process's end
         removed = self.store.clean_temporaries()
         if removed:

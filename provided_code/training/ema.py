@@ -8,6 +8,8 @@ import contextlib
 
 import keras
 
+from provided_code.inference import use_averaged_weights
+
 EMA_EPOCHS = 2  # the average's time constant, in epochs
 EMA_MOMENTUM = 0.999  # Keras's setting until the run sets its own (ema_momentum)
 
@@ -23,11 +25,6 @@ def uses_ema(model: keras.Model) -> bool:
     optimizer = getattr(model, "optimizer", None)
     optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # under a loss-scale optimizer
     return bool(getattr(optimizer, "use_ema", False))
-
-
-def use_averaged_weights(model: keras.Model) -> None:
-    """Overwrite the model's trainable weights with the optimizer's averages (for prediction)."""
-    model.optimizer.finalize_variable_values(model.trainable_variables)
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import keras
 
-from provided_code.atomic import naming_path, write_text_atomic
 from provided_code.errors import UserError
+from provided_code.infra.atomic import naming_path, write_text_atomic
 
 logger = logging.getLogger(__name__)
 

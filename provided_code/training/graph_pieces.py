@@ -14,8 +14,13 @@ update batch norm's moving statistics a second time (here it runs in a ``keras.S
 the blocks' uint16 inputs have no gradient, which ``tf.recompute_grad`` requires of every input;
 and neither runs a block one sample at a time.
 
-The only private Keras attribute used is ``Functional._nodes_by_depth`` (the graph's nodes in
-order), in :func:`_ordered_nodes`.
+Keras internals, here only: Keras 3 has no public view of a functional model's graph, so this
+module reads it as Keras runs a call (``Function._run_through_graph``): ``_nodes_by_depth`` (the nodes
+in order, :func:`_ordered_nodes`) and, of each node (``keras.src.ops.node.Node``), ``operation``,
+``is_input``, ``input_tensors``, ``outputs`` and ``arguments.fill_in`` (the call's arguments with
+the values of this run, :func:`_node_runner`). A Keras upgrade that changes them fails the
+``--recompute`` tests (``tests/test_step.py``, the same losses and weights as without it), not a
+run silently.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ import sys
 
 import tensorflow as tf
 
+from provided_code.training.loop import EpochMeasure
+
 logger = logging.getLogger(__name__)
 
 
@@ -47,9 +49,8 @@ def current_rss_mb() -> float:
     raise OSError("no VmRSS in /proc/self/status")
 
 
-class PeakMemory:
-    """An epoch measure (see :func:`provided_code.training.loop.run_epochs`): ``peak_memory_mb``,
-    the peak over the epoch's training and validation."""
+class PeakMemory(EpochMeasure):
+    """``peak_memory_mb``: the peak over the epoch's training and validation."""
 
     def __init__(self):
         self.gpus: list[str] = []

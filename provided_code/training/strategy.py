@@ -12,7 +12,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from provided_code.config import ConfigError, read_tf_config
+from provided_code.config import Cluster, ConfigError
 
 
 @dataclasses.dataclass
@@ -24,25 +24,25 @@ class Placement:
     workers: int = 1
 
 
-def make_placement(devices: str, multi_worker: bool, collective_timeout: float = 600.0) -> Placement:
-    """The strategy for ``--devices`` (``"1"``, ``"N"`` or ``"all"``) and ``--multi-worker``.
+def make_placement(devices: str, cluster: Cluster | None = None, collective_timeout: float = 600.0) -> Placement:
+    """The strategy for ``--devices`` (``"1"``, ``"N"`` or ``"all"``), or with ``cluster``
+    (``--multi-worker``: ``TF_CONFIG`` read) over its machines.
 
     Call before TensorFlow runs any op: splitting the CPU into logical devices, and joining a
     cluster, are only possible before its runtime starts.
     """
     gpus = tf.config.list_physical_devices("GPU")
-    if multi_worker:
+    if cluster is not None:
         if devices != "1":
             raise ConfigError(f"Invalid `devices` with --multi-worker. Expected the default: each worker uses "
                               f"every GPU it sees (limit them with CUDA_VISIBLE_DEVICES). Received: devices={devices}")
-        workers, index = read_tf_config()
         options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         replicas = strategy.num_replicas_in_sync
         local = f"{len(gpus)} GPU(s)" if gpus else "the CPU"
-        return Placement(strategy, f"MultiWorkerMirroredStrategy, worker {index} of {len(workers)} "
-                         f"({'chief' if index == 0 else 'not chief'}), {local} each", replicas,
-                         is_chief=index == 0, workers=len(workers))
+        return Placement(strategy, f"MultiWorkerMirroredStrategy, worker {cluster.index} of {len(cluster.workers)} "
+                         f"({'chief' if cluster.is_chief else 'not chief'}), {local} each", replicas,
+                         is_chief=cluster.is_chief, workers=len(cluster.workers))
     count = max(1, len(gpus)) if devices == "all" else int(devices)
     if count == 1:
         return Placement(tf.distribute.get_strategy(), "one device", 1)

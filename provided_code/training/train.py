@@ -12,48 +12,33 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.atomic import write_text_atomic
-from provided_code.config import (
-    CONFIG_FILE,
-    CURVES_FILE,
-    LOG_FILE,
-    ConfigError,
-    TrainConfig,
-    read_saved_config,
-    read_tf_config,
-)
-from provided_code.data.augment import ROTATION_STEP_DEGREES, Augmenter
+from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
+from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import downsample_split
-from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
-from provided_code.environment import describe_cpu_kernels
-from provided_code.losses import loss_function, needs_possible_dose_mask
-from provided_code.networks.beams import augmentations_that_move_beams, resolve_beam_angles
-from provided_code.preflight import require_training_data
-from provided_code.progress import Progress, no_progress
-from provided_code.run_lock import RunLock
-from provided_code.training.checkpoints import (
-    BEST_FILE,
-    BEST_RECORD,
-    RotatingCheckpoint,
-    list_checkpoints,
-    load_newest,
-    set_aside,
-)
+from provided_code.data.tf_dataset import updates_per_epoch
+from provided_code.errors import UserError
+from provided_code.infra.environment import describe_cpu_kernels
+from provided_code.infra.preflight import require_training_data
+from provided_code.infra.progress import Progress, no_progress
+from provided_code.losses import loss_function
+from provided_code.networks.beams import augmentations_that_move_beams
+from provided_code.run_folder import CONFIG_FILE, RunFolder
+from provided_code.training.checkpoints import RotatingCheckpoint
+from provided_code.training.curves import TrainingCurves
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
-from provided_code.training.curves import TrainingCurves
 from provided_code.training.hardware import describe_devices, resolve_precision
+from provided_code.training.inputs import training_input, validation_input
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
-from provided_code.training.step import TrainStep
 from provided_code.training.model import new_model
+from provided_code.training.step import TrainStep
 from provided_code.training.strategy import Placement, make_placement
-from provided_code.training.validation_scores import ValidationScores
-from provided_code.errors import UserError
+from provided_code.training.validation_scores import Validation, ValidationScores
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +56,8 @@ class TrainResult:
 
 
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
-          start_over: bool = False, given: set[str] | None = None, change_recipe: bool = False) -> TrainResult:
+          start_over: bool = False, given: set[str] | None = None, change_recipe: bool = False,
+          cluster: Cluster | None = None) -> TrainResult:
     """Train ``config.model_name`` up to ``config.epochs``, resuming from its newest checkpoint.
 
     ``verbose``: 1 draws Keras's progress bar (for a terminal); otherwise one log line per epoch.
@@ -79,23 +65,17 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
     ``given``, ``change_recipe``: a resume takes the saved settings, except those in ``given``
     (None: all of ``config``'s); a recipe setting that differs is refused unless
     ``change_recipe``, and then recorded (:meth:`TrainConfig.resume`).
+    ``cluster``: with ``config.multi_worker``, ``TF_CONFIG`` as the caller read it (None: read here).
     The run holds the model folder's lock throughout (with ``--multi-worker``, the chief: the one
     that writes); a second run on the same folder is refused. A diverging run stops with a
     :class:`~provided_code.training.divergence.DivergenceError` before it saves the diverged epoch.
     """
-    if config.multi_worker and read_tf_config()[1] != 0:
-        return _train(config, progress, verbose, False, given, change_recipe)
-    with RunLock(config.run_dir, "training"):
-        return _train(config, progress, verbose, start_over, given, change_recipe)
-
-
-@dataclasses.dataclass
-class Validation:
-    """The validation patients that have reference doses: at the training resolution (for the
-    validation loss) and at 128³ (for the challenge's scores)."""
-
-    arrays: SplitArrays
-    full: SplitArrays
+    folder = RunFolder(config.run_dir)
+    cluster = (cluster or read_tf_config()) if config.multi_worker else None
+    if cluster is not None and not cluster.is_chief:
+        return _train(config, folder, cluster, progress, verbose, False, given, change_recipe)
+    with folder.lock("training"):
+        return _train(config, folder, cluster, progress, verbose, start_over, given, change_recipe)
 
 
 @dataclasses.dataclass
@@ -108,14 +88,18 @@ class Hardware:
     learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
 
 
-def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_over: bool, given: set[str] | None,
-           change_recipe: bool) -> TrainResult:
-    config, saved, changes = _settings(config, start_over, given, change_recipe)  # 1. a resume takes the saved run's
+def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, progress: Progress, verbose: int | str,
+           start_over: bool, given: set[str] | None, change_recipe: bool) -> TrainResult:
+    if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
+        moved = folder.start_over()
+        if moved is not None:
+            logger.warning("--start-over: moved the earlier run's files into %s", moved)
+    config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
-    hardware = _hardware(config, saved)  # 3. strategy, precision, XLA
+    hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
-    initial_epoch, model = _new_or_resumed_model(config, hardware, updates)  # 4. newest checkpoint that loads, or new
+    initial_epoch, model = _new_or_resumed_model(config, folder, hardware, updates)  # 4. newest that loads, or new
     if changes:
         config = config.with_changes_recorded(changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
@@ -124,48 +108,35 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
     _describe_run(config, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
-        config.models_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(config.models_dir / CONFIG_FILE, config.to_json() + "\n")
+        folder.write_config(config)
     if initial_epoch >= config.epochs:
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
                     config.model_name, initial_epoch, config.epochs)
-        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, _newest(config))
+        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
 
-    # 5. The loop: one schedule over the remaining epochs, each epoch's order from (seed, epoch);
-    #    every worker feeds its own replicas' share of each update. Only the chief writes.
-    #    Augmentation is drawn here on the host and applied on the device, inside the step.
+    # 5. The loop: one schedule over the remaining epochs (training/inputs.py). Only the chief writes.
     strategy = placement.strategy
-    shape = dict(batch_size=config.batch_size, replicas=placement.replicas, accumulate=config.accumulate)
-    with_mask = needs_possible_dose_mask(config.loss)
-    augmenter = (Augmenter(config.augmentations, train_arrays.possible_dose_mask, config.seed)
-                 if config.augmentations else None)
-    train_data = distributed_dataset(strategy, train_arrays, update_schedule(
-        len(train_arrays), seed=config.seed, first_epoch=initial_epoch, epochs=config.epochs, **shape),
-        with_mask=with_mask, augmenter=augmenter)
-    validation_input = None  # (dataset, patients): the validation loss
-    if validation is not None:
-        validation_input = (distributed_dataset(strategy, validation.arrays, update_schedule(
-            len(validation.arrays), seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False, **shape),
-            with_mask=with_mask), len(validation.arrays))
+    train_data = training_input(strategy, train_arrays, config, first_epoch=initial_epoch)
+    validation_data = validation_input(strategy, validation.arrays, config) if validation is not None else None
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
                      recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
-    callbacks, measures = _callbacks_and_measures(config, hardware, model, validation, initial_epoch,
+    callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
-    guard = DivergenceGuard(loss_history(read_log(config.run_dir / LOG_FILE), config.loss_changed_at(), initial_epoch),
-                            newest_checkpoint=lambda: _newest(config))
+    guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
+                            newest_checkpoint=folder.newest_checkpoint)
     try:
-        run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_input,
+        run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_data,
                    batch_logs=show_bar, measures=measures, guard=guard)
     except DivergenceError as error:
-        newest = list_checkpoints(config.models_dir)
+        newest = folder.checkpoints()
         if changes and placement.is_chief and (not newest or newest[0][0] <= initial_epoch):
             # No checkpoint was trained with the changed recipe: config.json goes back to what the
             # checkpoints were trained with, so that the plain command resumes them as they were.
-            write_text_atomic(config.models_dir / CONFIG_FILE, saved.to_json() + "\n")
-            raise DivergenceError(f"{error} The recipe change was not kept: {config.models_dir / CONFIG_FILE} "
+            folder.write_config(saved)
+            raise DivergenceError(f"{error} The recipe change was not kept: {folder.config_file} "
                                   f"holds the saved recipe again.") from None
         raise
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
@@ -175,33 +146,24 @@ def _train(config: TrainConfig, progress: Progress, verbose: int | str, start_ov
         raise WorkerLostError(
             f"Multi-worker training stopped: a worker failed or stopped answering (the others wait at most "
             f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
-            f"The newest checkpoint in {config.models_dir} is intact: restart every worker with the same "
+            f"The newest checkpoint in {folder.models} is intact: restart every worker with the same "
             f"command to resume.") from None
     logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
-    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, _newest(config))
+    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint())
 
 
-def _settings(config: TrainConfig, start_over: bool, given: set[str] | None,
+def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
               change_recipe: bool) -> tuple[TrainConfig, TrainConfig | None, list]:
     """``(config, saved, changes)``: the settings to train with (on a resume, the saved ones
     where ``given`` does not say otherwise), the saved config of the model (None for a new one),
     and the recipe changes a resume makes (:meth:`TrainConfig.resume`)."""
-    if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
-        moved = set_aside(config.run_dir, [path for _, path in list_checkpoints(config.models_dir)] + [
-            config.models_dir / name for name in (CONFIG_FILE, BEST_FILE, BEST_RECORD)] + [
-            config.run_dir / name for name in (LOG_FILE, CURVES_FILE, "submissions", *(
-                f"{stage}-{what}" for stage in ("validation", "test")
-                for what in ("predictions", "plots", "scores.json", "scores.csv")))] + sorted(
-            config.run_dir.glob(".*-predictions.*")))
-        if moved is not None:
-            logger.warning("--start-over: moved the earlier run's files into %s", moved)
-    saved = read_saved_config(config.models_dir)
+    saved = folder.read_config()
     changes = []
     if saved is not None:
         config, changes = config.resume(saved, given, change_recipe)
         _warn_schedule_change(config, saved)
-    elif list_checkpoints(config.models_dir):
-        raise ConfigError(f"{config.models_dir} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
+    elif folder.checkpoints():
+        raise ConfigError(f"{folder.models} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
                           f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
@@ -233,10 +195,10 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     return train_arrays, validation
 
 
-def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
+def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig | None) -> Hardware:
     """The strategy first (it may split the CPU or join a cluster), then precision and XLA; sets
     the dtype policy, the seeds and, on a CPU without XLA, deterministic ops."""
-    placement = make_placement(config.devices, config.multi_worker, config.collective_timeout)
+    placement = make_placement(config.devices, cluster, config.collective_timeout)
     device, capabilities = describe_devices()
     if saved is not None and config.precision == "auto":
         policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
@@ -257,12 +219,13 @@ def _hardware(config: TrainConfig, saved: TrainConfig | None) -> Hardware:
     return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
 
 
-def _new_or_resumed_model(config: TrainConfig, hardware: Hardware, updates: int) -> tuple[int, keras.Model]:
+def _new_or_resumed_model(config: TrainConfig, folder: RunFolder, hardware: Hardware,
+                          updates: int) -> tuple[int, keras.Model]:
     """``(epochs done, model)``: the newest checkpoint that loads, else a new model (with
     ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates); the optimizer
     built eagerly, under the strategy; every worker checked to resume from the same epoch."""
     with hardware.placement.strategy.scope():
-        resumed = load_newest(config.models_dir)
+        resumed = folder.load_newest()
         if resumed is not None:
             initial_epoch, model = resumed
             logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
@@ -287,8 +250,7 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
-    broken = augmentations_that_move_beams(resolve_beam_angles(config.beams, config.beam_angles),
-                                           config.augmentations, ROTATION_STEP_DEGREES)
+    broken = augmentations_that_move_beams(config.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
     if broken:
         logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
@@ -300,7 +262,7 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 if config.beams else "")
 
 
-def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: keras.Model,
+def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Hardware, model: keras.Model,
                             validation: Validation | None, initial_epoch: int, patients: int) -> tuple[list, list]:
     """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log,
     checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory, then the
@@ -311,17 +273,16 @@ def _callbacks_and_measures(config: TrainConfig, hardware: Hardware, model: kera
         return callbacks, []
     measures = [PeakMemory()]
     callbacks += [
-        EpochCSVLogger(config.run_dir / LOG_FILE, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
-        RotatingCheckpoint(config.models_dir, config.save_every, config.keep, config.epochs),
+        EpochCSVLogger(folder.log, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
+        RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs),
     ]
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
-        measures.append(ValidationScores(validation.full, config.resolution, config.batch_size, config.score_every,
-                                         config.epochs, config.models_dir, model, predict_batch))
-        callbacks.append(TrainingCurves(config.run_dir / LOG_FILE, config.run_dir / CURVES_FILE, config.models_dir,
-                                        initial_epoch))
+        measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
+                                         model, predict_batch))
+        callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(config.run_dir / "tensorboard")))
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
     return callbacks, measures
 
 
@@ -386,11 +347,6 @@ def _check_workers_agree(strategy: tf.distribute.Strategy, initial_epoch: int) -
         raise ConfigError(f"The workers would resume from different epochs (this one from {initial_epoch}, "
                           f"the mean {mean:g}): --results-dir must be storage every worker "
                           f"shares, with the same checkpoints.")
-
-
-def _newest(config: TrainConfig) -> Path | None:
-    checkpoints = list_checkpoints(config.models_dir)
-    return checkpoints[0][1] if checkpoints else None
 
 
 def model_weights(model: keras.Model) -> list[np.ndarray]:

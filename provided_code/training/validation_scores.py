@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import os
 import time
-from pathlib import Path
 
 import keras
 
-from provided_code.metrics.scoring import score_split
+from provided_code.data.cache import SplitArrays
 from provided_code.inference import PredictionError, predict_full_resolution
-from provided_code.training.checkpoints import BEST_FILE, BEST_RECORD, read_best, save_best
+from provided_code.metrics.scoring import score_split
+from provided_code.run_folder import BEST_FILE, RunFolder
+from provided_code.training.loop import EpochMeasure
 
 logger = logging.getLogger(__name__)
 
@@ -22,42 +23,44 @@ def is_scoring_epoch(done: int, score_every: int, epochs: int) -> bool:
     return score_every > 0 and (done % score_every == 0 or done == epochs)
 
 
-class ValidationScores:
-    """An epoch measure (see :func:`provided_code.training.loop.run_epochs`): every ``score_every``
-    epochs and at epoch ``epochs``, predict the validation patients, bring them to 128³ and mask
-    them as ``--predict-only`` does, and score them with the code of ``openkbp-score``:
-    ``val_dose_score`` and ``val_dvh_score``; keep ``best.keras`` (lowest dose score so far, its
-    record ``best.json`` read back on resume).
+@dataclasses.dataclass
+class Validation:
+    """The validation patients that have reference doses: at the training resolution (the
+    validation loss, and the predictions that are scored) and at 128³ (what they are scored against)."""
 
-    ``arrays``: the 128³ validation patients with reference doses. ``model``: what is saved as
-    best. ``predict_batch``: inputs → doses at ``resolution`` (a plain model call, no collectives:
-    only the chief scores).
+    arrays: SplitArrays
+    full: SplitArrays
+
+
+class ValidationScores(EpochMeasure):
+    """Every ``score_every`` epochs and at epoch ``epochs``, predict the validation patients, bring
+    them to 128³ and mask them as ``--predict-only`` does, and score them with the code of
+    ``openkbp-score``: ``val_dose_score`` and ``val_dvh_score``; keep ``best.keras`` (lowest dose
+    score so far, its record ``best.json`` read back on resume).
+
+    ``validation``: the patients, downsampled once when loaded. ``model``: what is saved as best.
+    ``predict_batch``: inputs → doses at the training resolution (a plain model call, no
+    collectives: only the chief scores).
     """
 
-    def __init__(self, arrays, resolution: int, batch_size: int, score_every: int, epochs: int,
-                 models_dir: Path, model: keras.Model, predict_batch):
-        self.arrays = arrays
+    def __init__(self, validation: Validation, batch_size: int, score_every: int, epochs: int,
+                 folder: RunFolder, model: keras.Model, predict_batch):
+        self.validation = validation
         self.model = model
-        self.resolution = resolution
         self.batch_size = batch_size
         self.score_every = score_every
         self.epochs = epochs
-        self.models_dir = Path(models_dir)
+        self.folder = folder
         self.predict_batch = predict_batch
         self.best = None
 
     def start(self) -> None:
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        for name in os.listdir(self.models_dir):  # left by a process killed while saving best.keras
-            if name.startswith((f".{BEST_FILE}.", f".{BEST_RECORD}.")):
-                (self.models_dir / name).unlink()
-        self.best = read_best(self.models_dir)
+        self.folder.models.mkdir(parents=True, exist_ok=True)
+        self.folder.remove_unfinished_best()  # left by a process killed while saving best.keras
+        self.best = self.folder.read_best()
         if self.best is not None:
             logger.info("Best so far: epoch %d, validation dose score %.4f Gy (%s)", self.best["epoch"],
-                        self.best["val_dose_score"], self.models_dir / BEST_FILE)
-
-    def begin_epoch(self, epoch: int) -> None:
-        pass
+                        self.best["val_dose_score"], self.folder.best_checkpoint)
 
     def measure(self, epoch: int) -> dict:
         done = epoch + 1
@@ -65,19 +68,21 @@ class ValidationScores:
             return {}
         start = time.perf_counter()
         try:
-            predictions = predict_full_resolution(self.predict_batch, self.arrays, self.resolution, self.batch_size,
-                                                  label=f"The model at epoch {done}")
+            predictions = predict_full_resolution(self.predict_batch, self.validation.full,
+                                                  self.validation.arrays.resolution, self.batch_size,
+                                                  label=f"The model at epoch {done}",
+                                                  at_resolution=self.validation.arrays)
         except PredictionError as error:
             logger.warning("Validation scores skipped at epoch %d: %s", done, error)
             return {}
-        scores = score_split(self.arrays, lambda row: predictions[row])
+        scores = score_split(self.validation.full, lambda row: predictions[row])
         improved = math.isfinite(scores.dose_score) and (
             self.best is None or scores.dose_score < self.best["val_dose_score"])
         if improved:
             self.best = {"epoch": done, "val_dose_score": scores.dose_score, "val_dvh_score": scores.dvh_score}
-            save_best(self.model, self.models_dir, self.best)
+            self.folder.save_best(self.model, self.best)
         logger.info("epoch %d: validation dose score %.4f Gy, DVH score %.4f Gy (%d patients, %.1f s)%s", done,
-                    scores.dose_score, scores.dvh_score, len(self.arrays), time.perf_counter() - start,
+                    scores.dose_score, scores.dvh_score, len(self.validation.full), time.perf_counter() - start,
                     f"; new best, saved {BEST_FILE}" if improved else
                     f"; best: epoch {self.best['epoch']}" if self.best else "")
         return {"val_dose_score": scores.dose_score, "val_dvh_score": scores.dvh_score}

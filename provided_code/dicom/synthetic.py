@@ -1,4 +1,5 @@
-"""A DICOM writer for the tests: an OpenKBP patient (or phantom) as a clinic would export it.
+"""An OpenKBP patient (or phantom) written as a clinic would export it: the DICOM the tests and
+``scripts/bench_dicom.py`` import (scikit-image traces the contours: the ``dev`` extra).
 
 The CT is written at ``factor`` times the OpenKBP in-plane resolution (each voxel repeated), with a
 non-zero origin, extra air slices above and below, int16-style pixels with a rescale intercept, in

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -26,7 +28,7 @@ def atomic_path(path: os.PathLike | str, suffix: str = ".tmp") -> Iterator[Path]
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")  # see _TEMPORARY_FILE
     try:
         with naming_path(path, also=tmp):
             yield tmp
@@ -36,6 +38,23 @@ def atomic_path(path: os.PathLike | str, suffix: str = ".tmp") -> Iterator[Path]
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+# atomic_path's temporary name, ``.<final name>.<pid>.<8 hex digits><suffix>``, as a pattern
+_TEMPORARY_FILE = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}[^/]*$")
+
+
+def remove_temporaries(folder: os.PathLike | str, final_names: str) -> list[Path]:
+    """Remove the temporary files that :func:`atomic_path` left in ``folder``, in a process killed
+    while it wrote a file whose final name matches the glob pattern ``final_names`` (``"best.keras"``,
+    ``"epoch_*.keras"``); return them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    left = sorted(path for path in folder.glob(f".{final_names}.*") if _TEMPORARY_FILE.match(path.name))
+    for path in left:
+        path.unlink()
+    return left
 
 
 @contextlib.contextmanager
@@ -61,7 +80,7 @@ def new_folder_beside(final: os.PathLike | str) -> Path:
     place whole with :func:`replace_folder`. Leftovers of a killed process: :func:`tidy_folder`."""
     final = Path(final)
     tidy_folder(final)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = _beside(final, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -85,7 +104,7 @@ def replace_folder(new: os.PathLike | str, final: os.PathLike | str) -> None:
     elif _exchange(new, final):
         shutil.rmtree(new)  # now the old folder
     else:
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        old = _beside(final, "old")
         os.replace(final, old)
         os.replace(new, final)
         shutil.rmtree(old)
@@ -98,11 +117,29 @@ def tidy_folder(final: os.PathLike | str) -> None:
     final = Path(final)
     if not final.parent.is_dir():
         return
-    left = sorted(final.parent.glob(f".{final.name}.old-*"))
+    left = _left_beside(final, "old")
     if left and not final.exists():
         os.replace(left.pop(), final)
-    for path in left + sorted(final.parent.glob(f".{final.name}.tmp-*")):
+    for path in left + _left_beside(final, "tmp"):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def folder_temporaries(final: os.PathLike | str) -> list[Path]:
+    """The folders :func:`new_folder_beside` and :func:`replace_folder` left beside ``final`` in
+    processes killed meanwhile (:func:`tidy_folder` removes them, or puts the old one back)."""
+    final = Path(final)
+    if not final.parent.is_dir():
+        return []
+    return _left_beside(final, "old") + _left_beside(final, "tmp")
+
+
+def _beside(final: Path, kind: str) -> Path:
+    """This process's hidden ``kind`` ("tmp": being filled; "old": being replaced) folder beside ``final``."""
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}")
+
+
+def _left_beside(final: Path, kind: str) -> list[Path]:
+    return sorted(final.parent.glob(f".{glob.escape(final.name)}.{kind}-*"))
 
 
 _AT_FDCWD = -100

@@ -1,7 +1,8 @@
-"""The challenge's scores as a straightforward per-metric loop over pandas frames.
+"""The challenge's scores as a straightforward per-metric loop over pandas frames: the tests' oracle.
 
 Slow (it parses every CSV and fills a DataFrame cell by cell); kept as the plain reading of the
-definition that :mod:`provided_code.metrics.scoring` is tested and benchmarked against.
+definition that :mod:`provided_code.metrics.scoring` is tested against. It reads the CSVs with
+pandas on its own, not with the package's reader, so that the comparison checks that reader too.
 """
 
 from __future__ import annotations

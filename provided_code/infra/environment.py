@@ -30,6 +30,9 @@ def configure_tensorflow() -> None:
 
 def describe_cpu_kernels() -> str:
     """Which CPU kernels TensorFlow runs with, and why (call after importing TensorFlow)."""
+    # TensorFlow has no public call that says whether its oneDNN kernels are on (tf.sysconfig's
+    # build info does not); its private probe is what its own tests use. The one private TensorFlow
+    # module the package reads; without it, the setting alone is reported.
     try:
         from tensorflow.python.util import _pywrap_util_port
 

@@ -1,6 +1,7 @@
 """One run at a time on a model folder: an exclusive lock held for the life of a run.
 
-The lock is the operating system's (``fcntl.flock`` on ``results/<model-name>/.lock``), so it dies
+The lock is the operating system's (``fcntl.flock`` on a file in the folder; for a run's folder
+``results/<model-name>/.lock``, :meth:`provided_code.run_folder.RunFolder.lock`), so it dies
 with its process: a run killed with SIGKILL, or a lost machine, leaves nothing that blocks the
 next. The file also says who holds it (process, host, what, since when), for the refusal's
 message; it is never deleted (deleting a lock file races with the next process that opens it).
@@ -22,8 +23,6 @@ from provided_code.errors import RunLockedError
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
-
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock (said once per run)
@@ -31,27 +30,24 @@ except ImportError:  # not POSIX: no lock (said once per run)
 
 
 class RunLock:
-    """``with RunLock(run_dir, "training"):`` holds the folder's lock, or raises
+    """``with RunLock(folder / ".lock", "training"):`` holds the lock of the file's folder, or raises
     :class:`~provided_code.errors.RunLockedError` naming the folder and the process that holds it.
     ``shared``: for a process that only reads the folder (see the module docstring). ``advice``: what
     the refusal tells the user to do, instead of the default for a model folder."""
 
-    def __init__(self, run_dir: os.PathLike | str, what: str, shared: bool = False, advice: str | None = None):
-        self.run_dir = Path(run_dir)
+    def __init__(self, path: os.PathLike | str, what: str, shared: bool = False, advice: str | None = None):
+        self.path = Path(path)
+        self.folder = self.path.parent
         self.what = what
         self.shared = shared
         self.advice = advice
         self._fd = None
 
-    @property
-    def path(self) -> Path:
-        return self.run_dir / LOCK_FILE
-
     def __enter__(self) -> "RunLock":
         if fcntl is None:
-            logger.warning("No run lock on this platform: do not start two runs on %s", self.run_dir)
+            logger.warning("No run lock on this platform: do not start two runs on %s", self.folder)
             return self
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -60,7 +56,7 @@ class RunLock:
             os.close(fd)
             advice = self.advice or ("wait for it to end before reading it" if self.shared else
                                      "wait for it to end, or use another --model-name or --results-dir")
-            raise RunLockedError(f"{self.run_dir} is in use by another run ({holder}); {advice}") from None
+            raise RunLockedError(f"{self.folder} is in use by another run ({holder}); {advice}") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, {self.what} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)

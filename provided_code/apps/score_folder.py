@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import write_text_atomic
-from provided_code.constants import NUM_VOXELS
 from provided_code.data.cache import load_split
-from provided_code.data.csv_io import PatientDataError, read_sparse_csv
+from provided_code.data.csv_io import PatientDataError, as_volume, read_sparse_csv
+from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.scoring import Scores, score_split
-from provided_code.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +62,7 @@ def read_prediction(folder: Path, patient_id: str) -> np.ndarray:
     elif values.min() < 0:
         logger.warning("Patient %s: %s has %d negative doses (down to %.3g Gy): scored as they are",
                        patient_id, path, int(np.count_nonzero(values < 0)), float(values.min()))
-    dose = np.zeros(NUM_VOXELS)
-    dose[indices] = values
-    return dose
+    return as_volume(indices, values, np.float64)
 
 
 def reference_rows(arrays, split: os.PathLike | str) -> np.ndarray:

@@ -1,16 +1,15 @@
-"""Command-line entry points. The only place that prints; TensorFlow is imported after parsing."""
+"""The training and scoring command lines: ``openkbp-train`` (also ``python runpod_train.py``) and
+``openkbp-score``. TensorFlow is imported after parsing."""
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Iterable, Iterator, TypeVar
 
 import click
 from click.core import ParameterSource
 
+from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
 from provided_code.config import (
-    LOG_FILE,
     LOSSES,
     LR_SCHEDULES,
     NORMS,
@@ -21,40 +20,14 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.infra.preflight import check_run_folders
 from provided_code.networks.beams import BEAM_CHANNELS
-from provided_code.environment import configure_tensorflow
-from provided_code.errors import UserError
-from provided_code.preflight import check_run_folders
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
+from provided_code.run_folder import RunFolder
 
-T = TypeVar("T")
 DEFAULTS = TrainConfig()
 CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, "
                   "else ~/.cache/provided_code].")
-
-
-def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T]:
-    """A progress bar on stderr, for the library's ``progress`` hook."""
-    with click.progressbar(iterable, length=length, label=label, file=sys.stderr) as bar:
-        yield from bar
-
-
-def _setup_logging() -> None:
-    configure_tensorflow()  # before anything imports TensorFlow: oneDNN CPU kernels, quiet C++ start-up
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stderr)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
-
-
-# Bad input or settings, and a file the run cannot read or write: shown as one line, not a traceback.
-USER_ERRORS = (UserError, OSError)
-
-
-def one_line(error: Exception) -> str:
-    """The message of a user error; for an OSError, the path and the reason."""
-    if isinstance(error, OSError) and not isinstance(error, UserError) and error.filename is not None:
-        return f"{error.filename}: {error.strerror or error}"
-    return str(error)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -147,7 +120,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 
     Example: python runpod_train.py --filters 64 --epochs 100
     """
-    _setup_logging()
+    setup_logging()
     try:
         given = {name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
         if {"beams", "beam_angles"} <= given:
@@ -160,13 +133,9 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         # the flags given, and every field of a preset given.
         given |= {"resolution"} if ctx.get_parameter_source("resolution") is not ParameterSource.DEFAULT else set()
         given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
-        if config.multi_worker and not predict_only:
-            read_tf_config()  # a bad TF_CONFIG fails now, before TensorFlow is imported and the data loaded
-        if epoch is not None and epoch != "best":
-            if not epoch.isdigit():
-                raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
-                                         param_hint="--epoch")
-            epoch = int(epoch)
+        # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
+        cluster = read_tf_config() if config.multi_worker and not predict_only else None
+        epoch = parse_epoch(epoch)
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")
@@ -176,19 +145,23 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
             if not all(members):
                 raise click.BadParameter(f"Expected a comma list of trained runs' names, none empty. "
                                          f"Received: {ensemble!r}", param_hint="--ensemble")
-        check_run_folders(config, predict_only, stage)  # before TensorFlow loads and the data is read
-        if predict_only:
-            from provided_code.predict import predict_stage
+        from provided_code.data.cache import default_cache_dir
 
-            report = predict_stage(config, stage=stage, epoch=epoch, tta=tta, plots=plots, progress=click_progress,
-                                   ensemble=members)
+        check_run_folders(config.data_dir, config.run_dir, config.cache_dir or default_cache_dir(), predict_only,
+                          stage)  # before TensorFlow loads and the data is read
+        if predict_only:
+            from provided_code.apps.predict import predict_stage
+
+            report = predict_stage(config.run_dir, config.data_dir, stage=stage, epoch=epoch, tta=tta, plots=plots,
+                                   progress=click_progress, ensemble=members, batch_size=config.batch_size,
+                                   cache_dir=config.cache_dir, skip_incomplete=config.skip_incomplete)
             click.echo(report.summary())
             return
         from provided_code.training.train import train
 
         # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
         result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0,
-                       start_over=start_over, given=given, change_recipe=change_recipe)
+                       start_over=start_over, given=given, change_recipe=change_recipe, cluster=cluster)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     if result.first_epoch >= result.last_epoch:
@@ -197,7 +170,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         click.echo(f"Trained {config.model_name} from epoch {result.first_epoch} to {result.last_epoch} "
                    f"({result.policy} on {result.device}).")
     click.echo(f"Checkpoint: {result.checkpoint}")
-    click.echo(f"Log: {config.run_dir / LOG_FILE}")
+    click.echo(f"Log: {RunFolder(config.run_dir).log}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -212,8 +185,8 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     import json
     from pathlib import Path
 
-    _setup_logging()
-    from provided_code.score_folder import score_prediction_folder, write_score_reports
+    setup_logging()
+    from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 
     try:
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)

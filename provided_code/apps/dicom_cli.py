@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from provided_code.cli import USER_ERRORS, _setup_logging, click_progress, one_line
+from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
 
 _PATHS = {"exists": False, "dir_okay": True, "file_okay": True}
 
@@ -37,7 +37,7 @@ def main():
 @click.option("--out", required=True, help="The patient folder to write (OpenKBP layout plus dicom.json).")
 def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
     """Import one patient into the OpenKBP layout."""
-    _setup_logging()
+    setup_logging()
     from provided_code.dicom.importer import import_patient
 
     try:
@@ -58,8 +58,9 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
 def export_command(patient_dir, prediction, out, nifti):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
-    _setup_logging()
-    from provided_code.dicom.exporter import export_dose, read_dose_csv
+    setup_logging()
+    from provided_code.data.csv_io import read_dose_csv
+    from provided_code.dicom.exporter import export_dose
 
     try:
         dose = read_dose_csv(prediction)
@@ -80,14 +81,10 @@ def export_command(patient_dir, prediction, out, nifti):
 @click.option("--no-plots", is_flag=True, help="Skip the DVH and slice PNGs.")
 def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""
-    _setup_logging()
-    if epoch is not None and epoch != "best":
-        if not epoch.isdigit():
-            raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
-                                     param_hint="--epoch")
-        epoch = int(epoch)
+    setup_logging()
+    epoch = parse_epoch(epoch)
     try:
-        from provided_code.clinic import predict_dicom_patient
+        from provided_code.apps.clinic import predict_dicom_patient
 
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,
@@ -132,7 +129,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
                   completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,
                   allow_missing_targets, verbose):
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
-    _setup_logging()
+    setup_logging()
     if status:
         from provided_code.node.journal import Journal, summary_lines
 
@@ -146,7 +143,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
         raise click.UsageError("--model-dir is required (unless --status).")
     if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
         raise click.UsageError("--tls-cert and --tls-key go together; --tls-ca needs them.")
-    epoch = _parse_epoch(epoch)
+    epoch = parse_epoch(epoch)
     import logging
     import signal
     import threading
@@ -181,15 +178,6 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
         pass
     click.echo("Stopping: finishing the running prediction, if any.", err=True)
     node.stop()
-
-
-def _parse_epoch(epoch):
-    if epoch is not None and epoch != "best":
-        if not epoch.isdigit():
-            raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {epoch!r}",
-                                     param_hint="--epoch")
-        epoch = int(epoch)
-    return epoch
 
 
 if __name__ == "__main__":

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.atomic import write_text_atomic
 from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import read_patient, write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, read_rtdose
+from provided_code.inference import predict_full_resolution
+from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
-from provided_code.inference import predict_full_resolution
-from provided_code.predict import load_trained_model
-from provided_code.progress import Progress, no_progress
+from provided_code.run_folder import RunFolder
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +67,18 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
 
     ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
     or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: what
-    :func:`load_trained_model` returned for this folder, to predict with a model kept in memory.
+    :meth:`RunFolder.load_trained_model` returned for this folder, to predict with a model kept in memory.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    models_dir = model_dir / "models"
-    if not (models_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} is not a trained model's folder: {models_dir / 'config.json'} is missing")
+    folder = RunFolder(model_dir)
+    if not folder.config_file.is_file():
+        raise FileNotFoundError(f"{model_dir} is not a trained model's folder: {folder.config_file} is missing")
     if epoch is None:
-        epoch = "best" if (models_dir / "best.keras").is_file() else None
+        epoch = "best" if folder.best_checkpoint.is_file() else None
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets)
     arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False)])
-    saved, epoch, model = loaded if loaded is not None else load_trained_model(models_dir, epoch)
+    saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}")[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])

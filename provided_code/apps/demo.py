@@ -1,6 +1,6 @@
 """The demo: write synthetic phantoms, train a small model, predict and score the held-out ones.
 
-    python -m provided_code.demo        (or: bash scripts/demo)
+    python -m provided_code.apps.demo        (or: bash scripts/demo)
 
 Everything lands under ``<results-dir>/``: the phantoms in ``demo-data/``, the model, log,
 predictions, scores and plots in ``demo/``. Nothing is downloaded.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import click
 
-from provided_code.cli import _setup_logging, click_progress
-from provided_code.config import LOG_FILE
+from provided_code.apps.console import click_progress, setup_logging
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.run_folder import RunFolder
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -29,7 +29,7 @@ from provided_code.data.resample import RESOLUTIONS
               help="Training resolution.")
 def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
-    _setup_logging()
+    setup_logging()
     from provided_code.config import TrainConfig
     from provided_code.data.phantoms import write_phantom_patient
 
@@ -42,7 +42,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
             write_phantom_patient(folder, seed=int(folder.name[3:]))
 
     from provided_code.plots import has_matplotlib
-    from provided_code.predict import predict_stage
+    from provided_code.apps.predict import predict_stage
     from provided_code.training.train import train
 
     model_dir = results / "demo"
@@ -54,19 +54,20 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()
-    report = predict_stage(config, stage="validation", epoch="best", plots=plots, progress=click_progress)
+    report = predict_stage(config.run_dir, config.data_dir, stage="validation", epoch="best", plots=plots,
+                           progress=click_progress, batch_size=config.batch_size, cache_dir=config.cache_dir)
     zero_score = _zero_prediction_dose_score(config)
 
     click.echo("")
     click.echo(f"Phantoms:     {data}/ (train-pats/, validation-pats/)")
-    click.echo(f"Model:        {config.models_dir}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
+    folder = RunFolder(config.run_dir)
+    click.echo(f"Model:        {folder.models}/ (checkpoints, config.json; best.keras, epoch {report.epoch}, "
                f"predicted with)")
-    click.echo(f"Training log: {config.run_dir / LOG_FILE}"
-               + (f" (curves: {config.run_dir / 'training_curves.png'})" if plots else ""))
+    click.echo(f"Training log: {folder.log}" + (f" (curves: {folder.curves})" if plots else ""))
     click.echo(f"Predictions:  {report.predictions_dir}/")
     click.echo(f"Submission:   {report.submission}")
     click.echo(f"Scores:       {report.scores_path} (per patient: {report.scores_path.with_suffix('.csv')})")
-    click.echo(f"Plots:        {config.run_dir / 'validation-plots'}/" if plots
+    click.echo(f"Plots:        {folder.plots('validation')}/" if plots
                else "Plots:        skipped (pip install matplotlib to get them)")
     click.echo(f"For scale: predicting zero dose everywhere scores a dose score of {zero_score:.3f} Gy.")
     click.echo(f"dose score {report.scores.dose_score:.3f} Gy, DVH score {report.scores.dvh_score:.3f} Gy "

@@ -42,17 +42,18 @@ def check_writable(folder: os.PathLike | str, what: str) -> Path:
     return folder
 
 
-def check_run_folders(config, predict_only: bool = False, stage: str = "validation") -> None:
-    """The checks for one ``runpod_train.py`` run (``config``: a :class:`~provided_code.config.TrainConfig`)."""
-    from provided_code.data.cache import default_cache_dir
-
+def check_run_folders(data_dir: os.PathLike | str, run_dir: os.PathLike | str, cache_dir: os.PathLike | str,
+                      predict_only: bool = False, stage: str = "validation") -> None:
+    """The checks for one ``runpod_train.py`` run: its data folder, its model's folder
+    (``results/<model-name>``) and its cache folder (resolved: the default when not given)."""
+    run_dir = Path(run_dir)
     if predict_only:
-        stage_dir = Path(config.data_dir) / f"{stage}-pats"
+        stage_dir = Path(data_dir) / f"{stage}-pats"
         if not stage_dir.is_dir():
             raise DataNotFoundError(f"No {stage} data: {stage_dir} does not exist. {OPENKBP_SOURCE}")
-        if config.run_dir.is_dir():  # a missing model is predict's own error, with its advice
-            check_writable(config.run_dir, "results folder (--results-dir, --model-name)")
+        if run_dir.is_dir():  # a missing model is predict's own error, with its advice
+            check_writable(run_dir, "results folder (--results-dir, --model-name)")
     else:
-        require_training_data(config.data_dir)
-        check_writable(config.run_dir, "results folder (--results-dir, --model-name)")
-    check_writable(config.cache_dir or default_cache_dir(), "cache folder (--cache-dir, $OPENKBP_CACHE_DIR)")
+        require_training_data(data_dir)
+        check_writable(run_dir, "results folder (--results-dir, --model-name)")
+    check_writable(cache_dir, "cache folder (--cache-dir, $OPENKBP_CACHE_DIR)")

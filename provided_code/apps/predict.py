@@ -1,0 +1,185 @@
+"""``--predict-only``: a trained model's predictions for a stage, in the challenge's format, scored."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import write_dose_csv
+from provided_code.inference import PredictionError, predict_full_resolution
+from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
+from provided_code.infra.progress import Progress, no_progress
+from provided_code.metrics.scoring import Scores, score_split
+from provided_code.run_folder import SCORES_FILE, RunFolder
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PredictionReport:
+    stage: str
+    epoch: int | str  # "ensemble" for an ensemble
+    patients: int
+    predictions_dir: Path
+    submission: Path
+    scores: Scores | None
+    scores_path: Path | None
+
+    def summary(self) -> str:
+        model = "an ensemble" if self.epoch == "ensemble" else f"the epoch {self.epoch} checkpoint"
+        lines = [f"Predicted {self.patients} {self.stage} patients with {model}.",
+                 f"Predictions: {self.predictions_dir}", f"Submission: {self.submission}"]
+        if self.scores is not None:
+            if self.scores.without_reference:
+                lines.append(f"Scored the {len(self.scores.patient_ids)} of {self.patients} patients that have a "
+                             f"reference dose (none for {', '.join(self.scores.without_reference)}).")
+            lines += [f"Scores: {self.scores_path}",
+                      f"DVH score {self.scores.dvh_score:.4f} Gy, dose score {self.scores.dose_score:.4f} Gy"]
+        else:
+            lines.append("No reference doses in this stage: not scored.")
+        return "\n".join(lines)
+
+
+def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage: str = "validation",
+                  epoch: int | str | None = None, tta: bool = False, plots: bool = False,
+                  progress: Progress = no_progress, ensemble: list[str] | None = None,
+                  batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
+                  skip_incomplete: bool = False) -> PredictionReport:
+    """Predict every patient of ``<data_dir>/<stage>-pats`` with the model trained in ``run_dir``
+    (``results/<model-name>``; its architecture and resolution from its saved config); write and score.
+
+    ``epoch``: a checkpoint's epoch, ``"best"`` (``models/best.keras``, the lowest validation
+    dose score while training), or None for the newest.
+
+    ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
+    ``"best"``); their 128³ predictions (each with its own mirror flips under ``tta``) are
+    averaged, then written and scored like one model's into ``run_dir``, which must not be a
+    member's folder. The scores JSON names the members. Each member's folder is locked shared
+    meanwhile: a member still training (or being predicted) refuses the ensemble.
+
+    The CSVs, the submission zip and the scores go into a new folder beside
+    ``<stage>-predictions/`` that then replaces it whole (:meth:`RunFolder.predictions`): a run
+    killed at any moment leaves the previous complete set or the new one, never a mix.
+
+    ``batch_size``: patients per prediction call; ``cache_dir`` and ``skip_incomplete``: how the
+    stage's patients are read, as training reads its splits.
+    """
+    folder = RunFolder(run_dir)
+    if plots:
+        from provided_code.plots import require_matplotlib
+
+        require_matplotlib()
+    if ensemble is not None:
+        if not ensemble:
+            raise ConfigError("Invalid `ensemble`. Expected the names of one or more trained runs. Received: "
+                              "ensemble=[]")
+        repeated = sorted({name for name in ensemble if ensemble.count(name) > 1})
+        if repeated:
+            raise ConfigError(f"Invalid `ensemble`. Expected each member once ({', '.join(repeated)} would weigh "
+                              f"more than the others). Received: ensemble={','.join(ensemble)!r}")
+        if folder.name in ensemble:
+            raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
+                              f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
+                              f"Received: model_name={folder.name!r}")
+        for name in ensemble:
+            if not _beside(folder, name).models.is_dir():
+                raise FileNotFoundError(f"No trained model {name!r} for the ensemble: "
+                                        f"{_beside(folder, name).models} does not exist.")
+    elif not folder.models.is_dir():
+        raise folder.missing_model()
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
+        for name in ensemble or []:
+            locks.enter_context(_beside(folder, name).lock(f"read by the ensemble {folder.name!r}", shared=True))
+        tidy_folder(folder.predictions(stage))  # left by a killed run
+        stage_dir = Path(data_dir) / f"{stage}-pats"
+        arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
+                            progress=progress)
+        return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
+
+
+def _beside(folder: RunFolder, name: str) -> RunFolder:
+    """The folder of the trained run ``name`` beside ``folder`` (an ensemble's member)."""
+    return RunFolder(folder.path.parent / name)
+
+
+def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
+                   plots: bool, progress: Progress, ensemble: list[str] | None, batch_size: int) -> PredictionReport:
+    members = []  # {"model": name, "epoch": epoch} of each model predicted with
+    predictions = None
+    member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
+    for name in ensemble or [folder.name]:
+        member = _beside(folder, name)
+        saved, loaded_epoch, model = member.load_trained_model(member_epoch)
+        try:
+            predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
+                                                label=f"Model {name!r} at epoch {loaded_epoch}")
+        except PredictionError as error:
+            raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
+                                  f"{member.log}); nothing was written.") from None
+        predictions = predicted if predictions is None else predictions + predicted
+        members.append({"model": name, "epoch": loaded_epoch})
+        del model
+        keras.backend.clear_session()
+    if ensemble:
+        predictions /= np.float32(len(members))
+        epoch = "ensemble"
+        logger.info("Ensemble of %s", ", ".join(f"{m['model']} (epoch {m['epoch']})" for m in members))
+    else:
+        epoch = members[0]["epoch"]
+
+    # The whole set (CSVs, zip, scores) is written into a new folder and moved into place whole.
+    predictions_dir = folder.predictions(stage)
+    zip_name = folder.submission_name(stage, epoch)
+    scores = None
+    new = new_folder_beside(predictions_dir)
+    try:
+        for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
+            write_dose_csv(new / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
+        _write_submission(new, arrays.patient_ids, new / zip_name)
+        if arrays.has_dose.any():  # those with reference doses; a warning names the others
+            # The scores of the predictions as written (the CSVs' decimals, which a submission is
+            # judged on), read back as openkbp-score reads them: both report one number, on any processor.
+            scores = score_split(arrays, lambda row: read_prediction(new, arrays.patient_ids[row]), progress,
+                                 rows=reference_rows(arrays, stage_dir))
+            extra = {"model": folder.name, "stage": stage, "epoch": epoch}
+            write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"),
+                                extra={**extra, "members": members} if ensemble else extra)
+        replace_folder(new, predictions_dir)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    removed = folder.remove_earlier_layout(stage)
+    if removed:
+        logger.info("Removed the scores and zips of the earlier predictions (now inside %s): %s", predictions_dir,
+                    ", ".join(str(path) for path in removed))
+    submission = predictions_dir / zip_name
+    scores_path = predictions_dir / SCORES_FILE if scores is not None else None
+    logger.info("Wrote %d predictions and %s to %s", len(arrays), zip_name, predictions_dir)
+    if plots:
+        from provided_code.plots import plot_patient
+
+        plot_dir = folder.plots(stage)
+        for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Plotting")):
+            plot_patient(plot_dir, pid, arrays, row, predictions[row])
+        logger.info("Wrote plots to %s", plot_dir)
+    return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path)
+
+
+def _write_submission(predictions_dir: Path, patient_ids: list[str], path: Path) -> Path:
+    """A zip of the prediction CSVs, written beside its final name and moved into place."""
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for pid in patient_ids:
+            archive.write(predictions_dir / f"{pid}.csv", arcname=f"{pid}.csv")
+    return path

@@ -1,0 +1,307 @@
+"""A run's folder, ``results/<model-name>/``: where each of its files lives, reading and writing
+them, and loading the model trained in it. The one module that knows the layout; training writes
+the folder, prediction and the clinic's path read it (README, "Everything lands in
+results/<model-name>/")::
+
+    .lock                        the run lock (infra/run_lock.py): one writer, or readers
+    models/config.json           the run's settings (config.TrainConfig), with its recipe history
+    models/epoch_<N>.keras       checkpoints, the newest kept
+    models/best.keras            the checkpoint of the lowest validation dose score so far, and
+    models/best.json             its record: epoch and validation scores
+    training_log.csv             one row per epoch (training/epoch_log.py)
+    training_curves.png          drawn from the log
+    tensorboard/                 with --tensorboard
+    <stage>-predictions/         a stage's prediction CSVs, the submission zip, scores.json and
+                                 scores.csv, replaced whole (infra/atomic.py's replace_folder)
+    <stage>-plots/               with --plots
+    abandoned-<time>/            what --start-over moved aside
+
+Every file is written whole (:mod:`provided_code.infra.atomic`). Importing this module imports
+neither TensorFlow nor Keras; loading a model does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import re
+import time
+import zipfile
+from pathlib import Path
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.errors import UserError
+from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
+from provided_code.infra.run_lock import RunLock
+
+logger = logging.getLogger(__name__)
+
+MODELS_FOLDER = "models"
+CONFIG_FILE = "config.json"  # in models/
+BEST_FILE = "best.keras"  # in models/
+BEST_RECORD = "best.json"  # in models/: {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
+LOG_FILE = "training_log.csv"
+CURVES_FILE = "training_curves.png"
+LOCK_FILE = ".lock"
+TENSORBOARD_FOLDER = "tensorboard"
+SCORES_FILE = "scores.json"  # in <stage>-predictions/, with scores.csv beside it
+STAGES = ("validation", "test")
+_CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
+
+
+class RunFolder:
+    """``results/<model-name>/`` of one model (see the module docstring)."""
+
+    def __init__(self, path: os.PathLike | str):
+        self.path = Path(path)
+        self.name = self.path.name  # the model's name (--model-name)
+        self.models = self.path / MODELS_FOLDER
+        self.config_file = self.models / CONFIG_FILE
+        self.best_checkpoint = self.models / BEST_FILE
+        self.best_record = self.models / BEST_RECORD
+        self.log = self.path / LOG_FILE
+        self.curves = self.path / CURVES_FILE
+        self.tensorboard = self.path / TENSORBOARD_FOLDER
+        self.lock_file = self.path / LOCK_FILE
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def checkpoint(self, epoch: int) -> Path:
+        return self.models / f"epoch_{epoch}.keras"
+
+    def predictions(self, stage: str) -> Path:
+        """``<stage>-predictions/``: the stage's prediction CSVs, and beside them in the same folder
+        the submission zip and (with reference doses) ``scores.json`` and ``scores.csv``. It is
+        filled as a hidden folder beside it and moved into place whole."""
+        return self.path / f"{stage}-predictions"
+
+    def plots(self, stage: str) -> Path:
+        return self.path / f"{stage}-plots"
+
+    def submission_name(self, stage: str, epoch: int | str) -> str:
+        """The submission zip's name: ``<model>_<stage>_epoch_<N>.zip``, or ``..._ensemble.zip``."""
+        return (f"{self.name}_{stage}_ensemble.zip" if epoch == "ensemble" else
+                f"{self.name}_{stage}_epoch_{epoch}.zip")
+
+    def lock(self, what: str, shared: bool = False) -> RunLock:
+        """The folder's lock (see :class:`~provided_code.infra.run_lock.RunLock`): ``what`` the holder
+        does, for a refusal's message; ``shared`` for a process that only reads the folder."""
+        return RunLock(self.lock_file, what, shared=shared)
+
+    # -- the settings ----------------------------------------------------------------------------
+    def read_config(self) -> TrainConfig | None:
+        """The config saved in ``models/config.json`` (None if there is none); a one-line
+        :class:`ConfigError` naming the file if it is not a config. Fields it holds that this
+        version does not know (a newer version wrote it, or a hand edit) are named in a warning and
+        left out."""
+        path = self.config_file
+        if not path.is_file():
+            return None
+        try:
+            config, unknown = TrainConfig.parse_saved(path.read_text())
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"Invalid saved config {path}: {error}") from None
+        if unknown:
+            logger.warning("%s has settings this version does not know, left out: %s", path, ", ".join(unknown))
+        return config
+
+    def write_config(self, config: TrainConfig) -> None:
+        write_text_atomic(self.config_file, config.to_json() + "\n")
+
+    def missing_model(self) -> FileNotFoundError:
+        """The error for a model that was never trained here."""
+        return FileNotFoundError(f"No trained model {self.name!r}: {self.models} has no {CONFIG_FILE}. "
+                                 f"Train it first, or pass the --model-name and --results-dir it was trained with.")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """``(epoch, path)`` of every checkpoint, newest first."""
+        if not self.models.is_dir():
+            return []
+        found = [(int(m.group(1)), self.models / name) for name in os.listdir(self.models)
+                 if (m := _CHECKPOINT.match(name))]
+        return sorted(found, reverse=True)
+
+    def newest_checkpoint(self) -> Path | None:
+        checkpoints = self.checkpoints()
+        return checkpoints[0][1] if checkpoints else None
+
+    def remove_unfinished_checkpoints(self) -> None:
+        """Remove what a process killed while saving a checkpoint left (its temporary files)."""
+        remove_temporaries(self.models, "epoch_*.keras")
+
+    def load_newest(self, compile: bool = True):
+        """``(epoch, model)`` of the newest checkpoint that loads, or None when there is none.
+
+        A checkpoint that fails to load (truncated, corrupt) is reported and the previous one tried;
+        a :class:`CheckpointError` if none loads (a Keras upgrade could do that to a long run: never
+        start over without being asked).
+        """
+        failures = []
+        checkpoints = self.checkpoints()
+        for epoch, path in checkpoints:
+            try:
+                return epoch, _load(path, compile)
+            except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
+                reason = _reason(path, error)
+                logger.warning("Checkpoint %s does not load (%s); trying the previous one", path, reason)
+                failures.append(f"{path.name} ({reason[:200]})")
+        if checkpoints:
+            raise CheckpointError(f"No checkpoint in {self.models} loads: {'; '.join(failures)}. To train this model "
+                                  f"from scratch, pass --start-over (the old files are moved aside, not deleted).")
+        return None
+
+    def load_checkpoint(self, epoch: int, compile: bool = True):
+        """The model of checkpoint ``epoch``; a FileNotFoundError if there is none, a
+        :class:`CheckpointError` if it does not load."""
+        checkpoints = self.checkpoints()
+        path = next((path for found, path in checkpoints if found == epoch), None)
+        if path is None:
+            raise FileNotFoundError(f"No checkpoint for epoch {epoch} in {self.models} "
+                                    f"(have: {[found for found, _ in checkpoints]})")
+        try:
+            return _load(path, compile)
+        except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
+            raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
+
+    # -- the best checkpoint ---------------------------------------------------------------------
+    def read_best(self) -> dict | None:
+        """The record of ``best.keras`` (epoch and validation scores), or None if there is none."""
+        path = self.best_record
+        if not path.is_file():
+            return None
+        if not self.best_checkpoint.is_file():
+            logger.warning("Ignoring %s: %s beside it is missing", path, BEST_FILE)
+            return None
+        try:
+            record = json.loads(path.read_text())
+            return {"epoch": int(record["epoch"]), "val_dose_score": float(record["val_dose_score"]),
+                    "val_dvh_score": float(record["val_dvh_score"])}
+        except (ValueError, KeyError, TypeError) as error:
+            raise CheckpointError(f"Invalid best-checkpoint record {path}: {type(error).__name__}: {error}. "
+                                  f"Delete it (and {BEST_FILE} beside it) to start the best-so-far afresh.") from None
+
+    def save_best(self, model, record: dict) -> Path:
+        """Write ``best.keras`` and then its record, each atomically (the record is moved into place
+        right after the model, so the two describe the same epoch)."""
+        with atomic_path(self.best_record) as record_tmp:
+            record_tmp.write_text(json.dumps(record, indent=2) + "\n")
+            with atomic_path(self.best_checkpoint, suffix=".keras") as tmp:
+                model.save(tmp)
+        return self.best_checkpoint
+
+    def remove_unfinished_best(self) -> None:
+        """Remove what a process killed while saving ``best.keras`` left (its temporary files)."""
+        remove_temporaries(self.models, BEST_FILE)
+        remove_temporaries(self.models, BEST_RECORD)
+
+    def load_best(self) -> tuple[int, object]:
+        """``(epoch, model)`` of ``best.keras``; a clear error if there is none or it does not load."""
+        record = self.read_best()
+        path = self.best_checkpoint
+        if record is None or not path.is_file():
+            raise FileNotFoundError(f"No best checkpoint in {self.models} ({BEST_FILE} and {BEST_RECORD}): it is "
+                                    f"written when validation patients with doses are scored during training "
+                                    f"(--score-every).")
+        try:
+            return record["epoch"], _load(path, compile=False)
+        except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
+            raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
+
+    # -- the trained model -----------------------------------------------------------------------
+    def load_trained_model(self, epoch: int | str | None = None) -> tuple[TrainConfig, int, object]:
+        """``(saved config, epoch, model)`` of the model trained here, under the dtype policy it was
+        trained with. ``epoch``: a checkpoint's epoch, ``"best"`` or None for the newest. A model
+        trained with ``--ema`` predicts with its averaged weights (``best.keras`` holds them; an
+        epoch checkpoint holds the raw ones and the optimizer's averages)."""
+        import keras
+
+        from provided_code.inference import use_averaged_weights
+
+        saved = self.read_config()
+        if saved is None:
+            raise self.missing_model()
+        keras.mixed_precision.set_global_policy(saved.precision if saved.precision != "auto" else "float32")
+        if epoch == "best":
+            epoch, model = self.load_best()
+        else:
+            if epoch is None:
+                loaded = self.load_newest(compile=saved.ema)
+                if loaded is None:
+                    raise FileNotFoundError(f"No checkpoint of model {self.name!r} loads from {self.models}.")
+                epoch, model = loaded
+            else:
+                model = self.load_checkpoint(epoch, compile=saved.ema)
+            if saved.ema:
+                use_averaged_weights(model)
+        return saved, epoch, model
+
+    # -- moving aside and tidying ----------------------------------------------------------------
+    def start_over(self) -> Path | None:
+        """Move the model's files (checkpoints, config, best checkpoint, log, curves) and the earlier
+        model's predictions, scores, zips and plots into ``abandoned-<time>/``; return that folder
+        (None: there was nothing to move)."""
+        names = [path for _, path in self.checkpoints()]
+        names += [self.config_file, self.best_checkpoint, self.best_record, self.log, self.curves]
+        for stage in STAGES:
+            names += [self.predictions(stage), self.plots(stage), *self._earlier_scores(stage)]
+            names += folder_temporaries(self.predictions(stage))
+        names.append(self.path / "submissions")
+        present = [path for path in names if path.exists()]
+        if not present:
+            return None
+        folder = self.path / time.strftime("abandoned-%Y%m%d-%H%M%S")
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in present:
+            os.replace(path, folder / path.name)
+        return folder
+
+    def remove_earlier_layout(self, stage: str) -> list[Path]:
+        """The scores and zips that earlier versions wrote beside ``<stage>-predictions/``
+        (``<stage>-scores.json``, ``<stage>-scores.csv``, ``submissions/<model>_<stage>_*.zip``)
+        describe the predictions just replaced: removed; return them."""
+        submissions = self.path / "submissions"
+        earlier = [*self._earlier_scores(stage),
+                   *sorted(submissions.glob(f"{glob.escape(self.name)}_{stage}_*.zip"))]
+        removed = [path for path in earlier if path.is_file()]
+        for path in removed:
+            path.unlink()
+        if removed:
+            with contextlib.suppress(OSError):
+                submissions.rmdir()  # when empty
+        return removed
+
+    def _earlier_scores(self, stage: str) -> list[Path]:
+        return [self.path / f"{stage}-scores.json", self.path / f"{stage}-scores.csv"]
+
+
+class _NotAKerasFile(ValueError):
+    pass
+
+
+def _load(path: Path, compile: bool):
+    """``keras.models.load_model`` (the package's layers registered), except that a file that is
+    not a zip archive (a ``.keras`` file cut off while it was written or copied, or not a checkpoint
+    at all) says so: Keras calls it "File not found"."""
+    import keras
+
+    import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
+
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise _NotAKerasFile(f"not a complete .keras file (a zip archive): truncated or corrupt, "
+                             f"{path.stat().st_size} bytes")
+    return keras.models.load_model(path, compile=compile)
+
+
+def _reason(path: Path, error: Exception) -> str:
+    """The first line of why ``path`` did not load."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return text if isinstance(error, _NotAKerasFile) else f"{type(error).__name__}: {text}"

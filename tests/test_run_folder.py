@@ -1,0 +1,49 @@
+"""A run's folder: its saved config and its best checkpoint read back, or refused in one line."""
+
+import json
+
+import keras
+import pytest
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.run_folder import CheckpointError, RunFolder
+
+
+def _tiny_model():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+@pytest.mark.parametrize("text", ["[]", "null", '"unet"', "3"])
+def test_a_saved_config_that_is_not_a_json_object_is_one_line_naming_the_file(tmp_path, text):
+    folder = RunFolder(tmp_path)
+    folder.models.mkdir()
+    folder.config_file.write_text(text)
+    with pytest.raises(ConfigError, match=f"Invalid saved config {folder.config_file}: expected a JSON object"):
+        folder.read_config()
+
+
+def test_unknown_fields_in_a_saved_config_are_named_in_one_warning(tmp_path, caplog):
+    folder = RunFolder(tmp_path)
+    folder.models.mkdir()
+    values = {**json.loads(TrainConfig(filters=8, resolution=32).to_json()), "filtres": 16, "mystery": True}
+    folder.config_file.write_text(json.dumps(values))
+    assert folder.read_config() == TrainConfig(filters=8, resolution=32)
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "settings this version does not know, left out: filtres, mystery" in warnings[0]
+
+
+def test_a_truncated_best_checkpoint_is_reported_as_one_that_does_not_load_not_as_missing(tmp_path):
+    folder = RunFolder(tmp_path)
+    path = folder.best_checkpoint
+    path.parent.mkdir()
+    _tiny_model().save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 3])
+    folder.best_record.write_text(json.dumps({"epoch": 4, "val_dose_score": 5.0, "val_dvh_score": 7.0}))
+    with pytest.raises(CheckpointError) as caught:
+        folder.load_best()
+    message = str(caught.value)
+    assert f"Checkpoint {path} does not load: not a complete .keras file" in message
+    assert "truncated or corrupt" in message and "File not found" not in message
