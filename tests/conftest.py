@@ -123,36 +123,58 @@ def log_epochs(run_dir: Path) -> list[int]:
         return [int(row["epoch"]) for row in csv.DictReader(handle)]
 
 
+def _made_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder ``name`` that ``make(folder)`` fills once for the whole test run: under pytest-xdist
+    the first worker to ask makes it in the folder the workers share, the others wait for it (a lock
+    file) and use it too. For read-only material only (phantoms, a trained model to predict with)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, shared by its workers (one per run: never stale)
+    folder, made = base / name, base / f"{name}.made"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that died making it
+            make(folder)
+            made.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def phantom_data(tmp_path_factory) -> Path:
     """A read-only data folder: train-pats/ (4 phantoms) and validation-pats/ (2 phantoms)."""
-    root = tmp_path_factory.mktemp("phantom-data")
-    write_phantom_split(root / "train-pats", 4, first_number=1)
-    write_phantom_split(root / "validation-pats", 2, first_number=201)
-    return root
+
+    def make(root):
+        write_phantom_split(root / "train-pats", 4, first_number=1)
+        write_phantom_split(root / "validation-pats", 2, first_number=201)
+
+    return _made_once(tmp_path_factory, "phantom-data", make)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(phantom_data, tmp_path_factory) -> Path:
-    """The run folder (``results/m``) of a model trained once per test process on ``phantom_data``:
+    """The run folder (``results/m``) of a model trained once per test run on ``phantom_data``:
     4 filters, 32³, one epoch, no scoring. To read and predict with, not to change."""
     import keras
 
     from provided_code.config import TrainConfig
     from provided_code.training.train import train
 
-    root = tmp_path_factory.mktemp("tiny-model")
-    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
-                      results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
-    keras.backend.clear_session()
-    return root / "results" / "m"
+    def make(root):
+        train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
+                          results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")
+
+    return _made_once(tmp_path_factory, "tiny-model", make) / "results" / "m"
 
 
 @pytest.fixture(scope="session")
 def _phantom_template(tmp_path_factory) -> Path:
-    split = tmp_path_factory.mktemp("phantom-template") / "split"
-    write_phantom_split(split, 3, first_number=1, seed=7)
-    return split
+    return _made_once(tmp_path_factory, "phantom-template",
+                      lambda folder: write_phantom_split(folder / "split", 3, first_number=1, seed=7)) / "split"
 
 
 @pytest.fixture
