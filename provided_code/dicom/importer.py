@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.atomic import replace_folder, write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,
@@ -215,13 +215,7 @@ def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: d
         if dose is not None:
             write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
         geometry.write(staging)
-        if out.exists():  # an earlier import: swap it out, then remove it
-            old = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
+        replace_folder(staging, out)  # an earlier import is replaced whole
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -98,7 +98,7 @@ def replace_folder(new: os.PathLike | str, final: os.PathLike | str) -> None:
     :func:`tidy_folder` (called by the next :func:`new_folder_beside`) puts it back.
     """
     new, final = Path(new), Path(final)
-    _fsync_folder(new)
+    fsync_folder(new)
     if not final.exists():
         os.replace(new, final)
     elif _exchange(new, final):
@@ -108,7 +108,7 @@ def replace_folder(new: os.PathLike | str, final: os.PathLike | str) -> None:
         os.replace(final, old)
         os.replace(new, final)
         shutil.rmtree(old)
-    _fsync_folder(final.parent)
+    fsync_folder(final.parent)
 
 
 def tidy_folder(final: os.PathLike | str) -> None:
@@ -159,7 +159,7 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a folder's entries durable (where the system allows opening a folder)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

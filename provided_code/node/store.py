@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from provided_code.errors import UserError
+from provided_code.infra.atomic import fsync_folder, replace_folder
 
 JOURNAL_FILE = "journal.sqlite"
 UID_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*")
@@ -38,20 +39,6 @@ def check_uid(value, what: str) -> str:
         raise InvalidUIDError(f"Invalid `{what}`. Expected a UID of digits and dots, at most {MAX_UID_LENGTH} "
                               f"characters. Received: {what}={shown!r}")
     return text
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (where the platform allows opening a folder)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class Store:
@@ -97,7 +84,7 @@ class Store:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_folder(path.parent)
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -111,16 +98,10 @@ class Store:
         return staging
 
     def commit_result(self, staging: Path, structure_set_uid: str) -> Path:
-        """Move a finished staging folder to the patient's result folder in one rename (an earlier
-        result is moved aside first, then removed)."""
+        """Put a finished staging folder at the patient's result folder whole, an earlier result
+        replaced (:func:`~provided_code.infra.atomic.replace_folder`)."""
         final = self.result_dir(structure_set_uid)
-        if final.exists():
-            old = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.old")
-            os.replace(final, old)
-            os.replace(staging, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, final)
+        replace_folder(staging, final)
         return final
 
     def clean_temporaries(self) -> int:
