@@ -39,15 +39,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")) or "vnni" in flag)
-
-
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -81,7 +72,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from provided_code.infra.environment import configure_tensorflow
+    from provided_code.infra.environment import configure_tensorflow, cpu_flags
 
     configure_tensorflow()
     import logging

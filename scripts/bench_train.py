@@ -361,15 +361,6 @@ def network_comparison(batch_size: int) -> dict:
             "network_runs": runs}
 
 
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")) or "vnni" in flag)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", type=int, default=32)
@@ -417,6 +408,8 @@ def main() -> None:
     scoring = measure(dict(base, kind="score"))
     on, xla = runs["onednn_on"], runs["xla"]
     fastest = min(on["step_s"], xla["step_s"], runs["mixed_float16"]["step_s"])
+    from provided_code.infra.environment import cpu_flags
+
     print(json.dumps({
         "config": {**base, "device": on["device"], "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
                    "cpu_flags": cpu_flags(), "cpu_kernels_by_default": runs["onednn_default"]["cpu_kernels"]},

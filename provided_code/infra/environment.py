@@ -10,6 +10,7 @@ chose otherwise by setting ``TF_ENABLE_ONEDNN_OPTS`` themselves.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 _set_here = False  # whether configure_tensorflow chose the oneDNN setting (rather than the user)
@@ -47,3 +48,14 @@ def describe_cpu_kernels() -> str:
     else:
         why = f"{ONEDNN_VARIABLE}={value} as set in the environment"
     return f"CPU kernels: {'oneDNN' if enabled else 'TensorFlow default (oneDNN off)'} ({why})"
+
+
+def cpu_flags() -> list[str]:
+    """The processor's vector and matrix instruction flags (avx*, amx*, fma, *vnni) from
+    ``/proc/cpuinfo``, for benchmarks to name the machine; empty where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")) or "vnni" in flag)
