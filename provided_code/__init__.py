@@ -13,6 +13,7 @@ The layers, lowest first (``tests/test_architecture.py`` keeps imports running d
 - ``training`` (the step, the loop, callbacks and measures, the run itself), and beside it, importing
   none of it, ``apps.predict`` (``--predict-only``), ``apps.score_folder`` and ``apps.clinic``
   (``openkbp-dicom predict``).
+- ``apps.node`` (``openkbp-dicom serve``: a DICOM node around the clinic's path).
 - The command lines, the only modules that print: ``apps.cli`` (``openkbp-train``,
   ``openkbp-score``), ``apps.dicom_cli`` (``openkbp-dicom``), ``apps.demo``.
 

@@ -80,9 +80,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("pynetdicom").setLevel(logging.CRITICAL)
     from provided_code.apps.clinic import predict_dicom_patient
-    from provided_code.node.predictor import ModelPredictor
-    from provided_code.node.sender import parse_destination
-    from provided_code.node.server import Node, NodeSettings
+    from provided_code.apps.node.predictor import ModelPredictor
+    from provided_code.apps.node.sender import parse_destination
+    from provided_code.apps.node.server import Node, NodeSettings
     from tests.node_kit import (Listener, client_ae, clone_patient, ct_of, read_patient_files, send, small_patient,
                                 structure_set_of, wait_until, write_files)
 

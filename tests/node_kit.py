@@ -128,7 +128,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 def client_ae(calling: str = "TPS", sop_classes=(CT_STORAGE, RTSTRUCT_STORAGE, RTDOSE_STORAGE), timeout: float = 20):
     from pynetdicom.sop_class import Verification
 
-    from provided_code.node.sender import no_delay_ae
+    from provided_code.apps.node.sender import no_delay_ae
 
     ae = no_delay_ae(calling)  # a planning system's client sends without Nagle's delay
     ae.add_requested_context(Verification)
@@ -179,7 +179,7 @@ class Listener:
     def start(self) -> "Listener":
         from pynetdicom import AE, evt
 
-        from provided_code.node.server import start_server
+        from provided_code.apps.node.server import start_server
 
         ae = AE(ae_title=self.ae_title)
         ae.add_supported_context(RTDOSE_STORAGE, SYNTAXES)

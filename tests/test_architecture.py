@@ -14,7 +14,7 @@ LAYERS = (
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
     ("inference", "plots", "run_folder"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
-    ("node",),
+    ("apps.node",),
     ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.console", "apps.__init__", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from provided_code.node.journal import (
+from provided_code.apps.node.journal import (
     FAILED,
     PREDICTED,
     PREDICTING,
@@ -16,7 +16,7 @@ from provided_code.node.journal import (
     JournalError,
     summary_lines,
 )
-from provided_code.node.readiness import References
+from provided_code.apps.node.readiness import References
 
 
 def add_ct(journal, uid, series="1.7", frame="1.5", now=100.0):

@@ -27,10 +27,10 @@ pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dic
 from click.testing import CliRunner  # noqa: E402
 
 from provided_code.apps.dicom_cli import main  # noqa: E402
-from provided_code.node.journal import FAILED, Journal  # noqa: E402
-from provided_code.node.predictor import ModelPredictor  # noqa: E402
-from provided_code.node.sender import parse_destination  # noqa: E402
-from provided_code.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
+from provided_code.apps.node.journal import FAILED, Journal  # noqa: E402
+from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
+from provided_code.apps.node.sender import parse_destination  # noqa: E402
+from provided_code.apps.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.node_kit import (  # noqa: E402
     LOCALHOST,
@@ -322,7 +322,7 @@ def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, c
     assert assoc.is_rejected
     assoc = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="OTHER")  # not this node's AE title
     assert assoc.is_rejected
-    refusals = [r.getMessage() for r in caplog.records if r.name == "provided_code.node.server" and "Refused" in r.msg]
+    refusals = [r.getMessage() for r in caplog.records if r.name == "provided_code.apps.node.server" and "Refused" in r.msg]
     assert len(refusals) == 2 and "calling AE title 'INTRUDER' is not in --allow" in refusals[0]
     assert "called AE title 'OTHER' is not 'KBP'" in refusals[1]
     assert echo(node.port, calling="TPS")
@@ -405,7 +405,7 @@ def test_status_prints_the_journal(start_node, phantom, tmp_path):
 def test_serve_help_loads_neither_tensorflow_nor_the_node():
     probe = ("import sys\nfrom provided_code.apps.dicom_cli import main\n"
              "try:\n    main(['serve', '--help'])\nexcept SystemExit:\n    pass\n"
-             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'pynetdicom', 'provided_code.node.server') "
+             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'pynetdicom', 'provided_code.apps.node.server') "
              "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -7,7 +7,7 @@ pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]
 from pydicom.dataset import Dataset  # noqa: E402
 from pydicom.sequence import Sequence  # noqa: E402
 
-from provided_code.node.readiness import FAIL, READY, WAIT, SeriesStatus, decide, structure_set_references  # noqa: E402
+from provided_code.apps.node.readiness import FAIL, READY, WAIT, SeriesStatus, decide, structure_set_references  # noqa: E402
 
 
 def _item(**fields) -> Dataset:

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
 from provided_code.errors import UserError  # noqa: E402
-from provided_code.node.sender import (  # noqa: E402
+from provided_code.apps.node.sender import (  # noqa: E402
     MAX_BACKOFF_S,
     Destination,
     SendError,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from provided_code.node.store import InvalidUIDError, Store, check_uid
+from provided_code.apps.node.store import InvalidUIDError, Store, check_uid
 
 
 @pytest.mark.parametrize("uid", ["1", "1.2.840.10008.5.1.4.1.1.2", "2.25.1" + "0" * 58])

@@ -131,7 +131,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
     setup_logging()
     if status:
-        from provided_code.node.journal import Journal, summary_lines
+        from provided_code.apps.node.journal import Journal, summary_lines
 
         try:
             journal = Journal(Path(store_dir) / "journal.sqlite", readonly=True)
@@ -149,8 +149,8 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
     import threading
 
     from provided_code.errors import UserError
-    from provided_code.node.sender import check_ae_title, parse_destination
-    from provided_code.node.server import Node, NodeSettings
+    from provided_code.apps.node.sender import check_ae_title, parse_destination
+    from provided_code.apps.node.server import Node, NodeSettings
 
     logging.getLogger("pynetdicom").setLevel(logging.INFO if verbose else logging.CRITICAL)
     try:
@@ -167,7 +167,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        from provided_code.node.predictor import ModelPredictor
+        from provided_code.apps.node.predictor import ModelPredictor
 
         predictor = ModelPredictor(model_dir, epoch=epoch, tta=tta, names=names,
                                    allow_missing_targets=allow_missing_targets)

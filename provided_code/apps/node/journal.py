@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from provided_code.errors import UserError
-from provided_code.node.readiness import References, SeriesStatus
+from provided_code.apps.node.readiness import References, SeriesStatus
 
 RECEIVING, READY, PREDICTING, PREDICTED = "receiving", "ready", "predicting", "predicted"
 SENT, FAILED = "sent", "failed"

@@ -38,7 +38,7 @@ from pynetdicom.sop_class import Verification
 from pynetdicom.transport import ThreadedAssociationServer
 
 from provided_code.errors import UserError
-from provided_code.node.journal import (
+from provided_code.apps.node.journal import (
     FAILED,
     FAILED_SEND,
     OK,
@@ -49,9 +49,9 @@ from provided_code.node.journal import (
     SENT,
     Journal,
 )
-from provided_code.node.readiness import FAIL, READY as DECIDED_READY, decide, structure_set_references
-from provided_code.node.sender import Destination, SendError, backoff_delay, client_ssl_context, send_file
-from provided_code.node.store import InvalidUIDError, Store, check_uid
+from provided_code.apps.node.readiness import FAIL, READY as DECIDED_READY, decide, structure_set_references
+from provided_code.apps.node.sender import Destination, SendError, backoff_delay, client_ssl_context, send_file
+from provided_code.apps.node.store import InvalidUIDError, Store, check_uid
 from provided_code.infra.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
