@@ -207,7 +207,7 @@ class RunFolder:
         """``(epoch, model)`` of ``best.keras``; a clear error if there is none or it does not load."""
         record = self.read_best()
         path = self.best_checkpoint
-        if record is None or not path.is_file():
+        if record is None:  # read_best says None when best.keras is missing too
             raise FileNotFoundError(f"No best checkpoint in {self.models} ({BEST_FILE} and {BEST_RECORD}): it is "
                                     f"written when validation patients with doses are scored during training "
                                     f"(--score-every).")

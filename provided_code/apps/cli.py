@@ -122,7 +122,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     """
     setup_logging()
     try:
-        given = {name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+        given = {name for name in ctx.params if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
         if {"beams", "beam_angles"} <= given:
             check_beam_flags(options["beams"], options["beam_angles"])
         options = apply_preset(preset, options, given)
@@ -131,7 +131,6 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         config = TrainConfig(resolution=int(resolution), **options)
         # What this command asks for on purpose (a resume takes the saved value of everything else):
         # the flags given, and every field of a preset given.
-        given |= {"resolution"} if ctx.get_parameter_source("resolution") is not ParameterSource.DEFAULT else set()
         given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
         # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
         cluster = read_tf_config() if config.multi_worker and not predict_only else None

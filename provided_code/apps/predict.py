@@ -92,12 +92,9 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
             raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
                               f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
                               f"Received: model_name={folder.name!r}")
-        for name in ensemble:
-            if not _beside(folder, name).models.is_dir():
-                raise FileNotFoundError(f"No trained model {name!r} for the ensemble: "
-                                        f"{_beside(folder, name).models} does not exist.")
-    elif not folder.models.is_dir():
-        raise folder.missing_model()
+    for member in [_beside(folder, name) for name in ensemble] if ensemble else [folder]:
+        if not member.config_file.is_file():  # before the stage's patients are loaded
+            raise member.missing_model()
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for name in ensemble or []:

@@ -63,7 +63,7 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
             losses.append(step.train(next(batches)))
             if batch_logs:
                 callbacks.on_train_batch_end(index, {"loss": float(losses[-1])})
-        logs = {"loss": epoch_mean_loss(losses, getattr(step, "loss_scaling", False), epoch)}
+        logs = {"loss": epoch_mean_loss(losses, step.loss_scaling, epoch)}
         if guard is not None:
             guard.check(epoch, logs["loss"])
         with averaged_weights(step.model):  # what is judged and kept: the averaged weights under --ema
