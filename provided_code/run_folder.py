@@ -116,6 +116,15 @@ class RunFolder:
     def write_config(self, config: TrainConfig) -> None:
         write_text_atomic(self.config_file, config.to_json() + "\n")
 
+    def epoch_to_apply(self, epoch: int | str | None = None) -> int | str | None:
+        """The checkpoint a clinic's prediction uses: ``epoch`` if given, else ``"best"`` when the run
+        has a best checkpoint, else None (the newest). Raises if no model was trained here."""
+        if not self.config_file.is_file():
+            raise FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
+        if epoch is None:
+            return "best" if self.best_checkpoint.is_file() else None
+        return epoch
+
     def missing_model(self) -> FileNotFoundError:
         """The error for a model that was never trained here."""
         return FileNotFoundError(f"No trained model {self.name!r}: {self.models} has no {CONFIG_FILE}. "

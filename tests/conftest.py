@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from provided_code.infra.environment import configure_tensorflow
+from provided_code.infra.environment import configure_tensorflow, cpu_flags
 
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 
@@ -41,10 +41,7 @@ def _float16_convolutions_unavailable() -> str | None:
         return None
     if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower() in ("0", "false"):
         return None
-    try:
-        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return None
+    flags = set(cpu_flags())
     if ("avx512bw" in flags and flags & {"avx512_fp16", "amx_fp16"}) or "avx_ne_convert" in flags:
         return (f"ONEDNN_MAX_CPU_ISA={cap} on a processor whose CPUID shows float16 instructions: TensorFlow "
                 f"sends float16 convolutions to oneDNN, which the cap leaves without them (an emulation "
@@ -52,8 +49,8 @@ def _float16_convolutions_unavailable() -> str | None:
     return None
 
 
-requires_float16_convolutions = pytest.mark.skipif(_float16_convolutions_unavailable() is not None,
-                                                   reason=str(_float16_convolutions_unavailable()))
+_FLOAT16_UNAVAILABLE = _float16_convolutions_unavailable()
+requires_float16_convolutions = pytest.mark.skipif(_FLOAT16_UNAVAILABLE is not None, reason=str(_FLOAT16_UNAVAILABLE))
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import read_patient, write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
-from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, read_rtdose
+from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
@@ -71,10 +71,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     folder = RunFolder(model_dir)
-    if not folder.config_file.is_file():
-        raise FileNotFoundError(f"{model_dir} is not a trained model's folder: {folder.config_file} is missing")
-    if epoch is None:
-        epoch = "best" if folder.best_checkpoint.is_file() else None
+    epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets)
     arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False)])
@@ -85,8 +82,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
                           description=f"Predicted dose, {model_dir.name} epoch {epoch}")
-    reference_grid = read_rtdose(rtdose, imported.geometry.frame_of_reference_uid) if imported.has_dose else None
-    dvh = dvh_report(arrays, predicted, imported, dose_ct, reference_grid)
+    dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid)
     del dose_ct
     dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta}
     write_dvh_files(out_dir, dvh)

@@ -24,12 +24,11 @@ import dataclasses
 import logging
 import os
 import shutil
-import secrets
 from pathlib import Path
 
 import numpy as np
 
-from provided_code.infra.atomic import replace_folder, write_text_atomic
+from provided_code.infra.atomic import new_folder_beside, replace_folder, write_text_atomic
 from provided_code.constants import (
     CT_FILE,
     CT_MAX,
@@ -44,7 +43,7 @@ from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
-from provided_code.dicom.rtdose import read_rtdose, sample_dose
+from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
 
 logger = logging.getLogger(__name__)
@@ -66,6 +65,7 @@ class ImportReport:
     # the pixels its contours hold, on every CT slice it is drawn on, each ROI as drawn (targets not
     # made disjoint): what a planning system's DVH counts. The clinical DVH table is computed on these.
     ct_voxels: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
+    dose_grid: DoseGrid | None = dataclasses.field(default=None, repr=False)  # the clinic's RT Dose, as read
 
 
 def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
@@ -114,9 +114,10 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
     for b, k in zip(box_slices, ct_slices):
         volume_ct[:, :, b] = np.clip(np.rint(to_box.apply(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
     masks, ct_voxels = {}, {}
-    for key in mapping:
-        masks[key], ct_voxels[key] = _fill_roi(planes[key], geometry, to_box, box_slices, ct_slices)
-    ct_voxels.pop(BODY, None)
+    for key in mapping:  # the body's CT pixels are not tabulated: only its box mask is kept
+        masks[key], voxels = _fill_roi(planes[key], geometry, to_box, box_slices, ct_slices, ct_pixels=key != BODY)
+        if key != BODY:
+            ct_voxels[key] = voxels
     for higher, lower in ((2, 1), (2, 0), (1, 0)):  # PTV70 over PTV63 over PTV56, as OpenKBP's disjoint targets
         if TARGETS[lower] in masks and TARGETS[higher] in masks:
             masks[TARGETS[lower]] &= ~masks[TARGETS[higher]]
@@ -137,23 +138,27 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
     _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose)
     logger.info("Imported %s into %s", ct_dir, out)
-    return ImportReport(out, geometry, lines, dose is not None, ct_voxels)
+    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid)
 
 
 def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to_box: PlaneTaps,
-              box_slices: np.ndarray, ct_slices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              box_slices: np.ndarray, ct_slices: np.ndarray, ct_pixels: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """An ROI's 128³ mask (each slice's contours filled on the CT's pixels, averaged to the box's
-    grid, kept where at least half inside), and its CT-grid pixels (flat indices, every slice)."""
+    grid, kept where at least half inside), and, with ``ct_pixels``, its CT-grid pixels (flat
+    indices, every slice; without, only the box's slices are filled and no pixels returned)."""
     mask = np.zeros((BOX, BOX, BOX), bool)
     box_of = dict(zip(ct_slices.tolist(), box_slices.tolist()))
     origin, spacing = np.asarray(geometry.origin_xy), np.asarray(geometry.pixel_spacing)
     plane_size = geometry.rows * geometry.columns
     voxels = [np.zeros(0, np.int64)]
     for k in sorted(planes):
+        if not ct_pixels and k not in box_of:
+            continue
         polygons = [np.stack([(p[:, 0] - origin[0]) / spacing[1], (p[:, 1] - origin[1]) / spacing[0]], axis=1)
                     for p in planes[k]]  # (column, row) pixel units
         filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
-        voxels.append(k * plane_size + np.flatnonzero(filled))
+        if ct_pixels:
+            voxels.append(k * plane_size + np.flatnonzero(filled))
         if k in box_of:
             mask[:, :, box_of[k]] = to_box.apply(filled) >= 0.5
     return mask, np.concatenate(voxels)
@@ -200,10 +205,8 @@ def _check_voxel_size(geometry: PatientGeometry) -> list[str]:
 def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: dict[str, np.ndarray],
                   possible_dose_mask: np.ndarray, dose: np.ndarray | None) -> None:
     """Write the patient folder beside ``out`` and move it into place whole."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    staging = new_folder_beside(out)  # leftovers of a killed import tidied first
     try:
-        staging.mkdir()
         flat_ct = ct.reshape(-1)
         write_sparse_csv(staging / CT_FILE, np.flatnonzero(flat_ct), flat_ct[flat_ct != 0])
         write_sparse_csv(staging / POSSIBLE_DOSE_MASK_FILE, np.flatnonzero(possible_dose_mask.reshape(-1)), None)

@@ -100,10 +100,9 @@ def dose_at_ct_voxels(grid: DoseGrid, geometry, voxels: dict[str, np.ndarray]) -
     slice_z = np.asarray(geometry.slice_z, dtype=np.float64)
     y, x = geometry.ct_y(), geometry.ct_x()
     wanted = np.unique(np.concatenate([np.zeros(0, np.int64), *(v // plane_size for v in voxels.values())]))
-    planes = np.zeros((wanted.size, plane_size), np.float32)
-    for row, k in enumerate(wanted):
-        planes[row] = sample_dose(grid, y, x, slice_z[k:k + 1])[:, :, 0].reshape(-1)
-    return {name: planes[np.searchsorted(wanted, flat // plane_size), flat % plane_size]
+    sampled = sample_dose(grid, y, x, slice_z[wanted])  # (rows, columns, wanted slices), one set of weights
+    return {name: sampled[(flat % plane_size) // geometry.columns, flat % geometry.columns,
+                          np.searchsorted(wanted, flat // plane_size)]
             for name, flat in voxels.items()}
 
 

@@ -22,11 +22,7 @@ class ModelPredictor:
                  names: os.PathLike | str | None = None, allow_missing_targets: bool = False):
         self.model_dir = Path(model_dir)
         folder = RunFolder(self.model_dir)
-        if not folder.config_file.is_file():
-            raise FileNotFoundError(f"{self.model_dir} is not a trained model's folder: {folder.config_file} is missing")
-        if epoch is None:
-            epoch = "best" if folder.best_checkpoint.is_file() else None
-        self.loaded = folder.load_trained_model(epoch)
+        self.loaded = folder.load_trained_model(folder.epoch_to_apply(epoch))
         self.epoch = self.loaded[1]
         self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
         self._warm_up()

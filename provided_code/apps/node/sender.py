@@ -71,16 +71,19 @@ def client_ssl_context(cert: os.PathLike | str, key: os.PathLike | str, ca: os.P
     return context
 
 
-def no_delay_ae(ae_title: str):
+class NoDelayAE(AE):
     """A pynetdicom AE whose associations set TCP_NODELAY: pynetdicom writes a C-STORE's command and
     data set separately, and without it each message waits for the peer's delayed ACK (about 40 ms
     on Linux)."""
-    class NoDelayAE(AE):
-        def _create_socket(self, assoc, address, tls_args):  # pynetdicom's hook for the requestor's socket
-            sock = super()._create_socket(assoc, address, tls_args)
-            sock.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
 
+    def _create_socket(self, assoc, address, tls_args):  # pynetdicom's hook for the requestor's socket
+        sock = super()._create_socket(assoc, address, tls_args)
+        sock.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+
+def no_delay_ae(ae_title: str) -> NoDelayAE:
+    """A :class:`NoDelayAE` calling as ``ae_title``."""
     return NoDelayAE(ae_title=ae_title)
 
 

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from provided_code.errors import UserError
-from provided_code.infra.atomic import fsync_folder, replace_folder
+from provided_code.infra.atomic import fsync_folder, new_folder_beside, replace_folder, tidy_folder
 
 JOURNAL_FILE = "journal.sqlite"
 UID_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*")
@@ -92,10 +92,7 @@ class Store:
 
     def staging_dir(self, structure_set_uid: str) -> Path:
         """A new empty folder beside the patient's result folder, to be committed by :meth:`commit_result`."""
-        final = self.result_dir(structure_set_uid)
-        staging = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        staging.mkdir()
-        return staging
+        return new_folder_beside(self.result_dir(structure_set_uid))
 
     def commit_result(self, staging: Path, structure_set_uid: str) -> Path:
         """Put a finished staging folder at the patient's result folder whole, an earlier result
@@ -114,10 +111,10 @@ class Store:
             else:
                 path.unlink(missing_ok=True)
             removed += 1
-        for path in self.results.glob(".*"):
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-            removed += 1
-        return removed
+        left = sorted(self.results.glob(".*"))  # .<uid>.tmp-<pid> being filled, .<uid>.old-<pid> being replaced
+        for name in {path.name[1:].rsplit(".", 1)[0] for path in left}:
+            tidy_folder(self.results / name)  # an old result whose replacement was cut short is put back
+        return removed + sum(not path.exists() for path in left)
 
     def free_bytes(self) -> int:
         return shutil.disk_usage(self.root).free
