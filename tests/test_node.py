@@ -27,6 +27,7 @@ pytest.importorskip("pynetdicom", reason="the dicom extra (pip install -e '.[dic
 from click.testing import CliRunner  # noqa: E402
 
 from provided_code.apps.dicom_cli import main  # noqa: E402
+from provided_code.infra.atomic import folder_temporaries  # noqa: E402
 from provided_code.apps.node.journal import FAILED, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
@@ -483,7 +484,9 @@ def test_killed_mid_receive_and_mid_prediction_the_restarted_node_sends_each_pat
         journal = Journal(store / "journal.sqlite", readonly=True)
         wait_until(lambda: (journal.patient(rtstruct_uid(first)) or {"state": ""})["state"] == "predicting", 60,
                    "the first patient predicting")
-        wait_until(lambda: list(store.glob("results/.*.tmp/RD.dcm")), 60, "its outputs written, not committed")
+        staged = store / "results" / rtstruct_uid(first)  # its folder-to-be: the staging folder beside it
+        wait_until(lambda: [t for t in folder_temporaries(staged) if (t / "RD.dcm").exists()], 60,
+                   "its outputs written, not committed")
         assoc = client_ae("TPS").associate(LOCALHOST, port, ae_title="KBP")
         for dataset in [structure_set_of(second), *ct_of(second)[:10]]:
             assert assoc.send_c_store(dataset).Status == 0

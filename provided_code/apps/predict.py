@@ -93,7 +93,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
                               f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
                               f"Received: model_name={folder.name!r}")
     for member in [_beside(folder, name) for name in ensemble] if ensemble else [folder]:
-        if not member.config_file.is_file():  # before the stage's patients are loaded
+        if not member.models.is_dir():  # before the lock is taken and the stage's patients are loaded
             raise member.missing_model()
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
