@@ -1,0 +1,391 @@
+"""Treatment sites: which structures a model sees, in which channel order, at which prescriptions,
+which of them a left-right flip swaps, the DICOM names they are matched from, the DVH metrics they
+are scored by, and the beams a plan of the site is delivered with.
+
+A site is data: a JSON file (README, "Treatment sites"). Two are shipped beside this module:
+``openkbp`` (the challenge's head and neck, today's behaviour exactly) and ``prostate``.
+:func:`load_site` takes a shipped name or a path to a site file; :class:`Site` is what every
+module that needs a structure list, a prescription, a mirror pair or a name table asks.
+
+Pure Python and numpy: importing this imports neither TensorFlow nor Keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from provided_code.errors import UserError
+
+SITE_FORMAT = 1
+SHIPPED = ("openkbp", "prostate")
+HERE = Path(__file__).resolve().parent
+KINDS = ("oar", "target")
+MAX_STRUCTURES = 32  # bits of the widest packing (uint32); 16 or fewer stay uint16
+ARC_STEP_DEGREES = 10.0  # an arc is sampled at the gantry angles that are multiples of this within its span
+GRID_SHAPES = ((128, 128, 128),)  # the grid every layer of this version works on
+SLICE_PLACEMENTS = ("targets",)  # how the DICOM import places the box along the slice axis
+DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles increase), counter-clockwise
+_METRIC = re.compile(r"^(mean|D_(\d+(?:\.\d+)?)(_cc)?)$")
+
+
+class SiteError(UserError, ValueError):
+    """A site file or site description is not valid: one line naming the file and the field."""
+
+    def __init__(self, source, field: str, problem: str):
+        self.source, self.field, self.problem = str(source), field, problem
+        super().__init__(f"{source}: invalid `{field}`: {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Structure:
+    name: str
+    kind: str  # "oar" or "target"
+    prescription_gy: float | None  # targets only
+    dicom_names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Arc:
+    start: float  # gantry degrees
+    stop: float
+    direction: str  # "CW" (angles increase from start to stop) or "CC"
+
+    def angles(self, step: float = ARC_STEP_DEGREES) -> tuple[float, ...]:
+        """The multiples of ``step`` the arc passes over, in delivery order (start and stop included
+        when they are multiples). A start equal to its stop is a full turn."""
+        span = (self.stop - self.start) % 360.0 if self.direction == "CW" else (self.start - self.stop) % 360.0
+        span = 360.0 if span == 0 else span
+
+        def travelled(angle):  # degrees from the start, in the arc's direction
+            return (angle - self.start) % 360.0 if self.direction == "CW" else (self.start - angle) % 360.0
+
+        multiples = [k * step for k in range(int(round(360.0 / step)))]
+        return tuple(float(a) for a in sorted((a for a in multiples if travelled(a) <= span + 1e-9), key=travelled))
+
+
+@dataclasses.dataclass(frozen=True)
+class Beams:
+    """A plan's beam arrangement: static gantry angles, arcs, or none."""
+
+    kind: str  # "static", "arcs" or "none"
+    angles: tuple[float, ...] = ()  # static
+    arcs: tuple[Arc, ...] = ()
+
+    def gantry_angles(self, step: float = ARC_STEP_DEGREES) -> tuple[float, ...]:
+        """Every direction the beams come from, degrees in [0, 360): the static angles, or each
+        arc's samples (:meth:`Arc.angles`); exact repeats left out, first occurrence kept."""
+        if self.kind == "static":
+            found = [float(a) % 360.0 for a in self.angles]
+        else:
+            found = [a for arc in self.arcs for a in arc.angles(step)]
+        return tuple(dict.fromkeys(found))
+
+    def to_dict(self) -> dict:
+        if self.kind == "static":
+            return {"type": "static", "angles": [_plain(a) for a in self.angles]}
+        if self.kind == "arcs":
+            return {"type": "arcs", "arcs": [{"start": _plain(a.start), "stop": _plain(a.stop),
+                                              "direction": a.direction} for a in self.arcs]}
+        return {"type": "none"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    name: str
+    description: str
+    structures: tuple[Structure, ...]
+    mirror_pairs: tuple[tuple[str, str], ...]  # (right, left): what a left-right flip swaps
+    body_names: tuple[str, ...]  # DICOM names of the body outline, which becomes the possible-dose mask
+    metrics: dict  # {"oar": (...), "target": (...)}: the DVH metrics each kind is scored by
+    grid: dict  # {"shape": (128, 128, 128), "slices": "targets"}
+    beams: Beams
+
+    # -- what the rest of the package asks ------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The structures in channel order: bit k of a packed ``structure_masks`` volume is names[k]."""
+        return tuple(s.name for s in self.structures)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.structures if s.kind == "target")
+
+    @property
+    def oars(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.structures if s.kind == "oar")
+
+    @property
+    def prescriptions_gy(self) -> dict[str, float]:
+        return {s.name: s.prescription_gy for s in self.structures if s.kind == "target"}
+
+    @property
+    def max_prescription_gy(self) -> float:
+        return max(self.prescriptions_gy.values())
+
+    @property
+    def volume_shape(self) -> tuple[int, int, int]:
+        return tuple(self.grid["shape"])
+
+    def bit(self, name: str) -> int:
+        return 1 << self.names.index(name)
+
+    @property
+    def mask_dtype(self) -> np.dtype:
+        """The packed ``structure_masks`` dtype: uint16 up to 16 structures, else uint32."""
+        return np.dtype(np.uint16) if len(self.structures) <= 16 else np.dtype(np.uint32)
+
+    @property
+    def target_bits(self) -> int:
+        """A voxel in any target has one of these bits."""
+        return sum(self.bit(name) for name in self.targets)
+
+    @property
+    def mirror_bits(self) -> tuple[tuple[int, int], ...]:
+        return tuple((self.bit(right), self.bit(left)) for right, left in self.mirror_pairs)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The columns of a patient's DVH table: the organs' metrics, then the targets' (each once)."""
+        return tuple(dict.fromkeys((*self.metrics["oar"], *self.metrics["target"])))
+
+    def structure_files(self) -> tuple[str, ...]:
+        return tuple(f"{name}.csv" for name in self.names)
+
+    def to_dict(self) -> dict:
+        """The site as its file says it (``site_from_dict(site.to_dict())`` gives it back)."""
+        structures = []
+        for s in self.structures:
+            entry = {"name": s.name, "kind": s.kind}
+            if s.kind == "target":
+                entry["prescription_gy"] = _plain(s.prescription_gy)
+            entry["dicom_names"] = list(s.dicom_names)
+            structures.append(entry)
+        return {"format": SITE_FORMAT, "name": self.name, "description": self.description, "structures": structures,
+                "mirror_pairs": [list(pair) for pair in self.mirror_pairs], "body": {"dicom_names": list(self.body_names)},
+                "metrics": {kind: list(names) for kind, names in self.metrics.items()},
+                "grid": {"shape": list(self.grid["shape"]), "slices": self.grid["slices"]},
+                "beams": self.beams.to_dict()}
+
+    def same_as(self, other: "Site") -> bool:
+        return self.to_dict() == other.to_dict()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _plain(value: float):
+    """72.0 -> 72 in the JSON a site writes; other floats as they are."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(name: str) -> Site:
+    path = HERE / f"{name}.json"
+    return site_from_dict(json.loads(path.read_text()), path)
+
+
+def openkbp() -> Site:
+    """The OpenKBP challenge's site: what every model and cache written before sites existed is."""
+    return _shipped("openkbp")
+
+
+def load_site(spec: "str | os.PathLike | Site | dict | None") -> Site:
+    """A site from a shipped name (``openkbp``, ``prostate``), a path to a site file, a site's
+    dictionary (as ``config.json`` holds it) or a :class:`Site`. ``None``: ``openkbp``."""
+    if spec is None:
+        return openkbp()
+    if isinstance(spec, Site):
+        return spec
+    if isinstance(spec, dict):
+        return site_from_dict(spec, "config.json `site`")
+    text = str(spec)
+    if text in SHIPPED:
+        return _shipped(text)
+    path = Path(text)
+    if not path.suffix and not path.exists():
+        raise SiteError("--site", "site", f"expected {', '.join(SHIPPED)} or a site file (.json). Received: {text!r}")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SiteError(path, "site", "the site file does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SiteError(path, "site", f"not a JSON file ({error})") from None
+    return site_from_dict(data, path)
+
+
+def site_from_dict(data, source) -> Site:
+    """The :class:`Site` a site file's contents describe; :class:`SiteError` naming ``source`` and
+    the field for the first thing wrong."""
+    def fail(field, problem):
+        raise SiteError(source, field, problem)
+
+    if not isinstance(data, dict):
+        fail("site", "expected a JSON object")
+    known = {"format", "name", "description", "structures", "mirror_pairs", "body", "metrics", "grid", "beams"}
+    for key in data:
+        if key not in known:
+            fail(key, f"unknown field; expected one of {', '.join(sorted(known))}")
+    for key in ("name", "structures"):
+        if key not in data:
+            fail(key, "missing")
+    if data.get("format", SITE_FORMAT) != SITE_FORMAT:
+        fail("format", f"expected {SITE_FORMAT}. Received: {data.get('format')!r}")
+    name = data["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        fail("name", f"expected letters, digits, '_', '.' or '-'. Received: {name!r}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        fail("description", "expected a string")
+
+    entries = data["structures"]
+    if not isinstance(entries, list) or not entries:
+        fail("structures", "expected a non-empty list of structures")
+    if len(entries) > MAX_STRUCTURES:
+        fail("structures", f"{len(entries)} structures; at most {MAX_STRUCTURES} (one bit each in a uint32)")
+    structures, seen = [], set()
+    for k, entry in enumerate(entries):
+        field = f"structures[{k}]"
+        if not isinstance(entry, dict):
+            fail(field, "expected an object with name, kind and dicom_names")
+        for key in entry:
+            if key not in ("name", "kind", "prescription_gy", "dicom_names"):
+                fail(f"{field}.{key}", "unknown field; expected name, kind, prescription_gy, dicom_names")
+        for key in ("name", "kind"):
+            if key not in entry:
+                fail(f"{field}.{key}", "missing")
+        sname = entry["name"]
+        if not isinstance(sname, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", sname):
+            fail(f"{field}.name", f"expected letters, digits, '_', '.' or '-' (it names a CSV file). Received: {sname!r}")
+        if sname in seen:
+            fail(f"{field}.name", f"duplicate structure {sname!r}")
+        seen.add(sname)
+        kind = entry["kind"]
+        if kind not in KINDS:
+            fail(f"{field}.kind", f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+        prescription = entry.get("prescription_gy")
+        if kind == "target":
+            if prescription is None:
+                fail(f"{field}.prescription_gy", f"target {sname!r} has no prescription (Gy)")
+            if isinstance(prescription, bool) or not isinstance(prescription, (int, float)) \
+                    or not math.isfinite(prescription) or prescription <= 0:
+                fail(f"{field}.prescription_gy", f"expected a positive number of Gy. Received: {prescription!r}")
+            prescription = float(prescription)
+        elif prescription is not None:
+            fail(f"{field}.prescription_gy", f"organ at risk {sname!r} has a prescription; only targets do")
+        names = _name_list(entry.get("dicom_names", [sname]), f"{field}.dicom_names", fail)
+        structures.append(Structure(sname, kind, prescription, names))
+    if not any(s.kind == "target" for s in structures):
+        fail("structures", "no target: a site needs at least one (kind 'target', with prescription_gy)")
+
+    pairs = data.get("mirror_pairs", [])
+    if not isinstance(pairs, list):
+        fail("mirror_pairs", "expected a list of [right, left] pairs")
+    mirror_pairs, paired = [], set()
+    for k, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            fail(f"mirror_pairs[{k}]", f"expected [right, left] structure names. Received: {pair!r}")
+        for member in pair:
+            if member not in seen:
+                fail(f"mirror_pairs[{k}]", f"unknown structure {member!r}")
+            if member in paired:
+                fail(f"mirror_pairs[{k}]", f"{member!r} is in two pairs")
+            paired.add(member)
+        if pair[0] == pair[1]:
+            fail(f"mirror_pairs[{k}]", f"a structure cannot mirror itself ({pair[0]!r})")
+        mirror_pairs.append((pair[0], pair[1]))
+
+    body = data.get("body", {"dicom_names": ["BODY", "External"]})
+    if not isinstance(body, dict) or set(body) - {"dicom_names"}:
+        fail("body", 'expected {"dicom_names": [...]}')
+    body_names = _name_list(body.get("dicom_names", ["BODY"]), "body.dicom_names", fail)
+
+    metrics = data.get("metrics", {"oar": ["D_0.1_cc", "mean"], "target": ["D_99", "D_95", "D_1"]})
+    if not isinstance(metrics, dict) or set(metrics) != set(KINDS):
+        fail("metrics", f"expected an object with the keys {' and '.join(KINDS)}")
+    for kind, listed in metrics.items():
+        if not isinstance(listed, list) or not listed:
+            fail(f"metrics.{kind}", "expected a non-empty list such as ['D_0.1_cc', 'mean']")
+        for metric in listed:
+            if not isinstance(metric, str) or not _METRIC.match(metric):
+                fail(f"metrics.{kind}", f"unknown metric {metric!r}; expected mean, D_<percent of volume> (D_95) or "
+                                        f"D_<cc>_cc (D_0.1_cc)")
+            percent = _METRIC.match(metric).group(2)
+            if percent is not None and not _METRIC.match(metric).group(3) and not 0 <= float(percent) <= 100:
+                fail(f"metrics.{kind}", f"{metric!r}: a percentage of the volume is between 0 and 100")
+    metrics = {kind: tuple(metrics[kind]) for kind in KINDS}
+
+    grid = data.get("grid", {"shape": [128, 128, 128], "slices": "targets"})
+    if not isinstance(grid, dict) or set(grid) - {"shape", "slices"}:
+        fail("grid", 'expected {"shape": [128, 128, 128], "slices": "targets"}')
+    shape = tuple(grid.get("shape", (128, 128, 128))) if isinstance(grid.get("shape", []), list) else None
+    if shape not in GRID_SHAPES:
+        fail("grid.shape", f"expected one of {', '.join(str(list(s)) for s in GRID_SHAPES)}. Received: {grid.get('shape')!r}")
+    slices = grid.get("slices", "targets")
+    if slices not in SLICE_PLACEMENTS:
+        fail("grid.slices", f"expected one of {', '.join(SLICE_PLACEMENTS)}. Received: {slices!r}")
+
+    return Site(name=name, description=description, structures=tuple(structures), mirror_pairs=tuple(mirror_pairs),
+                body_names=body_names, metrics=metrics, grid={"shape": shape, "slices": slices},
+                beams=beams_from_dict(data.get("beams", {"type": "none"}), source))
+
+
+def beams_from_dict(beams, source) -> Beams:
+    """A site file's ``beams`` field: ``{"type": "static", "angles": [...]}``, ``{"type": "arcs",
+    "arcs": [{"start", "stop", "direction"}]}`` or ``{"type": "none"}``."""
+    def fail(field, problem):
+        raise SiteError(source, field, problem)
+
+    if not isinstance(beams, dict) or "type" not in beams:
+        fail("beams", 'expected {"type": "static" | "arcs" | "none", ...}')
+    kind = beams["type"]
+    if kind == "none":
+        if set(beams) != {"type"}:
+            fail("beams", "type none takes no other field")
+        return Beams("none")
+    if kind == "static":
+        if set(beams) != {"type", "angles"}:
+            fail("beams", 'type static takes "angles" (gantry degrees)')
+        angles = beams["angles"]
+        if not isinstance(angles, list) or not angles or not all(_is_angle(a) for a in angles):
+            fail("beams.angles", f"expected a non-empty list of gantry angles in degrees. Received: {angles!r}")
+        if len({float(a) % 360.0 for a in angles}) != len(angles):
+            fail("beams.angles", f"two beams at the same gantry angle: {angles!r}")
+        return Beams("static", angles=tuple(float(a) for a in angles))
+    if kind == "arcs":
+        if set(beams) != {"type", "arcs"}:
+            fail("beams", 'type arcs takes "arcs" (a list of {"start", "stop", "direction"})')
+        arcs = beams["arcs"]
+        if not isinstance(arcs, list) or not arcs:
+            fail("beams.arcs", "expected a non-empty list of arcs")
+        parsed = []
+        for k, arc in enumerate(arcs):
+            if not isinstance(arc, dict) or set(arc) != {"start", "stop", "direction"}:
+                fail(f"beams.arcs[{k}]", 'expected {"start": degrees, "stop": degrees, "direction": "CW" | "CC"}')
+            if not (_is_angle(arc["start"]) and _is_angle(arc["stop"])):
+                fail(f"beams.arcs[{k}]", "start and stop must be gantry angles in degrees")
+            if arc["direction"] not in DIRECTIONS:
+                fail(f"beams.arcs[{k}].direction", f"expected CW or CC. Received: {arc['direction']!r}")
+            parsed.append(Arc(float(arc["start"]) % 360.0, float(arc["stop"]) % 360.0, arc["direction"]))
+        return Beams("arcs", arcs=tuple(parsed))
+    fail("beams.type", f"expected static, arcs or none. Received: {kind!r}")
+
+
+def _is_angle(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _name_list(names, field, fail) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and re.search(r"[0-9A-Za-z]", n)
+                                                          for n in names):
+        fail(field, "expected a non-empty list of ROI names")
+    return tuple(names)
