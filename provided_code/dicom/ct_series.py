@@ -52,12 +52,17 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def scan_folder(folder: os.PathLike | str) -> list[tuple[Path, object]]:
-    """Every DICOM file below ``folder`` with its header (no pixels), sorted by path."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise DicomInputError(folder, "CT folder does not exist or is not a folder")
-    paths = sorted(p for p in folder.rglob("*") if p.is_file())
+def scan_folder(folder) -> list[tuple[Path, object]]:
+    """Every DICOM file below ``folder`` with its header (no pixels), sorted by path; ``folder`` may
+    also be a list of files (a series found in an archive)."""
+    if isinstance(folder, (list, tuple)):
+        paths = sorted(Path(p) for p in folder)
+        folder = paths[0].parent if paths else Path(".")
+    else:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise DicomInputError(folder, "CT folder does not exist or is not a folder")
+        paths = sorted(p for p in folder.rglob("*") if p.is_file())
     if not paths:
         raise DicomInputError(folder, "CT folder is empty")
     headers, not_dicom = [], []
@@ -75,10 +80,11 @@ def scan_folder(folder: os.PathLike | str) -> list[tuple[Path, object]]:
     return headers
 
 
-def read_ct_series(folder: os.PathLike | str) -> CTSeries:
-    """The CT series in ``folder`` (see the module docstring for what is refused)."""
-    folder = Path(folder)
+def read_ct_series(folder) -> CTSeries:
+    """The CT series in ``folder``, or of a list of files (see the module docstring for what is
+    refused)."""
     headers = scan_folder(folder)
+    folder = Path(folder) if not isinstance(folder, (list, tuple)) else Path(folder[0]).parent
     images = [(p, h) for p, h in headers
               if _text(h.get("SOPClassUID")) == CT_IMAGE_STORAGE or (_text(h.get("Modality")) == "CT" and "Rows" in h)]
     if not images:
