@@ -330,7 +330,9 @@ def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> l
         row = _plan_row(candidate, pseudonym, split if candidate is links.chosen else "")
         if candidate is links.chosen:
             status, reason, fingerprint, prescribed = outcome
-            row.update(status=status, reason="; ".join(["chosen" if status == "imported" else "", reason]).strip("; "), fingerprint=fingerprint, prescriptions_gy=prescribed)
+            if status == "imported":
+                reason = "; ".join(["chosen", *([reason] if reason else [])])
+            row.update(status=status, reason=reason, fingerprint=fingerprint, prescriptions_gy=prescribed)
         elif candidate.reason:
             row.update(status="skipped", reason=candidate.reason)
         elif links.refusal:
