@@ -262,6 +262,11 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(tmp
     refused = [r for r in rows(tmp_path / "data") if r["kind"] == "plan"]
     assert [r["status"] for r in refused] == ["failed", "failed"]
     assert "plan 'One'" in refused[0]["reason"] and "plan 'Two'" in refused[0]["reason"]
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "strict"),
+                             "--strict"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Error: pt_1: 2 approved plans with a whole-plan dose, equally new" in result.stderr
+    assert not (tmp_path / "strict" / "manifest.csv").exists()
     result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "d2"),
                              "--site", "prostate"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--site" in result.stderr
