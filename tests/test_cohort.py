@@ -17,7 +17,8 @@ pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours w
 
 from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
-from provided_code.data.patient_plan import BeamRow, read_beams, read_prescriptions  # noqa: E402
+from provided_code.data.patient_plan import read_beams, read_prescriptions  # noqa: E402
+from provided_code.sites import Arc, Beams, load_site  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom import cohort  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
@@ -30,6 +31,8 @@ OPENKBP_BEAMS = [("static", float(angle)) for angle in range(0, 360, 40)]
 PRESCRIBED = {"PTV_7000": 70.0, "PTV63": 63.0, "PTV_56": 56.0}  # the writer's clinical ROI names
 ARCS = [("arc", 181.0, 179.0, "CW"), ("arc", 179.0, 181.0, "CC")]
 SITE = dict(PRESCRIPTIONS_GY)
+OPENKBP = load_site("openkbp")
+NINE = (Beams("static", angles=tuple(float(a) for a in range(0, 360, 40))), (0.0,) * 9)
 
 
 def volumes_of(seed):
@@ -155,11 +158,12 @@ def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_arch
         # 16-bit RT Doses (steps of 1.2 mg at 70 Gy; × 35 for the fraction dose), 3 decimals, 9 summed
         assert np.abs(dose - patients[patient_id]["dose"]).max() <= (0.05 if patient_id == "PAT-C" else 0.01), patient_id
     b = folder_of(out, names["PAT-B"])
-    assert read_prescriptions(b, SITE) == {"PTV56": 54.0, "PTV63": 60.0, "PTV70": 66.0}
-    assert read_beams(b) == tuple(BeamRow("static", angle) for _, angle in OPENKBP_BEAMS)
+    assert read_prescriptions(b, OPENKBP) == {"PTV56": 54.0, "PTV63": 60.0, "PTV70": 66.0}
+    assert read_beams(b) == NINE
     c = folder_of(out, names["PAT-C"])
-    assert read_beams(c) == (BeamRow("arc", 181.0, 179.0, "CW", 10.0), BeamRow("arc", 179.0, 181.0, "CC", 10.0))
-    assert read_prescriptions(c, SITE) == SITE
+    assert read_beams(c) == (Beams("arcs", arcs=(Arc(181.0, 179.0, "CW"), Arc(179.0, 181.0, "CC"))), (10.0, 10.0))
+    assert (c / "beams.csv").read_text().splitlines()[1] == "arc,181,179,CW,10"
+    assert read_prescriptions(c, OPENKBP) == SITE
 
 
 def test_patient_folders_carry_no_name_id_or_birth_date(imported):
@@ -199,7 +203,7 @@ def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, import
     dataset.save_as(plan)
     report = import_cohort(copy_archive, copy, site_targets=SITE, validation=0.5, seed=1)
     assert report.counts == {"imported": 1, "unchanged": 2, "skipped": 1, "failed": 0}
-    assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), SITE)["PTV70"] == 72.0
+    assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
 
 
 def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(phantom_archive, imported, tmp_path):
@@ -300,5 +304,5 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
             if b.any():
                 assert 2 * (a & b).sum() / (a.sum() + b.sum()) >= 0.95, (name, structure)
         assert np.abs(imported.dose - source.dose).max() <= 0.003
-        assert read_beams(folder) == tuple(BeamRow("static", angle) for _, angle in OPENKBP_BEAMS)
-        assert read_prescriptions(folder, {k: 0.0 for k in SITE}) == SITE
+        assert read_beams(folder) == NINE
+        assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV63,63\nPTV70,70\n"

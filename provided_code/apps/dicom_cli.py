@@ -51,7 +51,7 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
                f"{', with the reference dose' if report.has_dose else ''})")
 
 
-SITES = ("openkbp",)  # the sites import-cohort knows
+SITES = ("openkbp",)  # the sites import-cohort takes: the DICOM name table is still OpenKBP's
 
 
 @main.command("import-cohort")
@@ -74,11 +74,11 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
     setup_logging()
     if site not in SITES:
         raise click.BadParameter(f"Expected one of {', '.join(SITES)}. Received: {site!r}", param_hint="--site")
-    from provided_code.constants import PRESCRIPTIONS_GY
     from provided_code.dicom.cohort import import_cohort
+    from provided_code.sites import load_site
 
     try:
-        report = import_cohort(archive, out_dir, site_targets=dict(PRESCRIPTIONS_GY), names_file=names,
+        report = import_cohort(archive, out_dir, site_targets=load_site(site).prescriptions_gy, names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
                                allow_missing_targets=allow_missing_targets, progress=click_progress)
     except USER_ERRORS as error:

@@ -274,7 +274,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site_ta
             def extra(staging: Path, prescriptions=prescriptions, beams=info.beams) -> None:
                 write_prescriptions(staging, prescriptions)
                 if beams:
-                    write_beams(staging, beams)
+                    write_beams(staging, [beam.as_row() for beam in beams])
 
             import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
                            rtdose=[d.path for d in links.chosen.doses], names=table,

@@ -18,11 +18,28 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from provided_code.data.patient_plan import BeamRow
 from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.names import normalise
 
 COUCH_TOLERANCE_DEGREES = 0.01  # planning systems write 8e-10 for a couch at zero
+
+
+@dataclasses.dataclass(frozen=True)
+class BeamRow:
+    """One beam as ``beams.csv`` holds it (:mod:`provided_code.data.patient_plan`): a static beam
+    (``gantry_stop`` and ``direction`` None) or an arc."""
+
+    type: str  # "static" or "arc"
+    gantry_start: float  # degrees
+    gantry_stop: float | None = None  # arcs only
+    direction: str | None = None  # "CW" or "CC"; arcs only
+    couch: float = 0.0  # patient support angle, degrees
+
+    def as_row(self) -> dict:
+        """The row :func:`provided_code.data.patient_plan.write_beams` writes."""
+        return {"type": self.type, "gantry_start": float(self.gantry_start),
+                "gantry_stop": None if self.gantry_stop is None else float(self.gantry_stop),
+                "direction": self.direction, "couch": float(self.couch)}
 
 
 @dataclasses.dataclass(frozen=True)
