@@ -36,7 +36,6 @@ from typing import Callable
 
 from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
-from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.names import load_names
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError

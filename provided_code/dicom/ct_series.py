@@ -52,7 +52,7 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def scan_folder(folder, stop_before_pixels: bool = True) -> list[tuple[Path, object]]:
+def scan_folder(folder: os.PathLike | str | list, stop_before_pixels: bool = True) -> list[tuple[Path, object]]:
     """Every DICOM file below ``folder`` with its header (no pixels), sorted by path; ``folder`` may
     also be a list of files (a series found in an archive)."""
     if isinstance(folder, (list, tuple)):
@@ -80,7 +80,7 @@ def scan_folder(folder, stop_before_pixels: bool = True) -> list[tuple[Path, obj
     return headers
 
 
-def read_ct_series(folder) -> CTSeries:
+def read_ct_series(folder: os.PathLike | str | list) -> CTSeries:
     """The CT series in ``folder``, or of a list of files (see the module docstring for what is
     refused). The files of a list (a series an archive's scan found: CT images only) are read once,
     pixels included; a folder's are read for their headers first (it may hold other objects)."""
