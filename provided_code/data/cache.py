@@ -133,14 +133,24 @@ class SplitArrays:
         )
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
-        """The patients at ``rows`` (a copy)."""
+        """The patients at ``rows`` (a copy; of memory-mapped volumes, a mapping of those rows)."""
         rows = np.asarray(rows, dtype=np.int64)
         return dataclasses.replace(
             self,
             patient_ids=[self.patient_ids[i] for i in rows],
-            **{name: getattr(self, name)[rows] for name in (*_VOLUMES, *_TABLES)},
+            **{name: _take_rows(getattr(self, name), rows) for name in (*_VOLUMES, *_TABLES)},
             skipped=dict(self.skipped),
         )
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether the volumes are views into the cache file (:mod:`provided_code.data.mapped`)."""
+        return hasattr(self.ct, "subset")
+
+
+def _take_rows(array, rows: np.ndarray):
+    """``array[rows]``; a memory-mapped volume stays mapped (no patient's bytes are read)."""
+    return array.subset(rows) if hasattr(array, "subset") else array[rows]
 
 
 def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None) -> Path:
@@ -171,25 +181,29 @@ def load_split(
     skip_incomplete: bool = False,
     progress: Progress = no_progress,
     workers: int | None = None,
+    memory_map: bool = False,
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
 
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
     listed in ``SplitArrays.skipped`` instead of raising :class:`PatientDataError`.
+    ``memory_map``: the volumes are views into the cache file, read and checked as touched
+    (:mod:`provided_code.data.mapped`), rather than read into memory.
     """
     split_dir = Path(split_dir)
     folders = discover_patients(split_dir)
     path = cache_path_for(split_dir, cache_dir)
     fingerprint = source_fingerprint(folders)
     try:
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
-        logger.info("Loaded %d patients of %s from cache %s", len(arrays), split_dir, path)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, mapped=memory_map)
+        logger.info("%s %d patients of %s from cache %s", "Mapped" if memory_map else "Loaded", len(arrays),
+                    split_dir, path)
     except CacheError as error:
         if path.exists():
             logger.warning("Rebuilding cache %s: %s", path, error)
         build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers)
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, mapped=memory_map)
 
     if require_dose and not arrays.has_dose.all():
         missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
@@ -340,10 +354,25 @@ def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int, np.uint64 | None
         os.close(fd)
 
 
+def chunk_offsets(path: Path, dataset: h5py.Dataset, count: int) -> list[int]:
+    """Where each patient's bytes of ``dataset`` start in ``path``: one uncompressed chunk per
+    patient, as HDF5 reports it (a :class:`CacheError` otherwise)."""
+    row_bytes = dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
+    offsets = []
+    for row in range(count):
+        chunk = dataset.id.get_chunk_info_by_coord((row, *[0] * (dataset.ndim - 1)))
+        if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != row_bytes:
+            raise CacheError(f"{path}: dataset {dataset.name.lstrip('/')} is not stored one raw chunk per patient")
+        offsets.append(chunk.byte_offset)
+    return offsets
+
+
 def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
-               verify: bool = True) -> SplitArrays:
+               verify: bool = True, mapped: bool = False) -> SplitArrays:
     """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale or broken
-    (``verify``: every chunk against its checksum; off only to measure what checking costs)."""
+    (``verify``: every chunk against its checksum; off only to measure what checking costs).
+    ``mapped``: map the volumes instead (:class:`~provided_code.data.mapped.MappedVolumes`): each
+    patient's chunk is read, and checked once, when first touched."""
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
@@ -362,22 +391,27 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
             checksums = h5["checksums"][()]
             if checksums.shape != (count, len(_VOLUMES)):
                 raise CacheError(f"{path}: checksums do not match {count} patients")
-            arrays, reads = {}, []
+            arrays, reads, layout = {}, [], {}
             for column, (name, dtype) in enumerate(_VOLUMES.items()):
                 dataset = h5[name]
                 if dataset.shape != (count, *VOLUME_SHAPE) or dataset.dtype != np.dtype(dtype):
                     raise CacheError(f"{path}: dataset {name} has shape {dataset.shape} and dtype "
                                      f"{dataset.dtype}, expected {(count, *VOLUME_SHAPE)} {np.dtype(dtype)}")
+                offsets = chunk_offsets(path, dataset, count)  # one uncompressed chunk per patient
+                if mapped:
+                    layout[name] = (dataset.dtype, offsets, checksums[:, column])
+                    continue
                 arrays[name] = np.empty(dataset.shape, dataset.dtype)
-                for row in range(count):  # one uncompressed chunk per patient: where its bytes are
-                    chunk = dataset.id.get_chunk_info_by_coord((row, 0, 0, 0))
-                    if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != arrays[name][row].nbytes:
-                        raise CacheError(f"{path}: dataset {name} is not stored one raw chunk per patient")
-                    reads.append((arrays[name][row], chunk.byte_offset, checksums[row, column] if verify else None,
-                                  f"patient {patient_ids[row]}'s {name} chunk"))
+                reads += [(arrays[name][row], offsets[row], checksums[row, column] if verify else None,
+                           f"patient {patient_ids[row]}'s {name} chunk") for row in range(count)]
             small = {name: h5[name][()] for name in _TABLES}
             skipped = json.loads(attrs["skipped"])
-        _read_chunks(path, reads)
+        if mapped:
+            from provided_code.data.mapped import map_volumes  # (it builds on this module)
+
+            arrays = map_volumes(path, layout, patient_ids, VOLUME_SHAPE)
+        else:
+            _read_chunks(path, reads)
     except CacheError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
