@@ -80,6 +80,11 @@ class CacheError(RuntimeError):
     """A cache file is missing, stale, truncated or unreadable (it will be rebuilt)."""
 
 
+def stacked_nbytes(patients: int, resolution: int = VOLUME_SHAPE[0]) -> int:
+    """The bytes ``patients`` patients' volumes take stacked in memory at ``resolution``³."""
+    return patients * sum(np.dtype(dtype).itemsize for dtype in _VOLUMES.values()) * resolution ** 3
+
+
 def default_cache_dir() -> Path:
     """``$OPENKBP_CACHE_DIR``, else ``$XDG_CACHE_HOME/provided_code``, else ``~/.cache/provided_code``."""
     if os.environ.get("OPENKBP_CACHE_DIR"):

@@ -34,6 +34,7 @@ import numpy as np
 
 from provided_code.data.cache import CacheError, SplitArrays, chunk_checksum, chunk_offsets
 from provided_code.data.resample import check_resolution, downsample_patient
+from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,11 @@ DERIVED_FORMAT_VERSION = 1
 
 _lock = threading.Lock()
 _verified: dict[tuple, set[int]] = {}  # file identity -> byte offsets of the chunks verified in this process
-_failures: list[CacheError] = []  # the chunks that failed their checksum in this process, first first
+
+
+class CorruptChunkError(UserError, CacheError):
+    """A mapped patient's chunk fails its checksum when first touched (found mid-run, it cannot be
+    rebuilt then; the file is removed so that the next run rebuilds it)."""
 
 
 def _identity(stat: os.stat_result) -> tuple:
@@ -65,6 +70,7 @@ class _MappedFile:
             os.close(fd)  # the mapping keeps the file (even once replaced or removed)
         with _lock:
             self.verified = _verified.setdefault(self.identity, set())
+        self.failure: CorruptChunkError | None = None  # the first chunk of this mapping that failed
 
     def view(self, offset: int, dtype: np.dtype, shape: tuple) -> np.ndarray:
         return np.frombuffer(self.map, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
@@ -78,26 +84,29 @@ class _MappedFile:
         except (AttributeError, OSError, ValueError):  # not on every platform: only slower
             pass
 
-    def fail(self, problem: str) -> CacheError:
+    def fail(self, problem: str) -> CorruptChunkError:
         """The error for a chunk that fails its checksum; the file is removed (if it is still the
         one mapped) so that the next run rebuilds it."""
-        error = CacheError(f"{self.path}: {problem} fails its checksum (the file changed on disk); the file "
+        error = CorruptChunkError(f"{self.path}: {problem} fails its checksum (the file changed on disk); the file "
                            f"is removed, the next run rebuilds it")
         try:
             if _identity(os.stat(self.path)) == self.identity:
                 os.unlink(self.path)
         except OSError:
             pass
-        with _lock:
-            _failures.append(error)
+        self.failure = self.failure or error
         return error
 
 
-def corrupt_chunk_error() -> CacheError | None:
-    """The first chunk that failed its checksum in this process (the input pipeline raises it in
-    TensorFlow's thread, which reports it wrapped), or None."""
-    with _lock:
-        return _failures[0] if _failures else None
+def corrupt_chunk_error(*splits: SplitArrays | None) -> CorruptChunkError | None:
+    """The first chunk of the mapped ``splits`` that failed its checksum (the input pipeline
+    raises it in TensorFlow's thread, which reports it wrapped), or None."""
+    for split in splits:
+        for name in VOLUME_NAMES if split is not None else ():
+            volume = getattr(split, name)
+            if isinstance(volume, MappedVolumes) and volume._file.failure is not None:
+                return volume._file.failure
+    return None
 
 
 class MappedVolumes:
