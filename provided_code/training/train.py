@@ -193,7 +193,7 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     downsample = mapped.downsampled if memory_map else downsample_split
     train_arrays = downsample(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
                                          skip_incomplete=config.skip_incomplete, progress=progress,
-                                         memory_map=memory_map), config.resolution)
+                                         memory_map=memory_map, site=config.site_obj), config.resolution)
     validation = None
     if validation_dir.is_dir():
         patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
