@@ -180,8 +180,10 @@ def prostate_data(tmp_path_factory) -> Path:
     return _made_once(tmp_path_factory, "prostate-data", make)
 
 
-PROSTATE_RUN = ("--site", "prostate", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "4",
-                "--learning-rate", "2e-3", "--loss", "masked-mae", "--score-every", "0", "--save-every", "1")
+# 5 epochs of 4 steps: on these phantoms the masked loss fell by a quarter (3.62 to 2.73) before sites existed
+PROSTATE_RUN = ("--site", "prostate", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "5",
+                "--batch-size", "1", "--learning-rate", "3e-3", "--lr-schedule", "constant", "--loss", "masked-mae",
+                "--score-every", "0", "--save-every", "1")
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,8 @@ def test_demo_on_the_prostate_site(tmp_path):
     assert result.exit_code == 0, result.output
     assert re.search(r"dose score \d+\.\d+ Gy", result.output.strip().splitlines()[-1])
     data = tmp_path / "demo-data-prostate"
-    assert (data / "train-pats" / "pt_4" / "beams.csv").exists() and not (data / "train-pats" / "pt_3" / "beams.csv").exists()
+    assert (data / "train-pats" / "pt_4" / "beams.csv").exists()
+    assert not (data / "train-pats" / "pt_3" / "beams.csv").exists()
     assert (data / "train-pats" / "pt_1" / "PTV78.csv").exists()
     config = json.loads((tmp_path / "demo-prostate" / "models" / "config.json").read_text())
     assert config["site"]["name"] == "prostate"

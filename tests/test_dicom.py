@@ -591,28 +591,29 @@ def test_a_prostate_structure_set_is_not_an_openkbp_patient(prostate_written, tm
 
 
 def test_command_line_import_and_export_by_site(prostate_written, tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+
     volumes, patient, _ = prostate_written
-    result = subprocess.run([*OPENKBP_DICOM, "import", "--site", "prostate", "--ct", str(patient.ct_dir), "--rtstruct",
-                             str(patient.rtstruct), "--out", str(tmp_path / "pt_1")], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "PTV78         <- 'PTV78'" in result.stdout and "PTV60         <- 'PTV_6000'" in result.stdout
+    result = CliRunner().invoke(main, ["import", "--site", "prostate", "--ct", str(patient.ct_dir), "--rtstruct",
+                                       str(patient.rtstruct), "--out", str(tmp_path / "pt_1")])
+    assert result.exit_code == 0, result.output
+    assert "PTV78         <- 'PTV78'" in result.output and "PTV60         <- 'PTV_6000'" in result.output
     assert dice(structure_mask(tmp_path / "pt_1", "Bladder"), volumes["Bladder"]) >= 0.95
     prediction = tmp_path / "pt_1.csv"
     shutil.copy(tmp_path / "pt_1" / "ct.csv", prediction)  # any sparse 128³ volume will do
-    export = [*OPENKBP_DICOM, "export", "--patient", str(tmp_path / "pt_1"), "--prediction", str(prediction), "--out"]
-    result = subprocess.run([*export, str(tmp_path / "RD.dcm"), "--site", "prostate"], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    result = subprocess.run([*export, str(tmp_path / "RD2.dcm"), "--site", "openkbp"], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 1 and "Traceback" not in result.stderr and not (tmp_path / "RD2.dcm").exists()
-    assert "the patient was imported for site prostate, not openkbp; import it again with --site openkbp" in result.stderr
-    result = subprocess.run([*OPENKBP_DICOM, "import", "--site", "pelvis", "--ct", str(patient.ct_dir), "--rtstruct",
-                             str(patient.rtstruct), "--out", str(tmp_path / "x")], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 1 and "Traceback" not in result.stderr and not (tmp_path / "x").exists()
-    assert "--site: invalid `site`: expected openkbp, prostate or a site file (.json). Received: 'pelvis'" in result.stderr
+    export = ["export", "--patient", str(tmp_path / "pt_1"), "--prediction", str(prediction), "--out"]
+    result = CliRunner().invoke(main, [*export, str(tmp_path / "RD.dcm"), "--site", "prostate"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, [*export, str(tmp_path / "RD2.dcm"), "--site", "openkbp"])
+    assert result.exit_code == 1 and not (tmp_path / "RD2.dcm").exists()
+    assert "the patient was imported for site prostate, not openkbp; import it again with --site openkbp" in result.output
+    result = CliRunner().invoke(main, ["import", "--site", "pelvis", "--ct", str(patient.ct_dir), "--rtstruct",
+                                       str(patient.rtstruct), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and not (tmp_path / "x").exists()
+    assert "Error: --site: invalid `site`: expected openkbp, prostate or a site file (.json). Received: 'pelvis'" \
+        in result.output
 
 
 def test_names_come_from_the_site_and_a_names_file_overrides_them(tmp_path):

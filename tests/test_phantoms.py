@@ -70,9 +70,11 @@ def test_prostate_phantom_anatomy_and_dose_at_the_prescriptions():
     assert all(volumes[name].any() for name in PROSTATE.names) and np.all(dose[~body] == 0)
     assert not (volumes["PTV78"] & volumes["PTV60"]).any()  # stored disjoint: a voxel of both is PTV78's
     prostate, rectum, bladder = centroid(volumes["PTV78"]), centroid(volumes["Rectum"]), centroid(volumes["Bladder"])
-    assert rectum[0] > prostate[0] + 5 and bladder[0] < prostate[0] and bladder[2] < prostate[2]  # behind; in front, above
-    assert centroid(volumes["FemoralHead_R"])[1] < prostate[1] - 15 < prostate[1] + 15 < centroid(volumes["FemoralHead_L"])[1]
-    assert dose[volumes["PTV78"]].mean() == pytest.approx(78.0, abs=0.01)  # the highest target's mean is its prescription
+    assert rectum[0] > prostate[0] + 5  # behind
+    assert bladder[0] < prostate[0] and bladder[2] < prostate[2]  # in front, above
+    right, left = centroid(volumes["FemoralHead_R"])[1], centroid(volumes["FemoralHead_L"])[1]
+    assert right < prostate[1] - 15 and left > prostate[1] + 15  # axis 1 runs from the patient's right to left
+    assert dose[volumes["PTV78"]].mean() == pytest.approx(78.0, abs=0.01)  # the highest target's mean: its prescription
     assert np.percentile(dose[volumes["PTV78"]], 5) > 0.9 * 78  # D95
     assert np.percentile(dose[volumes["PTV60"]], 5) > 0.95 * 60 and dose[volumes["PTV60"]].mean() < 72
     for organ in ("Rectum", "Bladder"):

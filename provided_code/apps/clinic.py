@@ -120,7 +120,8 @@ def site_of_model(folder: RunFolder, requested: Site | str | None = None) -> Sit
     if requested is not None:
         wanted = load_site(requested)
         if not wanted.same_as(model_site):
-            differs = f"site {wanted.name}" if wanted.name != model_site.name else f"another description of {wanted.name}"
+            differs = (f"site {wanted.name}" if wanted.name != model_site.name
+                       else f"another description of {wanted.name}")
             raise ConfigError(f"Invalid `--site`: model {folder.path} was trained on site {model_site.name} (its "
                               f"{path.name}), and --site {requested} is {differs}; leave --site out to use the model's")
     return model_site

@@ -183,8 +183,8 @@ def make_prostate_phantom(seed: int, gantry_angles=None, prescriptions: dict[str
 
     site = load_site("prostate" if site is None else site)
     if set(site.names) != set(PROSTATE_STRUCTURES):
-        raise PhantomSiteError(f"No prostate phantoms for site {site.name}: its structures are {', '.join(site.names)}; "
-                               f"the phantoms have {', '.join(PROSTATE_STRUCTURES)}")
+        raise PhantomSiteError(f"No prostate phantoms for site {site.name}: its structures are "
+                               f"{', '.join(site.names)}; the phantoms have {', '.join(PROSTATE_STRUCTURES)}")
     gantry_angles = site.beams.gantry_angles() if gantry_angles is None else tuple(gantry_angles)
     if not gantry_angles:
         raise PhantomSiteError(f"No beams for the prostate phantoms of site {site.name}: its `beams` are of type none "

@@ -65,8 +65,9 @@ def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLi
         raise DicomInputError(Path(patient_dir) / SIDECAR_FILE, f"the patient was imported for site {geometry.site}, "
                                                                 f"not {site}; import it again with --site {site}")
     dose = np.asarray(dose)
-    if dose.shape != tuple(geometry.box_shape):
-        raise ValueError(f"Invalid `dose`. Expected shape {tuple(geometry.box_shape)}. Received: dose.shape={dose.shape}")
+    box = tuple(geometry.box_shape)
+    if dose.shape != box:
+        raise ValueError(f"Invalid `dose`. Expected shape {box}. Received: dose.shape={dose.shape}")
     write_dose_on_ct_grid(dose_on_ct_grid(dose, geometry), geometry, out, nifti, description)
     return geometry
 

@@ -8,7 +8,8 @@ structures, the DICOM names they are matched from, its grid).
 - Structures: only the ROIs matched to a structure of the site (or BODY) are parsed; each one's
   contours filled on the CT's own pixels, averaged onto the 128 × 128 grid and kept where at least
   half of a voxel is inside. Targets are made disjoint as in OpenKBP: a voxel in several targets
-  belongs to the one of the highest prescription. The CT-grid pixels of each ROI as drawn are returned too (``ImportReport.ct_voxels``:
+  belongs to the one of the highest prescription. The CT-grid pixels of each ROI as drawn are
+  returned too (``ImportReport.ct_voxels``:
   what the clinical DVH table counts). Slices skipped inside an ROI, and a target on the scan's
   first or last slice, are warned about.
 - Possible-dose mask: the BODY/External outline, else the CT above ``BODY_THRESHOLD_HU``.
