@@ -19,13 +19,14 @@ from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 
 
 def test_clinical_dvh_table_by_hand():
     dose = np.arange(1000, dtype=np.float64).reshape(10, 10, 10) / 10.0
     indices = [np.array([], np.int64)] * len(STRUCTURES)
     indices[STRUCTURES.index("PTV70")] = np.arange(101)  # doses 0.0, 0.1, ..., 10.0
-    table = clinical_dvh(dose, indices)
+    table = clinical_dvh(dose, indices, openkbp())
     assert list(table) == ["PTV70"] and list(table["PTV70"]) == list(CLINICAL_METRICS)
     assert table["PTV70"] == pytest.approx({"D99": 0.1, "D95": 0.5, "D50": 5.0, "Dmean": 5.0, "D1": 9.9, "Dmax": 10.0})
 
@@ -55,7 +56,7 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(tiny_model, tmp_pa
     report = json.loads((out / "dvh.json").read_text())
     assert report["model"]["epoch"] == 1 and report["model"]["tta"] is True
     # The table is on the CT's grid; this CT (factor 1) has the box's pixels, so it is the box's table.
-    expected = clinical_dvh(predicted, structure_indices(patient.structure_masks))
+    expected = clinical_dvh(predicted, structure_indices(patient.structure_masks, 10), openkbp())
     assert list(report["predicted"]) == list(expected)
     for structure, metrics in expected.items():
         # the table reads the float32 dose, the test its CSV's shortest decimals (half an ulp, 6e-8 relative)

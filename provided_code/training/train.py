@@ -178,13 +178,14 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     once into the cache, stacked in memory, brought to the training resolution."""
     train_dir = require_training_data(config.data_dir)
     train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
-                                               skip_incomplete=config.skip_incomplete, progress=progress),
+                                               skip_incomplete=config.skip_incomplete, progress=progress,
+                                               site=config.site_obj),
                                     config.resolution)
     validation = None
     validation_dir = Path(config.data_dir) / "validation-pats"
     if validation_dir.is_dir():
         patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
-                              skip_incomplete=config.skip_incomplete, progress=progress)
+                              skip_incomplete=config.skip_incomplete, progress=progress, site=config.site_obj)
         if patients.has_dose.any():
             full = patients.select(np.flatnonzero(patients.has_dose))
             validation = Validation(downsample_split(full, config.resolution), full)
