@@ -183,11 +183,14 @@ def test_a_prostate_model_refuses_openkbp_data_and_an_openkbp_site_flag(prostate
                                                                         tmp_path):
     results, name = _run_copy(prostate_model, tmp_path)
     where = ("--results-dir", results, "--model-name", name, "--cache-dir", tmp_path / "cache", "--stage", "validation")
-    for refused in (_invoke("--predict-only", "--data-dir", phantom_data, *where),
-                    _invoke("--predict-only", "--data-dir", prostate_data, "--site", "openkbp", *where)):
+    for refused, says in ((_invoke("--predict-only", "--data-dir", phantom_data, *where),
+                           "Brainstem.csv: not a structure of site prostate"),
+                          (_invoke("--predict-only", "--data-dir", prostate_data, "--site", "openkbp", *where),
+                           "Expected the model's own site, prostate (config.json), or no --site. Received: "
+                           "site='openkbp'")):
         assert refused.exit_code == 1 and "Traceback" not in refused.output
         error = [line for line in refused.output.splitlines() if line.startswith("Error:")]
-        assert len(error) == 1 and "prostate" in error[0] and "openkbp" in error[0], refused.output
+        assert len(error) == 1 and says in error[0], refused.output
     assert not (results / name / "validation-predictions").exists()
 
 
@@ -198,5 +201,5 @@ def test_an_openkbp_model_refuses_prostate_data(tiny_model, prostate_data, tmp_p
                       "--cache-dir", tmp_path / "cache", "--stage", "validation")
     assert refused.exit_code == 1 and "Traceback" not in refused.output
     error = [line for line in refused.output.splitlines() if line.startswith("Error:")]
-    assert len(error) == 1 and "prostate" in error[0] and "openkbp" in error[0], refused.output
+    assert len(error) == 1 and "Bladder.csv: not a structure of site openkbp" in error[0], refused.output
     assert not (results / name / "validation-predictions").exists()

@@ -33,7 +33,7 @@ from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
-from provided_code.sites import Site, SiteError, load_site, openkbp
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     site = site_of_model(folder, site)
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets, site=site)
-    # OpenKBP's patients are read as always; another site's, by its structures (read_patient's ``site``)
-    by_site = {} if site.same_as(openkbp()) else {"site": site}
-    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False, **by_site)])
+    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False, site=site)], site=site)
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}")[0]
@@ -109,22 +107,13 @@ def site_of_model(folder: RunFolder, requested: Site | str | None = None) -> Sit
     """The site a model was trained on: its ``config.json``'s ``site`` (none there: OpenKBP, as
     every model before sites). ``requested`` (``--site``), when given, must be that site: another
     is a :class:`ConfigError` naming both, in one line."""
-    path = folder.config_file
-    try:
-        saved = json.loads(path.read_text())
-        model_site = load_site(saved.get("site") if isinstance(saved, dict) else None)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"Invalid saved config {path}: {error}") from None
-    except SiteError as error:
-        raise ConfigError(f"Invalid saved config {path}: its `site` {error.problem} (field {error.field})") from None
-    if requested is not None:
-        wanted = load_site(requested)
-        if not wanted.same_as(model_site):
-            differs = (f"site {wanted.name}" if wanted.name != model_site.name
-                       else f"another description of {wanted.name}")
-            raise ConfigError(f"Invalid `--site`: model {folder.path} was trained on site {model_site.name} (its "
-                              f"{path.name}), and --site {requested} is {differs}; leave --site out to use the model's")
-    return model_site
+    saved = folder.read_config()
+    if saved is None:
+        raise folder.missing_model()
+    if requested is not None and not load_site(requested).same_as(saved.site_obj):
+        raise ConfigError(f"Invalid `site`. Expected the model's own site, {saved.site_obj.name} "
+                          f"({folder.config_file}), or no --site. Received: site={str(requested)!r}")
+    return saved.site_obj
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

@@ -64,17 +64,16 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     if model_dir.exists():
         click.echo(f"Removing the previous demo model {model_dir}")
         shutil.rmtree(model_dir)
-    by_site = {} if is_openkbp else {"site": site.to_dict()}  # OpenKBP's config as before sites
     config = TrainConfig(model_name=model_name, data_dir=str(data), results_dir=str(results), filters=filters,
                          resolution=int(resolution), epochs=epochs, learning_rate=learning_rate,
-                         save_every=max(1, epochs // 2), **by_site)
+                         save_every=max(1, epochs // 2), site=site.to_dict())
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} "
                f"{site.name} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()
     report = predict_stage(config.run_dir, config.data_dir, stage="validation", epoch="best", plots=plots,
                            progress=click_progress, batch_size=config.batch_size, cache_dir=config.cache_dir)
-    zero_score = _zero_prediction_dose_score(config, site, is_openkbp)
+    zero_score = _zero_prediction_dose_score(config)
 
     click.echo("")
     click.echo(f"Phantoms:     {data}/ (train-pats/, validation-pats/)")
@@ -92,14 +91,13 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
                f"on {report.patients} held-out phantoms")
 
 
-def _zero_prediction_dose_score(config, site, is_openkbp: bool) -> float:
+def _zero_prediction_dose_score(config) -> float:
     import numpy as np
 
     from provided_code.data.cache import load_split
     from provided_code.metrics.scoring import score_split
 
-    by_site = {} if is_openkbp else {"site": site}
-    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, **by_site)
+    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, site=config.site_obj)
     return score_split(arrays, lambda row: np.zeros(arrays.dose[row].size)).dose_score
 
 
