@@ -19,13 +19,15 @@ from provided_code.constants import (
     CT_MAX,
     DOSE_FILE,
     POSSIBLE_DOSE_MASK_FILE,
-    PRESCRIPTIONS_GY,
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
 from provided_code.data.csv_io import write_sparse_csv
+from provided_code.data.patient_plan import read_beams, read_prescriptions, write_beams, write_prescriptions
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
+from provided_code.networks.beams import ray_bins, ray_count
+from provided_code.sites import load_site, openkbp
 
 
 def _ellipsoid(grid, centre, radii) -> np.ndarray:
@@ -75,7 +77,7 @@ def make_phantom(seed: int) -> dict[str, np.ndarray]:
     # Dose: prescription inside each target, exponential fall-off (mm) outside, spared OARs.
     mm = [g * s for g, s in zip(grid, voxel_dimensions)]
     dose = np.zeros(VOLUME_SHAPE, np.float32)
-    for name, prescription in PRESCRIPTIONS_GY.items():
+    for name, prescription in openkbp().prescriptions_gy.items():  # PTV56, PTV63, PTV70
         target = structures[name]
         if not target.any():
             continue
@@ -179,8 +181,6 @@ def make_prostate_phantom(seed: int, gantry_angles=None, prescriptions: dict[str
     arcs sampled every 10°); ``prescriptions``: target → Gy (default the site's). The anatomy
     depends on ``seed`` only, so one seed with two plans gives one patient with two doses.
     """
-    from provided_code.sites import load_site
-
     site = load_site("prostate" if site is None else site)
     if set(site.names) != set(PROSTATE_STRUCTURES):
         raise PhantomSiteError(f"No prostate phantoms for site {site.name}: its structures are "
@@ -259,8 +259,6 @@ def beam_dose(body: np.ndarray, targets: dict[str, np.ndarray], prescriptions: d
     (scatter) Gaussian, times ``exp(-ATTENUATION_PER_MM d)`` and a build-up. The sum over the
     beams is scaled so that the targets' voxels get their prescriptions on average.
     """
-    from provided_code.networks.beams import ray_bins, ray_count
-
     size, _, slices = body.shape
     pitch, slice_mm = float(voxel_dimensions[0]), float(voxel_dimensions[2])
     plane, z = np.nonzero(body.reshape(size * size, slices))  # the body's voxels, as (in-plane index, slice)
@@ -328,9 +326,6 @@ def write_prostate_phantom(folder: os.PathLike | str, seed: int, with_dose: bool
     """Write one prostate phantom as a patient folder and return it. ``own_plan``: the patient has
     a plan of its own, ``beams.csv`` (the seven ``SEVEN_FIELDS``) and ``prescriptions.csv``
     (``OWN_PRESCRIPTIONS_GY``), and its dose follows them; else the site's arcs and prescriptions."""
-    from provided_code.data.patient_plan import read_beams, read_prescriptions, write_beams, write_prescriptions
-    from provided_code.sites import load_site
-
     folder = Path(folder)
     site = load_site("prostate" if site is None else site)
     gantry_angles = prescriptions = None
@@ -362,8 +357,6 @@ def write_site_phantom(folder: os.PathLike | str, seed: int, site=None, with_dos
     """A phantom of ``site``'s structures: OpenKBP's head and neck, or a prostate
     (:func:`write_prostate_phantom`); any other site is refused in one line. ``own_plan`` only for
     a prostate."""
-    from provided_code.sites import load_site
-
     site = load_site(site)
     if set(site.names) == set(PROSTATE_STRUCTURES):
         return write_prostate_phantom(folder, seed, with_dose=with_dose, own_plan=own_plan, site=site)
