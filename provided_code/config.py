@@ -72,6 +72,8 @@ class TrainConfig:
     #                                    with an error (a lost worker); must exceed a checkpoint save
     accumulate: int = 1  # average the gradients of N consecutive batches before each update
     recompute: bool = False  # recompute block activations in the backward pass instead of storing them
+    memory_map: bool = False  # train from the cache file mapped into memory (data/mapped.py) rather than from
+    #                           arrays read into memory; also chosen when those would not fit (the run measures)
     # -- where things go --
     model_name: str = "unet"  # results/<model_name>/
     data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)

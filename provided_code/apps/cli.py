@@ -93,6 +93,9 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="Average the gradients of N consecutive batches per update (update = N × global batch).")
 @click.option("--recompute", is_flag=True,
               help="Recompute block activations in the backward pass instead of storing them (less memory).")
+@click.option("--memory-map", is_flag=True,
+              help="Train from the cache file mapped into memory: each batch reads only its patients (for cohorts "
+                   "larger than memory; chosen by itself when the arrays would not fit).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")

@@ -57,6 +57,45 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
                f"{', with the reference dose' if report.has_dose else ''})")
 
 
+SITES = ("openkbp",)  # the sites import-cohort takes: the DICOM name table is still OpenKBP's
+
+
+@main.command("import-cohort")
+@click.argument("archive", type=click.Path(exists=True, file_okay=False))
+@click.option("--site", default="openkbp", show_default=True,
+              help="The treatment site: its targets, their prescriptions and the ROI names.")
+@click.option("--out", "out_dir", required=True,
+              help="The data folder to write: train-pats/, validation-pats/, manifest.csv, identity-map.csv.")
+@click.option("--names", default=None,
+              help='JSON mapping structures to ROI names, e.g. {"PTV70": ["PTV_High"]} (see the README).')
+@click.option("--validation", default="0.2", show_default=True,
+              help="Patients in validation-pats/: a fraction (0.2) or a count (30).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split's hash.")
+@click.option("--strict", is_flag=True, help="Stop at the first patient that fails.")
+@click.option("--identity-map", default=None,
+              help="The pseudonym -> PatientID file [default: OUT/identity-map.csv]; keep it off shared storage.")
+@click.option("--allow-missing-targets", is_flag=True, help="Import patients without some target ROIs.")
+def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets):
+    """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
+    setup_logging()
+    if site not in SITES:
+        raise click.BadParameter(f"Expected one of {', '.join(SITES)}. Received: {site!r}", param_hint="--site")
+    from provided_code.dicom.cohort import import_cohort
+    from provided_code.sites import load_site
+
+    try:
+        report = import_cohort(archive, out_dir, site_targets=load_site(site).prescriptions_gy, names_file=names,
+                               validation=validation, seed=seed, strict=strict, identity_map=identity_map,
+                               allow_missing_targets=allow_missing_targets, progress=click_progress)
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
+    for line in report.lines:
+        click.echo(line)
+    click.echo(report.summary())
+    if report.failed:
+        raise SystemExit(1)
+
+
 @main.command("export")
 @click.option("--patient", "patient_dir", required=True, help="A patient folder written by 'openkbp-dicom import'.")
 @click.option("--prediction", required=True, help="The predicted dose: an OpenKBP CSV (pt_<N>.csv).")

@@ -106,6 +106,13 @@ class CacheError(RuntimeError):
     """A cache file is missing, stale, truncated or unreadable (it will be rebuilt)."""
 
 
+def stacked_nbytes(patients: int, resolution: int = VOLUME_SHAPE[0], site: Site | None = None) -> int:
+    """The bytes ``patients`` patients' volumes of ``site`` (default openkbp) take stacked in
+    memory at ``resolution``³."""
+    dtypes = _volume_dtypes(load_site(site)).values()
+    return patients * sum(np.dtype(dtype).itemsize for dtype in dtypes) * resolution ** 3
+
+
 def default_cache_dir() -> Path:
     """``$OPENKBP_CACHE_DIR``, else ``$XDG_CACHE_HOME/provided_code``, else ``~/.cache/provided_code``."""
     if os.environ.get("OPENKBP_CACHE_DIR"):
@@ -167,15 +174,25 @@ class SplitArrays:
         )
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
-        """The patients at ``rows`` (a copy)."""
+        """The patients at ``rows`` (a copy; of memory-mapped volumes, a mapping of those rows)."""
         rows = np.asarray(rows, dtype=np.int64)
         return dataclasses.replace(
             self,
             patient_ids=[self.patient_ids[i] for i in rows],
-            **{name: getattr(self, name)[rows] for name in (*_VOLUMES, *_TABLES)},
+            **{name: _take_rows(getattr(self, name), rows) for name in (*_VOLUMES, *_TABLES)},
             **{name: None if getattr(self, name) is None else getattr(self, name)[rows] for name in _PLAN_TABLES},
             skipped=dict(self.skipped),
         )
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether the volumes are views into the cache file (:mod:`provided_code.data.mapped`)."""
+        return hasattr(self.ct, "subset")
+
+
+def _take_rows(array, rows: np.ndarray):
+    """``array[rows]``; a memory-mapped volume stays mapped (no patient's bytes are read)."""
+    return array.subset(rows) if hasattr(array, "subset") else array[rows]
 
 
 def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None) -> Path:
@@ -207,6 +224,7 @@ def load_split(
     progress: Progress = no_progress,
     workers: int | None = None,
     site: Site | str | None = None,
+    memory_map: bool = False,
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
     ``site``: the data's site (default openkbp); a cache built for another is rebuilt.
@@ -214,6 +232,8 @@ def load_split(
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
     listed in ``SplitArrays.skipped`` instead of raising :class:`PatientDataError`.
+    ``memory_map``: the volumes are views into the cache file, read and checked as touched
+    (:mod:`provided_code.data.mapped`), rather than read into memory.
     """
     split_dir = Path(split_dir)
     folders = discover_patients(split_dir)
@@ -221,13 +241,16 @@ def load_split(
     fingerprint = source_fingerprint(folders)
     site = load_site(site)
     try:
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site)
-        logger.info("Loaded %d patients of %s from cache %s", len(arrays), split_dir, path)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
+                            mapped=memory_map)
+        logger.info("%s %d patients of %s from cache %s", "Mapped" if memory_map else "Loaded", len(arrays),
+                    split_dir, path)
     except CacheError as error:
         if path.exists():
             logger.warning("Rebuilding cache %s: %s", path, error)
         build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site)
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
+                            mapped=memory_map)
 
     if require_dose and not arrays.has_dose.all():
         missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
@@ -389,11 +412,26 @@ def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int, np.uint64 | None
         os.close(fd)
 
 
+def chunk_offsets(path: Path, dataset: h5py.Dataset, count: int) -> list[int]:
+    """Where each patient's bytes of ``dataset`` start in ``path``: one uncompressed chunk per
+    patient, as HDF5 reports it (a :class:`CacheError` otherwise)."""
+    row_bytes = dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
+    offsets = []
+    for row in range(count):
+        chunk = dataset.id.get_chunk_info_by_coord((row, *[0] * (dataset.ndim - 1)))
+        if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != row_bytes:
+            raise CacheError(f"{path}: dataset {dataset.name.lstrip('/')} is not stored one raw chunk per patient")
+        offsets.append(chunk.byte_offset)
+    return offsets
+
+
 def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
-               verify: bool = True, site: Site | None = None) -> SplitArrays:
+               verify: bool = True, site: Site | None = None, mapped: bool = False) -> SplitArrays:
     """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale, broken or
     of another site than ``site`` (None: any; ``verify``: every chunk against its checksum; off only
-    to measure what checking costs)."""
+    to measure what checking costs). ``mapped``: map the volumes instead
+    (:class:`~provided_code.data.mapped.MappedVolumes`): each patient's chunk is read, and checked
+    once, when first touched."""
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
@@ -416,23 +454,28 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
             checksums = h5["checksums"][()]
             if checksums.shape != (count, len(_VOLUMES)):
                 raise CacheError(f"{path}: checksums do not match {count} patients")
-            arrays, reads = {}, []
+            arrays, reads, layout = {}, [], {}
             for column, (name, dtype) in enumerate(_volume_dtypes(built_for).items()):
                 dataset = h5[name]
                 if dataset.shape != (count, *VOLUME_SHAPE) or dataset.dtype != np.dtype(dtype):
                     raise CacheError(f"{path}: dataset {name} has shape {dataset.shape} and dtype "
                                      f"{dataset.dtype}, expected {(count, *VOLUME_SHAPE)} {np.dtype(dtype)}")
+                offsets = chunk_offsets(path, dataset, count)  # one uncompressed chunk per patient
+                if mapped:
+                    layout[name] = (dataset.dtype, offsets, checksums[:, column])
+                    continue
                 arrays[name] = np.empty(dataset.shape, dataset.dtype)
-                for row in range(count):  # one uncompressed chunk per patient: where its bytes are
-                    chunk = dataset.id.get_chunk_info_by_coord((row, 0, 0, 0))
-                    if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != arrays[name][row].nbytes:
-                        raise CacheError(f"{path}: dataset {name} is not stored one raw chunk per patient")
-                    reads.append((arrays[name][row], chunk.byte_offset, checksums[row, column] if verify else None,
-                                  f"patient {patient_ids[row]}'s {name} chunk"))
+                reads += [(arrays[name][row], offsets[row], checksums[row, column] if verify else None,
+                           f"patient {patient_ids[row]}'s {name} chunk") for row in range(count)]
             small = {name: h5[name][()] for name in _TABLES}
             small.update({name: h5[name][()] if name in h5 else None for name in _PLAN_TABLES})
             skipped = json.loads(attrs["skipped"])
-        _read_chunks(path, reads)
+        if mapped:
+            from provided_code.data.mapped import map_volumes  # (it builds on this module)
+
+            arrays = map_volumes(path, layout, patient_ids, VOLUME_SHAPE)
+        else:
+            _read_chunks(path, reads)
     except CacheError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:

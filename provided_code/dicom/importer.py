@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
-from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose
+from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
 from provided_code.sites import Site, load_site
 
@@ -63,17 +64,27 @@ class ImportReport:
     dose_grid: DoseGrid | None = dataclasses.field(default=None, repr=False)  # the clinic's RT Dose, as read
 
 
-def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
-                   rtdose: os.PathLike | str | None = None, names: os.PathLike | str | None = None,
-                   allow_missing_targets: bool = False, site: Site | str | None = None) -> ImportReport:
+def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
+                   rtdose=None, names: os.PathLike | str | dict | None = None,
+                   allow_missing_targets: bool = False, site: Site | str | None = None, *, dose_scale: float = 1.0,
+                   patient_tags: Mapping[str, str] | None = None,
+                   also_write: Callable[[Path], None] | None = None) -> ImportReport:
     """Import one patient into the folder ``out`` (see the module docstring) for ``site`` (a
-    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None: OpenKBP)."""
+    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None: OpenKBP).
+
+    For the cohort import: ``ct_dir`` may be a list of the series' files; ``rtdose`` a list of RT
+    Doses to sum (a plan's per-beam doses), times ``dose_scale`` (the fractions of a per-fraction
+    dose); ``names`` a names table already loaded (of ``site``'s structures); ``patient_tags``
+    replace the CT's patient tags in the sidecar (a pseudonym); ``also_write(folder)`` adds files to
+    the patient folder before it is moved into place."""
     site = load_site(site)
     out = Path(out)
     if out.exists() and not (out / SIDECAR_FILE).is_file() and any(out.iterdir()):
         raise DicomInputError(out, "output folder exists and is not an earlier import; choose a new folder")
-    table = load_names(names, site)
+    table = names if isinstance(names, dict) else load_names(names, site)
     ct = read_ct_series(ct_dir)
+    if patient_tags:
+        ct.tags = {**ct.tags, **patient_tags}
     structure_set = read_rtstruct(rtstruct, ct.frame_of_reference_uid)
     mapping = match_rois(structure_set.roi_names, table, structure_set.path)
     lines = describe_matching(mapping, structure_set.roi_names, tuple(table))
@@ -82,7 +93,7 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
                                                   f"{', '.join(structure_set.roi_names)}); pass --names to map one, "
                                                   f"or --allow-missing-targets")
-    dose_grid = read_rtdose(rtdose, ct.frame_of_reference_uid) if rtdose is not None else None
+    dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
     planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
               for key, roi in mapping.items()}  # only the mapped ROIs are parsed
@@ -140,8 +151,8 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
     if dose_grid is not None:
         dose = sample_dose(dose_grid, geometry.box_y(), geometry.box_x(), geometry.box_z())
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
-    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site)
-    logger.info("Imported %s into %s", ct_dir, out)
+    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site, also_write)
+    logger.info("Imported %s into %s", ct_dir if not isinstance(ct_dir, (list, tuple)) else geometry.series_instance_uid, out)
     return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid)
 
 
@@ -208,7 +219,8 @@ def _check_voxel_size(geometry: PatientGeometry) -> list[str]:
 
 
 def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: dict[str, np.ndarray],
-                  possible_dose_mask: np.ndarray, dose: np.ndarray | None, site: Site) -> None:
+                  possible_dose_mask: np.ndarray, dose: np.ndarray | None, site: Site,
+                  also_write: Callable[[Path], None] | None = None) -> None:
     """Write the patient folder beside ``out`` and move it into place whole."""
     staging = new_folder_beside(out)  # leftovers of a killed import tidied first
     try:
@@ -223,6 +235,8 @@ def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: d
         if dose is not None:
             write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
         geometry.write(staging)
+        if also_write is not None:
+            also_write(staging)
         replace_folder(staging, out)  # an earlier import is replaced whole
     finally:
         if staging.exists():
