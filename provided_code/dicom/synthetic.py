@@ -30,6 +30,9 @@ from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 CLINICAL_NAMES = {"Brainstem": "BrainStem", "SpinalCord": "Spinal_Cord", "RightParotid": "Parotid_R",
                   "LeftParotid": "Parotid_L", "Esophagus": "Esophagus", "Larynx": "Larynx", "Mandible": "Mandible",
                   "PTV56": "PTV_56", "PTV63": "PTV63", "PTV70": "PTV_7000", "BODY": "External"}
+# A prostate phantom's ROIs (sites/prostate.json), as a clinic might name them
+PROSTATE_CLINICAL_NAMES = {"Rectum": "Rectum", "Bladder": "Bladder", "FemoralHead_R": "Femur_Head_R",
+                           "FemoralHead_L": "Femur_Head_L", "PTV60": "PTV_6000", "PTV78": "PTV78", "BODY": "External"}
 CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
 RTDOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
