@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--extra-slices", type=int, default=20, help="air slices above and below the 128")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each import, alternating")
     args = parser.parse_args()
-    from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES
+    from provided_code.constants import STRUCTURES
     from provided_code.data.phantoms import make_phantom
     from provided_code.dicom.cohort import import_cohort
     from provided_code.dicom.exporter import export_dose
@@ -56,7 +56,7 @@ def main() -> None:
             import_patient(written.ct_dir, written.rtstruct, workdir / "pt_1", rtdose=rtdose)
             import_runs.append(time.perf_counter() - start)
             start = time.perf_counter()
-            report = import_cohort(workdir / "clinic", workdir / f"cohort-{run}", site_targets=dict(PRESCRIPTIONS_GY),
+            report = import_cohort(workdir / "clinic", workdir / f"cohort-{run}", site="openkbp",
                                    validation=0)
             cohort_runs.append(time.perf_counter() - start)
             if report.counts["imported"] != 1:

@@ -4,6 +4,7 @@ doses, an MR, a CBCT, a patient without a structure set, a DICOMDIR, a text file
 files without extensions); the real OpenKBP sample through it; reruns, a killed run, the split."""
 
 import csv
+import json
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours w
 from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.patient_plan import read_beams, read_prescriptions  # noqa: E402
-from provided_code.sites import Arc, Beams, load_site  # noqa: E402
+from provided_code.sites import Arc, Beams, load_site, site_from_dict  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom import cohort  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
@@ -119,7 +120,7 @@ def phantom_archive(tmp_path_factory):
 def imported(phantom_archive, tmp_path_factory):
     archive, _ = phantom_archive
     out = tmp_path_factory.mktemp("data")
-    report = import_cohort(archive, out, site_targets=SITE, validation=0.5, seed=1)
+    report = import_cohort(archive, out, validation=0.5, seed=1)
     return out, report
 
 
@@ -186,7 +187,7 @@ def test_a_second_run_imports_nothing(phantom_archive, imported, tmp_path):
     out, _ = imported
     copy = Path(shutil.copytree(out, tmp_path / "data"))
     before = snapshot(copy)
-    report = import_cohort(archive, copy, site_targets=SITE, validation=0.5, seed=1)
+    report = import_cohort(archive, copy, validation=0.5, seed=1)
     assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
     assert snapshot(copy) == before
 
@@ -201,7 +202,7 @@ def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, import
     dataset = pydicom.dcmread(plan)
     dataset.DoseReferenceSequence[0].TargetPrescriptionDose = 72
     dataset.save_as(plan)
-    report = import_cohort(copy_archive, copy, site_targets=SITE, validation=0.5, seed=1)
+    report = import_cohort(copy_archive, copy, validation=0.5, seed=1)
     assert report.counts == {"imported": 1, "unchanged": 2, "skipped": 1, "failed": 0}
     assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
 
@@ -218,9 +219,9 @@ def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(ph
 
     killed = tmp_path / "data"
     with pytest.raises(Killed):
-        import_cohort(archive, killed, site_targets=SITE, validation=0.5, seed=1, after_patient=kill)
+        import_cohort(archive, killed, validation=0.5, seed=1, after_patient=kill)
     assert not (killed / "manifest.csv").exists() and (killed / cohort.JOURNAL_FILE).is_file()
-    report = import_cohort(archive, killed, site_targets=SITE, validation=0.5, seed=1)
+    report = import_cohort(archive, killed, validation=0.5, seed=1)
     assert report.counts["unchanged"] == 1 and report.counts["imported"] == 2
     assert snapshot(killed) == snapshot(out)
 
@@ -272,8 +273,9 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(tmp
     assert "Error: pt_1: 2 approved plans with a whole-plan dose, equally new" in result.stderr
     assert not (tmp_path / "strict" / "manifest.csv").exists()
     result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "d2"),
-                             "--site", "prostate"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--site" in result.stderr
+                             "--site", "lung"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Error: --site: invalid `site`: expected openkbp, prostate or a site file (.json)" in result.stderr
 
 
 @requires_sample
@@ -292,7 +294,7 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
         write_dose(staging / name / "RD.dcm", source.dose, written, plan)
     scatter_files(staging, archive, seed=2)
     out = tmp_path / "data"
-    report = import_cohort(archive, out, site_targets=SITE, validation=0)
+    report = import_cohort(archive, out, validation=0)
     assert report.counts["imported"] == 2
     names = identity(out)
     for name, source in sources.items():
@@ -306,3 +308,17 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
         assert np.abs(imported.dose - source.dose).max() <= 0.003
         assert read_beams(folder) == NINE
         assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV63,63\nPTV70,70\n"
+
+
+def test_the_import_settings_hold_the_site_and_openkbps_stay_as_before():
+    from provided_code.dicom.names import load_names
+
+    table = load_names(None, OPENKBP)
+    before_sites = json.dumps([SITE, {k: sorted(v) for k, v in table.items()}, False], sort_keys=True)
+    assert cohort._settings(OPENKBP, table, False) == before_sites  # earlier imports are not imported again
+    renamed = site_from_dict({**OPENKBP.to_dict(), "name": "head-and-neck"}, "hn.json")  # the sidecar says its name
+    assert cohort._settings(renamed, table, False) != before_sites
+    prostate = load_site("prostate")
+    settings = json.loads(cohort._settings(prostate, load_names(None, prostate), False))
+    assert settings[0] == {"PTV60": 60.0, "PTV78": 78.0} and "Femur_Head_R" in settings[1]["FemoralHead_R"]
+    assert settings[3]["site"] == "prostate"

@@ -47,7 +47,7 @@ def test_dicompyler_cores_example_as_an_archive_links_and_is_refused_as_unapprov
     assert [d.path.name for d in candidate.doses] == ["IM3"] and candidate.dose_summation == "PLAN"
     assert candidate.structure_set.path.name == "IM1" and [c.path.name for c in candidate.ct_files] == ["IM0"]
     assert candidate.reason == "not approved (ApprovalStatus UNAPPROVED)" and patient.chosen is None
-    report = import_cohort(archive, tmp_path / "data", site_targets=SITE)
+    report = import_cohort(archive, tmp_path / "data")
     assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 0}
     [row] = [r for r in report.rows if r["kind"] == "plan"]
     assert row["status"] == "skipped" and row["reason"] == "not approved (ApprovalStatus UNAPPROVED)"

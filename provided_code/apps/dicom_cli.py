@@ -57,13 +57,11 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
                f"{', with the reference dose' if report.has_dose else ''})")
 
 
-SITES = ("openkbp",)  # the sites import-cohort takes: the DICOM name table is still OpenKBP's
-
-
 @main.command("import-cohort")
 @click.argument("archive", type=click.Path(exists=True, file_okay=False))
 @click.option("--site", default="openkbp", show_default=True,
-              help="The treatment site: its targets, their prescriptions and the ROI names.")
+              help=f"The treatment site: {_SITES}; its structures, the ROI names they are matched from and its "
+                   f"targets' prescriptions (where a plan names none).")
 @click.option("--out", "out_dir", required=True,
               help="The data folder to write: train-pats/, validation-pats/, manifest.csv, identity-map.csv.")
 @click.option("--names", default=None,
@@ -78,13 +76,10 @@ SITES = ("openkbp",)  # the sites import-cohort takes: the DICOM name table is s
 def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets):
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
     setup_logging()
-    if site not in SITES:
-        raise click.BadParameter(f"Expected one of {', '.join(SITES)}. Received: {site!r}", param_hint="--site")
     from provided_code.dicom.cohort import import_cohort
-    from provided_code.sites import load_site
 
     try:
-        report = import_cohort(archive, out_dir, site_targets=load_site(site).prescriptions_gy, names_file=names,
+        report = import_cohort(archive, out_dir, site=site, names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
                                allow_missing_targets=allow_missing_targets, progress=click_progress)
     except USER_ERRORS as error:

@@ -1,7 +1,7 @@
 """``openkbp-dicom import-cohort``: a clinic's DICOM archive to a training set.
 
 The archive is scanned and linked (:mod:`provided_code.dicom.archive`), one plan chosen per
-patient, and each chosen patient imported as ``openkbp-dicom import`` imports one
+patient, and each chosen patient imported for the site as ``openkbp-dicom import`` imports one
 (:func:`~provided_code.dicom.importer.import_patient`), with the plan's ``prescriptions.csv`` and
 ``beams.csv`` (:mod:`provided_code.data.patient_plan`), into ``DATA_DIR/train-pats/pt_<N>`` or
 ``DATA_DIR/validation-pats/pt_<N>``.
@@ -39,6 +39,7 @@ from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, 
 from provided_code.dicom.names import load_names
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
+from provided_code.sites import Site, load_site
 from provided_code.infra.atomic import atomic_path, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 
@@ -189,6 +190,17 @@ class _State:
             os.fsync(handle.fileno())
 
 
+def _settings(site: Site, table: dict[str, tuple[str, ...]], allow_missing_targets: bool) -> str:
+    """What of the run an import depends on, for the fingerprint: the site's targets and
+    prescriptions, the names table (every structure and BODY, its ROI names), and the site's name
+    (the sidecar holds it) and grid, these two only when not OpenKBP's, so that the fingerprints
+    of imports made before sites stay the same."""
+    settings = [site.prescriptions_gy, {k: sorted(v) for k, v in table.items()}, allow_missing_targets]
+    if site.name != "openkbp" or site.grid != load_site("openkbp").grid:
+        settings.append({"site": site.name, "grid": site.grid})
+    return json.dumps(settings, sort_keys=True)
+
+
 def _fingerprint(candidate: Candidate, settings: str) -> str:
     sources = sorted(o.fingerprint for o in candidate.sources())
     return hashlib.sha256(json.dumps([IMPORT_VERSION, settings, sources]).encode()).hexdigest()[:32]
@@ -217,22 +229,24 @@ def _plan_row(candidate: Candidate, pseudonym: str, split: str) -> dict[str, str
             "beams": _beams_text(candidate), "modality": "RTPLAN", "uid": info.sop_instance_uid}
 
 
-def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site_targets: dict[str, float],
+def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site | str | None = None,
                   names_file: os.PathLike | str | None = None, validation: float | int = 0.2, seed: int = 0,
                   strict: bool = False, identity_map: os.PathLike | str | None = None,
                   allow_missing_targets: bool = False, progress: Progress = no_progress, workers: int | None = None,
                   after_patient: Callable[[str], None] | None = None) -> CohortReport:
-    """Import every patient of the archive (see the module docstring). ``site_targets``: the
-    site's targets and their prescriptions in Gy (the defaults of each ``prescriptions.csv``);
-    ``names_file``: the ROI names table (:func:`provided_code.dicom.names.load_names`);
-    ``after_patient(pseudonym)`` is called after each patient's outcome is recorded."""
+    """Import every patient of the archive (see the module docstring) for ``site`` (a
+    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None:
+    OpenKBP): its structures matched from its DICOM names, with ``names_file``'s in their place
+    (:func:`provided_code.dicom.names.load_names`); its targets' prescriptions the defaults of each
+    ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded."""
     from provided_code.dicom.importer import import_patient
 
     archive, out = Path(archive), Path(out)
     if not archive.is_dir():
         raise CohortError(f"{archive}: archive folder does not exist or is not a folder")
     validation = parse_validation(validation)
-    table = load_names(names_file)
+    site = load_site(site)
+    table = load_names(names_file, site)
     out.mkdir(parents=True, exist_ok=True)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
     state = _State(out, identity_path)
@@ -246,8 +260,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site_ta
     if strict and refused:
         raise CohortError(f"{state.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
     state.assign_splits([p.patient_id for p in patients if p.chosen], validation, seed)
-    settings = json.dumps([site_targets, {k: sorted(v) for k, v in table.items()}, allow_missing_targets],
-                          sort_keys=True)
+    settings = _settings(site, table, allow_missing_targets)
 
     counts = {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 0}
     rows: list[dict[str, str]] = []
@@ -262,7 +275,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site_ta
         folder = out / SPLITS[split] / pseudonym
         info = links.chosen.info
         try:
-            prescriptions, plan_lines = plan_prescriptions(info, site_targets, table,
+            prescriptions, plan_lines = plan_prescriptions(info, site.prescriptions_gy, table,
                                                            dict(links.chosen.structure_set.roi_names))
             prescribed = " ".join(f"{k}={v:g}" for k, v in prescriptions.items())
             if state.imports.get(pseudonym) == fingerprint and folder.is_dir():
@@ -276,7 +289,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site_ta
                     write_beams(staging, [beam.as_row() for beam in beams])
 
             import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
-                           rtdose=[d.path for d in links.chosen.doses], names=table,
+                           rtdose=[d.path for d in links.chosen.doses], names=table, site=site,
                            allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
                            patient_tags={"PatientName": pseudonym, "PatientID": pseudonym, "PatientBirthDate": ""},
                            also_write=extra)
