@@ -1,7 +1,8 @@
 """``openkbp-dicom import-cohort``: archives written by the tests' DICOM writer, with what real
 archives hold besides the plans (unapproved plans, plans without a dose, per-beam and per-fraction
 doses, an MR, a CBCT, a patient without a structure set, a DICOMDIR, a text file, nested folders of
-files without extensions); the real OpenKBP sample through it; reruns, a killed run, the split."""
+files without extensions); the real OpenKBP sample through it; reruns, a killed run, the split; a
+prostate archive of VMAT plans through import, training, prediction and scores."""
 
 import csv
 import json
@@ -24,7 +25,7 @@ from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom import cohort  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
 from provided_code.dicom.synthetic import (  # noqa: E402
-    scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
+    PROSTATE_CLINICAL_NAMES, scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
 
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
@@ -322,3 +323,71 @@ def test_the_import_settings_hold_the_site_and_openkbps_stay_as_before():
     settings = json.loads(cohort._settings(prostate, load_names(None, prostate), False))
     assert settings[0] == {"PTV60": 60.0, "PTV78": 78.0} and "Femur_Head_R" in settings[1]["FemoralHead_R"]
     assert settings[3]["site"] == "prostate"
+
+
+# -- the prostate site: an archive of VMAT plans through import, training, prediction and scores ----
+PROSTATE = load_site("prostate")
+PROSTATE_PLAN = {"PTV78": 74.0, "PTV_6000": 59.2}  # the plan's dose references, by the clinical ROI names
+
+
+def write_prostate_archive(root: Path, seeds=(31, 32, 33)) -> Path:
+    """Prostate phantoms (64 of their slices, the anatomy's; 128 × 128 CTs) written as a clinic's
+    DICOM, each with an approved RT Plan of the site's two arcs (181 -> 179 CW, 179 -> 181 CC,
+    control points every 2°) prescribing 74 and 59.2 Gy, and an RT Dose that follows them,
+    scattered into nested folders."""
+    from provided_code.data.phantoms import make_prostate_phantom
+
+    keep = slice(32, 96)
+    for seed in seeds:
+        volumes = make_prostate_phantom(seed, prescriptions={"PTV78": 74.0, "PTV60": 59.2})
+        masks = {name: volumes[name][:, :, keep] for name in PROSTATE.names}
+        masks["BODY"] = volumes["possible_dose_mask"][:, :, keep]
+        folder = root / "staging" / f"PROS-{seed}"
+        written = write_patient(folder, volumes["ct"][:, :, keep], masks, volumes["voxel_dimensions"], factor=1,
+                                names=PROSTATE_CLINICAL_NAMES, patient_id=f"PROS-{seed}", seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, ARCS, PROSTATE_PLAN, fractions=37, label="VMAT")
+        write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+    scatter_files(root / "staging", root / "archive", seed=3)
+    return root / "archive"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reset_keras")
+def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as train_cli
+    from provided_code.apps.dicom_cli import main as dicom_main
+
+    archive, data = write_prostate_archive(tmp_path), tmp_path / "data"
+    result = CliRunner().invoke(dicom_main, ["import-cohort", str(archive), "--site", "prostate", "--out", str(data),
+                                             "--validation", "1"])
+    assert result.exit_code == 0, result.output
+    assert "3 patients imported, 0 unchanged since an earlier import, 0 skipped, 0 failed" in result.output
+    assert [(r["status"], r["beams"]) for r in rows(data)] == [("imported", "181-179 CW; 179-181 CC")] * 3
+    folders = sorted(data.glob("*-pats/pt_*"))
+    assert [f.parent.name for f in folders].count("validation-pats") == 1 and len(folders) == 3
+    for folder in folders:
+        assert read_beams(folder) == (PROSTATE.beams, (0.0, 0.0))  # the plan's arcs, the site's here
+        assert (folder / "beams.csv").read_text() == ("type,gantry_start,gantry_stop,direction,couch\n"
+                                                      "arc,181,179,CW,0\narc,179,181,CC,0\n")
+        assert read_prescriptions(folder, PROSTATE) == {"PTV60": 59.2, "PTV78": 74.0}  # the plan's, not 60 and 78
+        patient = read_patient(folder, site=PROSTATE)
+        assert patient.prescriptions == {"PTV60": 59.2, "PTV78": 74.0}
+        assert patient.gantry_angles == PROSTATE.beams.gantry_angles()
+
+    where = ["--site", "prostate", "--data-dir", str(data), "--results-dir", str(tmp_path / "results"),
+             "--model-name", "clinic", "--cache-dir", str(tmp_path / "cache")]
+    result = CliRunner().invoke(train_cli.main, [*where, "--filters", "4", "--resolution", "32", "--epochs", "1",
+                                                 "--xla", "off", "--batch-size", "1"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(train_cli.main, [*where, "--predict-only"])
+    assert result.exit_code == 0, result.output
+    predictions = tmp_path / "results" / "clinic" / "validation-predictions"
+    validation = next(f.name for f in folders if f.parent.name == "validation-pats")
+    assert sorted(p.name for p in predictions.glob("pt_*.csv")) == [f"{validation}.csv"]
+    scores = json.loads((predictions / "scores.json").read_text())
+    assert scores["patients"] == 1
+    assert np.isfinite(scores["dose_score"]) and np.isfinite(scores["dvh_score"]) and scores["dose_score"] > 0
