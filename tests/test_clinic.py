@@ -191,6 +191,34 @@ def read_patient_like(volumes):
 
 
 # -- the model's site ------------------------------------------------------------------------------
+def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_model, tmp_path, monkeypatch):
+    """The import's patient is predicted and scored as it was written, without reading the folder
+    back: with its CSVs removed right after the import, the outputs are those of the folder as read."""
+    import_patient = clinic_module.import_patient
+    volumes = make_phantom(12)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],
+                           factor=1)
+    read_back = {}
+
+    def import_then_remove_the_csvs(*args, **kwargs):
+        report = import_patient(*args, **kwargs)
+        read_back["patient"] = read_patient(report.folder)
+        for path in report.folder.glob("*.csv"):
+            path.unlink()
+        return report
+
+    monkeypatch.setattr(clinic_module, "import_patient", import_then_remove_the_csvs)
+    report = clinic_module.predict_dicom_patient(tiny_model, clinic.ct_dir, clinic.rtstruct, tmp_path / "out",
+                                                 rtdose=clinic.rtdose, plots=False)
+    predicted = read_dose_csv(tmp_path / "out" / "prediction.csv")  # the float32 prediction, exactly
+    arrays = SplitArrays.from_patients([read_back["patient"]])
+    assert not predicted[~arrays.possible_dose_mask[0]].any()
+    expected = score_split(arrays, lambda row: predicted).summary()
+    assert report.dvh["scores"] == {key: expected[key] for key in ("dose_score", "dvh_score")}
+
+
 def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny_model, tmp_path):
     """An OpenKBP model (its config.json's site, or none: OpenKBP) with --site prostate: one line
     naming both, before the import (nothing written)."""

@@ -69,6 +69,26 @@ def test_round_trip_gives_back_the_phantom(written):
     assert any(line.startswith("PTV70") and "PTV_7000" in line for line in report.lines)
 
 
+def assert_same_patient(kept, read):
+    """Two ``Patient``s equal exactly: every array (values and dtype), the decimals, the plan."""
+    assert kept.patient_id == read.patient_id and kept.dose_decimals == read.dose_decimals
+    assert kept.prescriptions == read.prescriptions and kept.gantry_angles == read.gantry_angles
+    for field in ("ct", "structure_masks", "possible_dose_mask", "voxel_dimensions", "dose"):
+        a, b = getattr(kept, field), getattr(read, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), field
+
+
+def test_the_import_returns_the_patient_it_wrote_as_read_patient_reads_it(written, small_clinic, tmp_path):
+    _, _, report = written
+    assert_same_patient(report.patient, read_patient(report.folder))
+    assert report.patient.dose_decimals == 3 and report.patient.prescriptions is None  # the challenge's decimals
+    without_dose = import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_2")
+    assert without_dose.patient.dose is None
+    assert_same_patient(without_dose.patient, read_patient(without_dose.folder, require_dose=False))
+
+
 def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path):
     sitk = pytest.importorskip("SimpleITK")
     nibabel = pytest.importorskip("nibabel")
@@ -563,6 +583,24 @@ def test_prostate_round_trip_with_the_sites_names(prostate_written):
     assert geometry.structures == {**{name: PROSTATE_CLINICAL_NAMES[name] for name in PROSTATE.names}, "BODY": "External"}
     assert "FemoralHead_R <- 'Femur_Head_R'" in report.lines and not any("missing" in line for line in report.lines)
     assert not any("OpenKBP" in line for line in report.lines)  # OpenKBP's voxel-size ranges are not a prostate's
+
+
+def test_a_prostate_patient_with_its_own_plan_files_is_returned_as_read_patient_reads_it(prostate_written, tmp_path):
+    from provided_code.data.patient_plan import write_beams, write_prescriptions
+
+    _, patient, _ = prostate_written
+
+    def plan_files(folder):  # as the cohort import adds them: the plan's prescriptions and beams
+        write_prescriptions(folder, {"PTV60": 59.2, "PTV78": 74.0 + 1e-9})  # the file holds 74
+        write_beams(folder, [{"type": "static", "gantry_start": 0.1 + 0.2}, {"type": "arc", "gantry_start": 181.0,
+                                                                           "gantry_stop": 179.0, "direction": "CW"}])
+
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose,
+                            site="prostate", also_write=plan_files)
+    read = read_patient(report.folder, site=PROSTATE)
+    assert read.prescriptions == {"PTV60": 59.2, "PTV78": 74.0} and read.gantry_angles[:3] == (0.3, 190.0, 200.0)
+    assert read.structure_masks.dtype == PROSTATE.mask_dtype and read.dose_decimals == 3
+    assert_same_patient(report.patient, read)
 
 
 def test_prostate_export_lands_on_the_ct_grid_and_another_site_is_refused(prostate_written, tmp_path):

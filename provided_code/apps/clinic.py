@@ -1,9 +1,9 @@
 """``openkbp-dicom predict``: a clinic's DICOM patient in, a predicted RT Dose out, in one call.
 
 Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/`` for the model's own site (its
-``config.json``'s ``site``: structures, DICOM names, grid; none there means OpenKBP), predict with
-the model at its own resolution (from its ``config.json``), write the prediction in the challenge's CSV format,
-export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
+``config.json``'s ``site``: structures, DICOM names, grid; none there means OpenKBP), predict the
+patient the import returns (its folder is not read back) with the model at its own resolution
+(from its ``config.json``), write the prediction in the challenge's CSV format, export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
 clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is
 computed on the CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the
 challenge's scores on the 128³ grid they are defined on.
@@ -23,7 +23,7 @@ import numpy as np
 
 from provided_code.data.cache import SplitArrays
 from provided_code.errors import ConfigError
-from provided_code.data.csv_io import read_patient, write_dose_csv
+from provided_code.data.csv_io import write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
@@ -80,7 +80,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     site = site_of_model(folder, site)
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets, site=site)
-    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False, site=site)], site=site)
+    arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}")[0]

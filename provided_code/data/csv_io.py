@@ -297,8 +297,9 @@ def decimals_of(values: np.ndarray, most: int = 5) -> int:
     return -1
 
 
-def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask: np.ndarray | None = None) -> None:
-    """Write a 128³ dose (Gy) as a sparse OpenKBP CSV, atomically.
+def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask: np.ndarray | None = None) -> np.ndarray:
+    """Write a 128³ dose (Gy) as a sparse OpenKBP CSV, atomically; return the listed values' text
+    (a numpy string array, in the file's order: what a reader parses).
 
     With ``possible_dose_mask`` every voxel of the mask is listed (zeros included), as the
     challenge's own ``dose.csv`` files do; without it, every non-zero voxel. Values are written
@@ -315,18 +316,22 @@ def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask
         indices = np.flatnonzero(flat)
     else:
         indices = np.flatnonzero(np.asarray(possible_dose_mask).reshape(-1))
-    write_sparse_csv(path, indices, flat[indices])
+    return write_sparse_csv(path, indices, flat[indices])
 
 
-def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.ndarray | None) -> None:
-    """Write flat indices and values (None for a mask) in the OpenKBP sparse format, atomically.
+def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.ndarray | None) -> np.ndarray | None:
+    """Write flat indices and values (None for a mask) in the OpenKBP sparse format, atomically;
+    return the values' text as written (a numpy string array; None for a mask).
 
     Float values are written as the shortest decimal that reads back to the same number in their
     dtype (float32 7.675 is written ``7.675``).
     """
     index_text = np.asarray(indices, dtype=np.int64).astype(str)
+    value_text = None
     if values is None:
         lines = np.char.add(index_text, ",\n")
     else:
-        lines = np.char.add(np.char.add(index_text, ","), np.char.add(np.asarray(values).astype(str), "\n"))
+        value_text = np.asarray(values).astype(str)
+        lines = np.char.add(np.char.add(index_text, ","), np.char.add(value_text, "\n"))
     write_text_atomic(Path(path), ",data\n" + "".join(lines.tolist()))
+    return value_text

@@ -17,7 +17,9 @@ structures, the DICOM names they are matched from, its grid).
   and outside the possible-dose mask, to the challenge's three decimals.
 
 The folder is built beside its destination and moved into place whole, so a failed import leaves
-nothing behind; an earlier import at the destination (a folder with a sidecar) is replaced.
+nothing behind; an earlier import at the destination (a folder with a sidecar) is replaced. The
+patient it holds is returned too (``ImportReport.patient``, with the values of the text written:
+what ``read_patient`` reads back), so that one process predicts without reading it again.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ import numpy as np
 
 from provided_code.infra.atomic import new_folder_beside, replace_folder, write_text_atomic
 from provided_code.constants import CT_FILE, CT_MAX, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE
-from provided_code.data.csv_io import write_dose_csv, write_sparse_csv
+from provided_code.data import patient_plan
+from provided_code.data.csv_io import Patient, as_volume, decimals_of, write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
@@ -62,6 +65,9 @@ class ImportReport:
     # made disjoint): what a planning system's DVH counts. The clinical DVH table is computed on these.
     ct_voxels: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
     dose_grid: DoseGrid | None = dataclasses.field(default=None, repr=False)  # the clinic's RT Dose, as read
+    # The patient the folder holds, exactly as read_patient(folder, require_dose=False, site=site) reads
+    # it back (every array, dose_decimals, prescriptions, gantry_angles): the clinic predicts from it.
+    patient: Patient | None = dataclasses.field(default=None, repr=False)
 
 
 def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
@@ -151,9 +157,9 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     if dose_grid is not None:
         dose = sample_dose(dose_grid, geometry.box_y(), geometry.box_x(), geometry.box_z())
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
-    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site, also_write)
+    patient = _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site, also_write)
     logger.info("Imported %s into %s", ct_dir if not isinstance(ct_dir, (list, tuple)) else geometry.series_instance_uid, out)
-    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid)
+    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid, patient)
 
 
 def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to_box: PlaneTaps,
@@ -220,24 +226,40 @@ def _check_voxel_size(geometry: PatientGeometry) -> list[str]:
 
 def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: dict[str, np.ndarray],
                   possible_dose_mask: np.ndarray, dose: np.ndarray | None, site: Site,
-                  also_write: Callable[[Path], None] | None = None) -> None:
-    """Write the patient folder beside ``out`` and move it into place whole."""
+                  also_write: Callable[[Path], None] | None = None) -> Patient:
+    """Write the patient folder beside ``out`` and move it into place whole; return the patient it
+    holds, with the values of the text written (as ``read_patient`` reads them back)."""
     staging = new_folder_beside(out)  # leftovers of a killed import tidied first
     try:
         flat_ct = ct.reshape(-1)
         write_sparse_csv(staging / CT_FILE, np.flatnonzero(flat_ct), flat_ct[flat_ct != 0])
         write_sparse_csv(staging / POSSIBLE_DOSE_MASK_FILE, np.flatnonzero(possible_dose_mask.reshape(-1)), None)
-        for key in site.names:
+        structure_masks = np.zeros(ct.shape, site.mask_dtype)
+        for bit, key in enumerate(site.names):
             if key in masks and masks[key].any():
                 write_sparse_csv(staging / f"{key}.csv", np.flatnonzero(masks[key].reshape(-1)), None)
-        write_text_atomic(staging / VOXEL_DIMENSIONS_FILE,
-                          "".join(f"{v:.6g}\n" for v in geometry.voxel_dimensions.tolist()))
+                structure_masks[masks[key]] |= site.mask_dtype.type(1 << bit)
+        voxel_text = "".join(f"{v:.6g}\n" for v in geometry.voxel_dimensions.tolist())
+        write_text_atomic(staging / VOXEL_DIMENSIONS_FILE, voxel_text)
+        read_dose, dose_decimals = None, -1
         if dose is not None:
-            write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
+            text = write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
+            values = text.astype(np.float64)  # the file's values, parsed as read_patient parses them
+            read_dose = as_volume(np.flatnonzero(possible_dose_mask.reshape(-1)), values, np.float32).reshape(ct.shape)
+            dose_decimals = decimals_of(values)
         geometry.write(staging)
         if also_write is not None:
             also_write(staging)
+        patient = Patient(
+            patient_id=out.name, ct=ct, structure_masks=structure_masks, possible_dose_mask=possible_dose_mask,
+            voxel_dimensions=np.array([float(v) for v in voxel_text.split()]), dose=read_dose,
+            dose_decimals=dose_decimals,
+            # the plan files also_write added (the cohort's), read by read_patient's own readers
+            prescriptions=(patient_plan.read_prescriptions(staging, site) if patient_plan.has_prescriptions(staging)
+                           else None),
+            gantry_angles=patient_plan.read_gantry_angles(staging))
         replace_folder(staging, out)  # an earlier import is replaced whole
+        return patient
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
