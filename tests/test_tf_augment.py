@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from provided_code.constants import STRUCTURES
 from provided_code.data.augment import Augmenter, plane_sources
-from provided_code.data.tf_augment import apply_geometry, move_volume, swap_parotids
+from provided_code.data.tf_augment import apply_geometry, move_volume, swap_mirror_bits
 
 RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
 
@@ -50,10 +50,10 @@ def test_mirror_with_parotid_swap_twice_is_the_identity():
         assert np.array_equal(twice[name], base[name])
 
 
-def test_swap_parotids_only_where_mirrored():
+def test_swap_mirror_bits_only_where_mirrored():
     masks = np.array([RIGHT, LEFT | 1, RIGHT | LEFT, 0], np.uint16).reshape(1, 1, 1, 4)
     both = np.concatenate([masks, masks])
-    out = swap_parotids(tf.constant(both), tf.constant([True, False])).numpy()
+    out = swap_mirror_bits(tf.constant(both), tf.constant([True, False]), ((RIGHT, LEFT),)).numpy()
     assert out[0].reshape(-1).tolist() == [LEFT, RIGHT | 1, RIGHT | LEFT, 0]
     assert np.array_equal(out[1], both[1])
 
@@ -68,8 +68,8 @@ def test_rotation_keeps_every_value_one_of_the_inputs():
                 values = np.unique(out[name][n])
                 allowed = np.union1d(np.unique(base[name][n]), [0])  # zero where the source is outside
                 if name == "structure_masks":
-                    allowed = np.union1d(allowed, np.unique(swap_parotids(tf.constant(base[name][n:n + 1]),
-                                                                          tf.constant([True])).numpy()))
+                    allowed = np.union1d(allowed, np.unique(swap_mirror_bits(tf.constant(base[name][n:n + 1]),
+                                                                          tf.constant([True]), ((RIGHT, LEFT),)).numpy()))
                 assert np.isin(values, allowed).all()
         assert not np.array_equal(out["ct"], base["ct"])
 
