@@ -102,6 +102,8 @@ class SplitArrays:
     voxel_dimensions: np.ndarray  # mm, of the 128³ grid whatever the resolution
     structure_present: np.ndarray
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # patient id -> reason
+    prescriptions: np.ndarray | None = None  # (N, len(site.targets)) float32 Gy; None: no patient has its own
+    beam_angles: np.ndarray | None = None  # (N, slots) float32 gantry degrees, NaN unused; None: no patient has its own
 
     def __len__(self) -> int:
         return len(self.patient_ids)

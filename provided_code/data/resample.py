@@ -50,7 +50,7 @@ def downsample_split(arrays, resolution: int):
         return arrays
     shape = (len(arrays), resolution, resolution, resolution)
     ct = np.empty(shape, np.uint16)
-    structure_masks = np.empty(shape, np.uint16)
+    structure_masks = np.empty(shape, arrays.structure_masks.dtype)  # the site's packing: uint16 or uint32
     possible_dose_mask = np.empty(shape, bool)
     dose = np.empty(shape, np.float32)
     for i in range(len(arrays)):
