@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 def fit_patient_inputs(config, splits: list[SplitArrays], saved=None):
     """``config`` with the per-patient inputs its data asks for (``patient_prescriptions``,
-    ``beam_slots``: the most beams any patient of ``splits`` has, or the run-wide count for a
-    patient without its own), checked against every patient of ``splits``.
+    ``beam_slots``: the most beams any patient of ``splits`` has, at least the run-wide angles'
+    count, so that a patient without its own fits), checked against every patient of ``splits``.
 
     A new run takes them; a resumed one (``saved``: its saved config, whose values ``config``
     already holds) keeps its own, and is refused in one line when its data now has per-patient
@@ -38,8 +38,7 @@ def fit_patient_inputs(config, splits: list[SplitArrays], saved=None):
     with_beams = [arrays for arrays in splits if getattr(arrays, "beam_angles", None) is not None]
     if config.beams and with_beams:
         counts = np.concatenate([np.isfinite(arrays.beam_angles).sum(axis=1) for arrays in with_beams])
-        falls_back = len(with_beams) < len(splits) or (counts == 0).any()
-        slots = int(max(counts.max(), len(config.gantry_angles) if falls_back else 0))
+        slots = int(max(counts.max(), len(config.gantry_angles)))  # any patient without beams.csv fits too
     if saved is None:
         config = dataclasses.replace(config, patient_prescriptions=prescriptions, beam_slots=slots)
     else:
