@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.constants import STRUCTURES
 from provided_code.data.augment import Augmenter, plane_sources
 from provided_code.data.batches import take_inputs
 from provided_code.data.tf_augment import apply_geometry
@@ -16,6 +15,8 @@ from provided_code.inputs import model_inputs
 from provided_code.networks.beams import beam_voxels, equidistant_angles, parse_beam_angles
 from provided_code.networks.layers import CompactInputs
 from provided_code.sites import load_site
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 PTV70 = np.uint16(1 << STRUCTURES.index("PTV70"))
 PTV56 = np.uint16(1 << STRUCTURES.index("PTV56"))

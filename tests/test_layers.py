@@ -2,9 +2,11 @@ import keras
 import numpy as np
 import pytest
 
-from provided_code.constants import CT_MAX, STRUCTURES
+from provided_code.constants import CT_MAX
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
 from provided_code.sites import load_site
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 
 @pytest.mark.parametrize("shape", [(2, 8, 8, 8, 1), (1, 5, 7, 9, 3), (1, 1, 4, 2, 1)])
@@ -43,7 +45,6 @@ def test_compact_inputs_equal_the_plain_unpacking_for_every_value():
 
 
 def test_prescription_channel_holds_the_highest_ptv_level_by_hand():
-    from provided_code.constants import STRUCTURES
     from provided_code.data.phantoms import make_phantom
     from provided_code.data.resample import block_or
 

@@ -1,9 +1,11 @@
 import numpy as np
 import tensorflow as tf
 
-from provided_code.constants import STRUCTURES
 from provided_code.data.augment import Augmenter, plane_sources
 from provided_code.data.tf_augment import apply_geometry, move_volume, swap_mirror_bits
+from provided_code.sites import load_site
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
 
@@ -127,7 +129,6 @@ def test_angles_move_with_the_patient_and_prescriptions_do_not():
     patient's prescriptions are facts no move changes."""
     from provided_code.data.tf_augment import move_angles
     from provided_code.inputs import model_inputs
-    from provided_code.sites import load_site
 
     angles = np.array([[0.0, 90.0, 350.0, np.nan], [10.0, 200.0, np.nan, np.nan]], np.float32)
     moved = move_angles(tf.constant(angles), tf.constant([True, False]), tf.constant([40.0, 80.0])).numpy()
