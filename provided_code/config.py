@@ -17,6 +17,7 @@ from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.networks.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
+from provided_code.sites import SHIPPED, Site, load_site
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
 XLA_MODES = ("auto", "on", "off")
@@ -29,16 +30,19 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class TrainConfig:
     # -- architecture: fixed for the life of a model; a resume must match these --
+    site: "str | dict" = "openkbp"  # the treatment site (provided_code/sites): openkbp, prostate or a site file;
+    #                                 saved whole (its structures, prescriptions, names, beams) in config.json
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
     prescription_channel: bool = True  # one more input channel: each voxel's highest PTV prescription / 70 Gy
     norm: str = "instance"  # instance: per sample and channel (no statistics cross the batch or the replicas:
     #                         the whole replica step compiles); batch: batch norm, synchronised across replicas
-    beams: int = 9  # beam input channels for this many equidistant coplanar beams (OpenKBP: 9, 40° apart,
-    #                 the first at 0°, its site's beams); 0: none
+    beams: int | None = None  # None: the site's beam arrangement (OpenKBP: 9 beams, 40° apart, the first at
+    #                           0°; arcs sampled every sites.ARC_STEP_DEGREES); N: N equidistant coplanar
+    #                           beams from 0°; 0: no beam channels
     beam_angles: str = ""  # the beams' IEC gantry angles, comma list of degrees (head-first supine); given,
-    #                        it sets beams; with beams alone, resolved to its equidistant angles when saved
+    #                        it sets beams; resolved to the angles (and beams to their number) when saved
     beam_channels: str = "count"  # count: one channel, the beams crossing each voxel / beams; each: one per beam
     patient_prescriptions: bool = False  # the prescription channel from each patient's own prescriptions
     #                                      (prescriptions.csv; a model input): set by training when its
@@ -74,6 +78,8 @@ class TrainConfig:
     #                                    with an error (a lost worker); must exceed a checkpoint save
     accumulate: int = 1  # average the gradients of N consecutive batches before each update
     recompute: bool = False  # recompute block activations in the backward pass instead of storing them
+    memory_map: bool = False  # train from the cache file mapped into memory (data/mapped.py) rather than from
+    #                           arrays read into memory; also chosen when those would not fit (the run measures)
     # -- where things go --
     model_name: str = "unet"  # results/<model_name>/
     data_dir: str = "provided-data"  # holds train-pats/ (and validation-pats/, test-pats/)
@@ -105,7 +111,7 @@ class TrainConfig:
     #   split over devices and micro-batches; a resume on other hardware sets them so that batch ×
     #   replicas × accumulate, the patients per update, stays the same.
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
-    ARCHITECTURE = ("filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
+    ARCHITECTURE = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
                     "beam_channels", "patient_prescriptions", "beam_slots")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
               "seed")
@@ -120,8 +126,14 @@ class TrainConfig:
         self._check_choice("loss", LOSSES)
         self._check_choice("norm", NORMS)
         self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
-        self._check("beams", _is_integer(self.beams, 0), "an integer >= 0 (0: none)")
-        self._gantry_angles = _parsed(resolve_beam_angles, self.beams, self.beam_angles)  # parsed once, here
+        self._site = load_site(self.site)  # a SiteError names the file and the field
+        self.site = self._site.to_dict()
+        self._check("beams", self.beams is None or _is_integer(self.beams, 0), "an integer >= 0 (0: none), or "
+                                                                                "None (the site's beams)")
+        if self.beams is None and not str(self.beam_angles).strip():
+            self._gantry_angles = self._site.beams.gantry_angles()
+        else:
+            self._gantry_angles = _parsed(resolve_beam_angles, self.beams or 0, self.beam_angles)  # parsed once, here
         self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
         self._check_choice("beam_channels", BEAM_CHANNELS)
         self._check("patient_prescriptions", isinstance(self.patient_prescriptions, bool), "true or false")
@@ -157,6 +169,11 @@ class TrainConfig:
     def run_dir(self) -> Path:
         """``results/<model-name>``: the run's folder (its layout: :mod:`provided_code.run_folder`)."""
         return Path(self.results_dir) / self.model_name
+
+    @property
+    def site_obj(self) -> Site:
+        """The run's treatment site (``site`` parsed once)."""
+        return self._site
 
     @property
     def augmentations(self) -> tuple[str, ...]:
@@ -249,7 +266,7 @@ class TrainConfig:
 
     def check_resume(self, saved: "TrainConfig") -> None:
         """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
-        changed = [f"{name}: saved {getattr(saved, name)!r}, requested {getattr(self, name)!r}"
+        changed = [f"{name}: saved {_shown(saved, name)}, requested {_shown(self, name)}"
                    for name in self.ARCHITECTURE if getattr(saved, name) != getattr(self, name)]
         if self.precision != "auto" and saved.precision != self.precision:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
@@ -261,8 +278,17 @@ class TrainConfig:
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
-ABSENT_MEANS = {"norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+ABSENT_MEANS = {"site": "openkbp", "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
                 "ema": False, "dvh_weight": 0.0}
+
+
+def _shown(config: TrainConfig, name: str) -> str:
+    """A field's value for a message; a site by its name (its whole JSON would hide the line)."""
+    if name == "site":
+        site = config.site_obj
+        return repr(site.name) if site.name not in SHIPPED or site.same_as(load_site(site.name)) \
+            else f"{site.name!r} (another version of it)"
+    return repr(getattr(config, name))
 
 
 def _is_finite_number(value) -> bool:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import STRUCTURES, TARGETS
 from provided_code.data.cache import exact_dose
 from provided_code.errors import ConfigError
 from provided_code.infra.atomic import atomic_path
@@ -51,13 +50,16 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     has_reference = bool(arrays.has_dose[row])
     reference = (exact_dose(arrays.dose[row], int(arrays.dose_decimals[row])).reshape(predicted.shape)
                  if has_reference else None)
-    indices = structure_indices(arrays.structure_masks[row])
+    site = arrays.site
+    indices = structure_indices(arrays.structure_masks[row], len(site.names))
+    # the highest prescription first
+    targets = sorted(site.targets, key=lambda t: -site.prescriptions_gy[t])
     top = max(float(reference.max()) if has_reference else 0.0, float(predicted.max()), 1.0)
     bins = np.linspace(0, top * 1.02, 200)
 
     figure, axes = plt.subplots(figsize=(8, 5))
     colours = plt.get_cmap("tab10")
-    for k, (name, voxels) in enumerate(zip(STRUCTURES, indices)):
+    for k, (name, voxels) in enumerate(zip(site.names, indices)):
         if voxels.size == 0:
             continue
         for dose, style in ((reference, "-"), (predicted, "--")) if has_reference else ((predicted, "-"),):
@@ -72,8 +74,7 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     _save(figure, dvh_path)
     plt.close(figure)
 
-    centre_voxels = next((indices[STRUCTURES.index(t)] for t in reversed(TARGETS)  # PTV70 first
-                          if indices[STRUCTURES.index(t)].size), None)
+    centre_voxels = next((indices[site.names.index(t)] for t in targets if indices[site.names.index(t)].size), None)
     if centre_voxels is None:
         hottest = reference if has_reference else predicted
         centre = np.unravel_index(int(np.argmax(hottest)), hottest.shape)
@@ -82,7 +83,8 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
     ct = arrays.ct[row].reshape(predicted.shape).astype(np.float32)
     masks = arrays.structure_masks[row].reshape(predicted.shape)
     views = (("axial", 2), ("coronal", 0), ("sagittal", 1))  # axis 2 superior-inferior, 0 AP, 1 LR
-    target_colours = {"PTV56": "cyan", "PTV63": "yellow", "PTV70": "magenta"}
+    # by prescription, highest first (OpenKBP: PTV70 magenta, PTV63 yellow, PTV56 cyan)
+    target_colours = dict(zip(targets, ("magenta", "yellow", "cyan", "lime", "orange", "white", "red", "blue")))
     ct_top = max(float(ct.max()), 1.0)
     columns = ((reference, "reference"), (predicted, "predicted")) if has_reference else ((predicted, "predicted"),)
     error = predicted - reference if has_reference else None
@@ -99,10 +101,10 @@ def plot_patient(folder: Path, patient_id: str, arrays, row: int, predicted: np.
             axes.imshow(ct_plane, cmap="gray", vmin=0, vmax=ct_top)
             wash = np.ma.masked_less(plane(dose), 0.05 * top)  # no colour where there is (almost) no dose
             image = axes.imshow(wash, cmap="jet", alpha=0.45, vmin=0, vmax=top)
-            for target in TARGETS:
-                contour = (mask_plane >> STRUCTURES.index(target)) & 1
+            for target in reversed(targets):
+                contour = (mask_plane >> site.names.index(target)) & 1
                 if contour.any():
-                    axes.contour(contour, levels=[0.5], colors=target_colours[target], linewidths=0.8)
+                    axes.contour(contour, levels=[0.5], colors=target_colours.get(target, "white"), linewidths=0.8)
             axes.set_title(f"{view}: {title}", fontsize=9)
             axes.axis("off")
             figure.colorbar(image, ax=axes, fraction=0.046, label="Gy")

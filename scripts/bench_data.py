@@ -7,14 +7,34 @@ Side by side on the same patients, in one run: CSV parse per patient; cache buil
 (batch 2 at 128³, what the model consumes); the same batch from a naive loader that re-reads the
 CSVs into float64 every batch (the approach this design replaces); and a plain numpy copy of the
 batch's bytes (the memory-bandwidth limit). The cache goes to a temporary folder.
+
+Memory-mapped training (``--memory-map``, ``data/mapped.py``), also in the same run:
+
+- ``batch_s_memory_map_warm_over_in_memory``: the same batch from the cache file mapped into
+  memory, its pages in the page cache and its chunks already verified (every epoch after the
+  first, for a cohort the page cache holds), over the batch from the arrays in memory; beside it
+  ``batch_s_memory_map_cold``: a fresh mapping after ``posix_fadvise(DONTNEED)`` dropped the file
+  from the page cache (chunks verified: a cohort larger than the page cache, from its second epoch);
+- ``train_peak_rss_mb_memory_map``: the peak resident memory (VmHWM) of a process that trains a
+  few 128³ steps (``--rss-filters`` filters, batch 1, the masked loss, the project's input
+  pipeline and step) on a phantom cohort of ``--cohort-patients`` patients mapped from its cache
+  (the cohort is a few phantoms, each under many patient numbers), with
+  ``cohort_stacked_over_peak_rss`` (the cohort's stacked arrays over that peak: at least 4 asked);
+  beside it the same steps in a process that holds only the touched patients in memory, whose
+  losses must be the same (``losses_equal``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,8 +46,11 @@ from provided_code.constants import (
     CT_FILE, DOSE_FILE, NUM_VOXELS, POSSIBLE_DOSE_MASK_FILE, STRUCTURES, VOLUME_SHAPE,
 )
 from provided_code.data.batches import epoch_batches, take_batch
-from provided_code.data.cache import build_cache, cache_path_for, load_cache, source_fingerprint
+from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint, stacked_nbytes
 from provided_code.data.csv_io import discover_patients, read_patient
+from provided_code.data.mapped import VOLUME_NAMES
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def timed(function, repeats: int) -> float:
@@ -61,12 +84,128 @@ def naive_batch(folders: list[Path]):
     return ct, masks, dose
 
 
+def drop_from_page_cache(path: Path) -> None:
+    """Ask the kernel to forget ``path``'s pages (those no process maps)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def memory_map_batches(path: Path, arrays, rows, repeats: int) -> dict:
+    """A batch from the mapped cache file, warm and cold, against the same batch from ``arrays``
+    (in memory): warm and in memory alternating, the median of each."""
+    mapped = load_cache(path, mapped=True)
+    take_batch(mapped, rows)  # first touch: read and verified
+    warm, in_memory = [], []
+    for _ in range(max(9, repeats)):
+        warm.append(timed(lambda: take_batch(mapped, rows), 1))
+        in_memory.append(timed(lambda: take_batch(arrays, rows), 1))
+    warm_s, in_memory_s = float(np.median(warm)), float(np.median(in_memory))
+    cold = []
+    for _ in range(repeats):
+        del mapped
+        gc.collect()  # unmapped: the kernel drops only pages no process maps
+        drop_from_page_cache(path)
+        mapped = load_cache(path, mapped=True)
+        cold.append(timed(lambda: take_batch(mapped, rows), 1))
+    return {"batch_s_in_memory": in_memory_s, "batch_s_memory_map_warm": warm_s,
+            "batch_s_memory_map_cold": float(np.median(cold)),
+            "batch_s_memory_map_warm_over_in_memory": warm_s / in_memory_s,
+            "batch_s_memory_map_cold_over_in_memory": float(np.median(cold)) / in_memory_s}
+
+
+# -- peak memory of training from a mapped cohort (each process a measurement of its own) ------------
+def child_train_rss(spec: dict) -> dict:
+    """A few 128³ training steps on the cohort cached at ``spec["cache"]``: mapped, or (``mapped``
+    false) with only the steps' patients read into memory. Losses and the process's peak RSS."""
+    from provided_code.infra.environment import configure_tensorflow
+
+    configure_tensorflow()
+    import keras
+    import tensorflow as tf
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.tf_dataset import distributed_dataset, update_schedule
+    from provided_code.losses import loss_function, needs_possible_dose_mask
+    from provided_code.training.memory import peak_rss_mb
+    from provided_code.training.model import new_model
+    from provided_code.training.step import TrainStep
+
+    tf.config.experimental.enable_op_determinism()  # as training on a CPU without XLA: the same losses
+    strategy = tf.distribute.get_strategy()
+    cohort = load_cache(Path(spec["cache"]), mapped=True)
+    config = TrainConfig(resolution=128, filters=spec["filters"], batch_size=1, augment="none", xla="off")
+    schedule = update_schedule(len(cohort), 1, 1, 1, seed=0, first_epoch=0, epochs=1)[:spec["steps"]]
+    arrays = cohort
+    if not spec["mapped"]:  # the steps' patients only, read into memory; the rows renumbered
+        touched = np.unique(np.concatenate([rows.reshape(-1) for rows, *_ in schedule]))
+        part = cohort.select(touched)
+        arrays = dataclasses.replace(part, **{name: getattr(part, name)[:] for name in VOLUME_NAMES})
+        schedule = [(np.searchsorted(touched, rows), weights, epoch, index) for rows, weights, epoch, index in schedule]
+    del cohort
+    keras.utils.set_random_seed(0)
+    model = new_model(config)
+    model.optimizer.build(model.trainable_variables)
+    step = TrainStep(model, strategy, 1, xla=False, loss_fn=loss_function(config.loss, config.dvh_weight))
+    dataset = distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(config.loss))
+    losses = [float(step.train(element)) for element in dataset]
+    return {"losses": losses, "peak_rss_mb": peak_rss_mb(), "memory_mapped": arrays.memory_mapped}
+
+
+def measure(spec: dict) -> dict:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                            env=env, cwd=REPO)
+    if result.returncode != 0:
+        raise SystemExit(f"measurement {spec} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def train_peak_rss(workdir: Path, patients: int, distinct: int, filters: int, steps: int) -> dict:
+    """A phantom cohort of ``patients`` (``distinct`` phantoms, each under many patient numbers),
+    cached; the mapped and the in-memory steps on it, each in its own process."""
+    from provided_code.data.phantoms import write_phantom_split
+
+    write_phantom_split(workdir / "phantoms", distinct)
+    originals = discover_patients(workdir / "phantoms")
+    cohort = workdir / "cohort"
+    cohort.mkdir()
+    for number in range(1, patients + 1):
+        (cohort / f"pt_{number}").symlink_to(originals[number % distinct].resolve())
+    start = time.perf_counter()
+    load_split(cohort, cache_dir=workdir / "cohort-cache", memory_map=True)  # built (every core), not read
+    build_s = time.perf_counter() - start
+    path = cache_path_for(cohort, workdir / "cohort-cache")
+    spec = {"kind": "train_rss", "cache": str(path), "filters": filters, "steps": steps}
+    mapped = measure({**spec, "mapped": True})
+    in_memory = measure({**spec, "mapped": False})
+    stacked_mb = stacked_nbytes(patients) / 2**20
+    return {"cohort_patients": patients, "cohort_stacked_mb": stacked_mb, "cohort_cache_build_s": build_s,
+            "train_peak_rss_mb_memory_map": mapped["peak_rss_mb"],
+            "cohort_stacked_over_peak_rss": stacked_mb / mapped["peak_rss_mb"],
+            "train_peak_rss_mb_in_memory_touched_patients": in_memory["peak_rss_mb"],
+            "train_losses_memory_map": mapped["losses"], "train_losses_in_memory": in_memory["losses"],
+            "losses_equal": mapped["losses"] == in_memory["losses"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, type=Path, help="a folder of pt_* patient folders")
+    parser.add_argument("--data-dir", type=Path, help="a folder of pt_* patient folders (required)")
     parser.add_argument("--patients", type=int, default=None, help="use the first N patients (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cohort-patients", type=int, default=300,
+                        help="patients of the phantom cohort of train_peak_rss_mb_memory_map (0: skip it)")
+    parser.add_argument("--rss-filters", type=int, default=4, help="filters of its model")
+    parser.add_argument("--rss-steps", type=int, default=3, help="its training steps")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child_train_rss(json.loads(args.child))))
+        return
+    if args.data_dir is None:
+        parser.error("the following arguments are required: --data-dir")
 
     folders = discover_patients(args.data_dir)[: args.patients]
     count = len(folders)
@@ -107,6 +246,10 @@ def main() -> None:
         source = np.ones(batch_bytes, np.uint8)
         copy_s = timed(lambda: source.copy(), args.repeats)
         naive_s = timed(lambda: naive_batch([folders[i] for i in rows]), repeats=2)
+        mapped_batches = memory_map_batches(path, arrays, rows, args.repeats)
+        del arrays
+        training = (train_peak_rss(workdir, args.cohort_patients, 4, args.rss_filters, args.rss_steps)
+                    if args.cohort_patients else {})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -125,6 +268,8 @@ def main() -> None:
         "naive_over_batch": naive_s / batch_s,
         "batch_over_copy_limit": batch_s / copy_s,
         "parse_over_load": parse_s / load_s,
+        **mapped_batches,
+        **training,
     }, indent=2))
 
 

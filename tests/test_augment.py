@@ -82,3 +82,17 @@ def test_shifts_keep_the_possible_dose_mask_whole():
             assert moved.sum() == masks[n].sum()  # nothing pushed out of the volume
             moved_any |= not np.array_equal(moved.reshape(masks[n].shape), masks[n])
     assert moved_any
+
+
+def test_a_worker_reads_only_the_masks_of_the_patients_it_draws_for(phantom_split, tmp_path):
+    from provided_code.data.cache import load_split
+
+    masks = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True).possible_dose_mask
+    rows = np.array([2, 0, 1, 0])
+    needed = np.array([False, True, False, True])  # this worker's replicas: the 2nd and 4th patients
+    mine = Augmenter(("flip", "rotate", "shift"), masks, seed=3).draw(rows, epoch=1, index=4, needed=needed)
+    assert masks.verified_rows().tolist() == [0]  # only patient 0's mask was read
+    everyone = Augmenter(("flip", "rotate", "shift"), masks[:], seed=3).draw(rows, epoch=1, index=4)
+    for name in ("plane_source", "slice_shift", "mirrored"):
+        assert np.array_equal(mine[name][needed], everyone[name][needed])
+    assert np.array_equal(mine["mirrored"], everyone["mirrored"])  # every patient's draws drawn

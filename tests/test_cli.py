@@ -129,3 +129,77 @@ def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refu
     config = TrainConfig.from_json(saved.read_text())
     assert config.loss == "masked-mae"
     assert config.history == ({"epoch": 3, "field": "loss", "from": "mae", "to": "masked-mae"},)
+
+
+# -- the prostate site, end to end (runpod_train.py --site prostate) ---------------------------------
+def _invoke(*args):
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    return CliRunner().invoke(cli.main, [str(a) for a in args])
+
+
+def _run_copy(run_dir, tmp_path):
+    """A writable copy of a shared run folder: ``(results dir, model name)``."""
+    import shutil
+
+    shutil.copytree(run_dir, tmp_path / "results" / run_dir.name)
+    return tmp_path / "results", run_dir.name
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("reset_keras")
+def test_a_prostate_run_learns_and_predict_only_scores_it(prostate_model, prostate_data, tmp_path):
+    import csv
+    import json
+
+    from provided_code.sites import load_site
+
+    saved = json.loads((prostate_model / "models" / "config.json").read_text())
+    assert saved["site"] == load_site("prostate").to_dict()  # the whole site travels with the model
+    with open(prostate_model / "training_log.csv", newline="") as handle:
+        log = list(csv.DictReader(handle))
+    assert len(log) == 5  # the masked loss falls over a short run, on the training and the validation patients
+    assert float(log[-1]["loss"]) < 0.9 * float(log[0]["loss"])
+    assert float(log[-1]["val_loss"]) < float(log[0]["val_loss"])
+
+    results, name = _run_copy(prostate_model, tmp_path)
+    result = _invoke("--predict-only", "--data-dir", prostate_data, "--results-dir", results, "--model-name", name,
+                     "--cache-dir", tmp_path / "cache", "--stage", "validation", "--epoch", "5")
+    assert result.exit_code == 0, result.output
+    predictions = results / name / "validation-predictions"
+    assert sorted(p.name for p in predictions.glob("pt_*.csv")) == ["pt_201.csv", "pt_202.csv"]
+    summary = json.loads((predictions / "scores.json").read_text())
+    assert summary["patients"] == 2 and 0 < summary["dose_score"] < 78 and summary["dvh_score"] > 0
+    with open(predictions / "scores.csv", newline="") as handle:
+        columns = next(csv.reader(handle))
+    assert "PTV78_D_99_difference" in columns and "Rectum_mean_difference" in columns
+    assert not any(column.startswith("PTV70") for column in columns)
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_prostate_model_refuses_openkbp_data_and_an_openkbp_site_flag(prostate_model, phantom_data, prostate_data,
+                                                                        tmp_path):
+    results, name = _run_copy(prostate_model, tmp_path)
+    where = ("--results-dir", results, "--model-name", name, "--cache-dir", tmp_path / "cache", "--stage", "validation")
+    for refused, says in ((_invoke("--predict-only", "--data-dir", phantom_data, *where),
+                           "Brainstem.csv: not a structure of site prostate"),
+                          (_invoke("--predict-only", "--data-dir", prostate_data, "--site", "openkbp", *where),
+                           "Expected the model's own site, prostate (config.json), or no --site. Received: "
+                           "site='openkbp'")):
+        assert refused.exit_code == 1 and "Traceback" not in refused.output
+        error = [line for line in refused.output.splitlines() if line.startswith("Error:")]
+        assert len(error) == 1 and says in error[0], refused.output
+    assert not (results / name / "validation-predictions").exists()
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_an_openkbp_model_refuses_prostate_data(tiny_model, prostate_data, tmp_path):
+    results, name = _run_copy(tiny_model, tmp_path)
+    refused = _invoke("--predict-only", "--data-dir", prostate_data, "--results-dir", results, "--model-name", name,
+                      "--cache-dir", tmp_path / "cache", "--stage", "validation")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    error = [line for line in refused.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and "Bladder.csv: not a structure of site openkbp" in error[0], refused.output
+    assert not (results / name / "validation-predictions").exists()

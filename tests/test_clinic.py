@@ -19,13 +19,14 @@ from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 
 
 def test_clinical_dvh_table_by_hand():
     dose = np.arange(1000, dtype=np.float64).reshape(10, 10, 10) / 10.0
     indices = [np.array([], np.int64)] * len(STRUCTURES)
     indices[STRUCTURES.index("PTV70")] = np.arange(101)  # doses 0.0, 0.1, ..., 10.0
-    table = clinical_dvh(dose, indices)
+    table = clinical_dvh(dose, indices, openkbp())
     assert list(table) == ["PTV70"] and list(table["PTV70"]) == list(CLINICAL_METRICS)
     assert table["PTV70"] == pytest.approx({"D99": 0.1, "D95": 0.5, "D50": 5.0, "Dmean": 5.0, "D1": 9.9, "Dmax": 10.0})
 
@@ -55,7 +56,7 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(tiny_model, tmp_pa
     report = json.loads((out / "dvh.json").read_text())
     assert report["model"]["epoch"] == 1 and report["model"]["tta"] is True
     # The table is on the CT's grid; this CT (factor 1) has the box's pixels, so it is the box's table.
-    expected = clinical_dvh(predicted, structure_indices(patient.structure_masks))
+    expected = clinical_dvh(predicted, structure_indices(patient.structure_masks, 10), openkbp())
     assert list(report["predicted"]) == list(expected)
     for structure, metrics in expected.items():
         # the table reads the float32 dose, the test its CSV's shortest decimals (half an ulp, 6e-8 relative)
@@ -187,3 +188,45 @@ def read_patient_like(volumes):
         structure_masks[volumes[name]] |= np.uint16(1 << bit)
     return Patient("patient", volumes["ct"], structure_masks, volumes["possible_dose_mask"],
                    np.asarray(volumes["voxel_dimensions"], float), None)
+
+
+# -- the model's site ------------------------------------------------------------------------------
+def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny_model, tmp_path):
+    """An OpenKBP model (its config.json's site, or none: OpenKBP) with --site prostate: one line
+    naming both, before the import (nothing written)."""
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(tiny_model), "--site", "prostate", "--ct",
+                                       str(tmp_path / "ct"), "--rtstruct", str(tmp_path / "RS.dcm"), "--out",
+                                       str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"Invalid `site`. Expected the model's own site, openkbp ({tiny_model / 'models' / 'config.json'}), or no "
+            f"--site. Received: site='prostate'") in result.output
+    assert not (tmp_path / "out").exists()
+    assert clinic_module.site_of_model(clinic_module.RunFolder(tiny_model), "openkbp").name == "openkbp"
+
+
+@pytest.mark.slow
+def test_predict_from_dicom_with_a_prostate_model_imports_by_its_site(prostate_model, tmp_path):
+    from provided_code.data.phantoms import make_prostate_phantom
+    from provided_code.dicom.synthetic import PROSTATE_CLINICAL_NAMES
+    from provided_code.sites import load_site
+
+    site = load_site("prostate")
+    volumes = make_prostate_phantom(21)
+    masks = {name: volumes[name] for name in site.names}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],
+                           factor=1, names=PROSTATE_CLINICAL_NAMES)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(prostate_model), "--ct", str(clinic.ct_dir),
+                                       "--rtstruct", str(clinic.rtstruct), "--rtdose", str(clinic.rtdose), "--out",
+                                       str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "PTV78         <- 'PTV78'" in result.output and "dose score" in result.output
+    assert json.loads((out / "patient" / "dicom.json").read_text())["site"] == "prostate"
+    report = json.loads((out / "dvh.json").read_text())
+    assert list(report["predicted"]) == list(site.names) and (out / "RD.dcm").is_file()
+    refused = CliRunner().invoke(main, ["predict", "--model-dir", str(prostate_model), "--site", "openkbp", "--ct",
+                                        str(clinic.ct_dir), "--rtstruct", str(clinic.rtstruct), "--out",
+                                        str(tmp_path / "other")])
+    assert refused.exit_code == 1 and "Expected the model's own site, prostate" in refused.output
+    assert not (tmp_path / "other").exists()

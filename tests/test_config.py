@@ -1,8 +1,10 @@
 import dataclasses
+import json
 
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.sites import load_site
 
 
 @pytest.mark.parametrize("field, value", [("filters", 0), ("epochs", -1), ("batch_size", 1.5),
@@ -104,3 +106,17 @@ def test_a_warm_up_as_long_as_the_run_and_too_many_or_too_close_beams_are_concer
     (close,) = TrainConfig(beam_angles="0,2,180", resolution=32).concerns()
     assert "beams 2° apart: closer than a 32³ grid resolves" in close
     assert TrainConfig(beam_angles="0,2,180", resolution=128).concerns() == []
+
+
+def test_the_whole_site_is_saved_and_a_config_without_one_is_openkbp():
+    saved = json.loads(TrainConfig(site="prostate").to_json())
+    assert saved["site"]["name"] == "prostate" and saved["site"]["structures"][-1]["prescription_gy"] == 78
+    restored = TrainConfig.from_json(json.dumps(saved))
+    assert restored.site_obj == load_site("prostate") and restored.gantry_angles == load_site("prostate").beams.gantry_angles()
+    del saved["site"]
+    assert TrainConfig.from_json(json.dumps(saved)).site_obj.name == "openkbp"
+
+
+def test_a_resume_on_another_site_is_refused_naming_both_by_name():
+    with pytest.raises(ConfigError, match=r"site: saved 'openkbp', requested 'prostate'"):
+        TrainConfig(site="prostate").resume(TrainConfig(), given={"site"})

@@ -520,3 +520,109 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
                          _linear_at(grid.x, x), optimize=True)
     by_matrices = np.einsum("ijf,kf->ijk", by_frame, _linear_at(grid.z, z), optimize=True)
     assert np.allclose(np.asarray(sampled), by_matrices, rtol=1e-6, atol=1e-5)  # as above, float32 against float64
+
+
+# -- the prostate site ------------------------------------------------------------------------------
+from provided_code.data.phantoms import make_prostate_phantom  # noqa: E402
+from provided_code.dicom.synthetic import PROSTATE_CLINICAL_NAMES  # noqa: E402
+from provided_code.sites import load_site  # noqa: E402
+
+PROSTATE = load_site("prostate")
+
+
+def structure_mask(patient, name):
+    return (patient.structure_masks & PROSTATE.bit(name)) != 0
+
+
+@pytest.fixture(scope="module")
+def prostate_written(tmp_path_factory):
+    """A prostate phantom written as a clinic's DICOM (256 × 256 CT at half the voxel size, shuffled
+    files, ROIs under clinical names, RTDOSE), and its import for the prostate site."""
+    root = tmp_path_factory.mktemp("prostate-dicom")
+    volumes = make_prostate_phantom(3)
+    masks = {name: volumes[name] for name in PROSTATE.names}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],
+                            names=PROSTATE_CLINICAL_NAMES)
+    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose, site="prostate")
+    return volumes, patient, report
+
+
+def test_prostate_round_trip_with_the_sites_names(prostate_written):
+    volumes, patient, report = prostate_written
+    imported = read_patient(report.folder, site=PROSTATE)
+    assert np.allclose(imported.voxel_dimensions, volumes["voxel_dimensions"])
+    assert np.abs(imported.ct.astype(int) - volumes["ct"].astype(int)).max() <= 1  # within 1 HU
+    for name in PROSTATE.names:
+        assert dice(structure_mask(imported, name), volumes[name]) >= 0.95, name
+    assert not (structure_mask(imported, "PTV78") & structure_mask(imported, "PTV60")).any()  # PTV78 wins
+    assert dice(imported.possible_dose_mask, volumes["possible_dose_mask"]) >= 0.95
+    assert np.abs(imported.dose - volumes["dose"]).max() <= 0.002  # 16-bit RT Dose, 3 decimals: as OpenKBP's test
+    geometry = PatientGeometry.read(report.folder)
+    assert geometry.site == "prostate" and geometry.box_shape == [128, 128, 128]
+    assert geometry.structures == {**{name: PROSTATE_CLINICAL_NAMES[name] for name in PROSTATE.names}, "BODY": "External"}
+    assert "FemoralHead_R <- 'Femur_Head_R'" in report.lines and not any("missing" in line for line in report.lines)
+    assert not any("OpenKBP" in line for line in report.lines)  # OpenKBP's voxel-size ranges are not a prostate's
+
+
+def test_prostate_export_lands_on_the_ct_grid_and_another_site_is_refused(prostate_written, tmp_path):
+    volumes, patient, report = prostate_written
+    geometry = export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site="prostate")
+    rd = pydicom.dcmread(tmp_path / "RD.dcm")
+    assert rd.FrameOfReferenceUID == patient.frame_of_reference_uid and (rd.Rows, rd.Columns, rd.NumberOfFrames) == \
+        (256, 256, 128)
+    values = rd.pixel_array.astype(np.float64) * float(rd.DoseGridScaling)  # (z ascending, y, x)
+    assert np.abs(values - dose_on_ct_grid(volumes["dose"], geometry)[::-1]).max() <= float(rd.DoseGridScaling)
+    with pytest.raises(DicomInputError, match="pt_1/dicom.json: the patient was imported for site prostate, not "
+                                              "openkbp") as caught:
+        export_dose(report.folder, volumes["dose"], tmp_path / "other.dcm", site="openkbp")
+    assert "\n" not in str(caught.value) and not (tmp_path / "other.dcm").exists()
+
+
+def test_a_prostate_structure_set_is_not_an_openkbp_patient(prostate_written, tmp_path):
+    _, patient, _ = prostate_written
+    with pytest.raises(DicomInputError, match=r"RS.dcm: no ROI for PTV56, PTV63, PTV70 \(ROIs: Rectum, Bladder"):
+        import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1")  # OpenKBP's names by default
+
+
+def test_command_line_import_and_export_by_site(prostate_written, tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+
+    volumes, patient, _ = prostate_written
+    result = CliRunner().invoke(main, ["import", "--site", "prostate", "--ct", str(patient.ct_dir), "--rtstruct",
+                                       str(patient.rtstruct), "--out", str(tmp_path / "pt_1")])
+    assert result.exit_code == 0, result.output
+    assert "PTV78         <- 'PTV78'" in result.output and "PTV60         <- 'PTV_6000'" in result.output
+    assert dice(structure_mask(read_patient(tmp_path / "pt_1", require_dose=False, site=PROSTATE), "Bladder"),
+                volumes["Bladder"]) >= 0.95
+    prediction = tmp_path / "pt_1.csv"
+    shutil.copy(tmp_path / "pt_1" / "ct.csv", prediction)  # any sparse 128³ volume will do
+    export = ["export", "--patient", str(tmp_path / "pt_1"), "--prediction", str(prediction), "--out"]
+    result = CliRunner().invoke(main, [*export, str(tmp_path / "RD.dcm"), "--site", "prostate"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, [*export, str(tmp_path / "RD2.dcm"), "--site", "openkbp"])
+    assert result.exit_code == 1 and not (tmp_path / "RD2.dcm").exists()
+    assert "the patient was imported for site prostate, not openkbp; import it again with --site openkbp" in result.output
+    result = CliRunner().invoke(main, ["import", "--site", "pelvis", "--ct", str(patient.ct_dir), "--rtstruct",
+                                       str(patient.rtstruct), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1 and not (tmp_path / "x").exists()
+    assert "Error: --site: invalid `site`: expected openkbp, prostate or a site file (.json). Received: 'pelvis'" \
+        in result.output
+
+
+def test_names_come_from_the_site_and_a_names_file_overrides_them(tmp_path):
+    assert DEFAULT_NAMES == load_names(site="openkbp")  # OpenKBP's table is sites/openkbp.json's
+    table = load_names(site=PROSTATE)
+    assert list(table) == [*PROSTATE.names, "BODY"]
+    for roi, structure in {"PTV_7800": "PTV78", "ptv 60": "PTV60", "Femur_Head_L": "FemoralHead_L",
+                           "Rt_Femoral_Head": "FemoralHead_R", "Bladder": "Bladder", "Skin": "BODY"}.items():
+        assert match_rois([roi], table, "RS.dcm") == {structure: roi}, roi
+    assert match_rois(["PTV70", "Parotid_L"], table, "RS.dcm") == {}  # OpenKBP's structures are not the prostate's
+    path = tmp_path / "names.json"
+    path.write_text(json.dumps({"PTV78": ["PTV_Boost"]}))
+    assert match_rois(["PTV_Boost", "PTV78"], load_names(path, site=PROSTATE), "RS.dcm") == {"PTV78": "PTV_Boost"}
+    path.write_text(json.dumps({"PTV70": ["PTV_High"]}))
+    with pytest.raises(DicomInputError, match=r"names.json: unknown structure 'PTV70'; expected one of Rectum, "):
+        load_names(path, site=PROSTATE)

@@ -9,7 +9,8 @@ from provided_code.apps.score_folder import score_prediction_folder, write_score
 from provided_code.constants import STRUCTURES
 from provided_code.data.cache import exact_dose, load_split
 from provided_code.data.csv_io import PatientDataError, write_dose_csv
-from provided_code.metrics.scoring import METRICS, score_split
+from provided_code.metrics.scoring import score_split
+from provided_code.sites import openkbp
 from tests.conftest import SAMPLE_DIR, requires_sample
 from tests.score_loop import score_folders_loop
 
@@ -35,7 +36,7 @@ def test_absent_structure_is_left_out_of_the_dvh_mean(phantom_split, tmp_path):
     assert len(entries) == 3 * (7 * 2 + 3 * 3) - 2  # pt_2 lacks Larynx's two metrics
     assert scores.dvh_score == pytest.approx(np.mean(entries), abs=1e-12)  # float64 means of ~60 values, two orders
     summary = scores.summary()
-    assert summary["patients"] == 3 and set(summary["dvh_by_metric"]) == set(METRICS)
+    assert summary["patients"] == 3 and set(summary["dvh_by_metric"]) == set(openkbp().metric_names)
 
 
 def _write_perturbed(arrays, folder, seed):

@@ -20,7 +20,7 @@ from provided_code.infra.preflight import DataNotFoundError
 from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
-from provided_code.training.train import model_weights, train
+from provided_code.training.train import model_weights, train, weights_fingerprint
 from tests.conftest import REPO, log_epochs, predict, requires_float16_convolutions
 
 
@@ -255,3 +255,46 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config):
     killed = dataclasses.replace(config, model_name="killed")
     assert log_epochs(killed.run_dir) == list(range(1, 11))
     assert [epoch for epoch, _ in RunFolder(killed.run_dir).checkpoints()] == [10, 8, 6]
+
+
+def test_training_from_the_memory_mapped_cache_gives_the_weights_of_training_from_memory(config, caplog):
+    recipe = dataclasses.replace(config, epochs=2, augment="flip,rotate,shift", score_every=1)
+    in_memory = train(recipe)
+    keras.backend.clear_session()
+    with caplog.at_level(logging.INFO):
+        mapped = train(dataclasses.replace(recipe, memory_map=True, model_name="mapped"))
+    assert "Data: mapped from the cache files (--memory-map)" in caplog.text
+    assert list(Path(config.cache_dir).glob("train-pats-*-32.h5"))  # the 32³ volumes, mapped from their own file
+    fingerprints = [weights_fingerprint(RunFolder(result.checkpoint.parents[1]).load_newest()[1])
+                    for result in (in_memory, mapped)]
+    assert fingerprints[0] == fingerprints[1]
+    logs = [read_log(RunFolder(result.checkpoint.parents[1]).log) for result in (in_memory, mapped)]
+    for name in ("loss", "val_loss", "val_dose_score", "val_dvh_score"):
+        assert [row[name] for row in logs[0]] == [row[name] for row in logs[1]]
+
+
+def test_a_corrupt_mapped_chunk_stops_training_naming_file_patient_and_volume(config, phantom_data):
+    from provided_code.data.cache import load_split
+    from provided_code.data.mapped import CorruptChunkError, downsampled
+    from tests.test_mapped import _flip_a_byte
+
+    low = downsampled(load_split(phantom_data / "train-pats", cache_dir=config.cache_dir, memory_map=True), 32)
+    path = low.ct.path
+    _flip_a_byte(path, "structure_masks", 2)
+    with pytest.raises(CorruptChunkError, match=f"{path}: patient pt_3's structure_masks chunk fails its checksum"):
+        train(dataclasses.replace(config, epochs=1, memory_map=True))
+    assert not path.exists()  # the next run writes it again
+
+
+def test_arrays_that_would_not_fit_are_mapped_and_the_log_says_why(config, phantom_data, monkeypatch, caplog):
+    from provided_code.training import train as train_module
+
+    monkeypatch.setattr(train_module, "available_memory", lambda: (100e6, "MemAvailable"))
+    with caplog.at_level(logging.INFO):
+        assert train_module._memory_map(config, phantom_data / "train-pats", phantom_data / "validation-pats")
+    assert ("6 patients stacked would take 0.1 GB; 0.1 GB available (MemAvailable), more than 50% of it"
+            in caplog.text)
+    monkeypatch.setattr(train_module, "available_memory", lambda: (20e9, "MemAvailable"))
+    with caplog.at_level(logging.INFO):
+        assert not train_module._memory_map(config, phantom_data / "train-pats", phantom_data / "validation-pats")
+    assert "Data: stacked in memory; 6 patients stacked would take" in caplog.text

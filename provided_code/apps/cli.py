@@ -31,6 +31,9 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--site", default="openkbp",
+              help="The treatment site: openkbp, prostate, or a site file (README, 'Treatment sites'). A resume, "
+                   "--predict-only and --ensemble use the model's own.")
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
@@ -38,7 +41,8 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
 @click.option("--beams", type=int, default=DEFAULTS.beams,
-              help="Beam input channels for N equidistant coplanar beams (OpenKBP: 9, at gantry 0, 40, …, 320); 0: none.")
+              help="Beam input channels for N equidistant coplanar beams from gantry 0; 0: none [default: the site's "
+                   "beams; OpenKBP: 9, at gantry 0, 40, …, 320].")
 @click.option("--beam-angles", default="",
               help="The beams' IEC gantry angles instead, a comma list of degrees (head-first supine), "
                    "e.g. 0,51,102,153,204,255,306 for another site's seven beams.")
@@ -89,6 +93,9 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="Average the gradients of N consecutive batches per update (update = N × global batch).")
 @click.option("--recompute", is_flag=True,
               help="Recompute block activations in the backward pass instead of storing them (less memory).")
+@click.option("--memory-map", is_flag=True,
+              help="Train from the cache file mapped into memory: each batch reads only its patients (for cohorts "
+                   "larger than memory; chosen by itself when the arrays would not fit).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of replicas.")
 @click.option("--skip-incomplete", is_flag=True, help="Leave out patients with missing files (and say which).")
 @click.option("--tensorboard", is_flag=True, help="Also write TensorBoard events to results/<model-name>/tensorboard/.")
@@ -153,7 +160,8 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 
             report = predict_stage(config.run_dir, config.data_dir, stage=stage, epoch=epoch, tta=tta, plots=plots,
                                    progress=click_progress, ensemble=members, batch_size=config.batch_size,
-                                   cache_dir=config.cache_dir, skip_incomplete=config.skip_incomplete)
+                                   cache_dir=config.cache_dir, skip_incomplete=config.skip_incomplete,
+                                   site=options["site"] if "site" in given else None)
             click.echo(report.summary())
             return
         from provided_code.training.train import train
@@ -179,7 +187,9 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 @click.option("--json", "json_path", default=None,
               help="Write the JSON summary here (and the per-patient CSV beside it, same name with .csv).")
 @click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
-def score_command(reference_dir, prediction_dir, json_path, cache_dir):
+@click.option("--site", default="openkbp", show_default=True,
+              help="The reference patients' treatment site: openkbp, prostate, or a site file.")
+def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
     """Score predicted doses with the OpenKBP challenge's dose score and DVH score (Gy)."""
     import json
     from pathlib import Path
@@ -188,7 +198,8 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir):
     from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 
     try:
-        scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress)
+        scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress,
+                                         site=site)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(json.dumps(scores.summary(), indent=2))  # first: a file that cannot be written loses nothing

@@ -1,7 +1,8 @@
 """``openkbp-dicom predict``: a clinic's DICOM patient in, a predicted RT Dose out, in one call.
 
-Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/``, predict with a trained model at
-its own resolution (from its ``config.json``), write the prediction in the challenge's CSV format,
+Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/`` for the model's own site (its
+``config.json``'s ``site``: structures, DICOM names, grid; none there means OpenKBP), predict with
+the model at its own resolution (from its ``config.json``), write the prediction in the challenge's CSV format,
 export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
 clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is
 computed on the CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.data.cache import SplitArrays
+from provided_code.errors import ConfigError
 from provided_code.data.csv_io import read_patient, write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
@@ -32,6 +34,7 @@ from provided_code.inputs import inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +66,22 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
                           out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
-                          progress: Progress = no_progress, loaded: tuple | None = None) -> ClinicReport:
+                          progress: Progress = no_progress, loaded: tuple | None = None,
+                          site: Site | str | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
     ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
     or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: what
     :meth:`RunFolder.load_trained_model` returned for this folder, to predict with a model kept in memory.
+    ``site``: None (the model's), or the model's own (``--site``): another is refused in one line.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     folder = RunFolder(model_dir)
     epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
+    site = site_of_model(folder, site)
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
-                              allow_missing_targets=allow_missing_targets)
-    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False)])
+                              allow_missing_targets=allow_missing_targets, site=site)
+    arrays = SplitArrays.from_patients([read_patient(imported.folder, require_dose=False, site=site)], site=site)
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}", inputs=inputs_of(saved))[0]
@@ -96,6 +102,19 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
         else:
             logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
     return ClinicReport(out_dir, epoch, imported, dvh, written)
+
+
+def site_of_model(folder: RunFolder, requested: Site | str | None = None) -> Site:
+    """The site a model was trained on: its ``config.json``'s ``site`` (none there: OpenKBP, as
+    every model before sites). ``requested`` (``--site``), when given, must be that site: another
+    is a :class:`ConfigError` naming both, in one line."""
+    saved = folder.read_config()
+    if saved is None:
+        raise folder.missing_model()
+    if requested is not None and not load_site(requested).same_as(saved.site_obj):
+        raise ConfigError(f"Invalid `site`. Expected the model's own site, {saved.site_obj.name} "
+                          f"({folder.config_file}), or no --site. Received: site={str(requested)!r}")
+    return saved.site_obj
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

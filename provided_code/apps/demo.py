@@ -1,9 +1,12 @@
 """The demo: write synthetic phantoms, train a small model, predict and score the held-out ones.
 
     python -m provided_code.apps.demo        (or: bash scripts/demo)
+    python -m provided_code.apps.demo --site prostate
 
-Everything lands under ``<results-dir>/``: the phantoms in ``demo-data/``, the model, log,
-predictions, scores and plots in ``demo/``. Nothing is downloaded.
+Everything lands under ``<results-dir>/``: the phantoms in ``demo-data/`` (``demo-data-<site>/``
+for another site than OpenKBP), the model, log, predictions, scores and plots in ``demo/``
+(``demo-<site>/``). Nothing is downloaded. The prostate phantoms of every fourth patient have a
+plan of their own (``beams.csv``: seven fields; ``prescriptions.csv``), the others the site's arcs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import click
 
 from provided_code.apps.console import click_progress, setup_logging
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.errors import UserError
 from provided_code.run_folder import RunFolder
 
 
@@ -27,31 +31,44 @@ from provided_code.run_folder import RunFolder
 @click.option("--learning-rate", type=float, default=2e-3, help="Adam learning rate (10× the default: few epochs).")
 @click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default="32",
               help="Training resolution.")
-def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution):
+@click.option("--site", "site_spec", default="openkbp",
+              help="The treatment site of the phantoms and the model: openkbp (head and neck) or prostate "
+                   "(or a site file with the structures of one of them).")
+def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution, site_spec):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
     setup_logging()
     from provided_code.config import TrainConfig
-    from provided_code.data.phantoms import write_phantom_patient
+    from provided_code.data.phantoms import write_site_phantom
+    from provided_code.sites import load_site, openkbp
 
-    results = Path(results_dir)
-    data = results / "demo-data"
-    for split, count, first in (("train-pats", train_patients, 1), ("validation-pats", validation_patients, 201)):
-        folders = [data / split / f"pt_{first + i}" for i in range(count)]
-        missing = [f for f in folders if not (f / "voxel_dimensions.csv").exists()]
-        for folder in click_progress(missing, len(missing), f"Writing {split} phantoms"):
-            write_phantom_patient(folder, seed=int(folder.name[3:]))
+    try:
+        site = load_site(site_spec)
+        is_openkbp = site.same_as(openkbp())
+        results = Path(results_dir)
+        data = results / ("demo-data" if is_openkbp else f"demo-data-{site.name}")
+        for split, count, first in (("train-pats", train_patients, 1), ("validation-pats", validation_patients, 201)):
+            folders = [data / split / f"pt_{first + i}" for i in range(count)]
+            missing = [f for f in folders if not (f / "voxel_dimensions.csv").exists()]
+            for folder in click_progress(missing, len(missing), f"Writing {split} phantoms"):
+                number = int(folder.name[3:])
+                write_site_phantom(folder, seed=number, site=site, own_plan=not is_openkbp and number % 4 == 0)
+    except UserError as error:
+        raise click.ClickException(str(error)) from None
 
     from provided_code.plots import has_matplotlib
     from provided_code.apps.predict import predict_stage
     from provided_code.training.train import train
 
-    model_dir = results / "demo"
+    model_name = "demo" if is_openkbp else f"demo-{site.name}"
+    model_dir = results / model_name
     if model_dir.exists():
         click.echo(f"Removing the previous demo model {model_dir}")
         shutil.rmtree(model_dir)
-    config = TrainConfig(model_name="demo", data_dir=str(data), results_dir=str(results), filters=filters,
-                         resolution=int(resolution), epochs=epochs, learning_rate=learning_rate, save_every=max(1, epochs // 2))
-    click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} phantoms")
+    config = TrainConfig(model_name=model_name, data_dir=str(data), results_dir=str(results), filters=filters,
+                         resolution=int(resolution), epochs=epochs, learning_rate=learning_rate,
+                         save_every=max(1, epochs // 2), site=site.to_dict())
+    click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} "
+               f"{site.name} phantoms")
     train(config, progress=click_progress, verbose=0)
     plots = has_matplotlib()
     report = predict_stage(config.run_dir, config.data_dir, stage="validation", epoch="best", plots=plots,
@@ -80,7 +97,7 @@ def _zero_prediction_dose_score(config) -> float:
     from provided_code.data.cache import load_split
     from provided_code.metrics.scoring import score_split
 
-    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir)
+    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, site=config.site_obj)
     return score_split(arrays, lambda row: np.zeros(arrays.dose[row].size)).dose_score
 
 

@@ -21,10 +21,14 @@ def _import_options(command):
         click.option("--rtdose", default=None, help="The clinic's RTDOSE: becomes dose.csv (reference for scoring)."),
         click.option("--names", default=None,
                      help='JSON mapping structures to ROI names, e.g. {"PTV70": ["PTV_High"]} (see the README).'),
-        click.option("--allow-missing-targets", is_flag=True, help="Import without PTV70/PTV63/PTV56 ROIs."),
+        click.option("--allow-missing-targets", is_flag=True,
+                     help="Import without ROIs for the site's targets (OpenKBP's: PTV70/PTV63/PTV56)."),
     )):
         command = option(command)
     return command
+
+
+_SITES = "openkbp, prostate or a site file (.json)"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,14 +39,16 @@ def main():
 @main.command("import")
 @_import_options
 @click.option("--out", required=True, help="The patient folder to write (OpenKBP layout plus dicom.json).")
-def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
+@click.option("--site", default="openkbp", show_default=True,
+              help=f"The treatment site: {_SITES}; its structures and the ROI names they are matched from.")
+def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, site):
     """Import one patient into the OpenKBP layout."""
     setup_logging()
     from provided_code.dicom.importer import import_patient
 
     try:
         report = import_patient(ct_dir, rtstruct, out, rtdose=rtdose, names=names,
-                                allow_missing_targets=allow_missing_targets)
+                                allow_missing_targets=allow_missing_targets, site=site)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo("\n".join(report.lines))
@@ -51,20 +57,64 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out):
                f"{', with the reference dose' if report.has_dose else ''})")
 
 
+SITES = ("openkbp",)  # the sites import-cohort takes: the DICOM name table is still OpenKBP's
+
+
+@main.command("import-cohort")
+@click.argument("archive", type=click.Path(exists=True, file_okay=False))
+@click.option("--site", default="openkbp", show_default=True,
+              help="The treatment site: its targets, their prescriptions and the ROI names.")
+@click.option("--out", "out_dir", required=True,
+              help="The data folder to write: train-pats/, validation-pats/, manifest.csv, identity-map.csv.")
+@click.option("--names", default=None,
+              help='JSON mapping structures to ROI names, e.g. {"PTV70": ["PTV_High"]} (see the README).')
+@click.option("--validation", default="0.2", show_default=True,
+              help="Patients in validation-pats/: a fraction (0.2) or a count (30).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split's hash.")
+@click.option("--strict", is_flag=True, help="Stop at the first patient that fails.")
+@click.option("--identity-map", default=None,
+              help="The pseudonym -> PatientID file [default: OUT/identity-map.csv]; keep it off shared storage.")
+@click.option("--allow-missing-targets", is_flag=True, help="Import patients without some target ROIs.")
+def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets):
+    """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
+    setup_logging()
+    if site not in SITES:
+        raise click.BadParameter(f"Expected one of {', '.join(SITES)}. Received: {site!r}", param_hint="--site")
+    from provided_code.dicom.cohort import import_cohort
+    from provided_code.sites import load_site
+
+    try:
+        report = import_cohort(archive, out_dir, site_targets=load_site(site).prescriptions_gy, names_file=names,
+                               validation=validation, seed=seed, strict=strict, identity_map=identity_map,
+                               allow_missing_targets=allow_missing_targets, progress=click_progress)
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
+    for line in report.lines:
+        click.echo(line)
+    click.echo(report.summary())
+    if report.failed:
+        raise SystemExit(1)
+
+
 @main.command("export")
 @click.option("--patient", "patient_dir", required=True, help="A patient folder written by 'openkbp-dicom import'.")
 @click.option("--prediction", required=True, help="The predicted dose: an OpenKBP CSV (pt_<N>.csv).")
 @click.option("--out", required=True, help="The RT Dose file to write.")
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
-def export_command(patient_dir, prediction, out, nifti):
+@click.option("--site", default=None,
+              help=f"The site the prediction is of ({_SITES}); a patient imported for another is refused "
+                   f"[default: the patient's, from its dicom.json].")
+def export_command(patient_dir, prediction, out, nifti, site):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
     setup_logging()
     from provided_code.data.csv_io import read_dose_csv
     from provided_code.dicom.exporter import export_dose
+    from provided_code.sites import load_site
 
     try:
+        site = None if site is None else load_site(site).name
         dose = read_dose_csv(prediction)
-        export_dose(patient_dir, dose, out, nifti=nifti)
+        export_dose(patient_dir, dose, out, nifti=nifti, site=site)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(f"Wrote {out}" + (f" and {nifti}" if nifti else ""))
@@ -79,7 +129,11 @@ def export_command(patient_dir, prediction, out, nifti):
 @click.option("--out", "out_dir", required=True,
               help="Output folder: RD.dcm, dose.nii.gz, dvh.csv, dvh.json, patient/.")
 @click.option("--no-plots", is_flag=True, help="Skip the DVH and slice PNGs.")
-def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots):
+@click.option("--site", default=None,
+              help=f"The treatment site ({_SITES}): the model's own, from its config.json, whose structures and "
+                   f"ROI names the import uses; another is refused [default: the model's].")
+def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots,
+                    site):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""
     setup_logging()
     epoch = parse_epoch(epoch)
@@ -88,7 +142,7 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,
-                                       plots=not no_plots, progress=click_progress)
+                                       plots=not no_plots, progress=click_progress, site=site)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())
@@ -123,7 +177,8 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--epoch", default=None, help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
 @click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
-@click.option("--allow-missing-targets", is_flag=True, help="Predict without PTV70/PTV63/PTV56 ROIs.")
+@click.option("--allow-missing-targets", is_flag=True,
+              help="Predict without ROIs for the model's targets (OpenKBP's: PTV70/PTV63/PTV56).")
 @click.option("--verbose", is_flag=True, help="Also pynetdicom's own log (every association and message).")
 def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
                   completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,

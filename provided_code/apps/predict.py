@@ -23,6 +23,7 @@ from provided_code.infra.progress import Progress, no_progress
 from provided_code.inputs import inputs_of
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
+from provided_code.sites import load_site
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
                   epoch: int | str | None = None, tta: bool = False, plots: bool = False,
                   progress: Progress = no_progress, ensemble: list[str] | None = None,
                   batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
-                  skip_incomplete: bool = False) -> PredictionReport:
+                  skip_incomplete: bool = False, site: str | None = None) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with the model trained in ``run_dir``
     (``results/<model-name>``; its architecture and resolution from its saved config); write and score.
 
@@ -74,7 +75,9 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     killed at any moment leaves the previous complete set or the new one, never a mix.
 
     ``batch_size``: patients per prediction call; ``cache_dir`` and ``skip_incomplete``: how the
-    stage's patients are read, as training reads its splits.
+    stage's patients are read, as training reads its splits. The stage is read as data of the
+    model's own site (``config.json``'s ``site``; an ensemble's members must share one); ``site``,
+    if given (``--site``), must be that site.
     """
     folder = RunFolder(run_dir)
     if plots:
@@ -93,9 +96,11 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
             raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
                               f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
                               f"Received: model_name={folder.name!r}")
-    for member in [_beside(folder, name) for name in ensemble] if ensemble else [folder]:
+    members = [_beside(folder, name) for name in ensemble] if ensemble else [folder]
+    for member in members:
         if not member.models.is_dir():  # before the lock is taken and the stage's patients are loaded
             raise member.missing_model()
+    model_site = _models_site(members, site)
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for name in ensemble or []:
@@ -103,8 +108,29 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         tidy_folder(folder.predictions(stage))  # left by a killed run
         stage_dir = Path(data_dir) / f"{stage}-pats"
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
-                            progress=progress)
+                            progress=progress, site=model_site)
         return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
+
+
+def _models_site(members: list[RunFolder], requested: str | None):
+    """The site the models were trained on (each config.json's; one without a site is openkbp's);
+    a ConfigError if members differ or ``requested`` (``--site``) is another."""
+    sites = {}
+    for member in members:
+        saved = member.read_config()
+        if saved is not None:
+            sites[member.name] = saved.site_obj
+    if not sites:
+        return load_site(requested)
+    first_name, first = next(iter(sites.items()))
+    for name, other in sites.items():
+        if not other.same_as(first):
+            raise ConfigError(f"Invalid `ensemble`. Expected members trained on one site. Received: {first_name!r} "
+                              f"on {first.name}, {name!r} on {other.name}")
+    if requested is not None and not load_site(requested).same_as(first):
+        raise ConfigError(f"Invalid `site`. Expected the model's own site, {first.name} (config.json), or no --site. "
+                          f"Received: site={requested!r}")
+    return first
 
 
 def _beside(folder: RunFolder, name: str) -> RunFolder:

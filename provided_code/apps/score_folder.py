@@ -79,10 +79,12 @@ def reference_rows(arrays, split: os.PathLike | str) -> np.ndarray:
 
 
 def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
-                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> Scores:
-    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir`` that have
-    a reference dose (when only some have one, those, with a warning)."""
-    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=False, progress=progress)
+                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
+                            site=None) -> Scores:
+    """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir`` (data of
+    ``site``, default openkbp) that have a reference dose (when only some have one, those, with a
+    warning)."""
+    arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=False, progress=progress, site=site)
     rows = reference_rows(arrays, reference_dir)
     scored = [arrays.patient_ids[row] for row in rows]
     folder = check_prediction_folder(prediction_dir, scored,

@@ -85,7 +85,8 @@ def _allowed(extent: tuple[int, int] | None, size: int, limit: int) -> tuple[int
 class Augmenter:
     """Draws for the patients of one update, as index maps for ``tf_augment.apply_geometry``.
 
-    ``possible_dose_mask``: the split's masks ``(N, R, R, R)``; only their projections are kept.
+    ``possible_dose_mask``: the split's masks ``(N, R, R, R)`` (in memory, or memory-mapped); only
+    their projections are kept, each made when a shift is first drawn for its patient.
     """
 
     def __init__(self, augmentations: tuple[str, ...], possible_dose_mask: np.ndarray, seed: int):
@@ -97,15 +98,25 @@ class Augmenter:
         self.seed = seed
         self.resolution = possible_dose_mask.shape[1]
         self.limit = max_shift(self.resolution) if "shift" in self.augmentations else 0
-        self._plane_masks = possible_dose_mask.any(axis=3).reshape(len(possible_dose_mask), -1)  # (N, R*R)
-        self._slice_masks = possible_dose_mask.any(axis=(1, 2))  # (N, R)
+        self._possible_dose_mask = possible_dose_mask
+        self._projections: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (R*R,) plane, (R,) slices
         self._turns = {(rotation, mirrored): plane_sources(self.resolution, rotation, mirrored)
                        for rotation in range(ROTATIONS) for mirrored in (False, True)}
 
-    def draw(self, rows: np.ndarray, epoch: int, index: int) -> dict[str, np.ndarray]:
+    def _projection(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """The patient's possible-dose mask seen along axis 2 ``(R*R,)`` and across the plane ``(R,)``."""
+        if row not in self._projections:
+            mask = self._possible_dose_mask[row]
+            self._projections[row] = (mask.any(axis=2).reshape(-1), mask.any(axis=(0, 1)))
+        return self._projections[row]
+
+    def draw(self, rows: np.ndarray, epoch: int, index: int, needed: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """``plane_source``, ``slice_shift``, ``mirrored`` and ``turn_degrees`` for the patients
-        ``rows`` (flat) of update ``index`` of epoch ``epoch``."""
+        ``rows`` (flat) of update ``index`` of epoch ``epoch``. ``needed`` (bool, like ``rows``): the patients whose
+        draws the caller uses (a worker: its own replicas'); the others' shifts are left at 0, so
+        that their masks are never read. Every patient's draws are drawn, whatever is needed."""
         rows = np.asarray(rows).reshape(-1)
+        needed = np.ones(len(rows), bool) if needed is None else np.asarray(needed, bool).reshape(-1)
         count, size = len(rows), self.resolution
         rng = np.random.default_rng([self.seed, epoch, index, _DRAW_TAG])
         flips = rng.integers(0, 2, count).astype(bool)  # always drawn in the same order, whatever is enabled
@@ -120,14 +131,14 @@ class Augmenter:
         for n, row in enumerate(rows):
             turned = self._turns[int(turns[n]), bool(flips[n])]
             shift = [0, 0, 0]
-            if self.limit:
+            if self.limit and needed[n]:
                 # The mask's extent after the flip and rotation, along each axis.
+                plane_mask, slice_mask = self._projection(int(row))
                 occupied = np.zeros(size * size, bool)
                 inside = turned >= 0
-                occupied[inside] = self._plane_masks[row][turned[inside]]
+                occupied[inside] = plane_mask[turned[inside]]
                 occupied = occupied.reshape(size, size)
-                extents = (_extent(occupied.any(axis=1)), _extent(occupied.any(axis=0)),
-                           _extent(self._slice_masks[row]))
+                extents = (_extent(occupied.any(axis=1)), _extent(occupied.any(axis=0)), _extent(slice_mask))
                 for axis, extent in enumerate(extents):
                     low, high = _allowed(extent, size, self.limit)
                     shift[axis] = low + int(fractions[n, axis] * (high - low + 1))

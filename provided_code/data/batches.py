@@ -57,7 +57,7 @@ def patient_vectors(arrays, spec: InputSpec, rows: np.ndarray | None = None) -> 
     ``spec.length``); a patient without any takes the run-wide angles. A patient with more angles
     than the model's slots, or, with ``spec.all_slots``, fewer, is refused naming it.
     """
-    count = len(arrays.ct)
+    count = arrays.ct.shape[0]
     rows = np.arange(count) if rows is None else np.asarray(rows).reshape(-1)
     default = np.asarray(spec.default, np.float32)
     given = getattr(arrays, spec.name, None)

@@ -8,16 +8,21 @@ HDF5 chunk per patient, uncompressed so that loading is plain reads, several at 
 dataset               shape                        dtype     per patient
 ===================== ============================ ========= ===============
 ct                    (N, 128, 128, 128)           uint16    4 MiB
-structure_masks       (N, 128, 128, 128)           uint16    4 MiB (bit k = STRUCTURES[k])
+structure_masks       (N, 128, 128, 128)           uint16    4 MiB (bit k = site.names[k]; uint32 past 16)
 possible_dose_mask    (N, 128, 128, 128)           bool      2 MiB
 dose                  (N, 128, 128, 128)           float32   8 MiB (Gy; zeros without dose.csv)
 has_dose              (N,)                         bool
 dose_decimals         (N,)                         int8      (see below)
 voxel_dimensions      (N, 3)                       float64   (mm)
-structure_present     (N, 10)                      bool
+structure_present     (N, structures)              bool
 checksums             (N, 4)                       uint64    (one per volume, in the order above)
 patient_ids           (N,)                         str
+prescriptions         (N, targets)                 float32   (Gy; only if a patient has prescriptions.csv)
+beam_angles           (N, slots)                   float32   (degrees, NaN unused; only if one has beams.csv)
 ===================== ============================ ========= ===============
+
+The file records its site (attribute ``site``, the site's JSON); one without it was built before
+sites existed and is ``openkbp``'s. A cache of another site is rebuilt, and the log says why.
 
 Dose is stored as float32, within 2**-18 Gy of the CSV below 128 Gy. ``dose_decimals`` records
 the fewest decimals (0 to 5) that write every value of the patient's ``dose.csv`` exactly (3 for
@@ -49,8 +54,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from provided_code.constants import STRUCTURES, VOLUME_SHAPE
+from provided_code.constants import VOLUME_SHAPE
 from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
+from provided_code.sites import Site, load_site, openkbp
 from provided_code.infra.atomic import atomic_path
 from provided_code.infra.progress import Progress, no_progress
 
@@ -61,12 +67,32 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT_VERSION = 4
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 _TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
+_PLAN_TABLES = ("prescriptions", "beam_angles")  # per-patient plans: None when no patient has its own file
 
 
-def present_structures(structure_masks: np.ndarray) -> np.ndarray:
-    """``(10,)`` bool: which structures a packed ``structure_masks`` volume has voxels of."""
-    bits = np.bitwise_or.reduce(structure_masks, axis=None)
-    return np.array([(bits >> k) & 1 for k in range(len(STRUCTURES))], bool)
+def present_structures(structure_masks: np.ndarray, count: int) -> np.ndarray:
+    """``(count,)`` bool: which of the site's ``count`` structures a packed ``structure_masks``
+    volume has voxels of."""
+    bits = int(np.bitwise_or.reduce(structure_masks, axis=None))
+    return np.array([(bits >> k) & 1 for k in range(count)], bool)
+
+
+def plan_tables(patients: list, site: Site) -> dict[str, np.ndarray | None]:
+    """``prescriptions`` ``(N, len(site.targets))`` float32 Gy and ``beam_angles`` ``(N, slots)``
+    float32 degrees (NaN in unused slots) of patients (each with ``prescriptions`` and
+    ``gantry_angles``, None for the site's): each None when no patient has its own file; else a
+    patient without one takes the site's."""
+    tables = {"prescriptions": None, "beam_angles": None}
+    if any(p.prescriptions is not None for p in patients):
+        tables["prescriptions"] = np.array([[(p.prescriptions or site.prescriptions_gy)[t] for t in site.targets]
+                                            for p in patients], np.float32)
+    if any(p.gantry_angles is not None for p in patients):
+        angles = [p.gantry_angles if p.gantry_angles is not None else site.beams.gantry_angles() for p in patients]
+        table = np.full((len(patients), max(1, max(map(len, angles)))), np.nan, np.float32)
+        for row, found in enumerate(angles):
+            table[row, :len(found)] = found
+        tables["beam_angles"] = table
+    return tables
 
 
 def chunk_checksum(array: np.ndarray) -> np.uint64:
@@ -78,6 +104,13 @@ def chunk_checksum(array: np.ndarray) -> np.uint64:
 
 class CacheError(RuntimeError):
     """A cache file is missing, stale, truncated or unreadable (it will be rebuilt)."""
+
+
+def stacked_nbytes(patients: int, resolution: int = VOLUME_SHAPE[0], site: Site | None = None) -> int:
+    """The bytes ``patients`` patients' volumes of ``site`` (default openkbp) take stacked in
+    memory at ``resolution``³."""
+    dtypes = _volume_dtypes(load_site(site)).values()
+    return patients * sum(np.dtype(dtype).itemsize for dtype in dtypes) * resolution ** 3
 
 
 def default_cache_dir() -> Path:
@@ -102,8 +135,9 @@ class SplitArrays:
     voxel_dimensions: np.ndarray  # mm, of the 128³ grid whatever the resolution
     structure_present: np.ndarray
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # patient id -> reason
-    prescriptions: np.ndarray | None = None  # (N, len(site.targets)) float32 Gy; None: no patient has its own
-    beam_angles: np.ndarray | None = None  # (N, slots) float32 gantry degrees, NaN unused; None: no patient has its own
+    site: Site = dataclasses.field(default_factory=openkbp)  # what bit k of structure_masks is
+    prescriptions: np.ndarray | None = None  # (N, len(site.targets)) float32 Gy; None: the site's for all
+    beam_angles: np.ndarray | None = None  # (N, slots) float32 degrees, NaN unused; None: the run's for all
 
     def __len__(self) -> int:
         return len(self.patient_ids)
@@ -114,11 +148,14 @@ class SplitArrays:
 
     @property
     def nbytes(self) -> int:
-        return sum(getattr(self, name).nbytes for name in (*_VOLUMES, *_TABLES))
+        return sum(getattr(self, name).nbytes for name in (*_VOLUMES, *_TABLES, *_PLAN_TABLES)
+                   if getattr(self, name) is not None)
 
     @classmethod
-    def from_patients(cls, patients: list[Patient]) -> "SplitArrays":
-        """Patients read from their folders, stacked (no cache; for a handful of patients)."""
+    def from_patients(cls, patients: list[Patient], site: Site | None = None) -> "SplitArrays":
+        """Patients of ``site`` (default openkbp) read from their folders, stacked (no cache; for
+        a handful of patients)."""
+        site = load_site(site)
         def dose(patient):
             return patient.dose if patient.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
 
@@ -131,18 +168,31 @@ class SplitArrays:
             has_dose=np.array([p.dose is not None for p in patients]),
             dose_decimals=np.array([p.dose_decimals for p in patients], np.int8),
             voxel_dimensions=np.stack([p.voxel_dimensions for p in patients]),
-            structure_present=np.stack([present_structures(p.structure_masks) for p in patients]),
+            structure_present=np.stack([present_structures(p.structure_masks, len(site.names)) for p in patients]),
+            site=site,
+            **plan_tables(patients, site),
         )
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
-        """The patients at ``rows`` (a copy)."""
+        """The patients at ``rows`` (a copy; of memory-mapped volumes, a mapping of those rows)."""
         rows = np.asarray(rows, dtype=np.int64)
         return dataclasses.replace(
             self,
             patient_ids=[self.patient_ids[i] for i in rows],
-            **{name: getattr(self, name)[rows] for name in (*_VOLUMES, *_TABLES)},
+            **{name: _take_rows(getattr(self, name), rows) for name in (*_VOLUMES, *_TABLES)},
+            **{name: None if getattr(self, name) is None else getattr(self, name)[rows] for name in _PLAN_TABLES},
             skipped=dict(self.skipped),
         )
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether the volumes are views into the cache file (:mod:`provided_code.data.mapped`)."""
+        return hasattr(self.ct, "subset")
+
+
+def _take_rows(array, rows: np.ndarray):
+    """``array[rows]``; a memory-mapped volume stays mapped (no patient's bytes are read)."""
+    return array.subset(rows) if hasattr(array, "subset") else array[rows]
 
 
 def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None) -> Path:
@@ -173,25 +223,34 @@ def load_split(
     skip_incomplete: bool = False,
     progress: Progress = no_progress,
     workers: int | None = None,
+    site: Site | str | None = None,
+    memory_map: bool = False,
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
+    ``site``: the data's site (default openkbp); a cache built for another is rebuilt.
 
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
     listed in ``SplitArrays.skipped`` instead of raising :class:`PatientDataError`.
+    ``memory_map``: the volumes are views into the cache file, read and checked as touched
+    (:mod:`provided_code.data.mapped`), rather than read into memory.
     """
     split_dir = Path(split_dir)
     folders = discover_patients(split_dir)
     path = cache_path_for(split_dir, cache_dir)
     fingerprint = source_fingerprint(folders)
+    site = load_site(site)
     try:
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
-        logger.info("Loaded %d patients of %s from cache %s", len(arrays), split_dir, path)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
+                            mapped=memory_map)
+        logger.info("%s %d patients of %s from cache %s", "Mapped" if memory_map else "Loaded", len(arrays),
+                    split_dir, path)
     except CacheError as error:
         if path.exists():
             logger.warning("Rebuilding cache %s: %s", path, error)
-        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers)
-        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete)
+        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site)
+        arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
+                            mapped=memory_map)
 
     if require_dose and not arrays.has_dose.all():
         missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
@@ -218,9 +277,9 @@ def exact_dose(dose: np.ndarray, decimals: int) -> np.ndarray:
     return np.round(dose, decimals) if decimals >= 0 else dose
 
 
-def _read_or_error(folder: Path) -> Patient | PatientDataError:
+def _read_or_error(folder: Path, site: Site | None = None) -> Patient | PatientDataError:
     try:
-        return read_patient(folder, require_dose=False)
+        return read_patient(folder, require_dose=False, site=site)
     except PatientDataError as error:
         return error
 
@@ -233,8 +292,10 @@ def build_cache(
     skip_incomplete: bool,
     progress: Progress = no_progress,
     workers: int | None = None,
+    site: Site | None = None,
 ) -> None:
-    """Parse every patient folder (in parallel) and write the cache atomically to ``path``."""
+    """Parse every patient folder of ``site`` (in parallel) and write the cache atomically to ``path``."""
+    site = load_site(site)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
@@ -246,15 +307,16 @@ def build_cache(
             volumes = {
                 name: h5.create_dataset(name, (count, *VOLUME_SHAPE), dtype=dtype,
                                         maxshape=(None, *VOLUME_SHAPE), chunks=(1, *VOLUME_SHAPE))
-                for name, dtype in _VOLUMES.items()
+                for name, dtype in _volume_dtypes(site).items()
             }
             has_dose = np.zeros(count, bool)
             dose_decimals = np.full(count, -1, np.int8)
             voxel_dimensions = np.zeros((count, 3))
-            structure_present = np.zeros((count, len(STRUCTURES)), bool)
+            structure_present = np.zeros((count, len(site.names)), bool)
             checksums = np.zeros((count, len(_VOLUMES)), np.uint64)
             patient_ids: list[str] = []
-            with PatientReader(workers) as read:
+            plans = []  # (prescriptions, gantry_angles) of each kept patient
+            with PatientReader(workers, site) as read:
                 for result in progress(read(folders), count, f"Caching {split_dir.name}"):
                     if isinstance(result, PatientDataError):
                         if not skip_incomplete:
@@ -271,12 +333,15 @@ def build_cache(
                     volumes["dose"][row] = dose
                     checksums[row] = [chunk_checksum(np.asarray(volume, dtype))
                                       for volume, dtype in zip((result.ct, result.structure_masks,
-                                                                result.possible_dose_mask, dose), _VOLUMES.values())]
+                                                                result.possible_dose_mask, dose),
+                                                               _volume_dtypes(site).values())]
                     if result.dose is not None:
                         has_dose[row] = True
                         dose_decimals[row] = result.dose_decimals
                     voxel_dimensions[row] = result.voxel_dimensions
-                    structure_present[row] = present_structures(result.structure_masks)
+                    structure_present[row] = present_structures(result.structure_masks, len(site.names))
+                    plans.append(dataclasses.replace(result, ct=None, structure_masks=None, possible_dose_mask=None,
+                                                     dose=None))
             kept = len(patient_ids)
             for dataset in volumes.values():
                 dataset.resize(kept, axis=0)
@@ -287,6 +352,10 @@ def build_cache(
             h5.create_dataset("checksums", data=checksums[:kept])
             h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
                               dtype=h5py.string_dtype())
+            for name, table in plan_tables(plans, site).items():
+                if table is not None:
+                    h5.create_dataset(name, data=table)
+            h5.attrs["site"] = json.dumps(site.to_dict(), sort_keys=True)
             h5.attrs["format_version"] = CACHE_FORMAT_VERSION
             h5.attrs["source_dir"] = str(split_dir.resolve())
             h5.attrs["fingerprint"] = fingerprint
@@ -299,8 +368,9 @@ def build_cache(
 class PatientReader:
     """Context manager yielding ``read(folders) -> iterator of Patient | PatientDataError``, in order."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, site: Site | None = None):
         self.workers = workers
+        self.site = site
         self.pool = None
 
     def __enter__(self):
@@ -309,8 +379,8 @@ class PatientReader:
             method = "spawn" if "tensorflow" in sys.modules else "fork"
             self.pool = concurrent.futures.ProcessPoolExecutor(
                 self.workers, mp_context=multiprocessing.get_context(method))
-            return lambda folders: self.pool.map(_read_or_error, folders)
-        return lambda folders: map(_read_or_error, folders)
+            return lambda folders: self.pool.map(_read_or_error, folders, [self.site] * len(folders))
+        return lambda folders: map(_read_or_error, folders, [self.site] * len(folders))
 
     def __exit__(self, *exc):
         if self.pool is not None:
@@ -342,10 +412,26 @@ def _read_chunks(path: Path, reads: list[tuple[np.ndarray, int, np.uint64 | None
         os.close(fd)
 
 
+def chunk_offsets(path: Path, dataset: h5py.Dataset, count: int) -> list[int]:
+    """Where each patient's bytes of ``dataset`` start in ``path``: one uncompressed chunk per
+    patient, as HDF5 reports it (a :class:`CacheError` otherwise)."""
+    row_bytes = dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
+    offsets = []
+    for row in range(count):
+        chunk = dataset.id.get_chunk_info_by_coord((row, *[0] * (dataset.ndim - 1)))
+        if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != row_bytes:
+            raise CacheError(f"{path}: dataset {dataset.name.lstrip('/')} is not stored one raw chunk per patient")
+        offsets.append(chunk.byte_offset)
+    return offsets
+
+
 def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
-               verify: bool = True) -> SplitArrays:
-    """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale or broken
-    (``verify``: every chunk against its checksum; off only to measure what checking costs)."""
+               verify: bool = True, site: Site | None = None, mapped: bool = False) -> SplitArrays:
+    """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale, broken or
+    of another site than ``site`` (None: any; ``verify``: every chunk against its checksum; off only
+    to measure what checking costs). ``mapped``: map the volumes instead
+    (:class:`~provided_code.data.mapped.MappedVolumes`): each patient's chunk is read, and checked
+    once, when first touched."""
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
@@ -359,31 +445,46 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                 raise CacheError(f"{path} is stale: the source files changed since it was built")
             if skip_incomplete is not None and bool(attrs["skip_incomplete"]) != skip_incomplete:
                 raise CacheError(f"{path} was built with skip_incomplete={bool(attrs['skip_incomplete'])}")
+            built_for = load_site(json.loads(attrs["site"])) if "site" in attrs else openkbp()  # before sites: openkbp
+            if site is not None and not built_for.same_as(site):
+                raise CacheError(f"{path} was built for site {built_for.name}, this run's site is {site.name}"
+                                 + ("" if built_for.name != site.name else " (another version of it)"))
             patient_ids = [p.decode() if isinstance(p, bytes) else p for p in h5["patient_ids"][()]]
             count = len(patient_ids)
             checksums = h5["checksums"][()]
             if checksums.shape != (count, len(_VOLUMES)):
                 raise CacheError(f"{path}: checksums do not match {count} patients")
-            arrays, reads = {}, []
-            for column, (name, dtype) in enumerate(_VOLUMES.items()):
+            arrays, reads, layout = {}, [], {}
+            for column, (name, dtype) in enumerate(_volume_dtypes(built_for).items()):
                 dataset = h5[name]
                 if dataset.shape != (count, *VOLUME_SHAPE) or dataset.dtype != np.dtype(dtype):
                     raise CacheError(f"{path}: dataset {name} has shape {dataset.shape} and dtype "
                                      f"{dataset.dtype}, expected {(count, *VOLUME_SHAPE)} {np.dtype(dtype)}")
+                offsets = chunk_offsets(path, dataset, count)  # one uncompressed chunk per patient
+                if mapped:
+                    layout[name] = (dataset.dtype, offsets, checksums[:, column])
+                    continue
                 arrays[name] = np.empty(dataset.shape, dataset.dtype)
-                for row in range(count):  # one uncompressed chunk per patient: where its bytes are
-                    chunk = dataset.id.get_chunk_info_by_coord((row, 0, 0, 0))
-                    if chunk.byte_offset is None or chunk.filter_mask != 0 or chunk.size != arrays[name][row].nbytes:
-                        raise CacheError(f"{path}: dataset {name} is not stored one raw chunk per patient")
-                    reads.append((arrays[name][row], chunk.byte_offset, checksums[row, column] if verify else None,
-                                  f"patient {patient_ids[row]}'s {name} chunk"))
+                reads += [(arrays[name][row], offsets[row], checksums[row, column] if verify else None,
+                           f"patient {patient_ids[row]}'s {name} chunk") for row in range(count)]
             small = {name: h5[name][()] for name in _TABLES}
+            small.update({name: h5[name][()] if name in h5 else None for name in _PLAN_TABLES})
             skipped = json.loads(attrs["skipped"])
-        _read_chunks(path, reads)
+        if mapped:
+            from provided_code.data.mapped import map_volumes  # (it builds on this module)
+
+            arrays = map_volumes(path, layout, patient_ids, VOLUME_SHAPE)
+        else:
+            _read_chunks(path, reads)
     except CacheError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as error:
         raise CacheError(f"{path} is unreadable or truncated ({error})") from error
     if small["voxel_dimensions"].shape != (count, 3) or small["has_dose"].shape != (count,):
         raise CacheError(f"{path}: per-patient tables do not match {count} patients")
-    return SplitArrays(patient_ids=patient_ids, skipped=skipped, **arrays, **small)
+    return SplitArrays(patient_ids=patient_ids, skipped=skipped, site=built_for, **arrays, **small)
+
+
+def _volume_dtypes(site: Site) -> dict[str, np.dtype]:
+    """The cache's volumes and their dtypes: the structure bits in the site's width."""
+    return {**_VOLUMES, "structure_masks": site.mask_dtype}

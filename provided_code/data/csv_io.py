@@ -6,8 +6,11 @@ volume CSV has the header ``,data``; its first column is a flat C-order index in
 volume and its second the value (empty for masks). Only listed voxels are non-zero.
 
 In memory a patient is a :class:`Patient`: ``ct`` as uint16 clipped to [0, 4095],
-``structure_masks`` as one uint16 bitfield volume (bit k set where structure
-``STRUCTURES[k]`` is), ``possible_dose_mask`` as bool, ``dose`` in Gy as float32.
+``structure_masks`` as one bitfield volume (bit k set where structure ``site.names[k]`` is;
+uint16, uint32 for a site of more than 16 structures), ``possible_dose_mask`` as bool, ``dose``
+in Gy as float32. The structures are those of the data's site (:mod:`provided_code.sites`); a
+patient folder may also hold its own ``prescriptions.csv`` and ``beams.csv``
+(:mod:`provided_code.data.patient_plan`).
 """
 
 from __future__ import annotations
@@ -28,29 +31,18 @@ from provided_code.constants import (
     DOSE_FILE,
     NUM_VOXELS,
     POSSIBLE_DOSE_MASK_FILE,
-    STRUCTURES,
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
+from provided_code.data import patient_plan
+from provided_code.data.errors import PatientDataError  # noqa: F401  (raised here; importers take it from here too)
 from provided_code.errors import UserError
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
 _PATIENT_FOLDER = re.compile(r"^pt_(\d+)$")
 _WARNED_SPLITS: set[Path] = set()  # splits whose other folders were named already (once per process)
-
-
-class PatientDataError(UserError, ValueError):
-    """A patient's files are missing or malformed. The message names patient, file and problem."""
-
-    def __init__(self, patient_id: str, path: os.PathLike | str, problem: str):
-        self.patient_id = patient_id
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"Patient {patient_id}: {self.path}: {problem}")
-
-    def __reduce__(self):  # survive the trip back from a worker process
-        return type(self), (self.patient_id, self.path, self.problem)
 
 
 class SplitError(UserError, ValueError):
@@ -61,11 +53,13 @@ class SplitError(UserError, ValueError):
 class Patient:
     patient_id: str  # folder name, e.g. "pt_12"
     ct: np.ndarray  # (128, 128, 128) uint16, clipped to [0, 4095]
-    structure_masks: np.ndarray  # (128, 128, 128) uint16, bit k = STRUCTURES[k]
+    structure_masks: np.ndarray  # (128, 128, 128) site.mask_dtype, bit k = site.names[k]
     possible_dose_mask: np.ndarray  # (128, 128, 128) bool
     voxel_dimensions: np.ndarray  # (3,) float64, mm
     dose: np.ndarray | None  # (128, 128, 128) float32 Gy, None when the folder has no dose.csv
     dose_decimals: int = -1  # fewest decimals (0..5) that write every dose.csv value exactly; -1: none
+    prescriptions: dict[str, float] | None = None  # target -> Gy from prescriptions.csv; None: the site's
+    gantry_angles: tuple[float, ...] | None = None  # from beams.csv (arcs sampled); None: the run's
 
 
 def patient_number(patient_id: str) -> int:
@@ -210,22 +204,27 @@ def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:
     return values
 
 
-def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patient:
-    """Read one patient folder. Raises :class:`PatientDataError` for missing or malformed files."""
+def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Site | str | None = None) -> Patient:
+    """Read one patient folder of ``site`` (default ``openkbp``). Raises :class:`PatientDataError`
+    for missing or malformed files, and for a structure file the site does not have (a folder
+    of another site)."""
     folder = Path(folder)
     patient_id = folder.name
+    site = load_site(site)
+    _check_files_belong(folder, site)
 
     ct_indices, ct_values = read_sparse_csv(folder / CT_FILE, patient_id, with_values=True)
     ct = as_volume(ct_indices, np.clip(np.rint(ct_values), 0, CT_MAX), np.uint16)
     possible_dose_mask = as_volume(*read_sparse_csv(folder / POSSIBLE_DOSE_MASK_FILE, patient_id, with_values=False),
                                    bool)
 
-    structure_masks = np.zeros(NUM_VOXELS, np.uint16)
-    for bit, name in enumerate(STRUCTURES):
+    dtype = site.mask_dtype
+    structure_masks = np.zeros(NUM_VOXELS, dtype)
+    for bit, name in enumerate(site.names):
         path = folder / f"{name}.csv"
         if path.is_file():  # a structure that was not contoured has no file
             indices, _ = read_sparse_csv(path, patient_id, with_values=False)
-            structure_masks[indices] |= np.uint16(1 << bit)
+            structure_masks[indices] |= dtype.type(1 << bit)
 
     voxel_dimensions = read_voxel_dimensions(folder / VOXEL_DIMENSIONS_FILE, patient_id)
 
@@ -245,7 +244,28 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True) -> Patien
         voxel_dimensions=voxel_dimensions,
         dose=None if dose is None else dose.reshape(VOLUME_SHAPE),
         dose_decimals=dose_decimals,
+        prescriptions=patient_plan.read_prescriptions(folder, site) if patient_plan.has_prescriptions(folder) else None,
+        gantry_angles=patient_plan.read_gantry_angles(folder),
     )
+
+
+FORMAT_FILES = (CT_FILE, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE)
+
+
+def _check_files_belong(folder: Path, site: Site) -> None:
+    """Every CSV of the folder is a file of the format, of the site's structures or of the
+    patient's plan: a structure file the site does not know means data of another site, which
+    would otherwise train without it."""
+    known = {*FORMAT_FILES, *site.structure_files(), *patient_plan.PLAN_FILES}
+    try:
+        names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".csv"))
+    except OSError:
+        return  # a missing folder is named by the first file read
+    foreign = [name for name in names if name not in known]
+    if foreign:
+        raise PatientDataError(folder.name, folder / foreign[0],
+                               f"not a structure of site {site.name} ({', '.join(site.names)}): is this data of "
+                               f"another site? ({len(foreign)} such file(s); --site names the data's site)")
 
 
 def _check_dose(patient_id: str, path: Path, indices: np.ndarray, values: np.ndarray,

@@ -21,7 +21,7 @@ import math
 import os
 from pathlib import Path
 
-from provided_code.data.csv_io import PatientDataError
+from provided_code.data.errors import PatientDataError
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.sites import DIRECTIONS, Arc, Beams, Site
 
@@ -29,6 +29,17 @@ PRESCRIPTIONS_FILE = "prescriptions.csv"
 BEAMS_FILE = "beams.csv"
 PRESCRIPTION_COLUMNS = ("structure", "dose_gy")
 BEAM_COLUMNS = ("type", "gantry_start", "gantry_stop", "direction", "couch")
+PLAN_FILES = (PRESCRIPTIONS_FILE, BEAMS_FILE)
+
+
+def has_prescriptions(folder: os.PathLike | str) -> bool:
+    return (Path(folder) / PRESCRIPTIONS_FILE).is_file()
+
+
+def read_gantry_angles(folder: os.PathLike | str) -> tuple[float, ...] | None:
+    """The directions the patient's ``beams.csv`` delivers from (arcs sampled), None without one."""
+    found = read_beams(folder)
+    return None if found is None else found[0].gantry_angles()
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> list[dict]:

@@ -43,23 +43,29 @@ def block_or(volume: np.ndarray, factor: int) -> np.ndarray:
     return np.bitwise_or.reduce(np.bitwise_or.reduce(np.bitwise_or.reduce(blocks, -1), -2), -3)
 
 
+def downsample_patient(ct: np.ndarray, structure_masks: np.ndarray, possible_dose_mask: np.ndarray,
+                       dose: np.ndarray, factor: int) -> dict[str, np.ndarray]:
+    """One patient's four volumes reduced by ``factor`` (as floats for CT and dose: the caller
+    stores them in its dtypes). In memory (:func:`downsample_split`) and in a memory-mapped
+    cohort's file (:func:`provided_code.data.mapped.downsampled`) alike."""
+    return {"ct": np.rint(block_mean(ct, factor)), "structure_masks": block_or(structure_masks, factor),
+            "possible_dose_mask": block_or(possible_dose_mask, factor), "dose": block_mean(dose, factor)}
+
+
 def downsample_split(arrays, resolution: int):
     """A :class:`~provided_code.data.cache.SplitArrays` at ``resolution``³ (patient by patient)."""
     factor = check_resolution(resolution)
     if factor == 1:
         return arrays
     shape = (len(arrays), resolution, resolution, resolution)
-    ct = np.empty(shape, np.uint16)
-    structure_masks = np.empty(shape, arrays.structure_masks.dtype)  # the site's packing: uint16 or uint32
-    possible_dose_mask = np.empty(shape, bool)
-    dose = np.empty(shape, np.float32)
+    volumes = {"ct": np.empty(shape, np.uint16), "structure_masks": np.empty(shape, arrays.structure_masks.dtype),
+               "possible_dose_mask": np.empty(shape, bool), "dose": np.empty(shape, np.float32)}
     for i in range(len(arrays)):
-        ct[i] = np.rint(block_mean(arrays.ct[i], factor))
-        structure_masks[i] = block_or(arrays.structure_masks[i], factor)
-        possible_dose_mask[i] = block_or(arrays.possible_dose_mask[i], factor)
-        dose[i] = block_mean(arrays.dose[i], factor)
-    return dataclasses.replace(arrays, ct=ct, structure_masks=structure_masks,
-                               possible_dose_mask=possible_dose_mask, dose=dose)
+        low = downsample_patient(arrays.ct[i], arrays.structure_masks[i], arrays.possible_dose_mask[i],
+                                 arrays.dose[i], factor)
+        for name, volume in volumes.items():
+            volume[i] = low[name]
+    return dataclasses.replace(arrays, **volumes)
 
 
 def sample_centres(source: int, target: int) -> np.ndarray:

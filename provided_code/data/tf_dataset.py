@@ -1,8 +1,8 @@
 """``tf.distribute`` input over stacked arrays (this module imports TensorFlow; ``batches`` does not).
 
 Each worker builds only its own replicas' share of every update, from its own copy of the stacked
-arrays (fancy indexing, no copy of the split); TensorFlow hands the elements to the local replicas
-in turn. An element is a :class:`TrainingElement` with ``accumulate × batch_size`` patients,
+arrays (fancy indexing, no copy of the split; with memory-mapped arrays, it reads only its share's
+patients); TensorFlow hands the elements to the local replicas in turn. An element is a :class:`TrainingElement` with ``accumulate × batch_size`` patients,
 micro-batch after micro-batch.
 """
 
@@ -112,7 +112,9 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
             mine = None
             if augmenter is not None:  # drawn for the whole update: the same however it is split
                 if last_draws.get("update") != update:
-                    drawn = augmenter.draw(rows.reshape(-1), epoch, index)
+                    needed = np.zeros(rows.shape, bool)
+                    needed[:, first:first + local] = True  # this worker's replicas: only their masks are read
+                    drawn = augmenter.draw(rows.reshape(-1), epoch, index, needed.reshape(-1))
                     last_draws.update(update=update, draws={
                         name: value.reshape(*rows.shape, *value.shape[1:]) for name, value in drawn.items()})
                 mine = {name: value[:, first + replica].reshape(-1, *value.shape[3:])

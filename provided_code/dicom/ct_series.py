@@ -52,17 +52,22 @@ def _text(value) -> str:
     return "" if value is None else str(value)
 
 
-def scan_folder(folder: os.PathLike | str) -> list[tuple[Path, object]]:
-    """Every DICOM file below ``folder`` with its header (no pixels), sorted by path."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise DicomInputError(folder, "CT folder does not exist or is not a folder")
-    paths = sorted(p for p in folder.rglob("*") if p.is_file())
+def scan_folder(folder: os.PathLike | str | list, stop_before_pixels: bool = True) -> list[tuple[Path, object]]:
+    """Every DICOM file below ``folder`` with its header (no pixels), sorted by path; ``folder`` may
+    also be a list of files (a series found in an archive)."""
+    if isinstance(folder, (list, tuple)):
+        paths = sorted(Path(p) for p in folder)
+        folder = paths[0].parent if paths else Path(".")
+    else:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise DicomInputError(folder, "CT folder does not exist or is not a folder")
+        paths = sorted(p for p in folder.rglob("*") if p.is_file())
     if not paths:
         raise DicomInputError(folder, "CT folder is empty")
     headers, not_dicom = [], []
     for path in paths:
-        header = read_dataset(path, stop_before_pixels=True)
+        header = read_dataset(path, stop_before_pixels=stop_before_pixels)
         if header is None:
             not_dicom.append(path)
         else:
@@ -75,10 +80,12 @@ def scan_folder(folder: os.PathLike | str) -> list[tuple[Path, object]]:
     return headers
 
 
-def read_ct_series(folder: os.PathLike | str) -> CTSeries:
-    """The CT series in ``folder`` (see the module docstring for what is refused)."""
-    folder = Path(folder)
-    headers = scan_folder(folder)
+def read_ct_series(folder: os.PathLike | str | list) -> CTSeries:
+    """The CT series in ``folder``, or of a list of files (see the module docstring for what is
+    refused). The files of a list (a series an archive's scan found: CT images only) are read once,
+    pixels included; a folder's are read for their headers first (it may hold other objects)."""
+    headers = scan_folder(folder, stop_before_pixels=not isinstance(folder, (list, tuple)))
+    folder = Path(folder) if not isinstance(folder, (list, tuple)) else Path(folder[0]).parent
     images = [(p, h) for p, h in headers
               if _text(h.get("SOPClassUID")) == CT_IMAGE_STORAGE or (_text(h.get("Modality")) == "CT" and "Rows" in h)]
     if not images:
@@ -124,8 +131,8 @@ def _assemble(images) -> CTSeries:
 
     rows, columns = int(first.Rows), int(first.Columns)
     hu = np.empty((len(images), rows, columns), np.float32)
-    for k, (path, _) in enumerate(images):
-        dataset = read_dataset(path)
+    for k, (path, header) in enumerate(images):
+        dataset = header if "PixelData" in header else read_dataset(path)
         if dataset is None:
             raise DicomInputError(path, "CT slice became unreadable while the series was read")
         pixels = pixel_array(dataset, path, "CT")

@@ -1,8 +1,8 @@
-"""``openkbp-dicom export``: a 128³ dose (an OpenKBP prediction CSV) back onto the patient's CT grid,
-as an RT Dose and optionally NIfTI.
+"""``openkbp-dicom export``: a dose on the box (the site's grid, OpenKBP's 128³; an OpenKBP
+prediction CSV) back onto the patient's CT grid, as an RT Dose and optionally NIfTI.
 
-In-plane the 128 × 128 box is interpolated linearly to the CT's pixel centres (the box spans the
-CT's field of view); the box's slices are the CT's own; CT slices outside the box get zero dose.
+In-plane the box (128 × 128) is interpolated linearly to the CT's pixel centres (the box spans
+the CT's field of view); the box's slices are the CT's own; CT slices outside the box get zero dose.
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import VOLUME_SHAPE
-from provided_code.dicom.grid import BOX, PatientGeometry, PlaneTaps, linear_weights
+from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
 from provided_code.infra.atomic import atomic_path
 
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
     """``(CT slices, rows, columns)`` float32 Gy, slices in ``geometry.slice_z``'s (descending) order."""
-    to_ct = PlaneTaps.from_matrices(linear_weights(BOX, geometry.rows), linear_weights(BOX, geometry.columns))
+    rows, columns, _ = geometry.box_shape
+    to_ct = PlaneTaps.from_matrices(linear_weights(rows, geometry.rows), linear_weights(columns, geometry.columns))
     out = np.zeros((len(geometry.slice_z), geometry.rows, geometry.columns), np.float32)
     for b, k in zip(*geometry.box_slices()):
         out[k] = np.maximum(to_ct.apply(dose[:, :, b].astype(np.float64)), 0)
@@ -41,8 +42,6 @@ def write_nifti(path: os.PathLike | str, dose_ct: np.ndarray, geometry: PatientG
     try:
         import nibabel
     except ImportError:
-        from provided_code.dicom.errors import DicomInputError
-
         raise DicomInputError(path, "writing NIfTI needs nibabel: pip install 'provided_code[dicom]'") from None
     data = np.ascontiguousarray(np.transpose(dose_ct[::-1], (2, 1, 0)), dtype=np.float32)
     affine = nifti_affine(geometry)
@@ -57,12 +56,18 @@ def write_nifti(path: os.PathLike | str, dose_ct: np.ndarray, geometry: PatientG
 
 
 def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLike | str,
-                nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> PatientGeometry:
-    """Write the 128³ ``dose`` of an imported patient as an RT Dose at ``out`` (and NIfTI)."""
+                nifti: os.PathLike | str | None = None, description: str = "Predicted dose",
+                site: str | None = None) -> PatientGeometry:
+    """Write the box's ``dose`` of an imported patient as an RT Dose at ``out`` (and NIfTI).
+    ``site``: the name of the site the dose is of; a patient imported for another is refused."""
     geometry = PatientGeometry.read(patient_dir)
+    if site is not None and site != geometry.site:
+        raise DicomInputError(Path(patient_dir) / SIDECAR_FILE, f"the patient was imported for site {geometry.site}, "
+                                                                f"not {site}; import it again with --site {site}")
     dose = np.asarray(dose)
-    if dose.shape != VOLUME_SHAPE:
-        raise ValueError(f"Invalid `dose`. Expected shape {VOLUME_SHAPE}. Received: dose.shape={dose.shape}")
+    box = tuple(geometry.box_shape)
+    if dose.shape != box:
+        raise ValueError(f"Invalid `dose`. Expected shape {box}. Received: dose.shape={dose.shape}")
     write_dose_on_ct_grid(dose_on_ct_grid(dose, geometry), geometry, out, nifti, description)
     return geometry
 

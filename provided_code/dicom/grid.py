@@ -1,11 +1,11 @@
-"""The 128³ OpenKBP box inside a CT, and the resampling between the two grids.
+"""The box inside a CT (the site's grid: OpenKBP's 128³), and the resampling between the two grids.
 
 OpenKBP's volumes are a supine axial CT's own axes: axis 0 the image rows (patient y, anterior to
 posterior), axis 1 the columns (patient x, right to left), axis 2 the slices from superior to
 inferior (descending patient z). In-plane the box spans the CT's whole field of view in 128 × 128
 pixels (a 512-matrix CT at 0.98 mm gives 3.9 mm, as OpenKBP's 50 cm field of view does); along
 the slice axis it keeps the CT's spacing and takes 128 consecutive slices, padded with air beyond
-the scan.
+the scan. (128: a site's ``grid.shape``, which the import records in the sidecar as ``box_shape``.)
 
 The geometry, and everything the export needs to write a dose back onto the CT, is saved in the
 patient folder as ``dicom.json`` (:class:`PatientGeometry`).
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import VOLUME_SHAPE
 from provided_code.data.resample import linear_taps, sample_centres
 from provided_code.dicom.errors import DicomInputError
 from provided_code.infra.atomic import write_text_atomic
+from provided_code.sites import openkbp
 
 SIDECAR_FILE = "dicom.json"
 SIDECAR_FORMAT = 1
-BOX = VOLUME_SHAPE[0]  # 128 voxels along every axis
+BOX = openkbp().volume_shape[0]  # 128: OpenKBP's grid along every axis, what a sidecar without box_shape means
 
 
 def area_weights(source: int, target: int) -> np.ndarray:
@@ -126,6 +126,8 @@ class PatientGeometry:
     possible_dose_mask: str = ""  # how the possible-dose mask was made
     hu_offset: float = 1000.0  # ct.csv value = HU + hu_offset, clipped to [0, 4095]
     format: int = SIDECAR_FORMAT
+    site: str = "openkbp"  # the site whose structures and grid the import used (earlier sidecars: openkbp)
+    box_shape: list[int] = dataclasses.field(default_factory=lambda: [BOX, BOX, BOX])  # the site's grid.shape
 
     @property
     def slice_spacing(self) -> float:
@@ -134,20 +136,22 @@ class PatientGeometry:
     @property
     def voxel_dimensions(self) -> np.ndarray:
         """mm along OpenKBP's axes 0, 1, 2 (rows, columns, slices)."""
-        return np.array([self.rows * self.pixel_spacing[0] / BOX, self.columns * self.pixel_spacing[1] / BOX,
-                         self.slice_spacing])
+        return np.array([self.rows * self.pixel_spacing[0] / self.box_shape[0],
+                         self.columns * self.pixel_spacing[1] / self.box_shape[1], self.slice_spacing])
 
     def box_y(self) -> np.ndarray:
-        """Patient y (mm) of the box's 128 rows."""
-        return self.origin_xy[1] + ((np.arange(BOX) + 0.5) * self.rows / BOX - 0.5) * self.pixel_spacing[0]
+        """Patient y (mm) of the box's rows."""
+        box = self.box_shape[0]
+        return self.origin_xy[1] + ((np.arange(box) + 0.5) * self.rows / box - 0.5) * self.pixel_spacing[0]
 
     def box_x(self) -> np.ndarray:
-        """Patient x (mm) of the box's 128 columns."""
-        return self.origin_xy[0] + ((np.arange(BOX) + 0.5) * self.columns / BOX - 0.5) * self.pixel_spacing[1]
+        """Patient x (mm) of the box's columns."""
+        box = self.box_shape[1]
+        return self.origin_xy[0] + ((np.arange(box) + 0.5) * self.columns / box - 0.5) * self.pixel_spacing[1]
 
     def box_z(self) -> np.ndarray:
-        """Patient z (mm) of the box's 128 slices (descending; extrapolated where padded)."""
-        return self.slice_z[0] - (self.first_slice + np.arange(BOX)) * self.slice_spacing
+        """Patient z (mm) of the box's slices (descending; extrapolated where padded)."""
+        return self.slice_z[0] - (self.first_slice + np.arange(self.box_shape[2])) * self.slice_spacing
 
     def ct_y(self) -> np.ndarray:
         """Patient y (mm) of the CT's rows."""
@@ -159,7 +163,7 @@ class PatientGeometry:
 
     def box_slices(self) -> tuple[np.ndarray, np.ndarray]:
         """(box slice indices, CT slice indices) of the slices both have."""
-        ct = self.first_slice + np.arange(BOX)
+        ct = self.first_slice + np.arange(self.box_shape[2])
         inside = (ct >= 0) & (ct < len(self.slice_z))
         return np.flatnonzero(inside), ct[inside]
 
@@ -184,13 +188,13 @@ class PatientGeometry:
         return geometry
 
 
-def choose_first_slice(slices: int, centre: float | None) -> int:
-    """Box slice 0's CT slice: the box centred on ``centre`` (a fractional CT slice index, None for
-    the scan's middle), moved to lie inside the scan where the scan has 128 slices or more, and to
-    hold the whole scan where it has fewer."""
+def choose_first_slice(slices: int, centre: float | None, box: int = BOX) -> int:
+    """Box slice 0's CT slice: the box of ``box`` slices centred on ``centre`` (a fractional CT
+    slice index, None for the scan's middle), moved to lie inside the scan where the scan has
+    ``box`` slices or more, and to hold the whole scan where it has fewer."""
     if centre is None:
         centre = (slices - 1) / 2
-    first = int(round(centre - (BOX - 1) / 2))
-    if slices >= BOX:
-        return int(np.clip(first, 0, slices - BOX))
-    return int(np.clip(first, slices - BOX, 0))
+    first = int(round(centre - (box - 1) / 2))
+    if slices >= box:
+        return int(np.clip(first, 0, slices - box))
+    return int(np.clip(first, slices - box, 0))

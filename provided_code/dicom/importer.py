@@ -1,13 +1,15 @@
 """``openkbp-dicom import``: a CT series, an RTSTRUCT and optionally an RTDOSE to one patient folder
-in the OpenKBP layout, with the sidecar the export needs.
+in the OpenKBP layout, with the sidecar the export needs, for a site (OpenKBP's by default: its
+structures, the DICOM names they are matched from, its grid).
 
-- CT: Hounsfield units averaged onto the 128 × 128 in-plane grid, then stored as OpenKBP stores
-  it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset was
-  found in the OpenKBP data).
-- Structures: only the ROIs matched to a structure (or BODY) are parsed; each one's contours filled
-  on the CT's own pixels, averaged onto the 128 × 128 grid and kept where at least half of a voxel
-  is inside. Targets are made disjoint as in OpenKBP: a voxel in several PTVs belongs to the
-  highest. The CT-grid pixels of each ROI as drawn are returned too (``ImportReport.ct_voxels``:
+- CT: Hounsfield units averaged onto the box's 128 × 128 in-plane grid, then stored as OpenKBP
+  stores it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset
+  was found in the OpenKBP data).
+- Structures: only the ROIs matched to a structure of the site (or BODY) are parsed; each one's
+  contours filled on the CT's own pixels, averaged onto the 128 × 128 grid and kept where at least
+  half of a voxel is inside. Targets are made disjoint as in OpenKBP: a voxel in several targets
+  belongs to the one of the highest prescription. The CT-grid pixels of each ROI as drawn are
+  returned too (``ImportReport.ct_voxels``:
   what the clinical DVH table counts). Slices skipped inside an ROI, and a target on the scan's
   first or last slice, are warned about.
 - Possible-dose mask: the BODY/External outline, else the CT above ``BODY_THRESHOLD_HU``.
@@ -25,32 +27,26 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 
 from provided_code.infra.atomic import new_folder_beside, replace_folder, write_text_atomic
-from provided_code.constants import (
-    CT_FILE,
-    CT_MAX,
-    DOSE_FILE,
-    POSSIBLE_DOSE_MASK_FILE,
-    STRUCTURES,
-    TARGETS,
-    VOXEL_DIMENSIONS_FILE,
-)
+from provided_code.constants import CT_FILE, CT_MAX, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE
 from provided_code.data.csv_io import write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
 from provided_code.dicom.errors import DicomInputError
-from provided_code.dicom.grid import BOX, SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
+from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
-from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose
+from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
 HU_OFFSET = 1000.0  # ct.csv = HU + 1000: OpenKBP air sits at 0, fat near 908, soft tissue near 1045 (README)
 BODY_THRESHOLD_HU = -400.0  # without a BODY contour, the possible-dose mask is the CT above this
-# The range of the OpenKBP patients' voxel sizes (mm); an import outside it is warned about.
+# The range of the OpenKBP patients' voxel sizes (mm); an import for OpenKBP outside it is warned about.
 OPENKBP_IN_PLANE_MM = (2.0, 5.5)
 OPENKBP_SLICE_MM = (1.5, 3.3)
 
@@ -68,49 +64,64 @@ class ImportReport:
     dose_grid: DoseGrid | None = dataclasses.field(default=None, repr=False)  # the clinic's RT Dose, as read
 
 
-def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: os.PathLike | str,
-                   rtdose: os.PathLike | str | None = None, names: os.PathLike | str | None = None,
-                   allow_missing_targets: bool = False) -> ImportReport:
-    """Import one patient into the folder ``out`` (see the module docstring)."""
+def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
+                   rtdose=None, names: os.PathLike | str | dict | None = None,
+                   allow_missing_targets: bool = False, site: Site | str | None = None, *, dose_scale: float = 1.0,
+                   patient_tags: Mapping[str, str] | None = None,
+                   also_write: Callable[[Path], None] | None = None) -> ImportReport:
+    """Import one patient into the folder ``out`` (see the module docstring) for ``site`` (a
+    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None: OpenKBP).
+
+    For the cohort import: ``ct_dir`` may be a list of the series' files; ``rtdose`` a list of RT
+    Doses to sum (a plan's per-beam doses), times ``dose_scale`` (the fractions of a per-fraction
+    dose); ``names`` a names table already loaded (of ``site``'s structures); ``patient_tags``
+    replace the CT's patient tags in the sidecar (a pseudonym); ``also_write(folder)`` adds files to
+    the patient folder before it is moved into place."""
+    site = load_site(site)
     out = Path(out)
     if out.exists() and not (out / SIDECAR_FILE).is_file() and any(out.iterdir()):
         raise DicomInputError(out, "output folder exists and is not an earlier import; choose a new folder")
-    table = load_names(names)
+    table = names if isinstance(names, dict) else load_names(names, site)
     ct = read_ct_series(ct_dir)
+    if patient_tags:
+        ct.tags = {**ct.tags, **patient_tags}
     structure_set = read_rtstruct(rtstruct, ct.frame_of_reference_uid)
     mapping = match_rois(structure_set.roi_names, table, structure_set.path)
-    lines = describe_matching(mapping, structure_set.roi_names)
-    absent = missing_targets(mapping)
+    lines = describe_matching(mapping, structure_set.roi_names, tuple(table))
+    absent = missing_targets(mapping, site)
     if absent and not allow_missing_targets:
         raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
                                                   f"{', '.join(structure_set.roi_names)}); pass --names to map one, "
                                                   f"or --allow-missing-targets")
-    dose_grid = read_rtdose(rtdose, ct.frame_of_reference_uid) if rtdose is not None else None
+    dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
     planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
               for key, roi in mapping.items()}  # only the mapped ROIs are parsed
-    empty_targets = [key for key in TARGETS if key in planes and not planes[key]]
+    empty_targets = [key for key in site.targets if key in planes and not planes[key]]
     if empty_targets and not allow_missing_targets:
         target = empty_targets[0]
         raise DicomInputError(structure_set.path, f"ROI {mapping[target]!r} ({target}) has no contours")
-    target_slices = [k for key in TARGETS if key in planes for k in planes[key]]
+    target_slices = [k for key in site.targets if key in planes for k in planes[key]]
     centre = (min(target_slices) + max(target_slices)) / 2 if target_slices else None
-    first = choose_first_slice(len(ct.slice_z), centre)
+    shape = site.volume_shape
+    first = choose_first_slice(len(ct.slice_z), centre, shape[2])
     geometry = PatientGeometry(
         rows=ct.hu.shape[1], columns=ct.hu.shape[2], pixel_spacing=ct.pixel_spacing.tolist(),
         origin_xy=ct.origin_xy.tolist(), slice_z=ct.slice_z.tolist(), first_slice=first,
         frame_of_reference_uid=ct.frame_of_reference_uid, series_instance_uid=ct.series_instance_uid,
-        sop_instance_uids=ct.sop_instance_uids, tags=ct.tags, structures=dict(mapping), hu_offset=HU_OFFSET)
+        sop_instance_uids=ct.sop_instance_uids, tags=ct.tags, structures=dict(mapping), hu_offset=HU_OFFSET,
+        site=site.name, box_shape=list(shape))
     box_slices, ct_slices = geometry.box_slices()
     if target_slices and (min(target_slices) < ct_slices[0] or max(target_slices) > ct_slices[-1]):
         lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
-                     f"128 of the box; the slices beyond it are left out")
-    lines += _check_slices(planes, mapping, ct.slice_z)
-    lines += _check_voxel_size(geometry)
+                     f"{shape[2]} of the box; the slices beyond it are left out")
+    lines += _check_slices(planes, mapping, ct.slice_z, site)
+    if site.same_as(load_site("openkbp")):  # the voxel sizes OpenKBP's patients have; other sites' are not known
+        lines += _check_voxel_size(geometry)
 
     # CT-grid planes to the box's 128 × 128 plane: the area average over the same field of view
-    to_box = PlaneTaps.from_matrices(area_weights(geometry.rows, BOX), area_weights(geometry.columns, BOX))
-    volume_ct = np.zeros((BOX, BOX, BOX), np.uint16)  # padded slices: air
+    to_box = PlaneTaps.from_matrices(area_weights(geometry.rows, shape[0]), area_weights(geometry.columns, shape[1]))
+    volume_ct = np.zeros(shape, np.uint16)  # padded slices: air
     for b, k in zip(box_slices, ct_slices):
         volume_ct[:, :, b] = np.clip(np.rint(to_box.apply(ct.hu[k]) + HU_OFFSET), 0, CT_MAX)
     masks, ct_voxels = {}, {}
@@ -118,9 +129,13 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         masks[key], voxels = _fill_roi(planes[key], geometry, to_box, box_slices, ct_slices, ct_pixels=key != BODY)
         if key != BODY:
             ct_voxels[key] = voxels
-    for higher, lower in ((2, 1), (2, 0), (1, 0)):  # PTV70 over PTV63 over PTV56, as OpenKBP's disjoint targets
-        if TARGETS[lower] in masks and TARGETS[higher] in masks:
-            masks[TARGETS[lower]] &= ~masks[TARGETS[higher]]
+    # Disjoint targets, as OpenKBP's: a voxel in several is the one's of the highest prescription (PTV70 over
+    # PTV63 over PTV56; PTV78 over PTV60); of equal prescriptions, the one listed first in the site.
+    by_dose = sorted(site.targets, key=lambda name: -site.prescriptions_gy[name])
+    for k, higher in enumerate(by_dose):
+        for lower in by_dose[k + 1:]:
+            if higher in masks and lower in masks:
+                masks[lower] &= ~masks[higher]
     if BODY in masks and masks[BODY].any():
         possible_dose_mask = masks.pop(BODY)
         geometry.possible_dose_mask = f"ROI {mapping[BODY]!r}"
@@ -129,24 +144,24 @@ def import_patient(ct_dir: os.PathLike | str, rtstruct: os.PathLike | str, out: 
         possible_dose_mask = volume_ct > BODY_THRESHOLD_HU + HU_OFFSET  # the CT as stored
         geometry.possible_dose_mask = f"CT above {BODY_THRESHOLD_HU:g} HU (no BODY/External ROI)"
     lines.append(f"possible-dose mask: {geometry.possible_dose_mask}")
-    for key in STRUCTURES:
+    for key in site.names:
         if key in masks and not masks[key].any():
-            lines.append(f"warning: {key} ({mapping[key]!r}) covers no voxel of the 128³ box")
+            lines.append(f"warning: {key} ({mapping[key]!r}) covers no voxel of the {'×'.join(map(str, shape))} box")
     dose = None
     if dose_grid is not None:
         dose = sample_dose(dose_grid, geometry.box_y(), geometry.box_x(), geometry.box_z())
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
-    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose)
-    logger.info("Imported %s into %s", ct_dir, out)
+    _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site, also_write)
+    logger.info("Imported %s into %s", ct_dir if not isinstance(ct_dir, (list, tuple)) else geometry.series_instance_uid, out)
     return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid)
 
 
 def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to_box: PlaneTaps,
               box_slices: np.ndarray, ct_slices: np.ndarray, ct_pixels: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """An ROI's 128³ mask (each slice's contours filled on the CT's pixels, averaged to the box's
-    grid, kept where at least half inside), and, with ``ct_pixels``, its CT-grid pixels (flat
+    """An ROI's mask on the box (each slice's contours filled on the CT's pixels, averaged to the
+    box's grid, kept where at least half inside), and, with ``ct_pixels``, its CT-grid pixels (flat
     indices, every slice; without, only the box's slices are filled and no pixels returned)."""
-    mask = np.zeros((BOX, BOX, BOX), bool)
+    mask = np.zeros(tuple(geometry.box_shape), bool)
     box_of = dict(zip(ct_slices.tolist(), box_slices.tolist()))
     origin, spacing = np.asarray(geometry.origin_xy), np.asarray(geometry.pixel_spacing)
     plane_size = geometry.rows * geometry.columns
@@ -164,13 +179,14 @@ def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to
     return mask, np.concatenate(voxels)
 
 
-def _check_slices(planes: dict[str, dict[int, list]], mapping: dict[str, str], slice_z: np.ndarray) -> list[str]:
+def _check_slices(planes: dict[str, dict[int, list]], mapping: dict[str, str], slice_z: np.ndarray,
+                  site: Site) -> list[str]:
     """Warnings about slices: an ROI with CT slices between its first and last contour that have
     none (contoured on every other slice, or a slice forgotten: those slices stay empty in its
     mask), and a scan shorter than the targets need, i.e. a target drawn on the scan's first or
     last slice (the scan may end inside it, and the model sees no anatomy beyond)."""
     lines = []
-    for key in (*STRUCTURES, BODY):
+    for key in (*site.names, BODY):
         slices = sorted(planes.get(key, {}))
         if not slices:
             continue
@@ -181,7 +197,7 @@ def _check_slices(planes: dict[str, dict[int, list]], mapping: dict[str, str], s
                          f"from z = {slice_z[slices[0]]:g} to {slice_z[slices[-1]]:g} mm (none at z = "
                          f"{slice_z[gap]:g} mm); the {span - len(slices)} slices without are empty in its mask")
     ends = {0: "first", len(slice_z) - 1: "last"}
-    for key in TARGETS:
+    for key in site.targets:
         reached = [f"{ends[k]} (z = {slice_z[k]:g} mm)" for k in sorted(ends) if k in planes.get(key, {})]
         if reached:
             lines.append(f"warning: {key} ({mapping[key]!r}) is drawn on the CT's {' and '.join(reached)} slice: "
@@ -203,14 +219,15 @@ def _check_voxel_size(geometry: PatientGeometry) -> list[str]:
 
 
 def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: dict[str, np.ndarray],
-                  possible_dose_mask: np.ndarray, dose: np.ndarray | None) -> None:
+                  possible_dose_mask: np.ndarray, dose: np.ndarray | None, site: Site,
+                  also_write: Callable[[Path], None] | None = None) -> None:
     """Write the patient folder beside ``out`` and move it into place whole."""
     staging = new_folder_beside(out)  # leftovers of a killed import tidied first
     try:
         flat_ct = ct.reshape(-1)
         write_sparse_csv(staging / CT_FILE, np.flatnonzero(flat_ct), flat_ct[flat_ct != 0])
         write_sparse_csv(staging / POSSIBLE_DOSE_MASK_FILE, np.flatnonzero(possible_dose_mask.reshape(-1)), None)
-        for key in STRUCTURES:
+        for key in site.names:
             if key in masks and masks[key].any():
                 write_sparse_csv(staging / f"{key}.csv", np.flatnonzero(masks[key].reshape(-1)), None)
         write_text_atomic(staging / VOXEL_DIMENSIONS_FILE,
@@ -218,6 +235,8 @@ def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: d
         if dose is not None:
             write_dose_csv(staging / DOSE_FILE, dose, possible_dose_mask)
         geometry.write(staging)
+        if also_write is not None:
+            also_write(staging)
         replace_folder(staging, out)  # an earlier import is replaced whole
     finally:
         if staging.exists():

@@ -1,10 +1,11 @@
-"""Clinical ROI names to the ten OpenKBP structures and the body outline.
+"""Clinical ROI names to a site's structures and the body outline.
 
 Names are compared after normalisation: lower case, every character that is not a letter or a
 digit removed, so ``Parotid_L``, ``parotid l`` and ``PAROTID-L`` are one name. The default table
-covers the TG-263 forms and common variants; a names file (JSON: ``{"PTV70": ["PTV_High", ...]}``)
-replaces the default list of each structure it names and keeps the others. ``BODY`` is the outline
-that becomes the possible-dose mask.
+is the site's (each structure's ``dicom_names`` in its site file, ``body.dicom_names`` for the
+body; OpenKBP's covers the TG-263 forms and common variants); a names file (JSON:
+``{"PTV70": ["PTV_High", ...]}``) replaces the default list of each structure it names and keeps
+the others. ``BODY`` is the outline that becomes the possible-dose mask.
 """
 
 from __future__ import annotations
@@ -14,27 +15,20 @@ import os
 import re
 from pathlib import Path
 
-from provided_code.constants import STRUCTURES, TARGETS
 from provided_code.dicom.errors import DicomInputError
+from provided_code.sites import Site, load_site
 
 BODY = "BODY"
-KEYS = (*STRUCTURES, BODY)
 
-DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
-    "Brainstem": ("Brainstem", "Brain_Stem", "BrainStem_PRV0", "Tronc"),
-    "SpinalCord": ("SpinalCord", "Spinal_Cord", "Cord", "Spinal Canal", "SpinalCanal", "Medulla"),
-    "RightParotid": ("Parotid_R", "R_Parotid", "Rt_Parotid", "Parotid_Rt", "RightParotid", "Parotid Right",
-                     "Right Parotid", "ParotidR", "RParotid"),
-    "LeftParotid": ("Parotid_L", "L_Parotid", "Lt_Parotid", "Parotid_Lt", "LeftParotid", "Parotid Left",
-                    "Left Parotid", "ParotidL", "LParotid"),
-    "Esophagus": ("Esophagus", "Oesophagus", "Esophagus_Cervical", "Esoph"),
-    "Larynx": ("Larynx", "Glottis", "Larynx_Glottic"),
-    "Mandible": ("Mandible", "Bone_Mandible", "Jaw"),
-    "PTV56": ("PTV56", "PTV_56", "PTV5600", "PTV_5600", "PTV56Gy", "PTV_56Gy", "PTV_Low"),
-    "PTV63": ("PTV63", "PTV_63", "PTV6300", "PTV_6300", "PTV63Gy", "PTV_63Gy", "PTV_Mid", "PTV_Intermediate"),
-    "PTV70": ("PTV70", "PTV_70", "PTV7000", "PTV_7000", "PTV70Gy", "PTV_70Gy", "PTV_High"),
-    BODY: ("BODY", "External", "Skin", "Outline", "Body_Contour", "Patient"),
-}
+
+def default_names(site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
+    """The site's table (OpenKBP's without one): each structure, in channel order, then ``BODY``,
+    to the ROI names it is matched from."""
+    site = load_site(site)
+    return {**{structure.name: structure.dicom_names for structure in site.structures}, BODY: site.body_names}
+
+
+DEFAULT_NAMES: dict[str, tuple[str, ...]] = default_names("openkbp")  # OpenKBP's table, as sites/openkbp.json has it
 
 
 def normalise(name: str) -> str:
@@ -42,9 +36,9 @@ def normalise(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
-def load_names(path: os.PathLike | str | None = None) -> dict[str, tuple[str, ...]]:
-    """The default table, with the structures a names file lists replaced by its lists."""
-    table = dict(DEFAULT_NAMES)
+def load_names(path: os.PathLike | str | None = None, site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
+    """The site's table (:func:`default_names`), with the structures a names file lists replaced by its lists."""
+    table = default_names(site)
     if path is None:
         return table
     path = Path(path)
@@ -55,10 +49,12 @@ def load_names(path: os.PathLike | str | None = None) -> dict[str, tuple[str, ..
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DicomInputError(path, f"names file is not JSON ({error})") from None
     if not isinstance(given, dict):
-        raise DicomInputError(path, 'names file must be a JSON object such as {"PTV70": ["PTV_High"]}')
+        site = load_site(site)
+        example = max(site.targets, key=site.prescriptions_gy.get)
+        raise DicomInputError(path, f'names file must be a JSON object such as {{"{example}": ["PTV_High"]}}')
     for key, names in given.items():
-        if key not in KEYS:
-            raise DicomInputError(path, f"unknown structure {key!r}; expected one of {', '.join(KEYS)}")
+        if key not in table:
+            raise DicomInputError(path, f"unknown structure {key!r}; expected one of {', '.join(table)}")
         if isinstance(names, str):
             names = [names]
         if not isinstance(names, list) or not all(isinstance(n, str) and normalise(n) for n in names):
@@ -68,12 +64,12 @@ def load_names(path: os.PathLike | str | None = None) -> dict[str, tuple[str, ..
 
 
 def match_rois(roi_names: list[str], table: dict[str, tuple[str, ...]], source: os.PathLike | str) -> dict[str, str]:
-    """Structure (or ``BODY``) → the ROI name that is it. An ROI matching two structures, or two
-    ROIs matching one, is an error naming them (a names file settles it)."""
+    """Structure (or ``BODY``) → the ROI name that is it, for the structures of ``table``. An ROI
+    matching two structures, or two ROIs matching one, is an error naming them (a names file settles it)."""
     wanted = {key: {normalise(n) for n in names} for key, names in table.items()}
-    matches: dict[str, list[str]] = {key: [] for key in KEYS}
+    matches: dict[str, list[str]] = {key: [] for key in table}
     for roi in roi_names:
-        keys = [key for key in KEYS if normalise(roi) in wanted[key]]
+        keys = [key for key in table if normalise(roi) in wanted[key]]
         if len(keys) > 1:
             raise DicomInputError(source, f"ROI {roi!r} matches {' and '.join(keys)}; pass --names to settle it")
         if keys:
@@ -88,10 +84,12 @@ def match_rois(roi_names: list[str], table: dict[str, tuple[str, ...]], source: 
     return mapping
 
 
-def describe_matching(mapping: dict[str, str], roi_names: list[str]) -> list[str]:
-    """Lines for the user: which ROI became which structure, what is missing, what was unused."""
-    lines = [f"{key:<12} <- {mapping[key]!r}" for key in KEYS if key in mapping]
-    missing = [key for key in KEYS if key not in mapping]
+def describe_matching(mapping: dict[str, str], roi_names: list[str], keys=tuple(DEFAULT_NAMES)) -> list[str]:
+    """Lines for the user: which ROI became which structure (of ``keys``, a table's keys), what is
+    missing, what was unused."""
+    width = max(12, *(len(key) for key in keys))
+    lines = [f"{key:<{width}} <- {mapping[key]!r}" for key in keys if key in mapping]
+    missing = [key for key in keys if key not in mapping]
     if missing:
         lines.append(f"missing: {', '.join(missing)}")
     unused = [roi for roi in roi_names if roi not in mapping.values()]
@@ -100,5 +98,5 @@ def describe_matching(mapping: dict[str, str], roi_names: list[str]) -> list[str
     return lines
 
 
-def missing_targets(mapping: dict[str, str]) -> list[str]:
-    return [t for t in TARGETS if t not in mapping]
+def missing_targets(mapping: dict[str, str], site: Site | str | None = None) -> list[str]:
+    return [t for t in load_site(site).targets if t not in mapping]

@@ -63,6 +63,24 @@ def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGri
                     z=z)
 
 
+def read_rtdoses(paths, frame_of_reference_uid: str, scale: float = 1.0) -> DoseGrid:
+    """The sum of several RT Doses on one grid (a plan's per-beam doses), times ``scale`` (the
+    fractions of a per-fraction dose); doses on different grids are refused naming both files."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    total = read_rtdose(paths[0], frame_of_reference_uid)
+    dose = total.dose.astype(np.float64)
+    for path in paths[1:]:
+        grid = read_rtdose(path, frame_of_reference_uid)
+        if grid.dose.shape != dose.shape or not all(np.allclose(a, b, atol=1e-3) for a, b in
+                                                    ((grid.x, total.x), (grid.y, total.y), (grid.z, total.z))):
+            raise DicomInputError(path, f"dose grid differs from that of {Path(paths[0]).name}; doses to be summed "
+                                        f"must share one grid")
+        dose += grid.dose
+    if len(paths) == 1 and scale == 1.0:
+        return total
+    return DoseGrid((dose * scale).astype(np.float32), total.x, total.y, total.z)
+
+
 def _linear_at(source: np.ndarray, points: np.ndarray) -> np.ndarray:
     """``(points, source)`` weights of linear interpolation at ``points`` along an evenly spaced
     coordinate axis; zero rows for points outside it."""

@@ -9,25 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from provided_code.constants import STRUCTURES
+from provided_code.sites import Site
 
 CLINICAL_METRICS = ("D99", "D95", "D50", "Dmean", "D1", "Dmax")
 _PERCENTILES = (1.0, 5.0, 50.0)
 
 
-def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray]) -> dict[str, dict[str, float]]:
-    """``{structure: {metric: Gy}}`` for every structure with voxels; ``indices`` as
+def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray], site: Site) -> dict[str, dict[str, float]]:
+    """``{structure: {metric: Gy}}`` for every structure of ``site`` with voxels; ``indices`` as
     :func:`provided_code.metrics.scoring.structure_indices` gives them (flat, per structure)."""
     flat = np.asarray(dose, dtype=np.float64).reshape(-1)
-    return clinical_dvh_of_values({name: flat[voxels] for name, voxels in zip(STRUCTURES, indices)})
+    return clinical_dvh_of_values({name: flat[voxels] for name, voxels in zip(site.names, indices)})
 
 
 def clinical_dvh_of_values(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """``{structure: {metric: Gy}}`` from each structure's voxel doses (all voxels of one size),
-    in the order of ``STRUCTURES``, for every structure with voxels."""
+    in the order of ``values`` (the site's), for every structure with voxels."""
     table = {}
-    for name in STRUCTURES:
-        doses = np.asarray(values.get(name, ()), dtype=np.float64)
+    for name in values:
+        doses = np.asarray(values[name], dtype=np.float64)
         if doses.size == 0:
             continue
         d99, d95, d50 = np.percentile(doses, _PERCENTILES)

@@ -1,15 +1,18 @@
-"""The OpenKBP challenge's dose score and DVH score, vectorised.
+"""The OpenKBP challenge's dose score and DVH score, vectorised, for any site.
 
 Dose score: per patient, the sum of |reference − predicted| over all voxels divided by the number
 of voxels in the possible-dose mask; averaged over patients. DVH score: for every organ at risk
-D_0.1cc and mean dose, for every target D99, D95 and D1; the mean absolute difference between
+the site's organ metrics, for every target its target metrics (OpenKBP's and the default: D_0.1cc
+and mean dose; D99, D95 and D1); the mean absolute difference between
 reference and prediction over every (patient, structure, metric) entry that exists (a structure
 missing from a patient is left out). D_0.1cc is the percentile 100 − v/n·100 of the structure's
 doses, v = max(1, round(100 / voxel volume in mm³)), n its voxel count; D99, D95 and D1 are the
-1st, 5th and 99th percentiles; numpy's linear interpolation throughout, in float64.
+1st, 5th and 99th percentiles; numpy's linear interpolation throughout, in float64. In a site
+file, ``D_<v>_cc`` is the dose to the hottest v cc (v/n·100 read as above with v × 1000 mm³),
+``D_<p>`` the dose that p % of the volume receives (the percentile 100 − p), ``mean`` the mean.
 
-A patient's metrics are a ``(len(STRUCTURES), len(METRICS))`` table, NaN where a metric does not
-apply to the structure or the structure is absent.
+A patient's metrics are a ``(len(site.names), len(site.metric_names))`` table, NaN where a metric
+does not apply to the structure or the structure is absent.
 """
 
 from __future__ import annotations
@@ -22,40 +25,53 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from provided_code.constants import OARS, STRUCTURES
 from provided_code.data.cache import exact_dose
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.sites import Site, openkbp
 
 logger = logging.getLogger(__name__)
 
-METRICS = ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
-OAR_METRICS = METRICS[:2]
-TARGET_METRICS = METRICS[2:]
-_TARGET_PERCENTILES = [1.0, 5.0, 99.0]  # D99, D95, D1
 
-
-def structure_indices(structure_masks: np.ndarray) -> list[np.ndarray]:
-    """Flat voxel indices of each structure (empty where absent), from the packed bitfield."""
+def structure_indices(structure_masks: np.ndarray, count: int) -> list[np.ndarray]:
+    """Flat voxel indices of each of the site's ``count`` structures (empty where absent), from
+    the packed bitfield."""
     flat = structure_masks.reshape(-1)
     inside = np.flatnonzero(flat)
     bits = flat[inside]
-    return [inside[(bits >> k) & 1 == 1] for k in range(len(STRUCTURES))]
+    return [inside[(bits >> k) & 1 == 1] for k in range(count)]
+
+
+def _metric(name: str) -> tuple[str, float]:
+    """``"mean"`` → ("mean", 0); ``"D_0.1_cc"`` → ("cc", 0.1); ``"D_95"`` → ("percent", 95)."""
+    if name == "mean":
+        return "mean", 0.0
+    _, amount, *cc = name.split("_")
+    return ("cc" if cc else "percent"), float(amount)
 
 
 def dvh_metrics(dose_at: Callable[[np.ndarray], np.ndarray], indices: list[np.ndarray],
-                voxel_dimensions: np.ndarray) -> np.ndarray:
+                voxel_dimensions: np.ndarray, site: Site) -> np.ndarray:
     """The metric table of one dose; ``dose_at(flat_indices)`` gives its float64 values there."""
-    voxels_in_tenth_cc = max(1.0, float(np.round(100.0 / np.prod(voxel_dimensions))))
-    table = np.full((len(STRUCTURES), len(METRICS)), np.nan)
-    for k, (name, voxels) in enumerate(zip(STRUCTURES, indices)):
+    voxel_volume = np.prod(voxel_dimensions)  # mm³
+    columns = site.metric_names
+    table = np.full((len(site.names), len(columns)), np.nan)
+    for k, (structure, voxels) in enumerate(zip(site.structures, indices)):
         if voxels.size == 0:
             continue
         roi = dose_at(voxels)
-        if name in OARS:
-            table[k, 0] = np.percentile(roi, 100.0 - voxels_in_tenth_cc / roi.size * 100.0)
-            table[k, 1] = roi.mean()
-        else:
-            table[k, 2:] = np.percentile(roi, _TARGET_PERCENTILES)
+        percentiles, at = [], []  # one np.percentile call for a kind's volume-percent metrics
+        for name in site.metrics[structure.kind]:
+            kind, amount = _metric(name)
+            if kind == "mean":
+                table[k, columns.index(name)] = roi.mean()
+            elif kind == "cc":
+                voxels_in_volume = max(1.0, float(np.round(amount * 1000.0 / voxel_volume)))
+                table[k, columns.index(name)] = np.percentile(roi, 100.0 - voxels_in_volume / roi.size * 100.0)
+            else:
+                percentiles.append(100.0 - amount)
+                at.append(columns.index(name))
+        if percentiles:
+            table[k, at] = np.percentile(roi, percentiles)
     return table
 
 
@@ -66,6 +82,7 @@ class Scores:
     reference: np.ndarray  # (P, structures, metrics) Gy, NaN where absent
     predicted: np.ndarray  # same
     without_reference: list[str] = dataclasses.field(default_factory=list)  # the split's patients left out: no dose
+    site: Site = dataclasses.field(default_factory=openkbp)  # the structures and metrics of the tables
 
     @property
     def dose_score(self) -> float:
@@ -89,8 +106,8 @@ class Scores:
             "dose_score": self.dose_score,
             "dvh_score": self.dvh_score,
             "patients": len(self.patient_ids),
-            "dvh_by_structure": {name: _number(value) for name, value in zip(STRUCTURES, by_structure)},
-            "dvh_by_metric": {name: _number(value) for name, value in zip(METRICS, by_metric)},
+            "dvh_by_structure": {name: _number(value) for name, value in zip(self.site.names, by_structure)},
+            "dvh_by_metric": {name: _number(value) for name, value in zip(self.site.metric_names, by_metric)},
         }
         if self.without_reference:
             summary["patients_without_reference_dose"] = list(self.without_reference)
@@ -99,9 +116,10 @@ class Scores:
     def per_patient(self) -> pd.DataFrame:
         """One row per patient: dose error, and each metric's reference, predicted and difference."""
         columns = {"patient_id": self.patient_ids, "dose_error": self.dose_errors}
-        for k, structure in enumerate(STRUCTURES):
-            for metric in OAR_METRICS if structure in OARS else TARGET_METRICS:
-                m = METRICS.index(metric)
+        for k, entry in enumerate(self.site.structures):
+            structure = entry.name
+            for metric in self.site.metrics[entry.kind]:
+                m = self.site.metric_names.index(metric)
                 columns[f"{structure}_{metric}_reference"] = self.reference[:, k, m]
                 columns[f"{structure}_{metric}_predicted"] = self.predicted[:, k, m]
                 columns[f"{structure}_{metric}_difference"] = self.predicted[:, k, m] - self.reference[:, k, m]
@@ -129,7 +147,8 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
         raise ValueError(f"Cannot score: no reference dose.csv for {', '.join(missing)}")
     count = len(rows)
     errors = np.empty(count)
-    reference_tables = np.empty((count, len(STRUCTURES), len(METRICS)))
+    site = arrays.site
+    reference_tables = np.empty((count, len(site.names), len(site.metric_names)))
     predicted_tables = np.empty_like(reference_tables)
     for slot, row in enumerate(progress(rows, count, "Scoring")):
         reference32 = arrays.dose[row].reshape(-1)
@@ -152,11 +171,11 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
                            "(%.4g Gy in all); the dose score counts them, as the challenge's does",
                            arrays.patient_ids[row], outside_voxels, outside)
         errors[slot] = (np.abs(reference_inside - prediction_inside).sum() + outside) / inside.size
-        indices = structure_indices(arrays.structure_masks[row])
+        indices = structure_indices(arrays.structure_masks[row], len(site.names))
         reference_tables[slot] = dvh_metrics(lambda v: exact_dose(reference32[v], decimals), indices,
-                                             arrays.voxel_dimensions[row])
+                                             arrays.voxel_dimensions[row], site)
         predicted_tables[slot] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
-                                             arrays.voxel_dimensions[row])
+                                             arrays.voxel_dimensions[row], site)
     chosen = set(rows)
     return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables,
-                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen])
+                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen], site=site)

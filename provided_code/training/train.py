@@ -14,11 +14,14 @@ import tensorflow as tf
 
 from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
-from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data import mapped
+from provided_code.data.cache import SplitArrays, load_split, stacked_nbytes
+from provided_code.data.csv_io import discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
+from provided_code.infra.host_memory import available_memory
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.inputs import inputs_of, site_of
@@ -42,6 +45,9 @@ from provided_code.training.strategy import Placement, make_placement
 from provided_code.training.validation_scores import Validation, ValidationScores
 
 logger = logging.getLogger(__name__)
+MEMORY_SHARE = 0.5  # the stacked arrays may take this share of the available memory (the rest: TensorFlow,
+#                    the model, the batches), else the run trains from the cache file mapped into memory
+
 
 class WorkerLostError(UserError, RuntimeError):
     """A multi-worker run stopped because another worker failed or stopped answering."""
@@ -145,6 +151,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         raise
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
             tf.errors.AbortedError, tf.errors.InternalError) as error:
+        _raise_corrupt_chunk(train_arrays, validation)
         if placement.workers == 1:
             raise
         raise WorkerLostError(
@@ -152,6 +159,9 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
             f"--collective-timeout {config.collective_timeout:g} s; {type(error).__name__}: {_reason(error)}). "
             f"The newest checkpoint in {folder.models} is intact: restart every worker with the same "
             f"command to resume.") from None
+    except tf.errors.OpError:
+        _raise_corrupt_chunk(train_arrays, validation)
+        raise
     logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
     return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint())
 
@@ -179,24 +189,51 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
 
 def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
     """The training patients, and the validation patients with doses (None without any): parsed
-    once into the cache, stacked in memory, brought to the training resolution."""
+    once into the cache, stacked in memory (or mapped from the cache file: :func:`_memory_map`),
+    brought to the training resolution."""
     train_dir = require_training_data(config.data_dir)
-    train_arrays = downsample_split(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
-                                               skip_incomplete=config.skip_incomplete, progress=progress),
-                                    config.resolution)
-    validation = None
     validation_dir = Path(config.data_dir) / "validation-pats"
+    memory_map = _memory_map(config, train_dir, validation_dir)
+    downsample = mapped.downsampled if memory_map else downsample_split
+    train_arrays = downsample(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
+                                         skip_incomplete=config.skip_incomplete, progress=progress,
+                                         memory_map=memory_map, site=config.site_obj), config.resolution)
+    validation = None
     if validation_dir.is_dir():
         patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
-                              skip_incomplete=config.skip_incomplete, progress=progress)
+                              skip_incomplete=config.skip_incomplete, progress=progress, memory_map=memory_map,
+                              site=config.site_obj)
         if patients.has_dose.any():
             full = patients.select(np.flatnonzero(patients.has_dose))
-            validation = Validation(downsample_split(full, config.resolution), full)
+            validation = Validation(downsample(full, config.resolution), full)
         else:
             logger.info("%s has no dose.csv files: no validation loss", validation_dir)
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
                 f", validating on {len(validation.full)}" if validation is not None else "")
     return train_arrays, validation
+
+
+def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> bool:
+    """Whether to train from the cache file mapped into memory: with ``--memory-map``, or when the
+    stacked arrays (every patient at 128³ while loading, and at the training resolution) would take
+    more than ``MEMORY_SHARE`` of the memory available. Says which, and why, in the log."""
+    patients = len(discover_patients(train_dir)) + (len(discover_patients(validation_dir))
+                                                    if validation_dir.is_dir() else 0)
+    need = stacked_nbytes(patients, site=config.site_obj) + (
+        stacked_nbytes(patients, config.resolution, config.site_obj) if config.resolution != 128 else 0)
+    available, source = available_memory()
+    sizes = (f"{patients} patients stacked would take {need / 1e9:.1f} GB; "
+             + (f"{available / 1e9:.1f} GB available ({source})" if available is not None else source))
+    if config.memory_map:
+        logger.info("Data: mapped from the cache files (--memory-map); %s", sizes)
+        return True
+    if available is not None and need > MEMORY_SHARE * available:
+        logger.warning("Data: mapped from the cache files, as --memory-map does: %s, more than %d%% of it. Each "
+                       "batch reads its patients from the files (the page cache keeps what is hot)", sizes,
+                       round(100 * MEMORY_SHARE))
+        return True
+    logger.info("Data: stacked in memory; %s", sizes)
+    return False
 
 
 def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig | None) -> Hardware:
@@ -302,6 +339,14 @@ def _warn_schedule_change(config: TrainConfig, saved: TrainConfig) -> None:
                        "%d): the rate jumps at the resumed epoch. Resume with --epochs %d --lr-schedule %s to "
                        "keep it.", saved.lr_schedule, saved.epochs, config.lr_schedule, config.epochs,
                        saved.epochs, saved.lr_schedule)
+
+
+def _raise_corrupt_chunk(train_arrays: SplitArrays, validation: Validation | None) -> None:
+    """Raise the memory-mapped chunk that failed its checksum in the input pipeline (TensorFlow
+    reports it wrapped, with a traceback), if one did."""
+    corrupt = mapped.corrupt_chunk_error(train_arrays, *((validation.arrays, validation.full) if validation else ()))
+    if corrupt is not None:
+        raise corrupt from None
 
 
 def _reason(error: Exception) -> str:

@@ -1,0 +1,62 @@
+"""Scanning an archive (any tree of files, headers only, in threads) and choosing a plan's dose."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
+
+from provided_code.dicom.archive import DicomObject, _choose_dose, scan_archive  # noqa: E402
+from provided_code.dicom.rtplan import PlanInfo  # noqa: E402
+from provided_code.dicom.synthetic import write_dicomdir  # noqa: E402
+
+DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
+
+
+def test_scan_skips_and_names_what_is_not_an_object(tmp_path):
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    shutil.copy(DICOMPYLER / "rtplan.dcm", deep / "0001")  # no extension, nested
+    (deep / "d").mkdir()
+    shutil.copy(DICOMPYLER / "rtplan.dcm", deep / "d" / "copy.dcm")  # the same object twice
+    write_dicomdir(tmp_path / "DICOMDIR")
+    (tmp_path / "notes.txt").write_text("not DICOM")
+    (tmp_path / "empty").write_bytes(b"")
+    seen = []
+
+    def progress(iterable, length, label):
+        seen.append((length, label))
+        return iterable
+
+    index = scan_archive(tmp_path, progress=progress, workers=2)
+    assert seen == [(5, "Reading headers")]
+    assert [o.path.relative_to(tmp_path).as_posix() for o in index.objects] == ["a/b/c/0001"]
+    skipped = {p.relative_to(tmp_path).as_posix(): why for p, why in index.skipped_files}
+    assert skipped["DICOMDIR"].startswith("DICOMDIR") and skipped["notes.txt"] == "not DICOM"
+    assert skipped["empty"] == "not DICOM"
+    assert skipped["a/b/c/d/copy.dcm"].startswith("duplicate of a/b/c/0001 (SOP Instance UID ")
+
+
+def _plan(beams=(1, 2, 3), fractions=30):
+    return PlanInfo("1.2", "P", "APPROVED", "", "1.3", fractions, 2.0, (), (), (), tuple(beams))
+
+
+def _dose(summation, beams=(), when="20260101"):
+    return DicomObject(Path("x"), 1, 1, "RTDOSE", "", f"1.{summation}.{beams}.{when}", "", "", "", when,
+                       summation=summation, plan_uid="1.2", beam_numbers=tuple(beams))
+
+
+def test_a_plans_whole_dose_plan_beam_or_fraction():
+    plan_dose = _dose("PLAN")
+    assert _choose_dose(_plan(), [_dose("BEAM", (1,)), plan_dose])[:3] == ([plan_dose], 1.0, "PLAN")
+    newer = _dose("PLAN", when="20260202")
+    assert _choose_dose(_plan(), [plan_dose, newer])[0] == [newer]
+    assert "equally new" in _choose_dose(_plan(), [plan_dose, _dose("PLAN", (9,))])[3]
+    beams = [_dose("BEAM", (n,)) for n in (3, 1, 2)]
+    assert _choose_dose(_plan(), beams)[:3] == ([beams[1], beams[2], beams[0]], 1.0, "BEAM")
+    assert "do not cover the plan's beams [1, 2, 3] once each" in _choose_dose(_plan(), beams[:2])[3]
+    fraction = _dose("FRACTION")
+    assert _choose_dose(_plan(), [fraction])[:3] == ([fraction], 30.0, "FRACTION")
+    assert "no NumberOfFractionsPlanned" in _choose_dose(_plan(fractions=None), [fraction])[3]
+    assert _choose_dose(_plan(), [])[3] == "no RT Dose references this plan"

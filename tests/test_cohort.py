@@ -1,0 +1,308 @@
+"""``openkbp-dicom import-cohort``: archives written by the tests' DICOM writer, with what real
+archives hold besides the plans (unapproved plans, plans without a dose, per-beam and per-fraction
+doses, an MR, a CBCT, a patient without a structure set, a DICOMDIR, a text file, nested folders of
+files without extensions); the real OpenKBP sample through it; reruns, a killed run, the split."""
+
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
+pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
+
+from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES  # noqa: E402
+from provided_code.data.csv_io import read_patient  # noqa: E402
+from provided_code.data.patient_plan import read_beams, read_prescriptions  # noqa: E402
+from provided_code.sites import Arc, Beams, load_site  # noqa: E402
+from provided_code.data.phantoms import make_phantom  # noqa: E402
+from provided_code.dicom import cohort  # noqa: E402
+from provided_code.dicom.cohort import import_cohort  # noqa: E402
+from provided_code.dicom.synthetic import (  # noqa: E402
+    scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
+from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+
+OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
+OPENKBP_BEAMS = [("static", float(angle)) for angle in range(0, 360, 40)]
+PRESCRIBED = {"PTV_7000": 70.0, "PTV63": 63.0, "PTV_56": 56.0}  # the writer's clinical ROI names
+ARCS = [("arc", 181.0, 179.0, "CW"), ("arc", 179.0, 181.0, "CC")]
+SITE = dict(PRESCRIPTIONS_GY)
+OPENKBP = load_site("openkbp")
+NINE = (Beams("static", angles=tuple(float(a) for a in range(0, 360, 40))), (0.0,) * 9)
+
+
+def volumes_of(seed):
+    volumes = make_phantom(seed)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    return volumes, masks
+
+
+def write_clinic(folder, volumes, masks, patient_id, factor=1, **kwargs):
+    return write_patient(folder, volumes["ct"], masks, volumes["voxel_dimensions"], factor=factor,
+                         patient_id=patient_id, patient_name=f"Doe^{patient_id}", birth_date="19500505", **kwargs)
+
+
+def rows(out):
+    with open(Path(out) / "manifest.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def identity(out):
+    with open(Path(out) / "identity-map.csv", newline="") as handle:
+        return {row["patient_id"]: row["pseudonym"] for row in csv.DictReader(handle)}
+
+
+def folder_of(out, pseudonym):
+    found = [p for split in ("train-pats", "validation-pats") for p in [Path(out) / split / pseudonym] if p.is_dir()]
+    assert len(found) == 1, (pseudonym, found)
+    return found[0]
+
+
+def snapshot(out):
+    """Every file under a data folder (but the journal) and its bytes."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def phantom_archive(tmp_path_factory):
+    """Four phantom patients scattered into nested folders with the junk of real archives:
+    A: an approved plan with a PLAN dose, an older unapproved plan with a dose, an MR and a CBCT;
+    B: per-beam (BEAM) doses of an approved plan, and a newer approved plan without a dose;
+    C: two VMAT arcs and a FRACTION dose, a couch at 10°;
+    D: a plan and a dose whose structure set is not in the archive.
+    Plus a DICOMDIR and a text file. Returns (archive, {patient id: volumes})."""
+    root = tmp_path_factory.mktemp("cohort")
+    staging, archive = root / "staging", root / "archive"
+    patients = {}
+    for seed, patient_id in ((11, "PAT-A"), (12, "PAT-B"), (13, "PAT-C"), (14, "PAT-D")):
+        volumes, masks = volumes_of(seed)
+        patients[patient_id] = volumes
+        folder = staging / patient_id
+        written = write_clinic(folder, volumes, masks, patient_id, seed=seed)
+        dose = volumes["dose"]
+        if patient_id == "PAT-A":
+            plan = write_plan(folder / "RP1.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label="Final")
+            write_dose(folder / "RD1.dcm", dose, written, plan)
+            old = write_plan(folder / "RP0.dcm", written, OPENKBP_BEAMS, PRESCRIBED, approval="UNAPPROVED",
+                             label="Draft", date="20251201")
+            write_dose(folder / "RD0.dcm", dose * 0.5, written, old)
+            write_series(folder / "mr", written, "MR")
+            write_series(folder / "cbct", written, "CT")
+        elif patient_id == "PAT-B":
+            plan = write_plan(folder / "RP1.dcm", written, OPENKBP_BEAMS, {"PTV_7000": 66.0, "PTV63": 60.0,
+                                                                          "PTV_56": 54.0}, label="Beams")
+            for number in range(1, 10):
+                write_dose(folder / f"RD{number}.dcm", dose / 9, written, plan, summation="BEAM", beam_number=number)
+            write_plan(folder / "RP2.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label="NoDose", date="20260301")
+        elif patient_id == "PAT-C":
+            plan = write_plan(folder / "RP1.dcm", written, ARCS, PRESCRIBED, fractions=35, label="VMAT", couch=10.0)
+            write_dose(folder / "RD1.dcm", dose / 35, written, plan, summation="FRACTION")
+        else:
+            plan = write_plan(folder / "RP1.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label="Lost")
+            write_dose(folder / "RD1.dcm", dose, written, plan)
+            written.rtstruct.unlink()
+    write_dicomdir(staging / "DICOMDIR")
+    (staging / "README.txt").write_text("Exported by the planning system\n")
+    scatter_files(staging, archive, seed=5)
+    (archive / "DICOMDIR").write_bytes(next(p for p in archive.rglob("*") if p.is_file() and
+                                            pydicom.dcmread(p, stop_before_pixels=True, force=True).get(
+                                                "DirectoryRecordSequence") is not None).read_bytes())
+    return archive, patients
+
+
+@pytest.fixture(scope="module")
+def imported(phantom_archive, tmp_path_factory):
+    archive, _ = phantom_archive
+    out = tmp_path_factory.mktemp("data")
+    report = import_cohort(archive, out, site_targets=SITE, validation=0.5, seed=1)
+    return out, report
+
+
+def test_every_patient_and_every_junk_item_is_a_manifest_row_with_its_reason(phantom_archive, imported):
+    out, report = imported
+    table = rows(out)
+    names = identity(out)
+    by = {(names[p], r["plan_label"]) if r["kind"] == "plan" else (names.get(p), r["kind"], r["modality"]): r
+          for p in names for r in table if r["pseudonym"] == names[p]}
+    assert by[(names["PAT-A"], "Final")]["status"] == "imported"
+    assert by[(names["PAT-A"], "Draft")]["reason"] == "not approved (ApprovalStatus UNAPPROVED)"
+    assert by[(names["PAT-A"], "series", "MR")]["reason"] == "MR series of 4 images: not a planning CT"
+    assert by[(names["PAT-A"], "series", "CT")]["reason"].endswith("not referenced by the chosen plan's structure "
+                                                                     "set (a CBCT or another CT)")
+    assert by[(names["PAT-B"], "Beams")]["status"] == "imported"
+    assert by[(names["PAT-B"], "Beams")]["dose_summation"] == "BEAM (9 summed)"
+    assert by[(names["PAT-B"], "NoDose")]["reason"] == "no RT Dose references this plan"
+    assert by[(names["PAT-C"], "VMAT")]["dose_summation"] == "FRACTION × 35"
+    assert "couch angle 10°" in by[(names["PAT-C"], "VMAT")]["reason"]
+    lost = by[(names["PAT-D"], "Lost")]
+    assert lost["status"] == "skipped" and "its structure set" in lost["reason"] and "not in the archive" in lost["reason"]
+    files = [r for r in table if r["kind"] == "file"]
+    assert sorted(r["reason"].split(" (")[0] for r in files) == ["DICOMDIR", "DICOMDIR", "not DICOM"]
+    assert all(r["status"] == "skipped" for r in files)
+    assert report.counts == {"imported": 3, "unchanged": 0, "skipped": 1, "failed": 0}
+    assert {r["status"] for r in table} <= {"imported", "skipped", "failed"}
+
+
+def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_archive, imported):
+    out, _ = imported
+    _, patients = phantom_archive
+    names = identity(out)
+    for patient_id in ("PAT-A", "PAT-B", "PAT-C"):
+        folder = folder_of(out, names[patient_id])
+        dose = read_patient(folder).dose
+        # 16-bit RT Doses (steps of 1.2 mg at 70 Gy; × 35 for the fraction dose), 3 decimals, 9 summed
+        assert np.abs(dose - patients[patient_id]["dose"]).max() <= (0.05 if patient_id == "PAT-C" else 0.01), patient_id
+    b = folder_of(out, names["PAT-B"])
+    assert read_prescriptions(b, OPENKBP) == {"PTV56": 54.0, "PTV63": 60.0, "PTV70": 66.0}
+    assert read_beams(b) == NINE
+    c = folder_of(out, names["PAT-C"])
+    assert read_beams(c) == (Beams("arcs", arcs=(Arc(181.0, 179.0, "CW"), Arc(179.0, 181.0, "CC"))), (10.0, 10.0))
+    assert (c / "beams.csv").read_text().splitlines()[1] == "arc,181,179,CW,10"
+    assert read_prescriptions(c, OPENKBP) == SITE
+
+
+def test_patient_folders_carry_no_name_id_or_birth_date(imported):
+    out, _ = imported
+    names = identity(out)
+    assert set(names) == {"PAT-A", "PAT-B", "PAT-C", "PAT-D"}
+    assert sorted(names.values()) == ["pt_1", "pt_2", "pt_3", "pt_4"]
+    for split in ("train-pats", "validation-pats"):
+        for path in (out / split).rglob("*"):
+            if path.is_file():
+                text = path.read_bytes()
+                assert b"PAT-" not in text and b"Doe" not in text and b"19500505" not in text, path
+    manifest = (out / "manifest.csv").read_bytes()
+    assert b"PAT-" not in manifest and b"Doe" not in manifest
+    assert (out / "identity-map.csv").stat().st_mode & 0o077 == 0
+
+
+def test_a_second_run_imports_nothing(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    report = import_cohort(archive, copy, site_targets=SITE, validation=0.5, seed=1)
+    assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
+    assert snapshot(copy) == before
+
+
+def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy_archive = Path(shutil.copytree(archive, tmp_path / "archive"))
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    plan = next(p for p in copy_archive.rglob("*") if p.is_file() and
+                pydicom.dcmread(p, stop_before_pixels=True, force=True).get("RTPlanLabel") == "VMAT")
+    dataset = pydicom.dcmread(plan)
+    dataset.DoseReferenceSequence[0].TargetPrescriptionDose = 72
+    dataset.save_as(plan)
+    report = import_cohort(copy_archive, copy, site_targets=SITE, validation=0.5, seed=1)
+    assert report.counts == {"imported": 1, "unchanged": 2, "skipped": 1, "failed": 0}
+    assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
+
+
+def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+
+    class Killed(BaseException):
+        pass
+
+    def kill(pseudonym):
+        raise Killed(pseudonym)
+
+    killed = tmp_path / "data"
+    with pytest.raises(Killed):
+        import_cohort(archive, killed, site_targets=SITE, validation=0.5, seed=1, after_patient=kill)
+    assert not (killed / "manifest.csv").exists() and (killed / cohort.JOURNAL_FILE).is_file()
+    report = import_cohort(archive, killed, site_targets=SITE, validation=0.5, seed=1)
+    assert report.counts["unchanged"] == 1 and report.counts["imported"] == 2
+    assert snapshot(killed) == snapshot(out)
+
+
+def test_adding_patients_never_moves_one_between_splits(tmp_path):
+    for validation in (0.3, 4):
+        out = tmp_path / f"v{validation}"
+        out.mkdir()
+        first = [f"P{k:03d}" for k in range(12)]
+        state = cohort._State(out, out / "identity-map.csv")
+        state.assign_pseudonyms(first)
+        state.assign_splits(first, validation, seed=3)
+        before = dict(state.splits)
+        assert sum(s == "validation" for s in before.values()) == (4 if validation == 4 else
+                                                                   sum(s == "validation" for s in before.values()))
+        for pseudonym, split in before.items():  # what the run leaves: the journal of its imports
+            state.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": "x"})
+        later = cohort._State(out, out / "identity-map.csv")
+        more = first + [f"Q{k:03d}" for k in range(30)]
+        later.assign_pseudonyms(more)
+        later.assign_splits(more, validation, seed=3)
+        assert {p: later.splits[p] for p in before} == before
+        assert {later.pseudonyms[p] for p in first} == set(before)  # the same pseudonyms
+        if validation == 4:
+            assert sum(s == "validation" for s in later.splits.values()) == 4
+
+
+def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(tmp_path):
+    volumes, masks = volumes_of(21)
+    keep = slice(40, 100)
+    masks = {k: m[:, :, keep] for k, m in masks.items()}
+    staging = tmp_path / "staging"
+    written = write_patient(staging, volumes["ct"][:, :, keep], masks, volumes["voxel_dimensions"], factor=1,
+                            patient_id="TIE")
+    for label in ("One", "Two"):
+        plan = write_plan(staging / f"{label}.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label=label)
+        write_dose(staging / f"RD{label}.dcm", volumes["dose"][:, :, keep], written, plan)
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "data")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "0 patients imported, 0 unchanged since an earlier import, 0 skipped, 1 failed" in result.stdout
+    refused = [r for r in rows(tmp_path / "data") if r["kind"] == "plan"]
+    assert [r["status"] for r in refused] == ["failed", "failed"]
+    assert "plan 'One'" in refused[0]["reason"] and "plan 'Two'" in refused[0]["reason"]
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "strict"),
+                             "--strict"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Error: pt_1: 2 approved plans with a whole-plan dose, equally new" in result.stderr
+    assert not (tmp_path / "strict" / "manifest.csv").exists()
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "d2"),
+                             "--site", "prostate"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--site" in result.stderr
+
+
+@requires_sample
+def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
+    staging, archive = tmp_path / "staging", tmp_path / "archive"
+    sources = {}
+    for name in ("pt_1", "pt_2"):
+        source = read_patient(SAMPLE_DIR / "train-pats" / name)
+        sources[name] = source
+        masks = {s: (source.structure_masks >> bit) & 1 == 1 for bit, s in enumerate(STRUCTURES)}
+        masks = {s: m for s, m in masks.items() if m.any()}
+        masks["BODY"] = source.possible_dose_mask
+        written = write_patient(staging / name, source.ct, masks, source.voxel_dimensions, factor=1,
+                                patient_id=f"OPENKBP-{name}")
+        plan = write_plan(staging / name / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED)
+        write_dose(staging / name / "RD.dcm", source.dose, written, plan)
+    scatter_files(staging, archive, seed=2)
+    out = tmp_path / "data"
+    report = import_cohort(archive, out, site_targets=SITE, validation=0)
+    assert report.counts["imported"] == 2
+    names = identity(out)
+    for name, source in sources.items():
+        folder = out / "train-pats" / names[f"OPENKBP-{name}"]
+        imported = read_patient(folder)
+        assert np.abs(imported.ct.astype(int) - source.ct.astype(int)).max() <= 1  # within 1 HU
+        for bit, structure in enumerate(STRUCTURES):
+            a, b = (imported.structure_masks >> bit) & 1 == 1, (source.structure_masks >> bit) & 1 == 1
+            if b.any():
+                assert 2 * (a & b).sum() / (a.sum() + b.sum()) >= 0.95, (name, structure)
+        assert np.abs(imported.dose - source.dose).max() <= 0.003
+        assert read_beams(folder) == NINE
+        assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV63,63\nPTV70,70\n"

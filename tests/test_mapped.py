@@ -1,0 +1,93 @@
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from provided_code.data.cache import CacheError, cache_path_for, load_split
+from provided_code.data.mapped import VOLUME_NAMES, derived_path, downsampled
+from provided_code.data.resample import downsample_split
+
+
+def _flip_a_byte(path, volume: str, row: int) -> None:
+    """Change one byte in the middle of patient ``row``'s ``volume`` chunk, size and time kept."""
+    with h5py.File(path, "r") as h5:
+        chunk = h5[volume].id.get_chunk_info_by_coord((row, 0, 0, 0))
+    position = chunk.byte_offset + chunk.size // 2 + 3
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)
+        handle.seek(position)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_mapped_volumes_equal_the_arrays_in_memory(phantom_split, tmp_path):
+    in_memory = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True)
+    assert mapped.memory_mapped and not in_memory.memory_mapped
+    assert mapped.patient_ids == in_memory.patient_ids
+    for name in VOLUME_NAMES:
+        volume, expected = getattr(mapped, name), getattr(in_memory, name)
+        assert volume.shape == expected.shape and volume.dtype == expected.dtype and len(volume) == 3
+        assert np.array_equal(volume[np.array([2, 0, 2])], expected[[2, 0, 2]])
+        assert np.array_equal(volume[1], expected[1]) and not volume[1].flags.writeable  # a view of the file
+        assert np.array_equal(volume[1:], expected[1:])
+        assert np.array_equal(volume[1, 5:9, 60], expected[1, 5:9, 60])
+    subset = mapped.select(np.array([2, 0]))
+    assert subset.memory_mapped and subset.patient_ids == ["pt_3", "pt_1"]
+    assert np.array_equal(subset.dose[[1]], in_memory.dose[[0]])
+
+
+def test_a_fancy_index_reads_and_verifies_only_its_patients(phantom_split, tmp_path):
+    load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)  # built
+    mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True)
+    assert all(len(getattr(mapped, name).verified_rows()) == 0 for name in VOLUME_NAMES)  # nothing read
+    mapped.ct[[2]]
+    mapped.dose[np.array([0, 2])]
+    assert mapped.ct.verified_rows().tolist() == [2]
+    assert mapped.dose.verified_rows().tolist() == [0, 2]
+    assert len(mapped.structure_masks.verified_rows()) == 0
+
+
+def test_a_chunk_corrupted_on_disk_is_reported_on_first_touch_naming_file_patient_and_volume(phantom_split, tmp_path):
+    load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    path = cache_path_for(phantom_split, tmp_path / "c")
+    _flip_a_byte(path, "dose", 1)
+    mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True)  # opens: nothing checked yet
+    mapped.dose[[0, 2]]
+    mapped.ct[[1]]  # another volume of the same patient is intact
+    with pytest.raises(CacheError, match=f"{path}: patient pt_2's dose chunk fails its checksum"):
+        mapped.dose[np.array([2, 1])]
+    with pytest.raises(CacheError, match="pt_2's dose chunk"):
+        mapped.dose[1]  # a view too
+    assert not path.exists()  # removed: the next run rebuilds it
+    assert np.array_equal(load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True).dose[[1]],
+                          load_split(phantom_split, cache_dir=tmp_path / "c").dose[[1]])
+
+
+def test_a_truncated_cache_is_rebuilt_before_it_is_mapped(phantom_split, tmp_path, caplog):
+    load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+    path = cache_path_for(phantom_split, tmp_path / "c")
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size - 4096)
+    mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True)
+    assert "Rebuilding cache" in caplog.text
+    assert mapped.ct[[2]].shape == (1, 128, 128, 128)
+
+
+def test_the_downsampled_file_holds_what_memory_holds_and_is_written_once(phantom_split, tmp_path):
+    in_memory = downsample_split(load_split(phantom_split, cache_dir=tmp_path / "c", workers=1), 32)
+    mapped = downsampled(load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True), 32)
+    path = derived_path(cache_path_for(phantom_split, tmp_path / "c"), 32)
+    assert mapped.ct.path == path and mapped.resolution == 32
+    for name in VOLUME_NAMES:
+        assert getattr(mapped, name).dtype == getattr(in_memory, name).dtype
+        assert np.array_equal(getattr(mapped, name)[:], getattr(in_memory, name))
+    written = path.stat().st_mtime_ns
+    again = downsampled(load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True), 32)
+    assert path.stat().st_mtime_ns == written and np.array_equal(again.dose[[1]], in_memory.dose[[1]])
+    # other patients (a subset): rewritten for them
+    fewer = downsampled(load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True).select([2]), 32)
+    assert np.array_equal(fewer.ct[[0]], in_memory.ct[[2]])

@@ -1,0 +1,103 @@
+"""A patient's own prescriptions.csv and beams.csv: read, written, checked, and carried into the cache."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import PatientDataError, read_patient
+from provided_code.data.patient_plan import (
+    read_beams,
+    read_gantry_angles,
+    read_prescriptions,
+    write_beams,
+    write_prescriptions,
+)
+from provided_code.data.phantoms import write_phantom_split
+from provided_code.sites import load_site, openkbp
+
+
+def test_prescriptions_override_the_sites_for_the_targets_they_list(tmp_path):
+    write_prescriptions(tmp_path, {"PTV70": 66.0})
+    assert read_prescriptions(tmp_path, openkbp()) == {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 66.0}
+    assert read_prescriptions(tmp_path / "none", openkbp()) == openkbp().prescriptions_gy
+
+
+def test_beams_round_trip_static_and_arcs(tmp_path):
+    write_beams(tmp_path, [{"type": "static", "gantry_start": 30.0, "couch": 0},
+                           {"type": "static", "gantry_start": 330.0, "couch": 10.0}])
+    beams, couches = read_beams(tmp_path)
+    assert beams.gantry_angles() == (30.0, 330.0) and couches == (0.0, 10.0)
+    write_beams(tmp_path, [{"type": "arc", "gantry_start": 181.0, "gantry_stop": 179.0, "direction": "CW"},
+                           {"type": "arc", "gantry_start": 179.0, "gantry_stop": 181.0, "direction": "CC"}])
+    assert read_gantry_angles(tmp_path) == load_site("prostate").beams.gantry_angles()
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("structure,dose_gy\nPTV99,70\n", "not a target of site openkbp"),
+    ("structure,dose_gy\nPTV70,-1\n", "must be positive"),
+    ("structure,dose_gy\nPTV70,abc\n", "not a finite number"),
+    ("name,gy\nPTV70,70\n", "header must be structure,dose_gy"),
+    ("structure,dose_gy\nPTV70,70\nPTV70,71\n", "listed twice"),
+])
+def test_a_bad_prescriptions_file_names_the_patient_the_file_and_the_line(tmp_path, text, problem):
+    folder = tmp_path / "pt_7"
+    folder.mkdir()
+    (folder / "prescriptions.csv").write_text(text)
+    with pytest.raises(PatientDataError, match=problem) as caught:
+        read_prescriptions(folder, openkbp())
+    assert "pt_7" in str(caught.value) and "prescriptions.csv" in str(caught.value)
+
+
+def test_a_bad_beams_file_names_the_line(tmp_path):
+    folder = tmp_path / "pt_3"
+    folder.mkdir()
+    (folder / "beams.csv").write_text("type,gantry_start,gantry_stop,direction,couch\narc,0,90,left,0\n")
+    with pytest.raises(PatientDataError, match="pt_3.*line 2: direction must be CW or CC"):
+        read_beams(folder)
+
+
+def test_the_cache_carries_the_patients_own_plans_and_the_sites_for_the_others(tmp_path):
+    split = tmp_path / "train-pats"
+    write_phantom_split(split, 3, first_number=1)
+    write_prescriptions(split / "pt_2", {"PTV70": 66.0})
+    write_beams(split / "pt_3", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0, 270.0)])
+    arrays = load_split(split, cache_dir=tmp_path / "cache")
+    assert arrays.prescriptions.tolist() == [[56, 63, 70], [56, 63, 66], [56, 63, 70]]
+    nine = list(openkbp().beams.gantry_angles())
+    assert arrays.beam_angles.shape == (3, 9) and arrays.beam_angles[0].tolist() == nine
+    assert arrays.beam_angles[2, :3].tolist() == [0, 90, 270] and np.isnan(arrays.beam_angles[2, 3:]).all()
+    again = load_split(split, cache_dir=tmp_path / "cache")  # from the cache file this time
+    assert np.array_equal(again.prescriptions, arrays.prescriptions)
+    assert np.array_equal(again.beam_angles, arrays.beam_angles, equal_nan=True)
+
+
+def test_a_split_without_plan_files_has_no_plan_tables(tmp_path):
+    write_phantom_split(tmp_path / "train-pats", 2, first_number=1)
+    arrays = load_split(tmp_path / "train-pats", cache_dir=tmp_path / "cache")
+    assert arrays.prescriptions is None and arrays.beam_angles is None
+
+
+def test_a_cache_of_another_site_is_rebuilt_and_the_log_says_why(tmp_path, caplog):
+    split = tmp_path / "train-pats"
+    write_phantom_split(split, 1, first_number=1)
+    for name in ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible"):
+        (split / "pt_1" / f"{name}.csv").unlink(missing_ok=True)
+    site = tmp_path / "hn.json"  # the targets alone: a site of its own
+    site.write_text('{"name": "targets", "structures": [{"name": "PTV56", "kind": "target", "prescription_gy": 56},'
+                    '{"name": "PTV63", "kind": "target", "prescription_gy": 63},'
+                    '{"name": "PTV70", "kind": "target", "prescription_gy": 70}]}')
+    load_split(split, cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(split, cache_dir=tmp_path / "cache", site=site)
+    assert arrays.site.name == "targets" and arrays.structure_present.shape == (1, 3)
+    assert any("built for site openkbp, this run's site is targets" in r.getMessage() for r in caplog.records)
+
+
+def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(tmp_path):
+    write_phantom_split(tmp_path, 1, first_number=1)
+    with pytest.raises(PatientDataError) as caught:
+        read_patient(tmp_path / "pt_1", site="prostate")
+    message = str(caught.value)
+    assert "\n" not in message and "pt_1" in message and "not a structure of site prostate" in message

@@ -1,0 +1,111 @@
+"""Sites as data: the shipped files, and one line naming the file and the field for a bad one."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, site_from_dict
+
+
+def _write(tmp_path, site: dict):
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(site))
+    return path
+
+
+def _minimal() -> dict:
+    return {"name": "lung", "structures": [
+        {"name": "Heart", "kind": "oar", "dicom_names": ["Heart"]},
+        {"name": "LungR", "kind": "oar"}, {"name": "LungL", "kind": "oar"},
+        {"name": "PTV60", "kind": "target", "prescription_gy": 60}],
+        "mirror_pairs": [["LungR", "LungL"]], "beams": {"type": "static", "angles": [0, 180]}}
+
+
+def test_openkbp_is_the_challenge_as_before():
+    site = openkbp()
+    assert site.names == ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible",
+                          "PTV56", "PTV63", "PTV70")
+    assert site.prescriptions_gy == {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 70.0}
+    assert site.mirror_bits == ((1 << 2, 1 << 3),) and site.mask_dtype == np.uint16
+    assert site.target_bits == 0b1110000000
+    assert site.beams.gantry_angles() == tuple(float(40 * k) for k in range(9))
+    assert site.metric_names == ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
+
+
+def test_a_site_round_trips_through_its_dictionary():
+    for name in ("openkbp", "prostate"):
+        site = load_site(name)
+        assert site_from_dict(json.loads(json.dumps(site.to_dict())), "x") == site
+
+
+def test_a_site_file_loads_by_path(tmp_path):
+    site = load_site(_write(tmp_path, _minimal()))
+    assert site.name == "lung" and site.targets == ("PTV60",) and site.mirror_pairs == (("LungR", "LungL"),)
+    assert site.structures[1].dicom_names == ("LungR",)  # the structure's own name by default
+
+
+def test_the_prostate_site_has_two_dose_levels_and_arcs():
+    site = load_site("prostate")
+    assert site.prescriptions_gy == {"PTV60": 60.0, "PTV78": 78.0}
+    assert site.mirror_pairs == (("FemoralHead_R", "FemoralHead_L"),)
+    angles = site.beams.gantry_angles()
+    assert len(angles) == 35 and 180.0 not in angles  # two arcs around the couch at 180°, every 10°
+
+
+def test_an_arc_is_sampled_at_the_multiples_of_the_step_in_its_direction():
+    assert Arc(350, 30, "CW").angles() == (350.0, 0.0, 10.0, 20.0, 30.0)
+    assert Arc(35, 355, "CC").angles() == (30.0, 20.0, 10.0, 0.0)
+    assert len(Arc(90, 90, "CW").angles()) == 36  # a start equal to its stop is a full turn
+
+
+def test_more_than_sixteen_structures_pack_into_uint32(tmp_path):
+    site = _minimal()
+    site["structures"] = [{"name": f"OAR{k}", "kind": "oar"} for k in range(MAX_STRUCTURES - 1)] + \
+                         [{"name": "PTV", "kind": "target", "prescription_gy": 50}]
+    site["mirror_pairs"] = []
+    assert load_site(_write(tmp_path, site)).mask_dtype == np.uint32
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda s: s["structures"][0].update(kind="organ"), "structures[0].kind"),
+    (lambda s: s["structures"].append({"name": "Heart", "kind": "oar"}), "structures[4].name"),
+    (lambda s: s["structures"][3].pop("prescription_gy"), "structures[3].prescription_gy"),
+    (lambda s: s.update(mirror_pairs=[["LungR", "Liver"]]), "mirror_pairs[0]"),
+    (lambda s: s.update(structures=[{"name": f"S{k}", "kind": "target", "prescription_gy": 1}
+                                    for k in range(MAX_STRUCTURES + 1)]), "structures"),
+    (lambda s: s.pop("name"), "name"),
+    (lambda s: s["structures"][1].pop("kind"), "structures[1].kind"),
+    (lambda s: s.update(metrics={"oar": ["D_2_cc"], "target": ["V95"]}), "metrics.target"),
+    (lambda s: s.update(beams={"type": "arcs", "arcs": [{"start": 0, "stop": 10, "direction": "CWW"}]}),
+     "beams.arcs[0].direction"),
+    (lambda s: s.update(grid={"shape": [64, 64, 64]}), "grid.shape"),
+    (lambda s: s.update(colour="red"), "colour"),
+])
+def test_a_bad_site_file_is_one_line_naming_the_file_and_the_field(tmp_path, change, field):
+    site = _minimal()
+    change(site)
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError) as caught:
+        load_site(path)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message and f"`{field}`" in message
+
+
+def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
+    with pytest.raises(SiteError, match="openkbp, prostate or a site file"):
+        load_site("lung")
+    with pytest.raises(SiteError, match="does not exist"):
+        load_site(tmp_path / "nowhere.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SiteError, match="not a JSON file"):
+        load_site(tmp_path / "bad.json")
+
+
+def test_the_readmes_complete_example_is_the_shipped_prostate_file():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r'```json\n(\{\n  "format": 1,\n  "name": "prostate".*?\n\})\n```', readme, re.S)
+    assert block is not None, "README.md lost the prostate site's example"
+    assert json.loads(block.group(1)) == json.loads((HERE / "prostate.json").read_text())
