@@ -179,3 +179,17 @@ def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_a
     np.testing.assert_array_equal(mirrored["prescriptions"], plain["prescriptions"])
     with pytest.raises(ValueError, match="Expected the model's inputs"):
         TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, loss_fn=loss_function("mae"))
+
+
+def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prostate_model):
+    """The prostate phantoms' pt_4 has its own beams.csv (seven fields) and prescriptions.csv: the
+    run took both as model inputs, with room for the site's arcs (patients without their own)."""
+    from provided_code.run_folder import RunFolder
+
+    folder = RunFolder(prostate_model)
+    saved = folder.read_config()
+    arcs = len(load_site("prostate").beams.gantry_angles())
+    assert saved.patient_prescriptions and saved.beam_slots == max(7, arcs)
+    _, _, model = folder.load_trained_model(None)
+    assert sorted(model.input) == ["beam_angles", "ct", "prescriptions", "structure_masks"]
+    assert model.input["beam_angles"].shape[-1] == saved.beam_slots
