@@ -44,6 +44,12 @@ class TrainConfig:
     beam_angles: str = ""  # the beams' IEC gantry angles, comma list of degrees (head-first supine); given,
     #                        it sets beams; resolved to the angles (and beams to their number) when saved
     beam_channels: str = "count"  # count: one channel, the beams crossing each voxel / beams; each: one per beam
+    patient_prescriptions: bool = False  # the prescription channel from each patient's own prescriptions
+    #                                      (prescriptions.csv; a model input): set by training when its
+    #                                      data has them
+    beam_slots: int = 0  # > 0: the beam channels from each patient's own gantry angles (beams.csv), at most
+    #                      this many per patient (a model input, turned with the patient by augmentation);
+    #                      0: the run-wide angles above. Set by training when its data has them
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
@@ -106,10 +112,11 @@ class TrainConfig:
     #   replicas × accumulate, the patients per update, stays the same.
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
     ARCHITECTURE = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
-                    "beam_channels")
+                    "beam_channels", "patient_prescriptions", "beam_slots")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
               "seed")
     KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
+    FROM_DATA = ("patient_prescriptions", "beam_slots")  # architecture that training sets from its data
 
     def __post_init__(self):
         for name in ("filters", "epochs", "batch_size", "save_every", "keep", "accumulate"):
@@ -129,6 +136,8 @@ class TrainConfig:
             self._gantry_angles = _parsed(resolve_beam_angles, self.beams or 0, self.beam_angles)  # parsed once, here
         self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
         self._check_choice("beam_channels", BEAM_CHANNELS)
+        self._check("patient_prescriptions", isinstance(self.patient_prescriptions, bool), "true or false")
+        self._check("beam_slots", _is_integer(self.beam_slots, 0), "an integer >= 0 (0: the run-wide angles)")
         self._check_choice("lr_schedule", LR_SCHEDULES)
         self._augmentations = _parsed(parse_augment, self.augment)  # parsed once, here
         self.augment = ",".join(self._augmentations) or "none"
@@ -221,6 +230,7 @@ class TrainConfig:
         given = {field.name for field in dataclasses.fields(self)} if given is None else set(given)
         if given & {"beams", "beam_angles"}:  # one setting: the angles, or their number
             given |= {"beams", "beam_angles"}
+        given -= set(self.FROM_DATA)  # the model's, whatever the caller's config says: the data set them
         names = self.ARCHITECTURE + self.RECIPE + self.KEPT_ON_RESUME
         config = dataclasses.replace(self, history=saved.history, **{
             name: getattr(self if name in given else saved, name) for name in names})

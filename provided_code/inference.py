@@ -7,12 +7,14 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from provided_code.constants import LEFT_PAROTID_BIT, LEFT_RIGHT_AXIS, RIGHT_PAROTID_BIT
-from provided_code.data.batches import in_batches
+from provided_code.constants import LEFT_RIGHT_AXIS
+from provided_code.data.batches import in_batches, take_inputs
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
+from provided_code.sites import openkbp
 
 
 class PredictionError(UserError, RuntimeError):
@@ -25,34 +27,58 @@ def use_averaged_weights(model: keras.Model) -> None:
     model.optimizer.finalize_variable_values(model.trainable_variables)
 
 
-def mirror_left_right(structure_masks: np.ndarray, axis: int) -> np.ndarray:
-    """Flip a bitfield volume left-right and swap the RightParotid and LeftParotid bits."""
+def mirror_left_right(structure_masks: np.ndarray, axis: int, mirror_bits=None) -> np.ndarray:
+    """Flip a bitfield volume left-right and swap the bits of each ``(right, left)`` pair of
+    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids)."""
+    mirror_bits = openkbp().mirror_bits if mirror_bits is None else mirror_bits
     flipped = np.flip(structure_masks, axis=axis)
-    right = (flipped & RIGHT_PAROTID_BIT) != 0
-    left = (flipped & LEFT_PAROTID_BIT) != 0
-    swapped = flipped & ~np.uint16(RIGHT_PAROTID_BIT | LEFT_PAROTID_BIT)
-    return (swapped | np.where(right, LEFT_PAROTID_BIT, 0).astype(np.uint16)
-            | np.where(left, RIGHT_PAROTID_BIT, 0).astype(np.uint16))
+    dtype = flipped.dtype
+    paired = 0
+    for right, left in mirror_bits:
+        paired |= right | left
+    swapped = flipped & ~dtype.type(paired)
+    for right, left in mirror_bits:
+        swapped = (swapped | np.where((flipped & right) != 0, left, 0).astype(dtype)
+                   | np.where((flipped & left) != 0, right, 0).astype(dtype))
+    return swapped
+
+
+def mirrored_inputs(inputs: dict[str, np.ndarray], specs: tuple[InputSpec, ...], axis: int) -> dict[str, np.ndarray]:
+    """A batch's model inputs of the patients mirrored left-right (``--tta``), each as its
+    declaration says a flip moves it: volumes flipped along ``axis``, structure bits also swapped
+    pair by pair, gantry angles g to -g; the rest as is."""
+    mirrored = {}
+    for spec in specs:
+        value = inputs[spec.name]
+        if spec.moves == VOLUME:
+            value = np.ascontiguousarray(np.flip(value, axis))
+        elif spec.moves == STRUCTURE_BITS:
+            value = np.ascontiguousarray(mirror_left_right(value, axis, spec.mirror_bits))
+        elif spec.moves == ANGLES:
+            value = np.mod(-value, np.float32(360.0)).astype(np.float32)
+        mirrored[spec.name] = value
+    return mirrored
 
 
 def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = False,
-                   progress: Progress = no_progress) -> np.ndarray:
+                   progress: Progress = no_progress, inputs: tuple[InputSpec, ...] | None = None) -> np.ndarray:
     """Doses ``(N, R, R, R)`` float32 Gy at the arrays' resolution, in batches.
 
     ``model``: a ``keras.Model``, or any callable from a batch's inputs to its doses.
-    With ``tta``, the mean of the prediction and the left-right mirrored prediction of the
-    mirrored patient (parotids swapped), mirrored back.
+    ``inputs``: the model's declared inputs (:func:`provided_code.inputs.inputs_of` its config;
+    default OpenKBP's two volumes). With ``tta``, the mean of the prediction and the left-right
+    mirrored prediction of the mirrored patient (mirror pairs swapped, angles mirrored), mirrored back.
     """
+    inputs = inputs or default_inputs()
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)
     batches = in_batches(np.arange(len(arrays)), batch_size)
     for rows in progress(batches, len(batches), "Predicting"):
-        inputs = {"ct": arrays.ct[rows], "structure_masks": arrays.structure_masks[rows]}
-        dose = np.asarray(predict_batch(inputs))[..., 0]
+        batch = take_inputs(arrays, rows, inputs)
+        dose = np.asarray(predict_batch(batch))[..., 0]
         if tta:
-            mirrored = {"ct": np.ascontiguousarray(np.flip(inputs["ct"], axis)),
-                        "structure_masks": np.ascontiguousarray(mirror_left_right(inputs["structure_masks"], axis))}
+            mirrored = mirrored_inputs(batch, inputs, axis)
             dose = 0.5 * (dose + np.flip(np.asarray(predict_batch(mirrored))[..., 0], axis))
         out[rows] = dose
     return out
@@ -60,18 +86,20 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
 
 def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
                             progress: Progress = no_progress, label: str = "",
-                            at_resolution: SplitArrays | None = None) -> np.ndarray:
+                            at_resolution: SplitArrays | None = None,
+                            inputs: tuple[InputSpec, ...] | None = None) -> np.ndarray:
     """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
     brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
     ``at_resolution``: the same patients already at ``resolution`` (training keeps its validation
-    patients so); otherwise they are brought there here.
+    patients so); otherwise they are brought there here. ``inputs``: the model's declared inputs
+    (:func:`predict_arrays`).
 
     Raises :class:`PredictionError` naming the patients whose predictions are not finite
     (``label`` says whose model, for the message).
     """
     if at_resolution is None:
         at_resolution = downsample_split(arrays, resolution)
-    low = predict_arrays(model, at_resolution, batch_size, tta, progress)
+    low = predict_arrays(model, at_resolution, batch_size, tta, progress, inputs)
     broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
     if broken:
         raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.config import LOSSES
-from provided_code.constants import STRUCTURES
+from provided_code.sites import openkbp
 
 
 def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
@@ -31,11 +31,12 @@ def masked_mean_absolute_error(element: dict, predicted) -> tf.Tensor:
 DVH_MOMENTS = (1.0, 2.0, 10.0)  # mean, root mean square, a soft maximum; dvh_difference multiplies these out
 
 
-def dvh_difference(element: dict, predicted) -> tf.Tensor:
+def dvh_difference(element: dict, predicted, structures: int | None = None) -> tf.Tensor:
     """A differentiable DVH term: per structure the patient has, the mean over ``DVH_MOMENTS`` p of
     |M_p(predicted) − M_p(reference)|, where M_p = (mean of dose^p over the structure's
     voxels)^(1/p), averaged over the structures the patient has (Gy, like the masked MAE beside
     it). Zero for a perfect prediction; its gradient reaches only voxels inside a structure.
+    ``structures``: how many bits of ``structure_masks`` are structures (the site's; default OpenKBP's 10).
 
     Moments rather than the sorted voxels: comparing sorted doses per structure (the histograms
     point by point) made a 64³ CPU step 3.6× slower (one sort of the volume per structure). The
@@ -48,9 +49,12 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
     sums are a product of their own, so the gradient's product computes the prediction's rows
     only.
     """
+    structures = len(openkbp().names) if structures is None else structures
     patients = tf.shape(element["dose"])[0]
-    patterns = tf.reshape(tf.cast(element["structure_masks"], tf.uint16), [patients, 1, -1])
-    bits = 1 << np.arange(len(STRUCTURES), dtype=np.uint16)
+    wide = structures > 16  # uint32 packing; OpenKBP and every site of up to 16 structures: uint16
+    packing = (tf.uint32, np.uint32) if wide else (tf.uint16, np.uint16)
+    patterns = tf.reshape(tf.cast(element["structure_masks"], packing[0]), [patients, 1, -1])
+    bits = np.left_shift(1, np.arange(structures)).astype(packing[1])
     # each structure's bit itself, 0 or 2^k, not shifted down to 0 or 1 (one pass fewer over the
     # volume): structure k's sums and its voxel count are all 2^k times too large, and the means
     # below, their ratios, are exact
@@ -78,16 +82,18 @@ def dvh_difference(element: dict, predicted) -> tf.Tensor:
     return tf.reduce_sum(differences * present, axis=1) / tf.maximum(tf.reduce_sum(present, axis=1), 1.0)
 
 
-def loss_function(name: str, dvh_weight: float = 0.0):
+def loss_function(name: str, dvh_weight: float = 0.0, structures: int | None = None):
     """The per-patient loss called ``name`` (one of ``LOSSES``), plus ``dvh_weight`` × the DVH term
-    (:func:`dvh_difference`) when it is not 0."""
+    (:func:`dvh_difference`, over ``structures`` bits: the site's structure count, default OpenKBP's)
+    when it is not 0."""
     functions = {"mae": mean_absolute_error, "masked-mae": masked_mean_absolute_error}
     if name not in functions:
         raise ValueError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={name!r}")
     base = functions[name]
     if not dvh_weight:
         return base
-    return lambda element, predicted: base(element, predicted) + dvh_weight * dvh_difference(element, predicted)
+    return lambda element, predicted: (base(element, predicted)
+                                       + dvh_weight * dvh_difference(element, predicted, structures))
 
 
 def needs_possible_dose_mask(name: str) -> bool:

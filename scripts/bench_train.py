@@ -166,6 +166,7 @@ def child_step(spec: dict, strategy) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.data.tf_dataset import take_element
     from provided_code.infra.environment import describe_cpu_kernels
+    from provided_code.inputs import inputs_of
     from provided_code.losses import loss_function
     from provided_code.presets import PRESETS
     from provided_code.training.hardware import describe_devices
@@ -182,6 +183,9 @@ def child_step(spec: dict, strategy) -> dict:
     recipe = PRESETS[spec["preset"]] if "preset" in spec else {}  # a preset: its network, loss and augmentation
     config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2, batch_size=batch,
                          accumulate=accumulate, **{**recipe, **spec.get("network", {})})
+    if spec.get("patient_beams"):  # the run's angles again, but as each patient's own (a model input)
+        arrays = dataclasses.replace(arrays, beam_angles=np.tile(np.float32(config.gantry_angles), (len(arrays), 1)))
+        config = dataclasses.replace(config, beam_slots=config.beams)
     augment = spec.get("augment")  # absent: one fixed element; False / True: the input pipeline without / with
     if not recipe:  # the plain MAE, or with "augment" full augmentation and the masked MAE
         config = dataclasses.replace(config, loss="masked-mae" if augment else "mae",
@@ -190,15 +194,17 @@ def child_step(spec: dict, strategy) -> dict:
         model = new_model(config, keras_pooling=spec.get("builtin_pool", False))
         model.optimizer.build(model.trainable_variables)
     fed_by_pipeline = augment is not None or bool(recipe)
+    inputs = inputs_of(config)
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
-                     recompute=spec.get("recompute", False), loss_fn=loss_function(config.loss, config.dvh_weight))
+                     recompute=spec.get("recompute", False), loss_fn=loss_function(config.loss, config.dvh_weight),
+                     inputs=inputs)
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
 
     def value_fn(context):
         r = context.replica_id_in_sync_group
-        return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size])
+        return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size], inputs=inputs)
 
     if fed_by_pipeline:  # as in training: new patients and draws every step
         pipeline = iter(training_input(strategy, arrays, config, first_epoch=0, epochs=spec["steps"] + 1))
@@ -340,6 +346,7 @@ def network_comparison(batch_size: int) -> dict:
     """At 64³, 16 filters: the DVH term against none (the masked MAE; one step of each in turn in one
     process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
     of each: instance against batch norm, the beam channel against none (MAE on one fixed
+    element), per-patient beam channels against the run-wide table (the same nine angles, one fixed
     element), and the default preset's whole recipe (network, inputs, loss, augmentation, through
     the input pipeline) against v1's."""
     config = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
@@ -347,6 +354,8 @@ def network_comparison(batch_size: int) -> dict:
     runs = {"loss_pair_64": loss_pair,
             **alternating({"batch_norm_64": config, "instance_norm_64": dict(config, network={"norm": "instance"})}),
             **alternating({"no_beams_64": config, "beams_64": dict(config, network={"beams": 9})}),
+            **alternating({"run_beams_64": dict(config, network={"beams": 9}),
+                           "patient_beams_64": dict(config, network={"beams": 9}, patient_beams=True)}),
             **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_default_64": dict(config, preset="default")})}
     from provided_code.presets import PRESETS
 
@@ -357,6 +366,7 @@ def network_comparison(batch_size: int) -> dict:
             "dvh_term_s": loss_pair["dvh_term_s"],
             "step_s_instance_over_batch_norm": ratio("instance_norm_64", "batch_norm_64"),
             "step_s_beams_over_none": ratio("beams_64", "no_beams_64"),
+            "step_s_patient_beams_over_run_beams": ratio("patient_beams_64", "run_beams_64"),
             "step_s_default_over_v1": ratio("preset_default_64", "preset_v1_64"),
             "network_runs": runs}
 

@@ -2,8 +2,11 @@ import keras
 import numpy as np
 import pytest
 
-from provided_code.constants import CT_MAX, STRUCTURES
+from provided_code.constants import CT_MAX
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
+from provided_code.sites import load_site
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 
 @pytest.mark.parametrize("shape", [(2, 8, 8, 8, 1), (1, 5, 7, 9, 3), (1, 1, 4, 2, 1)])
@@ -42,7 +45,6 @@ def test_compact_inputs_equal_the_plain_unpacking_for_every_value():
 
 
 def test_prescription_channel_holds_the_highest_ptv_level_by_hand():
-    from provided_code.constants import STRUCTURES
     from provided_code.data.phantoms import make_phantom
     from provided_code.data.resample import block_or
 
@@ -64,3 +66,56 @@ def test_prescription_channel_holds_the_highest_ptv_level_by_hand():
     assert channel[0, 0, 0] == pytest.approx(0.9) and channel[0, 0, 1] == 0 and (channel == 1.0).any()
     restored = CompactInputs.from_config(CompactInputs(prescription=True).get_config())
     assert restored.prescription is True
+
+
+def test_a_layer_saved_before_sites_unpacks_as_openkbp():
+    """A checkpoint's CompactInputs config without the site's fields (saved before sites) takes
+    OpenKBP's: the same channels as today's OpenKBP layer."""
+    old = {"name": "compact_inputs", "trainable": True, "dtype": "float32", "prescription": True,
+           "beam_angles": [0.0, 40.0], "beam_channels": "count"}
+    restored = CompactInputs.from_config(old)
+    assert (restored.structures, restored.max_prescription_gy, restored.targets) == (10, 70.0, (7, 8, 9))
+    assert restored.prescriptions_gy[7:] == (56.0, 63.0, 70.0) and not any(restored.prescriptions_gy[:7])
+    rng = np.random.default_rng(2)
+    bits = rng.integers(0, 1024, (1, 8, 8, 8)).astype(np.uint16)
+    ct = rng.integers(0, CT_MAX, (1, 8, 8, 8)).astype(np.uint16)
+    again = CompactInputs.from_config(restored.get_config())
+    assert np.array_equal(np.asarray(restored([ct, bits])), np.asarray(again([ct, bits])))
+
+
+@pytest.mark.parametrize("structures, dtype", [(13, np.uint16), (32, np.uint32)])
+def test_more_structures_than_a_table_holds_unpack_by_shifts(structures, dtype):
+    """Above 12 structures each bit is shifted out (a uint32's bit 31 included): the same channels
+    as numpy's unpacking, and the prescription channel the highest of the covering targets'."""
+    rng = np.random.default_rng(4)
+    bits = rng.integers(0, 2 ** structures, (2, 8, 8, 8), dtype=np.uint64).astype(dtype)
+    prescriptions = [0.0] * (structures - 3) + [50.0, 60.0, 80.0]  # the last three structures are targets
+    layer = CompactInputs(prescription=True, structures=structures, prescriptions_gy=prescriptions,
+                          max_prescription_gy=80.0)
+    out = np.asarray(layer([np.zeros(bits.shape, np.uint16), bits]))
+    unpacked = ((bits[..., None].astype(np.uint64) >> np.arange(structures, dtype=np.uint64)) & 1).astype(np.float32)
+    assert out.shape[-1] == 1 + structures + 1
+    assert np.array_equal(out[..., 1:1 + structures], unpacked)
+    expected = np.max(unpacked[..., -3:] * np.array([50.0, 60.0, 80.0], np.float32) / np.float32(80.0), axis=-1)
+    np.testing.assert_allclose(out[..., -1], expected, rtol=1e-6)  # Gy / 80 in float32, two orders: an ulp
+    assert (out[..., -1] == 1.0).any() and (bits >> (structures - 1)).any()  # the top bit is exercised
+
+
+def test_each_patients_own_prescriptions_make_its_prescription_channel():
+    """With per-patient prescriptions the channel follows each patient's own Gy (over the site's
+    highest), and a patient at the site's prescriptions gets the run-wide channel exactly."""
+    site = load_site("openkbp")
+    ptv56, ptv63, ptv70 = (1 << site.names.index(name) for name in ("PTV56", "PTV63", "PTV70"))
+    bits = np.zeros((2, 4, 4, 4), np.uint16)
+    bits[:, 0, 0, 0] = ptv56
+    bits[:, 0, 0, 1] = ptv56 | ptv63  # overlap: the higher of the two
+    bits[:, 0, 0, 2] = ptv70
+    bits[:, 0, 0, 3] = 1  # an organ alone: 0
+    prescriptions = np.array([[56.0, 63.0, 70.0], [50.0, 66.0, 60.0]], np.float32)  # site.targets order
+    assert site.targets == ("PTV56", "PTV63", "PTV70")
+    ct = np.zeros_like(bits)
+    own = np.asarray(CompactInputs(prescription=True, patient_prescriptions=True)([ct, bits, prescriptions]))[..., -1]
+    run_wide = np.asarray(CompactInputs(prescription=True)([ct, bits]))[..., -1]
+    assert np.array_equal(own[0], run_wide[0])
+    np.testing.assert_allclose(own[1, 0, 0], np.float32([50.0, 66.0, 60.0, 0.0]) / np.float32(70.0), rtol=1e-7)
+    assert not np.array_equal(own[1], run_wide[1])

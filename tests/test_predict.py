@@ -16,7 +16,6 @@ import pytest
 
 from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.constants import STRUCTURES
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.phantoms import write_phantom_split
@@ -24,8 +23,11 @@ from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.run_folder import RunFolder
+from provided_code.sites import load_site
 from provided_code.training.train import train
 from tests.conftest import console_script, predict
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 
 @pytest.fixture(scope="module")

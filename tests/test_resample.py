@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from provided_code.data.cache import load_split
+from provided_code.data.cache import SplitArrays, load_split
 from provided_code.data.resample import block_mean, block_or, downsample_split, upsample_dose
 
 
@@ -43,3 +43,19 @@ def test_upsample_dose_is_linear_and_masked():
     up = upsample_dose(ramp, np.ones((128, 128, 128), bool))
     # A linear ramp survives down(up(x)) away from the edges, where interpolation clamps.
     assert np.allclose(block_mean(up, 2)[1:-1], ramp[1:-1], atol=1e-5)  # float32 weights of a ramp up to ~30 Gy: ulps
+
+
+def test_downsampling_keeps_a_wide_sites_uint32_bits():
+    """More than 16 structures: the packing is uint32, and the block OR keeps every bit of it."""
+    import dataclasses
+
+    full = SplitArrays(patient_ids=["pt_1"], ct=np.zeros((1, 128, 128, 128), np.uint16),
+                       structure_masks=np.zeros((1, 128, 128, 128), np.uint32),
+                       possible_dose_mask=np.zeros((1, 128, 128, 128), bool), dose=np.zeros((1, 128, 128, 128), np.float32),
+                       has_dose=np.ones(1, bool), dose_decimals=np.zeros(1, np.int8), voxel_dimensions=np.ones((1, 3)),
+                       structure_present=np.ones((1, 20), bool))
+    full.structure_masks[0, 5, 6, 7] = (1 << 19) | 1
+    full.structure_masks[0, 100, 3, 64] = 1 << 17
+    small = downsample_split(dataclasses.replace(full), 32)
+    assert small.structure_masks.dtype == np.uint32
+    assert small.structure_masks[0, 1, 1, 1] == (1 << 19) | 1 and small.structure_masks[0, 25, 0, 16] == 1 << 17

@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from provided_code.constants import STRUCTURES
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
 from provided_code.networks.layers import CompactInputs
+from provided_code.sites import load_site
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
 from tests.conftest import network_config, requires_float16_convolutions
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 SIZE = 16
 

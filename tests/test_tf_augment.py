@@ -1,9 +1,11 @@
 import numpy as np
 import tensorflow as tf
 
-from provided_code.constants import STRUCTURES
 from provided_code.data.augment import Augmenter, plane_sources
-from provided_code.data.tf_augment import apply_geometry, move_volume, swap_parotids
+from provided_code.data.tf_augment import apply_geometry, move_volume, swap_mirror_bits
+from provided_code.sites import load_site
+
+STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
 
@@ -50,10 +52,10 @@ def test_mirror_with_parotid_swap_twice_is_the_identity():
         assert np.array_equal(twice[name], base[name])
 
 
-def test_swap_parotids_only_where_mirrored():
+def test_swap_mirror_bits_only_where_mirrored():
     masks = np.array([RIGHT, LEFT | 1, RIGHT | LEFT, 0], np.uint16).reshape(1, 1, 1, 4)
     both = np.concatenate([masks, masks])
-    out = swap_parotids(tf.constant(both), tf.constant([True, False])).numpy()
+    out = swap_mirror_bits(tf.constant(both), tf.constant([True, False]), ((RIGHT, LEFT),)).numpy()
     assert out[0].reshape(-1).tolist() == [LEFT, RIGHT | 1, RIGHT | LEFT, 0]
     assert np.array_equal(out[1], both[1])
 
@@ -68,8 +70,8 @@ def test_rotation_keeps_every_value_one_of_the_inputs():
                 values = np.unique(out[name][n])
                 allowed = np.union1d(np.unique(base[name][n]), [0])  # zero where the source is outside
                 if name == "structure_masks":
-                    allowed = np.union1d(allowed, np.unique(swap_parotids(tf.constant(base[name][n:n + 1]),
-                                                                          tf.constant([True])).numpy()))
+                    allowed = np.union1d(allowed, np.unique(swap_mirror_bits(tf.constant(base[name][n:n + 1]),
+                                                                          tf.constant([True]), ((RIGHT, LEFT),)).numpy()))
                 assert np.isin(values, allowed).all()
         assert not np.array_equal(out["ct"], base["ct"])
 
@@ -110,3 +112,32 @@ def test_move_volume_equals_a_per_voxel_reference():
                 if source >= 0 and 0 <= k - shifts[p] < size:
                     expected[p].reshape(size * size, size)[index, k] = volume[p].reshape(size * size, size)[source, k - shifts[p]]
     assert np.array_equal(out, expected)
+
+
+def test_every_mirror_pair_swaps_in_any_packing():
+    """A site's mirror pairs (several; in a uint32 packing up to bit 31) each swap on a flip."""
+    pairs = ((1 << 0, 1 << 5), (1 << 30, 1 << 31))
+    masks = np.array([1 | (1 << 31), (1 << 5) | (1 << 30) | (1 << 7), (1 << 0) | (1 << 5), 0], np.uint32)
+    out = swap_mirror_bits(tf.constant(masks.reshape(1, 1, 1, 4)), tf.constant([True]), pairs).numpy().reshape(-1)
+    assert out.tolist() == [(1 << 5) | (1 << 30), 1 | (1 << 31) | (1 << 7), (1 << 0) | (1 << 5), 0]
+    assert swap_mirror_bits(tf.constant(masks.reshape(1, 1, 1, 4)), tf.constant([True]), ()).numpy().reshape(-1).tolist() \
+        == masks.tolist()  # a site without pairs: nothing to swap
+
+
+def test_angles_move_with_the_patient_and_prescriptions_do_not():
+    """A flip takes gantry g to -g, then a turn by r to g - r (mod 360); NaN slots stay NaN; a
+    patient's prescriptions are facts no move changes."""
+    from provided_code.data.tf_augment import move_angles
+    from provided_code.inputs import model_inputs
+
+    angles = np.array([[0.0, 90.0, 350.0, np.nan], [10.0, 200.0, np.nan, np.nan]], np.float32)
+    moved = move_angles(tf.constant(angles), tf.constant([True, False]), tf.constant([40.0, 80.0])).numpy()
+    np.testing.assert_array_equal(moved, [[320.0, 230.0, 330.0, np.nan], [290.0, 120.0, np.nan, np.nan]])
+    base = element()
+    base.update(prescriptions=np.array([[50, 60, 70], [56, 63, 72]], np.float32), beam_angles=angles)
+    specs = model_inputs(load_site("openkbp"), patient_prescriptions=True, beam_slots=4)
+    draws = with_draws(base, [plane_sources(8, 1, True), plane_sources(8, 2, False)], [0, 0], [True, False])
+    out = numpy(apply_geometry({**draws, "turn_degrees": tf.constant([40.0, 80.0])}, specs))
+    np.testing.assert_array_equal(out["beam_angles"], moved)
+    np.testing.assert_array_equal(out["prescriptions"], base["prescriptions"])
+    assert "turn_degrees" not in out

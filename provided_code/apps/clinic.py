@@ -30,6 +30,7 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.inputs import inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
@@ -83,7 +84,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
-                                        label=f"Model {model_dir} at epoch {epoch}")[0]
+                                        label=f"Model {model_dir} at epoch {epoch}", inputs=inputs_of(saved))[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],

@@ -20,6 +20,7 @@ from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.inputs import inputs_of
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 from provided_code.sites import load_site
@@ -147,7 +148,8 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
         saved, loaded_epoch, model = member.load_trained_model(member_epoch)
         try:
             predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
-                                                label=f"Model {name!r} at epoch {loaded_epoch}")
+                                                label=f"Model {name!r} at epoch {loaded_epoch}",
+                                                inputs=inputs_of(saved))
         except PredictionError as error:
             raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
                                   f"{member.log}); nothing was written.") from None

@@ -3,10 +3,12 @@
 Three moves, applied in this order, the same to ``ct``, ``structure_masks``,
 ``possible_dose_mask`` and ``dose``:
 
-- ``flip``: mirror left-right (axis 1); the RightParotid and LeftParotid bits are swapped;
+- ``flip``: mirror left-right (axis 1); the bits of each of the site's mirror pairs (OpenKBP:
+  RightParotid and LeftParotid) are swapped, and per-patient gantry angles g become -g;
 - ``rotate``: rotate the axial plane (axes 0 and 1, about the superior-inferior axis 2) by
   k × 40°, k = 0 … 8, the spacing of the nine beams of every OpenKBP plan; nearest neighbour, so
-  every value is one of the input's; zero where the source falls outside the volume;
+  every value is one of the input's; zero where the source falls outside the volume; per-patient
+  gantry angles g become g - k × 40°;
 - ``shift``: translate by up to ``max_shift(resolution)`` voxels along each axis (±20 at 128³),
   limited so that the whole possible-dose mask stays inside the volume.
 
@@ -14,7 +16,8 @@ The host turns a draw into an index map and a shift, which the device applies
 (``tf_augment.apply_geometry``): ``plane_source`` ``(patients, R*R)`` gives, for every voxel of
 the output axial plane, the flat index of its source in the input plane (-1: zero);
 ``slice_shift`` ``(patients,)`` the translation along axis 2 (zero-filled); ``mirrored``
-``(patients,)`` says whose parotid bits to swap. Each draw depends only on
+``(patients,)`` says whose mirror pairs' bits to swap (and angles to negate); ``turn_degrees``
+``(patients,)`` the turn, for per-patient angles. Each draw depends only on
 ``(seed, epoch, update index)`` and the patient's place in the update.
 """
 
@@ -108,8 +111,8 @@ class Augmenter:
         return self._projections[row]
 
     def draw(self, rows: np.ndarray, epoch: int, index: int, needed: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """``plane_source``, ``slice_shift`` and ``mirrored`` for the patients ``rows`` (flat) of
-        update ``index`` of epoch ``epoch``. ``needed`` (bool, like ``rows``): the patients whose
+        """``plane_source``, ``slice_shift``, ``mirrored`` and ``turn_degrees`` for the patients
+        ``rows`` (flat) of update ``index`` of epoch ``epoch``. ``needed`` (bool, like ``rows``): the patients whose
         draws the caller uses (a worker: its own replicas'); the others' shifts are left at 0, so
         that their masks are never read. Every patient's draws are drawn, whatever is needed."""
         rows = np.asarray(rows).reshape(-1)
@@ -141,4 +144,5 @@ class Augmenter:
                     shift[axis] = low + int(fractions[n, axis] * (high - low + 1))
             plane[n] = turned if shift[:2] == [0, 0] else plane_sources(size, int(turns[n]), bool(flips[n]), shift[:2])
             slices[n] = shift[2]
-        return {"plane_source": plane, "slice_shift": slices, "mirrored": flips}
+        return {"plane_source": plane, "slice_shift": slices, "mirrored": flips,
+                "turn_degrees": (turns * ROTATION_STEP_DEGREES).astype(np.float32)}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from provided_code.constants import LEFT_PAROTID_BIT, RIGHT_PAROTID_BIT
+from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
 
-GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored")
+GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored", "turn_degrees")
 
 
 def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tensor) -> tf.Tensor:
@@ -31,29 +31,53 @@ def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tens
     return tf.reshape(tf.stack(windows), tf.shape(volume))
 
 
-def swap_parotids(structure_masks: tf.Tensor, mirrored: tf.Tensor) -> tf.Tensor:
-    """Swap the RightParotid and LeftParotid bits of the patients where ``mirrored`` (what
+def swap_mirror_bits(structure_masks: tf.Tensor, mirrored: tf.Tensor, mirror_bits) -> tf.Tensor:
+    """Swap the bits of each ``(right, left)`` pair of ``mirror_bits`` (a site's ``mirror_bits``;
+    OpenKBP: the parotids) of the patients where ``mirrored`` (what
     :func:`provided_code.inference.mirror_left_right` does in numpy for ``--tta``)."""
+    if not mirror_bits:
+        return structure_masks
     dtype = structure_masks.dtype
-    right = tf.bitwise.bitwise_and(structure_masks, tf.constant(RIGHT_PAROTID_BIT, dtype)) != 0
-    left = tf.bitwise.bitwise_and(structure_masks, tf.constant(LEFT_PAROTID_BIT, dtype)) != 0
-    swapped = tf.bitwise.bitwise_and(structure_masks, tf.constant(~(RIGHT_PAROTID_BIT | LEFT_PAROTID_BIT) & 0xFFFF, dtype))
+    every = (1 << (8 * dtype.size)) - 1
+    paired = 0
+    for right, left in mirror_bits:
+        paired |= right | left
+    swapped = tf.bitwise.bitwise_and(structure_masks, tf.constant(~paired & every, dtype))
     zero = tf.zeros((), dtype)
-    swapped = tf.bitwise.bitwise_or(swapped, tf.where(right, tf.constant(LEFT_PAROTID_BIT, dtype), zero))
-    swapped = tf.bitwise.bitwise_or(swapped, tf.where(left, tf.constant(RIGHT_PAROTID_BIT, dtype), zero))
+    for right, left in mirror_bits:
+        in_right = tf.bitwise.bitwise_and(structure_masks, tf.constant(right, dtype)) != 0
+        in_left = tf.bitwise.bitwise_and(structure_masks, tf.constant(left, dtype)) != 0
+        swapped = tf.bitwise.bitwise_or(swapped, tf.where(in_right, tf.constant(left, dtype), zero))
+        swapped = tf.bitwise.bitwise_or(swapped, tf.where(in_left, tf.constant(right, dtype), zero))
     return tf.where(tf.reshape(mirrored, (-1, 1, 1, 1)), swapped, structure_masks)
 
 
-def apply_geometry(element: dict) -> dict:
-    """The element with ``ct``, ``structure_masks``, ``dose`` and (if present) ``possible_dose_mask``
-    moved by its draws; the draw keys are dropped. Without draw keys the element is returned as is."""
+def move_angles(angles: tf.Tensor, mirrored: tf.Tensor, turn_degrees: tf.Tensor) -> tf.Tensor:
+    """Gantry angles ``(patients, slots)`` degrees of the patients moved as the draws move them:
+    mirrored left-right first (g to -g), then turned by ``turn_degrees`` (g to g - turn), in
+    [0, 360); NaN (an unused slot) stays NaN. (The conventions of ``augment.plane_sources`` and
+    ``networks.beams``: tested in tests/test_tf_augment.py.)"""
+    flipped = tf.where(tf.reshape(mirrored, (-1, 1)), -angles, angles)
+    return tf.math.floormod(flipped - tf.reshape(tf.cast(turn_degrees, angles.dtype), (-1, 1)), 360.0)
+
+
+def apply_geometry(element: dict, inputs: tuple[InputSpec, ...] | None = None) -> dict:
+    """The element with its declared model ``inputs`` (default: OpenKBP's ``ct`` and
+    ``structure_masks``) moved as each declares (volumes resampled, structure bits also swapped on
+    a flip, angles turned and flipped), and ``dose`` and (if present) ``possible_dose_mask``
+    moved by the draws; the draw keys are dropped. Without draw keys the element is returned as is."""
     if "plane_source" not in element:
         return element
     plane, slices = element["plane_source"], element["slice_shift"]
     moved = {name: value for name, value in element.items() if name not in GEOMETRY_KEYS}
-    moved["ct"] = move_volume(element["ct"], plane, slices)
-    moved["structure_masks"] = swap_parotids(move_volume(element["structure_masks"], plane, slices),
-                                             element["mirrored"])
+    for spec in inputs or default_inputs():
+        if spec.moves == VOLUME:
+            moved[spec.name] = move_volume(element[spec.name], plane, slices)
+        elif spec.moves == STRUCTURE_BITS:
+            moved[spec.name] = swap_mirror_bits(move_volume(element[spec.name], plane, slices), element["mirrored"],
+                                                spec.mirror_bits)
+        elif spec.moves == ANGLES:
+            moved[spec.name] = move_angles(element[spec.name], element["mirrored"], element["turn_degrees"])
     moved["dose"] = move_volume(element["dose"][..., 0], plane, slices)[..., None]
     if "possible_dose_mask" in element:
         mask = tf.cast(element["possible_dose_mask"], tf.uint8)

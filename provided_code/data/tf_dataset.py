@@ -16,19 +16,24 @@ import tensorflow as tf
 
 from provided_code.data.augment import Augmenter
 from provided_code.data.batches import epoch_updates, take_batch
+from provided_code.inputs import ANGLES, InputSpec, default_inputs
 
 
 class TrainingElement(TypedDict, total=False):
     """What the input sends the training step, per replica (patients first; R: the resolution)."""
 
-    ct: tf.Tensor  # (patients, R, R, R) uint16 grey values: what the model eats
-    structure_masks: tf.Tensor  # (patients, R, R, R) uint16, bit k = STRUCTURES[k]: what the model eats
+    # what the model eats: the inputs provided_code.inputs declares, each under its name
+    ct: tf.Tensor  # (patients, R, R, R) uint16 grey values
+    structure_masks: tf.Tensor  # (patients, R, R, R) uint16 (uint32 above 16 structures), bit k = site.names[k]
+    prescriptions: tf.Tensor  # (patients, targets) float32 Gy; with per-patient prescriptions only
+    beam_angles: tf.Tensor  # (patients, slots) float32 gantry degrees, NaN unused; with per-patient beams only
     dose: tf.Tensor  # (patients, R, R, R, 1) float32 Gy
     weight: tf.Tensor  # (patients,) float32: the update's real patients sum to 1 (training), padding 0
     possible_dose_mask: tf.Tensor  # (patients, R, R, R) bool; with a masked loss only
     plane_source: tf.Tensor  # (patients, R·R) int32 axial index map, -1 outside; with augmentation only
     slice_shift: tf.Tensor  # (patients,) int32 shift along the slice axis; with augmentation only
-    mirrored: tf.Tensor  # (patients,) bool: parotid bits to swap; with augmentation only
+    mirrored: tf.Tensor  # (patients,) bool: mirror pairs' bits to swap, angles to negate; with augmentation only
+    turn_degrees: tf.Tensor  # (patients,) float32 the axial turn; with augmentation of per-patient angles only
 
 
 def updates_per_epoch(num_patients: int, batch_size: int, replicas: int = 1, accumulate: int = 1) -> int:
@@ -54,33 +59,41 @@ def update_schedule(num_patients: int, batch_size: int, replicas: int, accumulat
 
 
 def element_spec(resolution: int, patients: int | None = None, with_mask: bool = False,
-                 augmented: bool = False) -> dict:
+                 augmented: bool = False, inputs: tuple[InputSpec, ...] | None = None) -> dict:
+    """The element's tensors: the declared model ``inputs`` (default OpenKBP's two volumes), the
+    dose and weights, the mask with ``with_mask``, the draws with ``augmented``."""
+    inputs = inputs or default_inputs()
     volume = (patients, resolution, resolution, resolution)
-    spec = {"ct": tf.TensorSpec(volume, tf.uint16), "structure_masks": tf.TensorSpec(volume, tf.uint16),
-            "dose": tf.TensorSpec((*volume, 1), tf.float32), "weight": tf.TensorSpec((patients,), tf.float32)}
+    spec = {model_input.name: tf.TensorSpec((patients, *model_input.shape(resolution)), model_input.dtype)
+            for model_input in inputs}
+    spec.update({"dose": tf.TensorSpec((*volume, 1), tf.float32), "weight": tf.TensorSpec((patients,), tf.float32)})
     if with_mask:
         spec["possible_dose_mask"] = tf.TensorSpec(volume, tf.bool)
     if augmented:
         spec["plane_source"] = tf.TensorSpec((patients, resolution * resolution), tf.int32)
         spec["slice_shift"] = tf.TensorSpec((patients,), tf.int32)
         spec["mirrored"] = tf.TensorSpec((patients,), tf.bool)
+        if any(model_input.moves == ANGLES for model_input in inputs):
+            spec["turn_degrees"] = tf.TensorSpec((patients,), tf.float32)
     return spec
 
 
 def take_element(arrays, rows: np.ndarray, weights: np.ndarray, with_mask: bool = False,
-                 draws: dict[str, np.ndarray] | None = None) -> dict:
-    inputs, dose = take_batch(arrays, rows)
-    element = {**inputs, "dose": dose, "weight": weights}
+                 draws: dict[str, np.ndarray] | None = None, inputs: tuple[InputSpec, ...] | None = None) -> dict:
+    model_inputs, dose = take_batch(arrays, rows, inputs)
+    element = {**model_inputs, "dose": dose, "weight": weights}
     if with_mask:
         element["possible_dose_mask"] = arrays.possible_dose_mask[rows]
     return {**element, **(draws or {})}
 
 
 def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, prefetch: int = 2,
-                        with_mask: bool = False, augmenter: Augmenter | None = None):
+                        with_mask: bool = False, augmenter: Augmenter | None = None,
+                        inputs: tuple[InputSpec, ...] | None = None):
     """The schedule's updates as a distributed dataset: one element per replica per update.
 
-    ``with_mask``: elements carry ``possible_dose_mask``. ``augmenter``: they carry its draws for
+    ``inputs``: the model's declared inputs (default OpenKBP's two volumes). ``with_mask``:
+    elements carry ``possible_dose_mask``. ``augmenter``: they carry its draws for
     ``(epoch, update index)``, split between replicas like the patients.
     """
 
@@ -88,7 +101,7 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
         local = strategy.num_replicas_in_sync // context.num_input_pipelines
         first = context.input_pipeline_id * local  # this worker's first replica
         patients = schedule[0][0][:, 0].size if schedule else None
-        spec = element_spec(arrays.resolution, patients, with_mask, augmenter is not None)
+        spec = element_spec(arrays.resolution, patients, with_mask, augmenter is not None, inputs)
         names = list(spec)
         last_draws = {}  # the current update's draws: elements come in order, replica after replica
 
@@ -108,7 +121,7 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
                         for name, value in last_draws["draws"].items()}
             # micro-batches of this replica, one after another
             element = take_element(arrays, rows[:, first + replica].reshape(-1),
-                                   weights[:, first + replica].reshape(-1), with_mask, mine)
+                                   weights[:, first + replica].reshape(-1), with_mask, mine, inputs)
             return tuple(np.asarray(element[name], dtype=spec[name].dtype.as_numpy_dtype) for name in names)
 
         def as_element(*values):

@@ -18,16 +18,15 @@ import math
 
 import numpy as np
 
-from provided_code.constants import BEAM_PHASE_DEGREES
-
 BEAM_CHANNELS = ("count", "each")
 MANY_BEAMS = 36  # more than this (10° apart) is warned about: each beam costs a segment maximum per voxel in
 #                  the first layer (1000 beams made a 32³ epoch take 114 s instead of 20), and the
 #                  plans this was made for (OpenKBP's nine, a site's five to fifteen) use far fewer
 
 
-def equidistant_angles(beams: int, phase: float = BEAM_PHASE_DEGREES) -> tuple[float, ...]:
-    """``beams`` gantry angles 360/beams apart starting at ``phase`` (OpenKBP: 9 beams, 40° apart)."""
+def equidistant_angles(beams: int, phase: float = 0.0) -> tuple[float, ...]:
+    """``beams`` gantry angles 360/beams apart starting at ``phase`` (OpenKBP's nine, 40° apart from
+    0, are its site's beams: ``load_site("openkbp").beams``)."""
     if beams < 0:
         raise ValueError(f"Invalid `beams`. Expected 0 (off) or a positive number. Received: beams={beams}")
     return tuple(float((phase + k * 360.0 / beams) % 360.0) for k in range(beams))
@@ -73,10 +72,11 @@ def beam_concerns(angles: tuple[float, ...], resolution: int) -> list[str]:
 
 def augmentations_that_move_beams(angles: tuple[float, ...], augmentations: tuple[str, ...],
                                   rotation_step: float) -> list[str]:
-    """The augmentations after which ``angles`` no longer describe the moved patient's beams: the
-    channels are made after augmentation with the same angles, which stays true only if a
-    left-right flip (gantry g to -g) and a turn by ``rotation_step`` (g to g - step) map the set
-    of angles to itself. Shifts never move a direction."""
+    """The augmentations after which run-wide ``angles`` no longer describe the moved patient's
+    beams: the channels are made after augmentation with the same angles, which stays true only if
+    a left-right flip (gantry g to -g) and a turn by ``rotation_step`` (g to g - step) map the set
+    of angles to itself. Shifts never move a direction. (Per-patient angles, ``beam_slots``, are
+    turned with the patient and stay true under any augmentation.)"""
     def same(moved):
         return sorted(round(a % 360.0, 6) for a in moved) == sorted(round(a % 360.0, 6) for a in angles)
 

@@ -2,73 +2,154 @@
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 from keras import ops
 
-from provided_code.constants import CT_MAX, PRESCRIPTIONS_GY, STRUCTURES, TARGET_BITS, structures_of_patterns
+from provided_code.constants import CT_MAX
 from provided_code.networks.beams import ray_bins, ray_count
+from provided_code.sites import openkbp
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
 class CompactInputs(keras.layers.Layer):
-    """``[ct, structure_masks]`` in compact dtypes → one ``(batch, d0, d1, d2, C)`` volume: 11
-    channels, one more with ``prescription``, and the beam channels.
+    """``[ct, structure_masks]`` in compact dtypes (and, per patient, ``prescriptions`` and
+    ``beam_angles``) → one ``(batch, d0, d1, d2, C)`` volume: the CT, one channel per structure,
+    one more with ``prescription``, and the beam channels. Its inputs are declared in
+    :mod:`provided_code.inputs`.
 
-    ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: uint16
-    bitfield, bit k unpacked into channel 1 + k. The host sends 4 bytes per voxel (two uint16) instead
-    of 4 per channel (44 for these 11 float32 channels, more with the prescription and beam channels).
-    ``prescription``: one more channel, the highest prescription level of the PTVs that cover the
-    voxel (70, 63 or 56 Gy) divided by 70, 0 outside them.
+    ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: bitfield
+    (uint16, or uint32 for more than 16 structures), bit k unpacked into channel 1 + k. The host
+    sends 4 bytes per voxel (two uint16) instead of 4 per channel (44 for OpenKBP's 11 float32
+    channels, more with the prescription and beam channels).
+    ``prescription``: one more channel, the highest prescription of the targets that cover the
+    voxel divided by ``max_prescription_gy`` (OpenKBP: 70, 63 or 56 Gy over 70), 0 outside them.
 
-    The structure channels (and the prescription) are one gather from a table of every 10-bit
-    pattern's values (1024 × 10 or 11): a single pass that writes the floats directly, where
-    shifting, masking and casting a broadcast copy took three passes and one full-size temporary
-    more.
+    The site is the layer's config: ``structures`` (how many bits), ``prescriptions_gy`` (per
+    structure, 0 for an organ: the targets are the structures with a prescription) and
+    ``max_prescription_gy``; their defaults are OpenKBP's, so checkpoints saved before sites load
+    unchanged. Up to 12 structures, the structure channels (and the run-wide prescription) are one
+    gather from a table of every bit pattern's values (OpenKBP: 1024 × 10 or 11): a single pass
+    that writes the floats directly, where shifting, masking and casting a broadcast copy took three
+    passes and one full-size temporary more. Above 12 (the table would have 2^13 rows or more) the
+    bits are shifted out.
+
+    ``patient_prescriptions``: a third input, ``(batch, targets)`` Gy in the site's target order;
+    the prescription channel is then each patient's own.
 
     ``beam_angles`` (gantry degrees, :mod:`provided_code.networks.beams`): per beam, the voxels
-    on its lines that cross a target voxel (any PTV) of the same axial slice. ``beam_channels``
+    on its lines that cross a target voxel (any target) of the same axial slice. ``beam_channels``
     ``"count"``: one channel, how many beams cross each voxel divided by the number of beams;
     ``"each"``: one 0/1 channel per beam, in the order of ``beam_angles``. Made here, after the
     training step's augmentation has moved the structures, by one segment maximum (per line and
-    slice) and one gather per beam over the plane's precomputed line table.
+    slice) and one gather per beam over the plane's precomputed line table. ``beam_slots`` > 0:
+    the angles are a last input instead, ``(batch, beam_slots)`` degrees per patient (NaN: an
+    unused slot, which adds nothing), which augmentation turns with the patient; each slot's lines
+    are computed on the device and one segment maximum per slot covers the whole batch (segment
+    ids offset per patient); "count" divides by the patient's own number of beams.
     """
 
-    def __init__(self, prescription: bool = False, beam_angles=(), beam_channels: str = "count", **kwargs):
+    def __init__(self, prescription: bool = False, beam_angles=(), beam_channels: str = "count",
+                 structures: int | None = None, prescriptions_gy=None, max_prescription_gy: float | None = None,
+                 patient_prescriptions: bool = False, beam_slots: int = 0, **kwargs):
+        kwargs.setdefault("autocast", False)  # per-patient angles and Gy stay float32 under mixed precision
         super().__init__(**kwargs)
+        if structures is None:  # a checkpoint saved before sites: OpenKBP
+            structures, prescriptions_gy, max_prescription_gy = _openkbp_unpacking()
         self.prescription = prescription
         self.beam_angles = tuple(float(angle) for angle in beam_angles)
         self.beam_channels = beam_channels
+        self.structures = int(structures)
+        self.prescriptions_gy = tuple(float(gy or 0.0) for gy in prescriptions_gy)
+        self.max_prescription_gy = float(max_prescription_gy)
+        self.patient_prescriptions = bool(patient_prescriptions)
+        self.beam_slots = int(beam_slots)
+        if len(self.prescriptions_gy) != self.structures:
+            raise ValueError(f"Invalid `prescriptions_gy`. Expected one value per structure ({self.structures}). "
+                             f"Received: prescriptions_gy={list(self.prescriptions_gy)}")
 
     def get_config(self):
         return {**super().get_config(), "prescription": self.prescription, "beam_angles": list(self.beam_angles),
-                "beam_channels": self.beam_channels}
+                "beam_channels": self.beam_channels, "structures": self.structures,
+                "prescriptions_gy": list(self.prescriptions_gy), "max_prescription_gy": self.max_prescription_gy,
+                "patient_prescriptions": self.patient_prescriptions, "beam_slots": self.beam_slots}
+
+    @property
+    def targets(self) -> tuple[int, ...]:
+        """The structure indices of the targets, in the site's order (the prescriptions' columns)."""
+        return tuple(k for k, gy in enumerate(self.prescriptions_gy) if gy > 0)
+
+    @property
+    def target_bits(self) -> int:
+        return sum(1 << k for k in self.targets)
+
+    @property
+    def beams_per_patient(self) -> bool:
+        return self.beam_slots > 0
 
     @property
     def beam_channel_count(self) -> int:
+        if self.beams_per_patient:
+            return 1 if self.beam_channels == "count" else self.beam_slots
         if not self.beam_angles:
             return 0
         return 1 if self.beam_channels == "count" else len(self.beam_angles)
 
     def call(self, inputs):
-        ct, structure_masks = inputs
-        count = len(STRUCTURES)
-        table = structures_of_patterns()  # (1024, 10)
-        if self.prescription:
-            levels = np.array([PRESCRIPTIONS_GY.get(name, 0.0) for name in STRUCTURES]) / max(PRESCRIPTIONS_GY.values())
-            table = np.concatenate([table, (table * levels).max(axis=1)[:, None]], axis=1)
-        table = ops.convert_to_tensor(table, dtype=self.compute_dtype)
-        patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
-        masks = ops.take(table, patterns, axis=0)
+        ct, structure_masks, *rest = inputs
+        prescriptions = rest.pop(0) if self.patient_prescriptions else None
+        angles = rest.pop(0) if self.beams_per_patient else None
+        count = self.structures
+        run_wide_prescription = self.prescription and not self.patient_prescriptions
+        if count <= TABLE_BITS:
+            table = structures_of_patterns(count)  # (2^count, count)
+            if run_wide_prescription:
+                levels = np.array(self.prescriptions_gy) / self.max_prescription_gy
+                table = np.concatenate([table, (table * levels).max(axis=1)[:, None]], axis=1)
+            table = ops.convert_to_tensor(table, dtype=self.compute_dtype)
+            patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
+            masks = ops.take(table, patterns, axis=0)
+            structure_channels = masks[..., :count]
+        else:  # too many bits for a table: shift each out (a uint32 cast to int32 keeps its bits)
+            patterns = ops.cast(structure_masks, "int32")
+            shifts = ops.convert_to_tensor(np.arange(count, dtype=np.int32))
+            masks = ops.cast(ops.bitwise_and(ops.right_shift(patterns[..., None], shifts), 1), self.compute_dtype)
+            structure_channels = masks
+            if run_wide_prescription:
+                levels = np.array(self.prescriptions_gy) / self.max_prescription_gy
+                masks = ops.concatenate([masks, self._highest(masks, ops.convert_to_tensor(
+                    levels[list(self.targets)][None], dtype=self.compute_dtype))], axis=-1)
         ct = ops.cast(ct, self.compute_dtype) * (1.0 / CT_MAX)
         channels = [ct[..., None], masks]
-        if self.beam_angles:
+        if self.prescription and self.patient_prescriptions:
+            levels = ops.cast(ops.cast(prescriptions, "float32") / self.max_prescription_gy, self.compute_dtype)
+            channels.append(self._highest(structure_channels, levels))
+        if self.beams_per_patient:
+            channels.append(self._patient_beams(patterns, angles))
+        elif self.beam_angles:
             channels.append(self._beams(patterns))
         return ops.concatenate(channels, axis=-1)
 
+    def _highest(self, structure_channels, levels):
+        """``(batch, ..., 1)``: per voxel the highest of ``levels`` ``(batch or 1, targets)`` over the
+        targets that cover it (0 outside them)."""
+        highest = None
+        for column, k in enumerate(self.targets):
+            level = ops.reshape(levels[:, column], (-1, 1, 1, 1))
+            value = structure_channels[..., k] * level
+            highest = value if highest is None else ops.maximum(highest, value)
+        return highest[..., None]
+
+    def _target_voxels(self, patterns):
+        bits = self.target_bits
+        signed = bits - (1 << 32) if bits >= 1 << 31 else bits  # the int32 with the same bits
+        return ops.cast(ops.not_equal(ops.bitwise_and(patterns, signed), 0), self.compute_dtype)
+
     def _beams(self, patterns):
         size, slices = patterns.shape[1], patterns.shape[3]
-        targets = ops.cast(ops.not_equal(ops.bitwise_and(patterns, TARGET_BITS), 0), self.compute_dtype)
+        targets = self._target_voxels(patterns)
         by_voxel = ops.reshape(ops.transpose(targets, (1, 2, 0, 3)), (size * size, -1))  # (plane, batch × slices)
         total, each = None, []  # "count" keeps one running sum, not one volume per beam
         for angle in self.beam_angles:
@@ -86,8 +167,60 @@ class CompactInputs(keras.layers.Layer):
         stacked = ops.reshape(stacked, (size, size, -1, slices, self.beam_channel_count))
         return ops.transpose(stacked, (2, 0, 1, 3, 4))
 
+    def _patient_beams(self, patterns, angles):
+        """The beam channels of each patient's own angles ``(batch, beam_slots)`` degrees (NaN:
+        unused). Per slot, the line of every voxel of the plane is computed here for every patient
+        (:func:`~provided_code.networks.beams.ray_bins`, in float64 as there), offset by the
+        patient's place in the batch so that one segment maximum serves the whole batch."""
+        size, slices = patterns.shape[1], patterns.shape[3]
+        batch = ops.shape(patterns)[0]
+        lines_per_plane = ray_count(size)
+        targets = ops.reshape(self._target_voxels(patterns), (-1, slices))  # (batch × plane, slices)
+        angles = ops.cast(angles, "float64")
+        used = ops.isfinite(angles)  # (batch, slots)
+        radians = ops.where(used, angles, 0.0) * (math.pi / 180.0)
+        i, j = np.meshgrid(np.arange(size, dtype=np.float64), np.arange(size, dtype=np.float64), indexing="ij")
+        a = ops.convert_to_tensor((i - size / 2).reshape(1, -1))  # (1, plane)
+        b = ops.convert_to_tensor((j - size / 2).reshape(1, -1))
+        offsets = ops.reshape(ops.arange(batch, dtype="int32") * lines_per_plane, (-1, 1))  # (batch, 1)
+        total, each = None, []
+        for slot in range(self.beam_slots):
+            g = radians[:, slot:slot + 1]  # (batch, 1)
+            across = a * ops.sin(g) + b * ops.cos(g)  # (batch, plane): as ray_bins
+            lines = ops.cast(ops.floor(across + 0.5), "int32") + lines_per_plane // 2 + offsets
+            lines = ops.reshape(lines, (-1,))
+            crossed = ops.maximum(ops.segment_max(targets, lines, num_segments=batch * lines_per_plane), 0.0)
+            beam = ops.reshape(ops.take(crossed, lines, axis=0), (-1, size, size, slices))
+            beam = beam * ops.reshape(ops.cast(used[:, slot], self.compute_dtype), (-1, 1, 1, 1))  # unused: 0
+            if self.beam_channels == "count":
+                total = beam if total is None else total + beam
+            else:
+                each.append(beam)
+        if self.beam_channels == "count":
+            beams = ops.maximum(ops.sum(ops.cast(used, self.compute_dtype), axis=1), 1.0)  # the patient's own
+            return (total / ops.reshape(beams, (-1, 1, 1, 1)))[..., None]
+        return ops.stack(each, axis=-1)
+
     def compute_output_shape(self, input_shape):
-        return (*input_shape[0], 1 + len(STRUCTURES) + int(self.prescription) + self.beam_channel_count)
+        return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count)
+
+
+TABLE_BITS = 12  # up to this many structures, one gather from a table of every bit pattern (2^12 × 13 at most)
+
+
+def _openkbp_unpacking() -> tuple[int, tuple[float, ...], float]:
+    return site_unpacking(openkbp())
+
+
+def site_unpacking(site) -> tuple[int, tuple[float, ...], float]:
+    """``(structures, prescriptions_gy, max_prescription_gy)``: a site as :class:`CompactInputs` is configured."""
+    prescriptions = site.prescriptions_gy
+    return len(site.names), tuple(prescriptions.get(name, 0.0) for name in site.names), site.max_prescription_gy
+
+
+def structures_of_patterns(count: int) -> np.ndarray:
+    """``(2^count, count)`` 0/1: row p says which structures a voxel whose packed bits are p is in."""
+    return (np.arange(2 ** count)[:, None] >> np.arange(count)) & 1
 
 
 @keras.saving.register_keras_serializable(package="provided_code")

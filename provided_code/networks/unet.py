@@ -7,7 +7,8 @@ import re
 
 import keras
 
-from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
+from provided_code.inputs import inputs_of, site_of
+from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
 
@@ -44,10 +45,13 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     :class:`AveragePool3x3x3` (the same values; XLA compiles the separable one faster: for the
     benchmark that measures it).
 
-    Inputs, layout ``(batch, d0, d1, d2)`` with ``d = config.resolution`` (a power of two >= 8,
-    divisible by 2**levels): ``ct`` uint16 grey values in [0, 4095] and ``structure_masks`` uint16
-    bitfield (bit k = ``STRUCTURES[k]``); both are cast on the device by :class:`CompactInputs`.
-    Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
+    Inputs (declared in :mod:`provided_code.inputs`, one ``keras.Input`` each), volumes laid out
+    ``(batch, d0, d1, d2)`` with ``d = config.resolution`` (a power of two >= 8, divisible by
+    2**levels): ``ct`` uint16 grey values in [0, 4095] and ``structure_masks``, the site's bitfield
+    (bit k = ``site.names[k]``; uint16, uint32 above 16 structures); with per-patient inputs
+    (``config.patient_prescriptions``, ``config.beam_slots``) also ``prescriptions`` ``(batch,
+    targets)`` Gy and ``beam_angles`` ``(batch, slots)`` degrees. All are unpacked on the device by
+    :class:`CompactInputs`. Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
 
     Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + normalisation (not on
     the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
@@ -57,8 +61,10 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     dtype policy.
 
     With ``config.prescription_channel`` the inputs carry one more channel, each voxel's highest
-    PTV prescription (:class:`CompactInputs`); with ``config.gantry_angles`` (degrees), the
-    beam channels (one, or one per beam: ``config.beam_channels``), made from the targets.
+    target prescription (:class:`CompactInputs`; each patient's own with
+    ``config.patient_prescriptions``); with ``config.gantry_angles`` (degrees), the beam channels
+    (one, or one per beam: ``config.beam_channels``), made from the targets (from each patient's
+    own angles with ``config.beam_slots``).
 
     Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
     statistics are those of the global batch); ``instance``, per sample and channel over the
@@ -72,11 +78,15 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
         return keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True, name=f"{name}_bn")
 
     levels = num_levels(resolution)
-    shape = (resolution, resolution, resolution)
-    ct = keras.Input(shape, dtype="uint16", name="ct")
-    structure_masks = keras.Input(shape, dtype="uint16", name="structure_masks")
+    specs = inputs_of(config)
+    inputs = {spec.name: keras.Input(spec.shape(resolution), dtype=spec.dtype, name=spec.name) for spec in specs}
+    structures, prescriptions_gy, max_prescription_gy = site_unpacking(site_of(config))
+    names = [spec.name for spec in specs]
     x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.gantry_angles,
-                      beam_channels=config.beam_channels, name="compact_inputs")([ct, structure_masks])
+                      beam_channels=config.beam_channels, structures=structures, prescriptions_gy=prescriptions_gy,
+                      max_prescription_gy=max_prescription_gy, patient_prescriptions="prescriptions" in names,
+                      beam_slots=inputs["beam_angles"].shape[-1] if "beam_angles" in names else 0,
+                      name="compact_inputs")([inputs[name] for name in names])
 
     skips = []
     for level in range(levels):
@@ -105,4 +115,4 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     else:
         x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
     dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
-    return keras.Model(inputs={"ct": ct, "structure_masks": structure_masks}, outputs=dose, name="unet")
+    return keras.Model(inputs=inputs, outputs=dose, name="unet")

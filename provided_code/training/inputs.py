@@ -5,12 +5,64 @@ Training and ``scripts/bench_train.py`` build them here, from a :class:`~provide
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
+import numpy as np
 import tensorflow as tf
 
+from provided_code.config import ConfigError
 from provided_code.data.augment import Augmenter
+from provided_code.data.batches import patient_vectors
 from provided_code.data.cache import SplitArrays
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule
+from provided_code.inputs import inputs_of
 from provided_code.losses import needs_possible_dose_mask
+
+logger = logging.getLogger(__name__)
+
+
+def fit_patient_inputs(config, splits: list[SplitArrays], saved=None):
+    """``config`` with the per-patient inputs its data asks for (``patient_prescriptions``,
+    ``beam_slots``: the most beams any patient of ``splits`` has, at least the run-wide angles'
+    count, so that a patient without its own fits), checked against every patient of ``splits``.
+
+    A new run takes them; a resumed one (``saved``: its saved config, whose values ``config``
+    already holds) keeps its own, and is refused in one line when its data now has per-patient
+    files its model does not take. Patients without their own files take the run-wide values
+    (the site's prescriptions, the run's angles).
+    """
+    carrying = [arrays for arrays in splits if getattr(arrays, "prescriptions", None) is not None]
+    prescriptions = bool(config.prescription_channel and carrying)
+    slots = 0
+    with_beams = [arrays for arrays in splits if getattr(arrays, "beam_angles", None) is not None]
+    if config.beams and with_beams:
+        counts = np.concatenate([np.isfinite(arrays.beam_angles).sum(axis=1) for arrays in with_beams])
+        slots = int(max(counts.max(), len(config.gantry_angles)))  # any patient without beams.csv fits too
+    if saved is None:
+        config = dataclasses.replace(config, patient_prescriptions=prescriptions, beam_slots=slots)
+    else:
+        refused = []
+        if prescriptions and not config.patient_prescriptions:
+            refused.append("prescriptions.csv")
+        if slots and not config.beam_slots:
+            refused.append("beams.csv")
+        if refused:
+            raise ConfigError(
+                f"Cannot resume model {config.model_name!r} in {config.run_dir}: its data now has per-patient "
+                f"{' and '.join(refused)} files, and the model was trained with the run-wide "
+                f"{'prescriptions' if 'prescriptions.csv' in refused else 'beams'} (its inputs cannot change). "
+                f"Train a new --model-name.")
+    for spec in inputs_of(config):
+        if not spec.is_volume:
+            for arrays in splits:
+                patient_vectors(arrays, spec)  # a patient that does not fit the model: refused, named
+    if config.patient_prescriptions or config.beam_slots:
+        logger.info("Per-patient inputs: %s", "; ".join(part for part in (
+            "prescriptions (patients without prescriptions.csv: the site's)" if config.patient_prescriptions else "",
+            f"beams, up to {config.beam_slots} per patient, turned with the patient by augmentation (patients "
+            f"without beams.csv: gantry {config.beam_angles}°)" if config.beam_slots else "") if part))
+    return config
 
 
 def training_input(strategy: tf.distribute.Strategy, arrays: SplitArrays, config, first_epoch: int,
@@ -23,7 +75,7 @@ def training_input(strategy: tf.distribute.Strategy, arrays: SplitArrays, config
                                seed=config.seed, first_epoch=first_epoch,
                                epochs=config.epochs if epochs is None else epochs)
     return distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(config.loss),
-                               augmenter=augmenter)
+                               augmenter=augmenter, inputs=inputs_of(config))
 
 
 def validation_input(strategy: tf.distribute.Strategy, arrays: SplitArrays, config) -> tuple:
@@ -31,4 +83,5 @@ def validation_input(strategy: tf.distribute.Strategy, arrays: SplitArrays, conf
     weighted 1 (padding 0), batched as training is."""
     schedule = update_schedule(len(arrays), config.batch_size, strategy.num_replicas_in_sync, config.accumulate,
                                seed=0, first_epoch=0, epochs=1, shuffle=False, mean=False)
-    return distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(config.loss)), len(arrays)
+    return distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(config.loss),
+                               inputs=inputs_of(config)), len(arrays)

@@ -16,10 +16,10 @@ import tensorflow as tf
 
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
+from provided_code.inputs import InputSpec, default_inputs
 from provided_code.networks.unet import block_of as unet_block_of
 from provided_code.training.graph_pieces import training_forward
 
-MODEL_INPUTS = ("ct", "structure_masks")
 logger = logging.getLogger(__name__)
 
 
@@ -37,7 +37,8 @@ class TrainStep:
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
     ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``; no default here:
     the run's comes from its config). Training elements that carry augmentation draws are moved by
-    them first, on the device.
+    them first, on the device. ``inputs``: the model's declared inputs (:mod:`provided_code.inputs`;
+    default OpenKBP's two volumes), what the step feeds it and how augmentation moves each.
 
     Loss normalisation lives in the data layer alone: each patient's ``weight`` (the update's real
     patients sum to 1, padding weighs 0), so a replica's share of any term, the regularisers too,
@@ -45,8 +46,15 @@ class TrainStep:
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
-                 accumulate: int = 1, recompute: bool = False, *, loss_fn):
+                 accumulate: int = 1, recompute: bool = False, *, loss_fn,
+                 inputs: tuple[InputSpec, ...] | None = None):
         self.model = model
+        self.inputs = inputs or default_inputs()
+        self.input_names = tuple(spec.name for spec in self.inputs)
+        expected = sorted(getattr(t, "name", None) for t in model.inputs)
+        if sorted(self.input_names) != expected:
+            raise ValueError(f"Invalid `inputs`. Expected the model's inputs {expected}. "
+                             f"Received: inputs={list(self.input_names)}")
         self.strategy = strategy
         self.batch_size = batch_size
         self.accumulate = accumulate
@@ -72,9 +80,9 @@ class TrainStep:
     # -- per replica -------------------------------------------------------------------------
     def _replica_loss_and_grads(self, element: TrainingElement):
         model = self.model
-        element = apply_geometry(element)
+        element = apply_geometry(element, self.inputs)
         with tf.GradientTape() as tape:
-            predicted = self._forward({name: element[name] for name in MODEL_INPUTS})
+            predicted = self._forward({name: element[name] for name in self.input_names})
             loss = tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
             if model.losses:  # regularisers: once per update, shared by the weights of its patients
                 loss += tf.add_n(model.losses) * tf.reduce_sum(element["weight"])
@@ -128,7 +136,7 @@ class TrainStep:
             return self._eval_loss(element)
 
     def _replica_eval_loss_body(self, element: TrainingElement):
-        predicted = self.model({name: element[name] for name in MODEL_INPUTS}, training=False)
+        predicted = self.model({name: element[name] for name in self.input_names}, training=False)
         return tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
 
     # -- across replicas ----------------------------------------------------------------------

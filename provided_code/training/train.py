@@ -24,6 +24,7 @@ from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.inputs import inputs_of, site_of
 from provided_code.losses import loss_function
 from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
@@ -34,7 +35,7 @@ from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
-from provided_code.training.inputs import training_input, validation_input
+from provided_code.training.inputs import fit_patient_inputs, training_input, validation_input
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
@@ -102,6 +103,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
+    config = fit_patient_inputs(config, [train_arrays] + ([validation.arrays] if validation is not None else []),
+                                saved)  # per-patient prescriptions and beams, when the data has them
     hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
@@ -125,7 +128,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     train_data = training_input(strategy, train_arrays, config, first_epoch=initial_epoch)
     validation_data = validation_input(strategy, validation.arrays, config) if validation is not None else None
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
-                     recompute=config.recompute, loss_fn=loss_function(config.loss, config.dvh_weight))
+                     recompute=config.recompute, inputs=inputs_of(config),
+                     loss_fn=loss_function(config.loss, config.dvh_weight, len(site_of(config).names)))
     callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     show_bar = verbose == 1 and placement.is_chief
@@ -288,14 +292,18 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
     broken = augmentations_that_move_beams(config.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
-    if broken:
+    if broken and not config.beam_slots:  # per-patient angles turn with the patient
         logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
                        "those moves, or --augment without %s)", config.beam_angles, " and ".join(broken),
                        " and ".join(broken))
-    logger.info("Network: %d filters at %d³, %s norm; inputs CT, 10 structures%s%s", config.filters,
-                config.resolution, config.norm, ", prescription" if config.prescription_channel else "",
-                f", {config.beams} beams at gantry {config.beam_angles}° ({config.beam_channels})"
+    site = site_of(config)
+    logger.info("Network: %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s", config.filters,
+                config.resolution, config.norm, len(site.names), site.name,
+                (", each patient's prescription" if config.patient_prescriptions else ", prescription")
+                if config.prescription_channel else "",
+                (f", each patient's beams (up to {config.beam_slots}; {config.beam_channels})" if config.beam_slots
+                 else f", {config.beams} beams at gantry {config.beam_angles}° ({config.beam_channels})")
                 if config.beams else "")
 
 
@@ -316,7 +324,7 @@ def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Ha
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
         measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
-                                         model, predict_batch))
+                                         model, predict_batch, inputs=inputs_of(config)))
         callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))

@@ -40,11 +40,11 @@ class ValidationScores(EpochMeasure):
 
     ``validation``: the patients, downsampled once when loaded. ``model``: what is saved as best.
     ``predict_batch``: inputs → doses at the training resolution (a plain model call, no
-    collectives: only the chief scores).
+    collectives: only the chief scores). ``inputs``: the model's declared inputs.
     """
 
     def __init__(self, validation: Validation, batch_size: int, score_every: int, epochs: int,
-                 folder: RunFolder, model: keras.Model, predict_batch):
+                 folder: RunFolder, model: keras.Model, predict_batch, inputs=None):
         self.validation = validation
         self.model = model
         self.batch_size = batch_size
@@ -52,6 +52,7 @@ class ValidationScores(EpochMeasure):
         self.epochs = epochs
         self.folder = folder
         self.predict_batch = predict_batch
+        self.inputs = inputs  # the model's declared inputs (provided_code.inputs); None: OpenKBP's two volumes
         self.best = None
 
     def start(self) -> None:
@@ -71,7 +72,7 @@ class ValidationScores(EpochMeasure):
             predictions = predict_full_resolution(self.predict_batch, self.validation.full,
                                                   self.validation.arrays.resolution, self.batch_size,
                                                   label=f"The model at epoch {done}",
-                                                  at_resolution=self.validation.arrays)
+                                                  at_resolution=self.validation.arrays, inputs=self.inputs)
         except PredictionError as error:
             logger.warning("Validation scores skipped at epoch %d: %s", done, error)
             return {}

@@ -1,0 +1,117 @@
+"""What a model eats, declared once: each input's name, dtype, per-patient shape, how augmentation
+moves it and how the network unpacks it.
+
+Read by the network (one ``keras.Input`` per input, :mod:`provided_code.networks.unet`), the data
+path (:func:`provided_code.data.batches.take_inputs`, :mod:`provided_code.data.tf_dataset`), the
+training step (:mod:`provided_code.training.step`), augmentation
+(:func:`provided_code.data.tf_augment.apply_geometry`) and prediction
+(:func:`provided_code.inference.predict_arrays`, its ``--tta`` mirror included). Adding an input
+volume is a declaration here, an array of the same name in ``SplitArrays`` and its unpacking in
+:class:`~provided_code.networks.layers.CompactInputs`.
+
+Pure Python: importing this imports neither TensorFlow nor Keras.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from provided_code.sites import Site, load_site
+
+# How augmentation moves an input (data/augment.py, data/tf_augment.py):
+VOLUME = "volume"  # resampled by the draws (the axial index map, then the slice shift)
+STRUCTURE_BITS = "structure bits"  # resampled, and each mirror pair's bits swapped on a left-right flip
+ANGLES = "angles"  # gantry degrees turned with the patient: a flip takes g to -g, a turn by r takes g to g - r
+UNCHANGED = "unchanged"  # a fact of the patient that no move changes (a prescription)
+MOVES = (VOLUME, STRUCTURE_BITS, ANGLES, UNCHANGED)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One model input. ``length`` None: a volume ``(R, R, R)`` per patient; else a vector of that
+    length. ``default``: a vector input's value for patients whose arrays do not carry it (the
+    run-wide value). ``mirror_bits``: the ``(right, left)`` bit pairs a flip swaps (structure bits
+    only). ``all_slots``: every slot of an angle vector must hold an angle (``--beam-channels
+    each``: one channel per slot)."""
+
+    name: str  # the keras.Input's name, the training element's key and the SplitArrays field it is read from
+    dtype: str  # numpy dtype name, what the host sends
+    length: int | None  # None: a volume; else a per-patient vector of this length
+    moves: str  # one of MOVES
+    unpacks: str  # how the network unpacks it (documentation)
+    default: tuple = ()
+    mirror_bits: tuple = ()
+    all_slots: bool = False
+
+    def __post_init__(self):
+        if self.moves not in MOVES:
+            raise ValueError(f"Invalid `moves`. Expected one of {MOVES}. Received: moves={self.moves!r}")
+
+    def shape(self, resolution: int) -> tuple[int, ...]:
+        """One patient's shape at ``resolution``³."""
+        return (resolution,) * 3 if self.length is None else (self.length,)
+
+    @property
+    def is_volume(self) -> bool:
+        return self.length is None
+
+
+def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots: int = 0,
+                 beam_angles: tuple[float, ...] = (), all_beam_slots: bool = False) -> tuple[InputSpec, ...]:
+    """The inputs of a model of ``site``, in the order the network reads them.
+
+    Always ``ct`` and ``structure_masks`` (the site's packing). ``patient_prescriptions``: each
+    patient's prescriptions ``(len(site.targets),)`` Gy, the site's for patients without their own.
+    ``beam_slots`` > 0: each patient's gantry angles ``(beam_slots,)`` (NaN: an unused slot),
+    ``beam_angles`` (the run-wide angles) for patients without their own; 0: the angles are the
+    run's, in the network itself (no input). ``all_beam_slots``: one channel per slot, so every
+    patient must fill every slot.
+    """
+    inputs = [
+        InputSpec("ct", "uint16", None, VOLUME, "grey values / CT_MAX, one channel"),
+        InputSpec("structure_masks", site.mask_dtype.name, None, STRUCTURE_BITS,
+                  f"bit k -> channel 1 + k, one per structure of site {site.name} ({len(site.names)})",
+                  mirror_bits=site.mirror_bits),
+    ]
+    if patient_prescriptions:
+        inputs.append(InputSpec("prescriptions", "float32", len(site.targets), UNCHANGED,
+                                "Gy per target (site.targets order) / the site's highest: the prescription channel",
+                                default=tuple(float(site.prescriptions_gy[name]) for name in site.targets)))
+    if beam_slots:
+        if len(beam_angles) > beam_slots:
+            raise ValueError(f"Invalid `beam_angles`. Expected at most beam_slots={beam_slots} angles. "
+                             f"Received: beam_angles={beam_angles!r}")
+        inputs.append(InputSpec("beam_angles", "float32", beam_slots, ANGLES,
+                                "gantry degrees, NaN unused: the beam channels, made per patient",
+                                default=tuple(float(a) for a in beam_angles) + (float("nan"),) * (beam_slots - len(beam_angles)),
+                                all_slots=all_beam_slots))
+    return tuple(inputs)
+
+
+def site_of(config) -> Site:
+    """The site of a run's config: ``config.site_obj`` when the config knows it, else the site
+    dictionary ``config.site``, else OpenKBP (configs written before sites existed)."""
+    site = getattr(config, "site_obj", None)
+    if site is not None:
+        return site
+    return load_site(getattr(config, "site", None) or "openkbp")
+
+
+def inputs_of(config) -> tuple[InputSpec, ...]:
+    """The inputs of the model a run's config describes (its architecture fields)."""
+    beams = tuple(getattr(config, "gantry_angles", ()))
+    slots = int(getattr(config, "beam_slots", 0) or 0) if beams else 0
+    return model_inputs(site_of(config),
+                        patient_prescriptions=bool(getattr(config, "prescription_channel", False)
+                                                   and getattr(config, "patient_prescriptions", False)),
+                        beam_slots=slots, beam_angles=beams,
+                        all_beam_slots=getattr(config, "beam_channels", "count") == "each")
+
+
+def default_inputs() -> tuple[InputSpec, ...]:
+    """OpenKBP's two volumes: what every model before per-patient inputs eats."""
+    return model_inputs(load_site("openkbp"))
+
+
+def by_name(inputs: tuple[InputSpec, ...]) -> dict[str, InputSpec]:
+    return {spec.name: spec for spec in inputs}

@@ -1,0 +1,195 @@
+"""The declared model inputs (provided_code/inputs.py) and the per-patient ones training fits to its
+data (training/inputs.py): the network, the data path, the step and prediction read one declaration."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.data.augment import Augmenter
+from provided_code.data.batches import InputError, patient_vectors, take_inputs
+from provided_code.data.tf_dataset import element_spec, take_element
+from provided_code.inference import predict_arrays
+from provided_code.inputs import ANGLES, STRUCTURE_BITS, UNCHANGED, VOLUME, inputs_of, model_inputs
+from provided_code.losses import loss_function
+from provided_code.sites import load_site, site_from_dict
+from provided_code.training.inputs import fit_patient_inputs
+from provided_code.training.model import new_model
+from provided_code.training.step import TrainStep
+from provided_code.training.train import model_weights
+from tests.conftest import network_config
+
+pytestmark = pytest.mark.usefixtures("reset_keras")
+SIZE = 16
+OPENKBP = load_site("openkbp")
+
+
+def wide_site():
+    """20 structures (a uint32 packing): 17 organs, two of them a mirror pair in the high bits, and
+    three targets in the top bits."""
+    organs = [{"name": f"Organ{k}", "kind": "oar"} for k in range(17)]
+    targets = [{"name": f"PTV{gy}", "kind": "target", "prescription_gy": gy} for gy in (50, 60, 70)]
+    return site_from_dict({"name": "wide", "structures": organs + targets, "mirror_pairs": [["Organ15", "Organ16"]],
+                           "beams": {"type": "static", "angles": [0, 90, 180, 270]}}, "test")
+
+
+class Patients:
+    """A stand-in for SplitArrays: random compact volumes at SIZE³, optional per-patient arrays."""
+
+    def __init__(self, count=4, bits=10, dtype=np.uint16, seed=0, **fields):
+        rng = np.random.default_rng(seed)
+        shape = (count, SIZE, SIZE, SIZE)
+        self.patient_ids = [f"pt_{n + 1}" for n in range(count)]
+        self.ct = rng.integers(0, 4096, shape).astype(np.uint16)
+        self.structure_masks = rng.integers(0, 2 ** bits, shape, dtype=np.uint64).astype(dtype)
+        self.dose = rng.uniform(0, 70, shape).astype(np.float32)
+        self.possible_dose_mask = np.ones(shape, bool)
+        self.prescriptions = self.beam_angles = None
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __len__(self):
+        return len(self.ct)
+
+
+def test_each_input_is_declared_once_with_how_it_moves():
+    plain = model_inputs(OPENKBP)
+    assert [(s.name, s.dtype, s.length, s.moves) for s in plain] == [
+        ("ct", "uint16", None, VOLUME), ("structure_masks", "uint16", None, STRUCTURE_BITS)]
+    assert plain[1].mirror_bits == OPENKBP.mirror_bits == ((1 << 2, 1 << 3),)  # the parotids
+    full = model_inputs(OPENKBP, patient_prescriptions=True, beam_slots=5, beam_angles=(0.0, 90.0))
+    prescriptions, angles = full[2:]
+    assert (prescriptions.name, prescriptions.length, prescriptions.moves, prescriptions.default) == (
+        "prescriptions", 3, UNCHANGED, (56.0, 63.0, 70.0))
+    assert (angles.name, angles.length, angles.moves) == ("beam_angles", 5, ANGLES)
+    assert angles.default[:2] == (0.0, 90.0) and np.isnan(angles.default[2:]).all()
+    assert model_inputs(wide_site())[1].dtype == "uint32"
+    spec = element_spec(SIZE, 2, augmented=True, inputs=full)
+    assert spec["beam_angles"].shape == (2, 5) and spec["prescriptions"].shape == (2, 3)
+    assert "turn_degrees" in spec and "turn_degrees" not in element_spec(SIZE, 2, augmented=True)
+    assert [s.name for s in inputs_of(network_config())] == ["ct", "structure_masks"]  # OpenKBP's default
+
+
+def test_patients_without_their_own_take_the_run_wide_values_and_misfits_are_refused():
+    specs = model_inputs(OPENKBP, patient_prescriptions=True, beam_slots=4, beam_angles=(0.0, 120.0, 240.0))
+    angles = np.array([[10.0, 20.0, np.nan], [np.nan] * 3, [5.0, np.nan, 7.0]], np.float32)
+    patients = Patients(3, prescriptions=np.array([[50, 60, 72], [56, np.nan, 70], [56, 63, 70]], np.float32),
+                        beam_angles=angles)
+    taken = take_inputs(patients, np.array([2, 1, 0]), specs)
+    np.testing.assert_array_equal(taken["prescriptions"], [[56, 63, 70], [56, 63, 70], [50, 60, 72]])
+    np.testing.assert_array_equal(taken["beam_angles"], [[5, 7, np.nan, np.nan], [0, 120, 240, np.nan],
+                                                         [10, 20, np.nan, np.nan]])
+    nothing = take_inputs(Patients(2), np.arange(2), specs)  # a split without per-patient files
+    np.testing.assert_array_equal(nothing["prescriptions"], [[56, 63, 70]] * 2)
+    np.testing.assert_array_equal(nothing["beam_angles"], [[0, 120, 240, np.nan]] * 2)
+    crowded = Patients(2, beam_angles=np.array([[0, 1, 2, 3, 4], [0, 1, np.nan, np.nan, np.nan]], np.float32))
+    with pytest.raises(InputError, match="Patient pt_1: 5 beams; the model takes at most 4"):
+        patient_vectors(crowded, specs[3])
+    each = model_inputs(OPENKBP, beam_slots=3, beam_angles=(0.0, 120.0, 240.0), all_beam_slots=True)[2]
+    with pytest.raises(InputError, match="Patient pt_2: 2 beams; the model makes one channel per beam"):
+        patient_vectors(Patients(2, beam_angles=np.array([[1, 2, 3], [1, 2, np.nan]], np.float32)), each)
+
+
+def test_training_takes_per_patient_inputs_from_its_data_and_a_resume_cannot_gain_them():
+    config = TrainConfig(beam_channels="count")
+    own = Patients(2, beam_angles=np.array([[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [0] + [np.nan] * 10],
+                                           np.float32), prescriptions=np.full((2, 3), 60, np.float32))
+    fitted = fit_patient_inputs(config, [own, Patients(1)])
+    assert (fitted.patient_prescriptions, fitted.beam_slots) == (True, 11)
+    assert fit_patient_inputs(config, [Patients(2), Patients(1)]) == config  # no files: today's run-wide inputs
+    assert fit_patient_inputs(TrainConfig(beams=0, prescription_channel=False), [own]).beam_slots == 0
+    few = Patients(1, beam_angles=np.array([[0.0, 10.0, np.nan]], np.float32))
+    assert fit_patient_inputs(config, [few]).beam_slots == 9  # room for a patient without its own: the run's nine
+    with pytest.raises(ConfigError, match="its data now has per-patient prescriptions.csv and beams.csv files"):
+        fit_patient_inputs(config, [own], saved=config)
+    resumed = dataclasses.replace(config, patient_prescriptions=True, beam_slots=11)
+    assert fit_patient_inputs(resumed, [own, Patients(1)], saved=resumed) == resumed
+    with pytest.raises(InputError, match="Patient pt_1: 11 beams; the model takes at most 9"):
+        fit_patient_inputs(dataclasses.replace(resumed, beam_slots=9), [own], saved=resumed)
+    with pytest.raises(InputError, match="--beam-channels each"):
+        fit_patient_inputs(TrainConfig(beam_channels="each"), [own])
+    assert TrainConfig.from_json(fitted.to_json()) == fitted
+    assert fitted.resume(fitted, given=None)[0].beam_slots == 11  # a library caller's config cannot drop them
+
+
+def test_a_site_of_more_than_16_structures_trains_a_step_on_uint32_masks():
+    site = wide_site()
+    config = network_config(resolution=SIZE, filters=2, dropout=0.0, learning_rate=1e-3, site_obj=site,
+                            beam_angles="0,90,180,270", beams=4)
+    config.gantry_angles = (0.0, 90.0, 180.0, 270.0)
+    specs = inputs_of(config)
+    keras.utils.set_random_seed(0)
+    model = new_model(config)
+    model.optimizer.build(model.trainable_variables)
+    assert model.get_layer("compact_inputs").output.shape[-1] == 1 + 20 + 1 + 1  # CT, structures, prescription, beams
+    assert model.input["structure_masks"].dtype == "uint32"
+    patients = Patients(2, bits=20, dtype=np.uint32)
+    draws = Augmenter(("flip", "rotate"), patients.possible_dose_mask, seed=1).draw(np.arange(2), 0, 0)
+    draws["mirrored"][:] = True  # the high mirror pair's bits are swapped on the device
+    element = {name: tf.constant(value) for name, value in take_element(
+        patients, np.arange(2), np.full(2, 0.5, np.float32), draws=draws, inputs=specs).items()}
+    assert element["structure_masks"].dtype == tf.uint32
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, inputs=specs,
+                     loss_fn=loss_function("mae", 0.2, len(site.names)))
+    before = model_weights(model)
+    loss = float(step.train(element))
+    assert np.isfinite(loss) and loss > 0
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model_weights(model)))
+
+
+def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_and_predicts():
+    """Per-patient prescriptions and beams through the whole path: the network's inputs, the
+    element, the step's augmentation (flip and turn: angles moved on the device), --recompute (the
+    same loss), and prediction with --tta (the mirrored call gets the angles mirrored)."""
+    config = network_config(resolution=SIZE, filters=2, dropout=0.0, learning_rate=1e-3, patient_prescriptions=True,
+                            beam_slots=9)
+    specs = inputs_of(config)
+    assert [s.name for s in specs] == ["ct", "structure_masks", "prescriptions", "beam_angles"]
+    patients = Patients(2, prescriptions=np.array([[50, 60, 66], [56, 63, 70]], np.float32),
+                        beam_angles=np.array([[10, 80, 150, 220, 290] + [np.nan] * 4, [0, 90, 180] + [np.nan] * 6],
+                                             np.float32))
+    draws = Augmenter(("flip", "rotate"), patients.possible_dose_mask, seed=3).draw(np.arange(2), 0, 3)
+    assert draws["turn_degrees"].tolist() != [0, 0] and draws["mirrored"].any()
+    element = {name: tf.constant(value) for name, value in take_element(
+        patients, np.arange(2), np.full(2, 0.5, np.float32), draws=draws, inputs=specs).items()}
+    losses = []
+    for recompute in (False, True):
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(5)
+        model = new_model(config)
+        model.optimizer.build(model.trainable_variables)
+        step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
+                         inputs=specs, loss_fn=loss_function("mae"))
+        losses.append(float(step.train(element)))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # recomputed one sample at a time: float32 ulps
+
+    seen = []
+
+    def model_call(inputs):
+        seen.append({name: np.array(value) for name, value in inputs.items()})
+        return np.asarray(model(inputs, training=False))
+
+    predict_arrays(model_call, patients, batch_size=2, tta=True, inputs=specs)
+    plain, mirrored = seen
+    np.testing.assert_array_equal(plain["beam_angles"], patients.beam_angles)
+    np.testing.assert_array_equal(mirrored["beam_angles"], np.mod(-patients.beam_angles, 360.0))
+    np.testing.assert_array_equal(mirrored["prescriptions"], plain["prescriptions"])
+    with pytest.raises(ValueError, match="Expected the model's inputs"):
+        TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, loss_fn=loss_function("mae"))
+
+
+def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prostate_model):
+    """The prostate phantoms' pt_4 has its own beams.csv (seven fields) and prescriptions.csv: the
+    run took both as model inputs, with room for the site's arcs (patients without their own)."""
+    from provided_code.run_folder import RunFolder
+
+    folder = RunFolder(prostate_model)
+    saved = folder.read_config()
+    arcs = len(load_site("prostate").beams.gantry_angles())
+    assert saved.patient_prescriptions and saved.beam_slots == max(7, arcs)
+    _, _, model = folder.load_trained_model(None)
+    assert sorted(model.input) == ["beam_angles", "ct", "prescriptions", "structure_masks"]
+    assert model.input["beam_angles"].shape[-1] == saved.beam_slots
