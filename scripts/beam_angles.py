@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import TARGET_BITS
+from provided_code.sites import openkbp
 from provided_code.data.csv_io import read_patient
 from provided_code.networks.beams import ray_bins, ray_count
 
@@ -62,7 +62,7 @@ def main() -> None:
             tables = {angle: (ray_bins(size, angle), (-i * math.cos(math.radians(angle))
                                                        + j * math.sin(math.radians(angle))).reshape(-1))
                       for angle in range(360)}
-        targets = (patient.structure_masks & TARGET_BITS) != 0
+        targets = (patient.structure_masks & openkbp().target_bits) != 0
         held = np.flatnonzero(targets.any(axis=(0, 1)))
         if held.size == 0:
             continue

@@ -42,8 +42,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from provided_code.sites import openkbp
 from provided_code.constants import (
-    CT_FILE, DOSE_FILE, NUM_VOXELS, POSSIBLE_DOSE_MASK_FILE, STRUCTURES, VOLUME_SHAPE,
+    CT_FILE, DOSE_FILE, NUM_VOXELS, POSSIBLE_DOSE_MASK_FILE, VOLUME_SHAPE,
 )
 from provided_code.data.batches import epoch_batches, take_batch
 from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint, stacked_nbytes
@@ -71,13 +72,13 @@ def naive_batch(folders: list[Path]):
     """
     shape = (len(folders), *VOLUME_SHAPE)
     ct = np.full((*shape, 1), 0.0)
-    masks = np.full((*shape, len(STRUCTURES) + 1), 0.0)
+    masks = np.full((*shape, len(openkbp().names) + 1), 0.0)
     dose = np.full((*shape, 1), 0.0)
     for row, folder in enumerate(folders):
         for name, target, channel in [(CT_FILE, ct, 0), (DOSE_FILE, dose, 0)]:
             frame = pd.read_csv(folder / name, index_col=0)
             target[row].reshape(NUM_VOXELS, -1)[frame.index.to_numpy(), channel] = frame["data"].to_numpy()
-        for channel, name in enumerate([*STRUCTURES, POSSIBLE_DOSE_MASK_FILE[:-4]]):
+        for channel, name in enumerate([*openkbp().names, POSSIBLE_DOSE_MASK_FILE[:-4]]):
             path = folder / f"{name}.csv"
             if path.exists():
                 masks[row].reshape(NUM_VOXELS, -1)[pd.read_csv(path, index_col=0).index.to_numpy(), channel] = 1

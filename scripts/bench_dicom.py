@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--extra-slices", type=int, default=20, help="air slices above and below the 128")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each import, alternating")
     args = parser.parse_args()
-    from provided_code.constants import STRUCTURES
+    from provided_code.sites import openkbp
     from provided_code.data.phantoms import make_phantom
     from provided_code.dicom.cohort import import_cohort
     from provided_code.dicom.exporter import export_dose
@@ -40,7 +40,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-dicom-"))
     try:
         volumes = make_phantom(4)
-        masks = {name: volumes[name] for name in STRUCTURES}
+        masks = {name: volumes[name] for name in openkbp().names}
         masks["BODY"] = volumes["possible_dose_mask"]
         body = volumes["possible_dose_mask"]
         for name, shift in (("Ring_PTV", 2), ("Couch", -3), ("zOpt_PTV", 4), ("Brain_PRV", -5)):  # ROIs not read

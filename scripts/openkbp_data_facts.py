@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import TARGET_BITS
+from provided_code.sites import openkbp
 from provided_code.data.csv_io import read_patient
 
 
@@ -41,7 +41,7 @@ def main() -> None:
         soft.append(990 + int(np.argmax(body[990:1150])))
         zero.append(float(np.mean(ct == 0)))
         low_peak.append(1 + int(np.argmax(_smoothed(np.bincount(ct.ravel(), minlength=4096))[1:200])))
-        targets = np.argwhere((patient.structure_masks & TARGET_BITS) != 0)
+        targets = np.argwhere((patient.structure_masks & openkbp().target_bits) != 0)
         if targets.size:
             target_centre.append(float(targets[:, 2].mean()))
         spacing.append(patient.voxel_dimensions)

@@ -17,9 +17,11 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate_uid
 
-from provided_code.constants import STRUCTURES
+from provided_code.sites import openkbp
 from provided_code.data.phantoms import make_phantom
 from provided_code.dicom.synthetic import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, write_patient
+
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 LOCALHOST = "127.0.0.1"
 INSTANCE_KEYWORDS = ("SOPInstanceUID", "SeriesInstanceUID", "StudyInstanceUID", "FrameOfReferenceUID",

@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from provided_code.constants import NUM_VOXELS, OARS, STRUCTURES, TARGETS
+from provided_code.constants import NUM_VOXELS
+from provided_code.sites import openkbp
+
+OARS = openkbp().oars
+STRUCTURES = openkbp().names  # OpenKBP's channel order
+TARGETS = openkbp().targets
 
 
 def _volume(path: Path, mask: bool) -> np.ndarray:

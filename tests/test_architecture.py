@@ -74,3 +74,27 @@ def test_metrics_does_no_file_io():
                  for node in ast.walk(tree) if isinstance(node, ast.Call)}
         assert not calls & {"open", "read_csv", "to_csv", "write_text", "read_text", "write_text_atomic", "load_split",
                             "read_sparse_csv"}, path
+
+
+def test_only_the_sites_module_knows_openkbps_structure_list():
+    """OpenKBP's structures, in its channel order, live in sites/openkbp.json alone: no module
+    imports a structure tuple from elsewhere or spells several of the ten names out in a row (an
+    OpenKBP phantom's anatomy, names one by one, is data of its own; a list is a second home)."""
+    import json
+
+    openkbp_names = {s["name"] for s in json.loads((PACKAGE / "sites" / "openkbp.json").read_text())["structures"]}
+    import_of_a_tuple, spelled = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "sites":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and any(a.name in ("STRUCTURES", "OARS", "TARGETS", "PRESCRIPTIONS_GY")
+                                                        for a in node.names):
+                import_of_a_tuple.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in openkbp_names]
+                if len(named) >= 3:
+                    spelled.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {named}")
+    assert not import_of_a_tuple, "imports of a structure tuple:\n" + "\n".join(import_of_a_tuple)
+    assert not spelled, "OpenKBP's structures spelled out outside provided_code/sites:\n" + "\n".join(spelled)

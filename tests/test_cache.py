@@ -10,10 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from provided_code.constants import CT_MAX, STRUCTURES
+from provided_code.constants import CT_MAX
+from provided_code.sites import openkbp
 from provided_code.data.cache import CacheError, cache_path_for, load_cache, load_split
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
 from tests.conftest import SAMPLE_DIR, requires_sample
+
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 
 def _files(folder):

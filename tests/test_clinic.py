@@ -12,7 +12,7 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
-from provided_code.constants import STRUCTURES  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
@@ -20,6 +20,8 @@ from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa:
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
+
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 
 def test_clinical_dvh_table_by_hand():

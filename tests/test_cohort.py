@@ -17,7 +17,7 @@ import pytest
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
 
-from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.patient_plan import read_beams, read_prescriptions  # noqa: E402
 from provided_code.sites import Arc, Beams, load_site, site_from_dict  # noqa: E402
@@ -27,6 +27,9 @@ from provided_code.dicom.cohort import import_cohort  # noqa: E402
 from provided_code.dicom.synthetic import (  # noqa: E402
     PROSTATE_CLINICAL_NAMES, scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+
+PRESCRIPTIONS_GY = openkbp().prescriptions_gy
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 OPENKBP_BEAMS = [("static", float(angle)) for angle in range(0, 360, 40)]

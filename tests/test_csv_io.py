@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from provided_code.constants import CT_MAX, NUM_VOXELS, STRUCTURES, VOLUME_SHAPE
+from provided_code.constants import CT_MAX, NUM_VOXELS, VOLUME_SHAPE
+from provided_code.sites import openkbp
 from provided_code.data.csv_io import (
     PatientDataError,
     SplitError,
@@ -14,6 +15,8 @@ from provided_code.data.csv_io import (
     write_dose_csv,
 )
 from tests.conftest import SAMPLE_DIR, requires_sample
+
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 
 def test_discover_orders_by_patient_number(tmp_path):

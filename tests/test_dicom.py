@@ -13,7 +13,8 @@ import pytest
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
-from provided_code.constants import STRUCTURES, VOLUME_SHAPE  # noqa: E402
+from provided_code.constants import VOLUME_SHAPE  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom.ct_series import read_ct_series  # noqa: E402
@@ -26,6 +27,8 @@ from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noq
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
 from provided_code.dicom.synthetic import write_patient  # noqa: E402
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+
+STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 

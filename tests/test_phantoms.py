@@ -2,9 +2,13 @@ import filecmp
 
 import numpy as np
 
-from provided_code.constants import PRESCRIPTIONS_GY, STRUCTURES, TARGETS
+from provided_code.sites import openkbp
 from provided_code.data.csv_io import read_patient
 from provided_code.data.phantoms import make_phantom, write_phantom_patient
+
+PRESCRIPTIONS_GY = openkbp().prescriptions_gy
+STRUCTURES = openkbp().names  # OpenKBP's channel order
+TARGETS = openkbp().targets
 
 
 def test_phantom_is_deterministic_by_seed(tmp_path):

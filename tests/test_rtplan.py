@@ -8,11 +8,13 @@ import pytest
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
-from provided_code.constants import PRESCRIPTIONS_GY  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 from provided_code.dicom.archive import link_patients, scan_archive  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
 from provided_code.dicom.names import DEFAULT_NAMES  # noqa: E402
 from provided_code.dicom.rtplan import BeamRow, plan_prescriptions, read_plan  # noqa: E402
+
+PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 
 DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
 SITE = dict(PRESCRIPTIONS_GY)
