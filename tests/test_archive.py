@@ -1,12 +1,14 @@
 """Scanning an archive (any tree of files, headers only, in threads) and choosing a plan's dose."""
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
+from provided_code.dicom import archive  # noqa: E402
 from provided_code.dicom.archive import DicomObject, _choose_dose, scan_archive  # noqa: E402
 from provided_code.dicom.rtplan import PlanInfo  # noqa: E402
 from provided_code.dicom.synthetic import write_dicomdir  # noqa: E402
@@ -60,3 +62,33 @@ def test_a_plans_whole_dose_plan_beam_or_fraction():
     assert _choose_dose(_plan(), [fraction])[:3] == ([fraction], 30.0, "FRACTION")
     assert "no NumberOfFractionsPlanned" in _choose_dose(_plan(fractions=None), [fraction])[3]
     assert _choose_dose(_plan(), [])[3] == "no RT Dose references this plan"
+
+
+def test_an_error_while_scanning_stops_it_without_reading_the_other_files(tmp_path, monkeypatch):
+    for k in range(200):
+        (tmp_path / f"f{k:03d}").write_bytes(b"not DICOM")
+    calls = []
+
+    def slow_reader(path):
+        calls.append(path)
+        time.sleep(0.005)
+        if path.name == "f000" and failing:
+            raise RuntimeError("a bug on the first file")
+        return None, "not DICOM"
+
+    def interrupted(iterable, length, label):  # Ctrl-C while the progress bar draws its second step
+        for k, item in enumerate(iterable):
+            if k == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(archive, "_read_header", slow_reader)
+    failing = False
+    with pytest.raises(KeyboardInterrupt):
+        scan_archive(tmp_path, progress=interrupted, workers=2)
+    assert len(calls) < 20
+    calls.clear()
+    failing = True
+    with pytest.raises(RuntimeError, match="a bug on the first file"):
+        scan_archive(tmp_path, workers=2)
+    assert len(calls) < 20

@@ -166,7 +166,8 @@ def scan_archive(root: os.PathLike | str, progress: Progress = no_progress,
     root = Path(root)
     files = list_files(root)
     objects, skipped, seen = [], [], {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers or DEFAULT_WORKERS) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or DEFAULT_WORKERS)
+    try:
         for path, (item, why) in progress(zip(files, pool.map(_read_header, files)), len(files), "Reading headers"):
             if item is None:
                 skipped.append((path, why))
@@ -176,6 +177,8 @@ def scan_archive(root: os.PathLike | str, progress: Progress = no_progress,
             else:
                 seen[item.sop_instance_uid] = path
                 objects.append(item)
+    finally:  # an error or Ctrl-C: the files not yet read are not read (a `with` block would read them all first)
+        pool.shutdown(wait=True, cancel_futures=True)
     logger.info("Scanned %d files under %s: %d DICOM objects, %d skipped", len(files), root, len(objects), len(skipped))
     return ArchiveIndex(root, objects, skipped)
 
