@@ -92,3 +92,16 @@ def test_an_error_while_scanning_stops_it_without_reading_the_other_files(tmp_pa
     with pytest.raises(RuntimeError, match="a bug on the first file"):
         scan_archive(tmp_path, workers=2)
     assert len(calls) < 20
+
+
+def test_the_scan_does_not_read_a_structure_sets_contours(tmp_path):
+    dataset = pydicom.dcmread(DICOMPYLER / "heart_rtss.dcm")
+    dataset["ROIContourSequence"].is_undefined_length = True  # as planning systems write it: parsed to find its end
+    path = tmp_path / "RS"
+    dataset.save_as(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:data.index(b"\x06\x30\x39\x00") + 5000])  # cut short inside the contours
+    [item] = scan_archive(tmp_path).objects
+    assert item.modality == "RTSTRUCT" and item.roi_names == tuple(
+        (int(roi.ROINumber), roi.ROIName) for roi in dataset.StructureSetROISequence)
+    assert item.referenced_series and item.frame_of_reference_uid == dataset.ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID

@@ -2,9 +2,9 @@
 objects linked by their references, and one plan chosen per patient.
 
 - Scanning (:func:`scan_archive`): every file under the folder, nested to any depth, whatever its
-  name, with or without an extension; headers only (pixels are not read), in a pool of threads. A
-  DICOMDIR and files that are not DICOM are skipped and listed; an object found twice (the same
-  SOP Instance UID) is read once.
+  name, with or without an extension; headers only (neither pixels nor a structure set's contours
+  are read), in a pool of threads. A DICOMDIR and files that are not DICOM are skipped and listed;
+  an object found twice (the same SOP Instance UID) is read once.
 - Linking (:func:`link_patients`): RT Dose -> RT Plan (``ReferencedRTPlanSequence``) -> RT
   Structure Set (``ReferencedStructureSetSequence``) -> CT series (the series the structure set
   names in ``RTReferencedSeriesSequence``, else the one CT series of its frame of reference).
@@ -103,7 +103,7 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
     if path.name.upper() == "DICOMDIR":
         return None, "DICOMDIR (a media directory, not an object)"
     try:
-        header = read_dataset(path, stop_before_pixels=True)
+        header = read_dataset(path, stop_before_pixels=True, stop_before_contours=True)
     except Exception as error:  # noqa: BLE001 - a damaged file is a skipped file, whatever pydicom raises
         return None, f"unreadable DICOM ({type(error).__name__}: {' '.join(str(error).split())})"
     if header is None:

@@ -8,19 +8,34 @@ from pathlib import Path
 from provided_code.dicom.errors import DicomInputError, require_pydicom
 
 
-def read_dataset(path: os.PathLike | str, stop_before_pixels: bool = False):
+PIXEL_DATA_TAGS = frozenset({0x7FE00010, 0x7FE00009, 0x7FE00008})  # Pixel Data, Double and Float Pixel Data
+ROI_CONTOUR_SEQUENCE = 0x30060039
+
+
+def read_dataset(path: os.PathLike | str, stop_before_pixels: bool = False, stop_before_contours: bool = False):
     """The dataset in ``path``, or None if it is not DICOM. Files without the 128-byte preamble
     and ``DICM`` prefix (older exports, some of pydicom's own examples) are read too when they hold
-    a SOP Class or a modality."""
+    a SOP Class or a modality. ``stop_before_contours``: an RT Structure Set is read up to its
+    ``ROIContourSequence`` (tens of MB in clinical files, which pydicom parses whole when it has an
+    undefined length, as planning systems write it, even if ``specific_tags`` leaves it out), so
+    without it and what follows it (``RTROIObservationsSequence``, the approval)."""
     pydicom = require_pydicom()
+    stop = set(PIXEL_DATA_TAGS if stop_before_pixels else ()) | ({ROI_CONTOUR_SEQUENCE} if stop_before_contours else set())
+
+    def read(force: bool):
+        if not stop:
+            return pydicom.dcmread(path, force=force)
+        with open(path, "rb") as handle:
+            return pydicom.filereader.read_partial(handle, lambda tag, vr, length: tag in stop, force=force)
+
     try:
-        return pydicom.dcmread(path, stop_before_pixels=stop_before_pixels)
+        return read(force=False)
     except pydicom.errors.InvalidDicomError:
         pass
     except (EOFError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     try:
-        dataset = pydicom.dcmread(path, stop_before_pixels=stop_before_pixels, force=True)
+        dataset = read(force=True)
         if "SOPClassUID" in dataset or "Modality" in dataset:
             return dataset
     except Exception:  # noqa: BLE001 - forced reads of arbitrary bytes fail in many ways
