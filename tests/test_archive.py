@@ -41,7 +41,7 @@ def test_scan_skips_and_names_what_is_not_an_object(tmp_path):
 
 
 def _plan(beams=(1, 2, 3), fractions=30):
-    return PlanInfo("1.2", "P", "APPROVED", "", "1.3", fractions, 2.0, (), (), (), tuple(beams))
+    return PlanInfo("1.2", "P", "APPROVED", "", "1.3", fractions, 2.0, (), (), tuple(beams))
 
 
 def _dose(summation, beams=(), when="20260101"):

@@ -25,7 +25,6 @@ def test_dicompyler_cores_plan_gives_its_beams_and_prescription():
     assert plan.label == "B1" and plan.approval == "UNAPPROVED"
     # four static (sliding-window IMRT) fields; the couch written as 8.47e-10° is zero
     assert plan.beams == tuple(BeamRow("static", angle) for angle in (327.0, 0.0, 56.0, 150.0))
-    assert plan.beam_names == ("3 RAO", "4 AP", "5 LAO", "6 LPO")
     assert [(r.description, r.dose_gy) for r in plan.dose_references] == [("Breast", 14.0),
                                                                          ("CALC POINT", 11.3113869239676)]
     assert plan.fractions == 7 and plan.total_dose_gy == pytest.approx(14.0)  # 4 beams × 0.5 Gy × 7

@@ -46,7 +46,6 @@ class BeamRow:
 class DoseReference:
     number: int | None
     description: str
-    structure_type: str  # VOLUME, SITE, POINT, COORDINATES
     roi_number: int | None
     dose_gy: float  # TargetPrescriptionDose
 
@@ -64,7 +63,6 @@ class PlanInfo:
     dose_per_fraction_gy: float | None  # the sum of its beams' BeamDose
     dose_references: tuple[DoseReference, ...]
     beams: tuple[BeamRow, ...]
-    beam_names: tuple[str, ...]
     beam_numbers: tuple[int, ...]  # the treatment beams, in BeamSequence order
     warnings: tuple[str, ...] = ()
 
@@ -99,7 +97,6 @@ def read_plan(dataset, path: os.PathLike | str) -> PlanInfo:
             continue
         references.append(DoseReference(_int(item.get("DoseReferenceNumber")),
                                         str(item.get("DoseReferenceDescription", "") or ""),
-                                        str(item.get("DoseReferenceStructureType", "") or ""),
                                         _int(item.get("ReferencedROINumber")), dose))
     fractions, per_fraction, group_beams = None, None, None
     groups = dataset.get("FractionGroupSequence") or []
@@ -111,7 +108,7 @@ def read_plan(dataset, path: os.PathLike | str) -> PlanInfo:
         doses = [_float(item.get("BeamDose")) for item in referenced]
         if doses and all(d is not None for d in doses):
             per_fraction = float(sum(doses))
-    beams, names, numbers, warnings = [], [], [], []
+    beams, numbers, warnings = [], [], []
     for beam in dataset.get("BeamSequence") or []:
         if str(beam.get("TreatmentDeliveryType", "TREATMENT")).upper() != "TREATMENT":
             continue  # setup fields
@@ -137,7 +134,6 @@ def read_plan(dataset, path: os.PathLike | str) -> PlanInfo:
             beams.append(BeamRow("static", angles[0] % 360.0, couch=couch))
         else:
             beams.append(BeamRow("arc", angles[0] % 360.0, angles[-1] % 360.0, turning, couch))
-        names.append(name)
         numbers.append(number)
     date = str(dataset.get("RTPlanDate", "") or dataset.get("InstanceCreationDate", "") or "")
     time = str(dataset.get("RTPlanTime", "") or dataset.get("InstanceCreationTime", "") or "")
@@ -151,7 +147,6 @@ def read_plan(dataset, path: os.PathLike | str) -> PlanInfo:
         dose_per_fraction_gy=per_fraction,
         dose_references=tuple(references),
         beams=tuple(beams),
-        beam_names=tuple(names),
         beam_numbers=tuple(numbers),
         warnings=tuple(warnings),
     )
