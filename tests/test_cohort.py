@@ -6,6 +6,7 @@ prostate archive of VMAT plans through import, training, prediction and scores."
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -184,6 +185,17 @@ def test_patient_folders_carry_no_name_id_or_birth_date(imported):
     manifest = (out / "manifest.csv").read_bytes()
     assert b"PAT-" not in manifest and b"Doe" not in manifest
     assert (out / "identity-map.csv").stat().st_mode & 0o077 == 0
+
+
+def test_the_identity_map_is_its_owners_alone_from_its_creation(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)  # a mode set once written does not count
+    umask = os.umask(0)  # what the process would give a new file: everyone may read and write it
+    try:
+        state = cohort._State(tmp_path, tmp_path / "identity-map.csv")
+        state.assign_pseudonyms(["PAT-1"])
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "identity-map.csv").stat().st_mode & 0o777 == 0o600
 
 
 def test_a_second_run_imports_nothing(phantom_archive, imported, tmp_path):

@@ -40,7 +40,7 @@ from provided_code.dicom.names import load_names
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
 from provided_code.sites import Site, load_site
-from provided_code.infra.atomic import atomic_path, write_text_atomic
+from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
@@ -165,9 +165,8 @@ class _State:
             self.pseudonyms[patient_id] = f"pt_{number}"
         rows = sorted(({"pseudonym": p, "patient_id": i} for i, p in self.pseudonyms.items()),
                       key=lambda r: _number(r["pseudonym"]))
-        with atomic_path(self.identity_path) as tmp:
-            tmp.write_text(_csv_text(("pseudonym", "patient_id"), rows))
-            os.chmod(tmp, 0o600)  # the map re-identifies the cohort: its owner only
+        # the map re-identifies the cohort: its owner's only, from the temporary file's creation on
+        write_text_atomic(self.identity_path, _csv_text(("pseudonym", "patient_id"), rows), mode=0o600)
 
     def assign_splits(self, patient_ids: list[str], validation: float | int, seed: int) -> None:
         new = [p for p in patient_ids if self.pseudonyms[p] not in self.splits]
@@ -249,6 +248,9 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     table = load_names(names_file, site)
     out.mkdir(parents=True, exist_ok=True)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
+    if identity_path.resolve().is_relative_to(out.resolve()):
+        logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
+                       "--identity-map with a private path", identity_path, out)
     state = _State(out, identity_path)
 
     index = scan_archive(archive, progress, workers)

@@ -69,10 +69,16 @@ def naming_path(path: os.PathLike | str, also: os.PathLike | str | None = None) 
         raise OSError(error.errno, error.strerror or str(error) or type(error).__name__, str(path)) from error
 
 
-def write_text_atomic(path: os.PathLike | str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (with the usual umask permissions)."""
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
-        handle.write(text)
+def write_text_atomic(path: os.PathLike | str, text: str, mode: int | None = None) -> None:
+    """Write ``text`` to ``path`` atomically (with the usual umask permissions, or ``mode``: 0o600
+    for a file only its owner may read, which the temporary file has from its creation on)."""
+    with atomic_path(path) as tmp:
+        if mode is None:
+            handle = open(tmp, "w", newline="")
+        else:
+            handle = os.fdopen(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_EXCL, mode), "w", newline="")
+        with handle:
+            handle.write(text)
 
 
 def new_folder_beside(final: os.PathLike | str) -> Path:
