@@ -48,9 +48,16 @@ def volumes_of(seed):
     return volumes, masks
 
 
+# What a clinic's CT says of the patient and the visit besides the name, ID and birth date
+STUDY_TAGS = {"PatientSex": "F", "StudyDate": "19990909", "StudyTime": "081517", "StudyID": "STUDY-4242",
+              "StudyDescription": "Doe planning CT", "AccessionNumber": "ACC-778899",
+              "ReferringPhysicianName": "Referrer^Rita"}
+
+
 def write_clinic(folder, volumes, masks, patient_id, factor=1, **kwargs):
     return write_patient(folder, volumes["ct"], masks, volumes["voxel_dimensions"], factor=factor,
-                         patient_id=patient_id, patient_name=f"Doe^{patient_id}", birth_date="19500505", **kwargs)
+                         patient_id=patient_id, patient_name=f"Doe^{patient_id}", birth_date="19500505",
+                         study_tags=STUDY_TAGS, **kwargs)
 
 
 def rows(out):
@@ -172,16 +179,21 @@ def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_arch
     assert read_prescriptions(c, OPENKBP) == SITE
 
 
-def test_patient_folders_carry_no_name_id_or_birth_date(imported):
+def test_patient_folders_carry_no_name_id_birth_date_or_other_identifying_tag(imported):
     out, _ = imported
     names = identity(out)
     assert set(names) == {"PAT-A", "PAT-B", "PAT-C", "PAT-D"}
     assert sorted(names.values()) == ["pt_1", "pt_2", "pt_3", "pt_4"]
+    identifying = [b"PAT-", b"Doe", b"19500505", *(v.encode() for k, v in STUDY_TAGS.items() if k != "PatientSex")]
     for split in ("train-pats", "validation-pats"):
         for path in (out / split).rglob("*"):
             if path.is_file():
                 text = path.read_bytes()
-                assert b"PAT-" not in text and b"Doe" not in text and b"19500505" not in text, path
+                assert not [word for word in identifying if word in text], path
+    for folder in out.glob("*-pats/pt_*"):
+        tags = json.loads((folder / "dicom.json").read_text())["tags"]
+        assert {k: v for k, v in tags.items() if k != "StudyInstanceUID"} == {
+            **dict.fromkeys(STUDY_TAGS, ""), "PatientBirthDate": "", "PatientName": folder.name, "PatientID": folder.name}
     manifest = (out / "manifest.csv").read_bytes()
     assert b"PAT-" not in manifest and b"Doe" not in manifest
     assert (out / "identity-map.csv").stat().st_mode & 0o077 == 0

@@ -9,7 +9,9 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
 - Pseudonyms: ``pt_<N>``, numbered in the order of a hash of the PatientID, after those an earlier
   run gave; the identity map (``pseudonym,patient_id``, by default ``DATA_DIR/identity-map.csv``,
   readable by its owner only) is the only place that links them. The patient folders carry the
-  pseudonym where the CT had the patient's name and ID, and no birth date.
+  pseudonym where the CT had the patient's name and ID, and none of the other identifying tags
+  (:data:`~provided_code.dicom.ct_series.IDENTIFYING_TAGS`: birth date, sex, study date and time,
+  ID, description, accession number, referring physician).
 - Split: a patient is in validation when a hash of its PatientID and the seed falls below the
   fraction (``validation`` < 1), or, for a count, among the new patients of lowest hash until the
   count is reached; a patient keeps the split an earlier run gave it, so adding patients never
@@ -36,6 +38,7 @@ from typing import Callable
 
 from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
+from provided_code.dicom.ct_series import IDENTIFYING_TAGS
 from provided_code.dicom.names import load_names
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
@@ -52,7 +55,8 @@ SPLITS = {"train": "train-pats", "validation": "validation-pats"}
 MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
                    "frame_of_reference_uid", "prescriptions_gy", "beams", "modality", "uid", "source", "fingerprint")
-IMPORT_VERSION = 1  # part of each fingerprint: a change of what an import writes re-imports everyone
+IMPORT_VERSION = 2  # part of each fingerprint: a change of what an import writes re-imports everyone
+# (2: dicom.json keeps none of the CT's IDENTIFYING_TAGS)
 
 
 class CohortError(UserError, ValueError):
@@ -293,7 +297,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
                            rtdose=[d.path for d in links.chosen.doses], names=table, site=site,
                            allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
-                           patient_tags={"PatientName": pseudonym, "PatientID": pseudonym, "PatientBirthDate": ""},
+                           patient_tags={**dict.fromkeys(IDENTIFYING_TAGS, ""), "PatientName": pseudonym,
+                                         "PatientID": pseudonym},
                            also_write=extra)
             for warning in info.warnings:
                 logger.warning("%s: %s", pseudonym, warning)

@@ -29,6 +29,9 @@ AXIAL = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
 PATIENT_STUDY_TAGS = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyInstanceUID",
                       "StudyDate", "StudyTime", "StudyID", "StudyDescription", "AccessionNumber",
                       "ReferringPhysicianName")
+# Those of them that name or date the patient or the visit (a cohort import blanks them, the name and
+# ID becoming the pseudonym); the StudyInstanceUID stays, as the sidecar's other UIDs do.
+IDENTIFYING_TAGS = frozenset(PATIENT_STUDY_TAGS) - {"StudyInstanceUID"}
 
 
 @dataclasses.dataclass

@@ -83,9 +83,10 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
                   factor: int = 2, extra_slices: tuple[int, int] = (0, 0), origin=(-251.3, -180.7), top_z=95.0,
                   seed: int = 0, names: dict[str, str] = CLINICAL_NAMES, series_uid: str | None = None,
                   patient_id: str = "PHANTOM1", patient_name: str = "Test^Phantom",
-                  birth_date: str = "19700101") -> WrittenPatient:
+                  birth_date: str = "19700101", study_tags: dict[str, str] | None = None) -> WrittenPatient:
     """Write ``ct`` (128³ OpenKBP values), ``masks`` (structure or BODY -> bool 128³) and ``dose``
-    (a PLAN dose referencing no plan; :func:`write_dose` writes others)."""
+    (a PLAN dose referencing no plan; :func:`write_dose` writes others). ``study_tags``: patient
+    and study tags in place of the defaults (``{"AccessionNumber": ...}``)."""
     from skimage.measure import find_contours
 
     rng = np.random.default_rng(seed)
@@ -96,6 +97,8 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
     study.PatientName, study.PatientID, study.PatientBirthDate, study.PatientSex = patient_name, patient_id, birth_date, "O"
     study.StudyInstanceUID, study.StudyDate, study.StudyTime, study.StudyID = generate_uid(), "20260101", "120000", "1"
     study.ReferringPhysicianName, study.AccessionNumber = "", ""
+    for tag, value in (study_tags or {}).items():
+        setattr(study, tag, value)
     frame_uid = generate_uid()
     d0, d1, d2 = (float(v) for v in voxel_dimensions)
     spacing = np.array([d0 / factor, d1 / factor])  # rows (y), columns (x)
