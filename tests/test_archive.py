@@ -104,4 +104,5 @@ def test_the_scan_does_not_read_a_structure_sets_contours(tmp_path):
     [item] = scan_archive(tmp_path).objects
     assert item.modality == "RTSTRUCT" and item.roi_names == tuple(
         (int(roi.ROINumber), roi.ROIName) for roi in dataset.StructureSetROISequence)
-    assert item.referenced_series and item.frame_of_reference_uid == dataset.ReferencedFrameOfReferenceSequence[0].FrameOfReferenceUID
+    frame = dataset.ReferencedFrameOfReferenceSequence[0]
+    assert item.referenced_series and item.frame_of_reference_uid == frame.FrameOfReferenceUID

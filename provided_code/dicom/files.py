@@ -20,7 +20,9 @@ def read_dataset(path: os.PathLike | str, stop_before_pixels: bool = False, stop
     undefined length, as planning systems write it, even if ``specific_tags`` leaves it out), so
     without it and what follows it (``RTROIObservationsSequence``, the approval)."""
     pydicom = require_pydicom()
-    stop = set(PIXEL_DATA_TAGS if stop_before_pixels else ()) | ({ROI_CONTOUR_SEQUENCE} if stop_before_contours else set())
+    stop = set(PIXEL_DATA_TAGS) if stop_before_pixels else set()
+    if stop_before_contours:
+        stop.add(ROI_CONTOUR_SEQUENCE)
 
     def read(force: bool):
         if not stop:
