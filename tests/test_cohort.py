@@ -159,6 +159,9 @@ def test_every_patient_and_every_junk_item_is_a_manifest_row_with_its_reason(pha
     assert all(r["status"] == "skipped" for r in files)
     assert report.counts == {"imported": 3, "unchanged": 0, "skipped": 1, "failed": 0}
     assert {r["status"] for r in table} <= {"imported", "skipped", "failed"}
+    # the summary counts the archive's objects, those left included (4 CTs of 128 slices and a CBCT's 4)
+    assert report.summary().splitlines()[1] == ("The archive: 542 DICOM objects (CT 516, MR 4, RTDOSE 13, RTPLAN 6, "
+                                                "RTSTRUCT 3), 3 other files skipped")
 
 
 def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_archive, imported):
@@ -193,7 +196,8 @@ def test_patient_folders_carry_no_name_id_birth_date_or_other_identifying_tag(im
     for folder in out.glob("*-pats/pt_*"):
         tags = json.loads((folder / "dicom.json").read_text())["tags"]
         assert {k: v for k, v in tags.items() if k != "StudyInstanceUID"} == {
-            **dict.fromkeys(STUDY_TAGS, ""), "PatientBirthDate": "", "PatientName": folder.name, "PatientID": folder.name}
+            **dict.fromkeys(STUDY_TAGS, ""), "PatientBirthDate": "", "PatientName": folder.name,
+            "PatientID": folder.name}
     manifest = (out / "manifest.csv").read_bytes()
     assert b"PAT-" not in manifest and b"Doe" not in manifest
     assert (out / "identity-map.csv").stat().st_mode & 0o077 == 0
@@ -277,30 +281,88 @@ def test_adding_patients_never_moves_one_between_splits(tmp_path):
             assert sum(s == "validation" for s in later.splits.values()) == 4
 
 
-def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(tmp_path):
+DOE = "DOE^JOHN_12345"  # PACS exports name folders after their patients
+
+
+def add_plan(folder, written, dose, label):
+    """An approved plan and its PLAN dose, all of the same date (a second one is equally new)."""
+    plan = write_plan(folder / f"{label}.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label=label)
+    write_dose(folder / f"RD{label}.dcm", dose, written, plan)
+
+
+@pytest.fixture(scope="module")
+def doe_archive(tmp_path_factory):
+    """One patient (60 slices) in a folder named after it, as a PACS exports one: its CT, a
+    structure set and a second copy of it ('RS copy.dcm', read first), an approved plan 'One' and
+    its dose, and a text file. Returns (archive, the patient written, its dose)."""
     volumes, masks = volumes_of(21)
     keep = slice(40, 100)
     masks = {k: m[:, :, keep] for k, m in masks.items()}
-    staging = tmp_path / "staging"
-    written = write_patient(staging, volumes["ct"][:, :, keep], masks, volumes["voxel_dimensions"], factor=1,
+    archive = tmp_path_factory.mktemp("doe") / "archive"
+    folder = archive / DOE
+    written = write_patient(folder, volumes["ct"][:, :, keep], masks, volumes["voxel_dimensions"], factor=1,
                             patient_id="TIE")
-    for label in ("One", "Two"):
-        plan = write_plan(staging / f"{label}.dcm", written, OPENKBP_BEAMS, PRESCRIBED, label=label)
-        write_dose(staging / f"RD{label}.dcm", volumes["dose"][:, :, keep], written, plan)
-    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "data")],
+    dose = volumes["dose"][:, :, keep]
+    add_plan(folder, written, dose, "One")
+    shutil.copy(written.rtstruct, folder / "RS copy.dcm")
+    (folder / "notes.txt").write_text("exported for John Doe\n")
+    return archive, written, dose
+
+
+def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path):
+    archive, _, _ = doe_archive
+    out = tmp_path / "data"
+    report = import_cohort(archive, out, site="prostate")  # no ROI for its targets: fails naming a file
+    assert report.counts["failed"] == 1
+    assert "DOE" not in (out / "manifest.csv").read_text() and "12345" not in (out / "manifest.csv").read_text()
+    sources_file = out / "identity-map.sources.csv"
+    assert sources_file.stat().st_mode & 0o077 == 0
+    with open(sources_file, newline="") as handle:
+        sources = {row["source"]: row["path"] for row in csv.DictReader(handle)}
+    source_of = {path: number for number, path in sources.items()}
+    table = rows(out)
+    [plan] = [r for r in table if r["kind"] == "plan"]
+    assert plan["status"] == "failed"
+    copy = source_of[DOE + "/RS copy.dcm"]
+    assert plan["reason"].startswith(f"{copy}: no ROI for PTV60, PTV78 (ROIs: "), plan["reason"]
+    files = {sources[r["source"]]: r["reason"] for r in table if r["kind"] == "file"}
+    assert files[DOE + "/notes.txt"] == "not DICOM"
+    assert files[DOE + "/RS.dcm"].startswith(f"duplicate of {copy} (SOP Instance UID ")
+    with pytest.raises(cohort.CohortError, match=r"^pt_1: DOE\^JOHN_12345/RS copy.dcm: no ROI for PTV60, PTV78 \("):
+        import_cohort(archive, tmp_path / "strict", site="prostate", strict=True)
+
+
+def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe_archive, tmp_path):
+    archive, written, dose = doe_archive
+    archive = Path(shutil.copytree(archive, tmp_path / "archive"))
+    data = tmp_path / "data"
+    assert import_cohort(archive, data).counts["imported"] == 1  # plan 'One' alone
+    [folder] = data.glob("*-pats/pt_1")
+    add_plan(archive / DOE, written, dose, "Two")
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(archive), "--out", str(data)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
+    assert result.stderr.count("identity-map.csv (pseudonym -> PatientID) is inside the data folder") == 1
     assert "0 patients imported, 0 unchanged since an earlier import, 0 skipped, 1 failed" in result.stdout
-    refused = [r for r in rows(tmp_path / "data") if r["kind"] == "plan"]
+    refused = [r for r in rows(data) if r["kind"] == "plan"]
     assert [r["status"] for r in refused] == ["failed", "failed"]
     assert "plan 'One'" in refused[0]["reason"] and "plan 'Two'" in refused[0]["reason"]
-    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "strict"),
+    # the earlier import is no longer in the training set, moved whole out of it
+    assert not folder.exists() and not list(data.glob("*-pats/pt_*"))
+    [withdrawn] = (data / "withdrawn").iterdir()
+    assert withdrawn.name.startswith("pt_1-") and read_patient(withdrawn).dose is not None
+    moved = f"{folder.parent.name}/pt_1 moved to withdrawn/{withdrawn.name}"
+    assert all(r["reason"].endswith(f"; its earlier import was taken out of the training set: {moved}")
+               for r in refused)
+    assert f"1 earlier import(s) of patients now failed or skipped taken out of the training set: {moved}" \
+        in result.stdout
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(archive), "--out", str(tmp_path / "strict"),
                              "--strict"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "Error: pt_1: 2 approved plans with a whole-plan dose, equally new" in result.stderr
     assert not (tmp_path / "strict" / "manifest.csv").exists()
-    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(staging), "--out", str(tmp_path / "d2"),
+    result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(archive), "--out", str(tmp_path / "d2"),
                              "--site", "lung"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "Error: --site: invalid `site`: expected openkbp, prostate or a site file (.json)" in result.stderr

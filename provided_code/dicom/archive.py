@@ -71,6 +71,7 @@ class ArchiveIndex:
     root: Path
     objects: list[DicomObject]
     skipped_files: list[tuple[Path, str]]  # (path, why): DICOMDIR, not DICOM, unreadable, duplicate
+    duplicate_of: dict[Path, Path] = dataclasses.field(default_factory=dict)  # a skipped copy -> the file read
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -165,13 +166,14 @@ def scan_archive(root: os.PathLike | str, progress: Progress = no_progress,
     """Every DICOM object's header under ``root`` (see the module docstring)."""
     root = Path(root)
     files = list_files(root)
-    objects, skipped, seen = [], [], {}
+    objects, skipped, seen, duplicate_of = [], [], {}, {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or DEFAULT_WORKERS)
     try:
         for path, (item, why) in progress(zip(files, pool.map(_read_header, files)), len(files), "Reading headers"):
             if item is None:
                 skipped.append((path, why))
             elif item.sop_instance_uid and item.sop_instance_uid in seen:
+                duplicate_of[path] = seen[item.sop_instance_uid]
                 skipped.append((path, f"duplicate of {seen[item.sop_instance_uid].relative_to(root)} "
                                       f"(SOP Instance UID {item.sop_instance_uid})"))
             else:
@@ -180,7 +182,7 @@ def scan_archive(root: os.PathLike | str, progress: Progress = no_progress,
     finally:  # an error or Ctrl-C: the files not yet read are not read (a `with` block would read them all first)
         pool.shutdown(wait=True, cancel_futures=True)
     logger.info("Scanned %d files under %s: %d DICOM objects, %d skipped", len(files), root, len(objects), len(skipped))
-    return ArchiveIndex(root, objects, skipped)
+    return ArchiveIndex(root, objects, skipped, duplicate_of)
 
 
 @dataclasses.dataclass

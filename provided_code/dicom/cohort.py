@@ -17,10 +17,15 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
   count is reached; a patient keeps the split an earlier run gave it, so adding patients never
   moves one.
 - ``DATA_DIR/manifest.csv``: one row per patient and plan (and per left series, object and skipped
-  file), its status (imported, skipped, failed) and reason, the source UIDs and what was chosen.
-- One patient's failure is a row and a count (``strict`` raises it instead). Rerunnable: a patient
-  whose sources (SOP Instance UIDs, sizes, modification times) and settings are those of its
-  earlier import is not imported again; a killed run resumes from its journal
+  file), its status (imported, skipped, failed) and reason, the source UIDs and what was chosen. It
+  holds no path in the archive (PACS exports name folders after patients): it numbers them
+  (``#<N>``), and the sources file beside the identity map (``identity-map.sources.csv``, as
+  private) says which path each number is.
+- One patient's failure is a row and a count (``strict`` raises it instead, naming the pseudonym).
+  An earlier import of a patient that now fails or has no plan chosen is moved out of its split,
+  whole, to ``DATA_DIR/withdrawn/pt_<N>-<time>`` (never deleted), and its row says so.
+- Rerunnable: a patient whose sources (SOP Instance UIDs, sizes, modification times) and settings
+  are those of its earlier import is not imported again; a killed run resumes from its journal
   (``DATA_DIR/.import-cohort.journal``); each patient folder is moved into place whole.
 """
 
@@ -33,6 +38,8 @@ import io
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -43,14 +50,16 @@ from provided_code.dicom.names import load_names
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
 from provided_code.sites import Site, load_site
-from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.atomic import fsync_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.csv"
 IDENTITY_FILE = "identity-map.csv"
+SOURCES_SUFFIX = ".sources.csv"  # the archive paths the manifest numbers: beside the identity map, named after it
 JOURNAL_FILE = ".import-cohort.journal"
+WITHDRAWN_DIR = "withdrawn"  # earlier imports of patients that now fail or have no plan chosen, moved out of the splits
 SPLITS = {"train": "train-pats", "validation": "validation-pats"}
 MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
@@ -69,6 +78,9 @@ class CohortReport:
     counts: dict[str, int]  # imported (this run), unchanged, skipped, failed patients
     rows: list[dict[str, str]]
     lines: list[str]
+    withdrawn: list[str] = dataclasses.field(default_factory=list)  # "train-pats/pt_3 moved to withdrawn/pt_3-..."
+    objects: dict[str, int] = dataclasses.field(default_factory=dict)  # the archive's DICOM objects by modality
+    files_skipped: int = 0  # the archive's files that are no object: DICOMDIR, not DICOM, unreadable, duplicates
 
     @property
     def failed(self) -> int:
@@ -76,8 +88,15 @@ class CohortReport:
 
     def summary(self) -> str:
         c = self.counts
-        return (f"{c['imported']} patients imported, {c['unchanged']} unchanged since an earlier import, "
-                f"{c['skipped']} skipped, {c['failed']} failed ({self.out / MANIFEST_FILE})")
+        lines = [f"{c['imported']} patients imported, {c['unchanged']} unchanged since an earlier import, "
+                 f"{c['skipped']} skipped, {c['failed']} failed ({self.out / MANIFEST_FILE})"]
+        if self.withdrawn:
+            lines.append(f"{len(self.withdrawn)} earlier import(s) of patients now failed or skipped taken out of the "
+                         f"training set: {'; '.join(self.withdrawn)}")
+        kinds = ", ".join(f"{modality} {count}" for modality, count in sorted(self.objects.items()))
+        lines.append(f"The archive: {sum(self.objects.values())} DICOM objects ({kinds}), "
+                     f"{self.files_skipped} other files skipped")
+        return "\n".join(lines)
 
 
 def _unit_hash(*parts: str) -> float:
@@ -120,6 +139,76 @@ def _number(pseudonym: str) -> int:
     return int(pseudonym[3:]) if pseudonym.startswith("pt_") and pseudonym[3:].isdigit() else 0
 
 
+class _Sources:
+    """The archive paths the manifest refers to, by number (``#<N>``): PACS exports name folders
+    after their patients, so the paths are kept apart from the manifest, beside the identity map
+    and as private (``source,path``, the path relative to the archive, a folder's ending in ``/``).
+    A path keeps its number on every later run."""
+
+    def __init__(self, path: Path, archive: Path):
+        self.path, self.archive = path, archive
+        rows = _read_csv(path)
+        if rows and set(rows[0]) != {"source", "path"}:
+            raise CohortError(f"{path}: not a sources file of an import (header source,path)")
+        self.numbers = {row["path"]: row["source"] for row in rows}
+        self.next = 1 + max(map(_source_number, self.numbers.values()), default=0)
+
+    def ref(self, path: Path, folder: bool = False) -> str:
+        try:
+            key = Path(path).relative_to(self.archive).as_posix()
+        except ValueError:
+            key = str(path)
+        key += "/" if folder else ""
+        if key not in self.numbers:
+            self.numbers[key] = f"#{self.next}"
+            self.next += 1
+        return self.numbers[key]
+
+    def scrub(self, text: str, paths) -> str:
+        """``text`` with each of ``paths`` (absolute, relative to the archive, or its file name when
+        that holds a letter and a digit, ``.``, ``_``, ``^``, ``-`` or a space: not a mere word, as
+        ``DICOMDIR`` is) and the folders between it and the archive replaced by its number; what is
+        left of a path in the archive by ``<archive>``."""
+        spellings: dict[str, tuple[Path, bool]] = {}  # as written in text -> (path, is a folder)
+
+        def add(spelling: str, path: Path, folder: bool) -> None:
+            if os.sep in spelling or "/" in spelling or (re.search(r"[^\W\d_]", spelling) and
+                                                         re.search(r"[\d._^ -]", spelling)):  # not a mere word
+                spellings.setdefault(spelling, (path, folder))
+
+        for path in (Path(p) for p in paths if p is not None):
+            try:
+                relative = path.relative_to(self.archive)
+            except ValueError:
+                continue
+            for spelling in (str(path), str(relative), relative.as_posix(), path.name):
+                add(spelling, path, False)
+            for parent in list(relative.parents)[:-1]:  # the folders between it and the archive
+                for spelling in (str(self.archive / parent), str(parent), parent.as_posix()):
+                    add(spelling, self.archive / parent, True)
+        if spellings:
+            alternatives = "|".join(re.escape(t) for t in sorted(spellings, key=len, reverse=True))
+            pattern = re.compile(rf"(?<![\w/\\.^-])(?:{alternatives})(?![\w\\^-]|\.\w)")
+            text = pattern.sub(lambda match: self.ref(*spellings[match.group(0)]), text)
+        return re.sub(re.escape(str(self.archive)) + r"[^\s:;,()'\"]*", "<archive>", text)
+
+    def write(self) -> None:
+        rows = sorted(({"source": n, "path": p} for p, n in self.numbers.items()),
+                      key=lambda row: _source_number(row["source"]))
+        write_text_atomic(self.path, _csv_text(("source", "path"), rows), mode=0o600)
+
+
+def _source_number(source: str) -> int:
+    return int(source[1:]) if source[:1] == "#" and source[1:].isdigit() else 0
+
+
+def _message(error: BaseException) -> str:
+    """An error's message in one line."""
+    if isinstance(error, OSError) and not isinstance(error, UserError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror or error}"
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 class _State:
     """What earlier runs left in ``out``: pseudonyms, splits, imports and their fingerprints."""
 
@@ -136,8 +225,11 @@ class _State:
         self.splits = {row["pseudonym"]: row["split"] for row in self.rows if row.get("split")}
         self.imports = {row["pseudonym"]: row["fingerprint"] for row in self.rows
                         if row.get("kind") == "plan" and row.get("status") == "imported"}
+        self.withdrawn: dict[str, str] = {}  # pseudonym -> where its earlier import went, this run
         for entry in self._journal():
             self.splits[entry["pseudonym"]] = entry["split"]
+            if entry.get("withdrawn"):
+                self.withdrawn[entry["pseudonym"]] = entry["withdrawn"]
             if entry["status"] == "imported":
                 self.imports[entry["pseudonym"]] = entry["fingerprint"]
             else:
@@ -184,6 +276,30 @@ class _State:
             for patient_id in new:
                 low = _unit_hash(str(seed), patient_id) < validation
                 self.splits[self.pseudonyms[patient_id]] = "validation" if low else "train"
+
+    def withdraw(self, pseudonym: str) -> None:
+        """Move the earlier import of a patient that now fails or has no plan chosen out of its split,
+        whole, to ``withdrawn/<pseudonym>-<time>`` (never deleted): a training run takes only the
+        patients the manifest says are imported."""
+        for split, name in SPLITS.items():
+            folder = self.out / name / pseudonym
+            if not folder.is_dir():
+                continue
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            target, k = self.out / WITHDRAWN_DIR / f"{pseudonym}-{stamp}", 1
+            while target.exists():
+                k += 1
+                target = self.out / WITHDRAWN_DIR / f"{pseudonym}-{stamp}-{k}"
+            target.parent.mkdir(exist_ok=True)
+            os.replace(folder, target)
+            fsync_folder(folder.parent)
+            fsync_folder(target.parent)
+            where = f"{name}/{pseudonym} moved to {target.relative_to(self.out).as_posix()}"
+            self.withdrawn[pseudonym] = where
+            self.imports.pop(pseudonym, None)
+            self.record({"pseudonym": pseudonym, "split": split, "status": "withdrawn", "fingerprint": "",
+                         "withdrawn": where})
+            logger.warning("%s: its earlier import is taken out of the training set (%s)", pseudonym, where)
 
     def record(self, entry: dict) -> None:
         """Append one patient's outcome to the journal, durably, before the next patient."""
@@ -256,6 +372,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
         logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
                        "--identity-map with a private path", identity_path, out)
     state = _State(out, identity_path)
+    sources = _Sources(identity_path.with_suffix(SOURCES_SUFFIX), archive)
 
     index = scan_archive(archive, progress, workers)
     patients = link_patients(index)
@@ -308,36 +425,51 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             logger.info("%s: imported %s into %s (%s)", pseudonym, links.chosen.describe(), folder,
                         "; ".join(plan_lines))
         except Exception as error:  # noqa: BLE001 - one patient's problem never stops the cohort
+            user_error = isinstance(error, (UserError, OSError))
+            message = _message(error).replace(str(archive) + os.sep, "")
             if strict:
+                if user_error:
+                    raise CohortError(f"{pseudonym}: {message}") from error
                 raise
-            if not isinstance(error, (UserError, OSError)):
+            if not user_error:
                 logger.exception("%s: import failed", pseudonym)  # a bug, not the data: the traceback too
-            reason = " ".join(str(error).split()).replace(str(archive) + os.sep, "") or type(error).__name__
+            # the manifest numbers the archive's paths (folders named after the patient); the sources file holds them
+            reason = sources.scrub(_message(error), [o.path for o in links.chosen.sources()])
             outcomes[links.patient_id] = ("failed", reason, "", "")
             counts["failed"] += 1
             state.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
-            logger.warning("%s: import failed: %s", pseudonym, reason)
+            logger.warning("%s: import failed: %s", pseudonym, message)
+            state.withdraw(pseudonym)
         if after_patient is not None:
             after_patient(pseudonym)
 
     for links in patients:
         pseudonym = state.pseudonyms[links.patient_id]
+        if not links.chosen:
+            state.withdraw(pseudonym)
         rows += _patient_rows(links, pseudonym, state.splits.get(pseudonym, ""), outcomes.get(links.patient_id))
+        if pseudonym in state.withdrawn:
+            note = f"; its earlier import was taken out of the training set: {state.withdrawn[pseudonym]}"
+            for row in rows:
+                if row["pseudonym"] == pseudonym and row["kind"] in ("plan", "patient") and row["status"] != "imported":
+                    row["reason"] += note
         if not links.chosen:
             counts["failed" if links.refusal else "skipped"] += 1
             if links.refusal:
                 lines.append(f"{pseudonym}: {links.refusal}")
     for path, why in index.skipped_files:
-        rows.append({"pseudonym": "", "status": "skipped", "reason": why, "kind": "file",
-                     "source": str(path.relative_to(archive))})
+        rows.append({"pseudonym": "", "status": "skipped", "kind": "file", "source": sources.ref(path),
+                     "reason": sources.scrub(why, [path, index.duplicate_of.get(path)])})
     # patients an earlier run imported and this archive no longer holds: their rows and folders stay
     gone = {state.pseudonyms[p] for p in state.pseudonyms if p not in present}
     rows += [row for row in state.rows if row.get("pseudonym") in gone]
     rows.sort(key=lambda r: (r["pseudonym"] == "", _number(r["pseudonym"]), r.get("kind") != "plan",
-                             r.get("source", ""), r.get("uid", "")))
+                             _source_number(r.get("source", "")), r.get("uid", "")))
+    sources.write()  # before the manifest: every number it holds is there
     write_text_atomic(out / MANIFEST_FILE, _csv_text(MANIFEST_FIELDS, rows))
     (out / JOURNAL_FILE).unlink(missing_ok=True)
-    return CohortReport(out, counts, rows, lines)
+    return CohortReport(out, counts, rows, lines, [state.withdrawn[p] for p in sorted(state.withdrawn, key=_number)],
+                        index.counts(), len(index.skipped_files))
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
