@@ -468,8 +468,9 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     sources.write()  # before the manifest: every number it holds is there
     write_text_atomic(out / MANIFEST_FILE, _csv_text(MANIFEST_FIELDS, rows))
     (out / JOURNAL_FILE).unlink(missing_ok=True)
-    return CohortReport(out, counts, rows, lines, [state.withdrawn[p] for p in sorted(state.withdrawn, key=_number)],
-                        index.counts(), len(index.skipped_files))
+    back = {state.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
+    withdrawn = [state.withdrawn[p] for p in sorted(state.withdrawn, key=_number) if p not in back]
+    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files))
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
