@@ -13,7 +13,7 @@ from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
+from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs, swap_mirror_bits
 from provided_code.sites import openkbp
 
 
@@ -29,18 +29,10 @@ def use_averaged_weights(model: keras.Model) -> None:
 
 def mirror_left_right(structure_masks: np.ndarray, axis: int, mirror_bits=None) -> np.ndarray:
     """Flip a bitfield volume left-right and swap the bits of each ``(right, left)`` pair of
-    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids)."""
+    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids):
+    :func:`provided_code.inputs.swap_mirror_bits`, as augmentation swaps them."""
     mirror_bits = openkbp().mirror_bits if mirror_bits is None else mirror_bits
-    flipped = np.flip(structure_masks, axis=axis)
-    dtype = flipped.dtype
-    paired = 0
-    for right, left in mirror_bits:
-        paired |= right | left
-    swapped = flipped & ~dtype.type(paired)
-    for right, left in mirror_bits:
-        swapped = (swapped | np.where((flipped & right) != 0, left, 0).astype(dtype)
-                   | np.where((flipped & left) != 0, right, 0).astype(dtype))
-    return swapped
+    return swap_mirror_bits(np.flip(structure_masks, axis=axis), mirror_bits, np.where)
 
 
 def mirrored_inputs(inputs: dict[str, np.ndarray], specs: tuple[InputSpec, ...], axis: int) -> dict[str, np.ndarray]:

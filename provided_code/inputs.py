@@ -9,12 +9,14 @@ training step (:mod:`provided_code.training.step`), augmentation
 volume is a declaration here, an array of the same name in ``SplitArrays`` and its unpacking in
 :class:`~provided_code.networks.layers.CompactInputs`.
 
-Pure Python: importing this imports neither TensorFlow nor Keras.
+Pure Python and numpy: importing this imports neither TensorFlow nor Keras.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from provided_code.sites import Site, load_site
 
@@ -54,6 +56,28 @@ class InputSpec:
     @property
     def is_volume(self) -> bool:
         return self.length is None
+
+
+def swap_mirror_bits(masks, mirror_bits, where):
+    """``masks`` (packed structure bits: a numpy array or a TensorFlow tensor) with the bits of
+    each ``(right, left)`` pair of ``mirror_bits`` (a site's ``mirror_bits``) swapped: how a
+    left-right flip moves ``STRUCTURE_BITS``. Written once for both, with what numpy arrays and
+    integer tensors share (``&``, ``|``, ``~``, ``!=``, bitwise on integers) and ``where``
+    (``np.where`` or ``tf.where``), so that augmentation on the device
+    (:func:`provided_code.data.tf_augment.swap_mirror_bits`) and ``--tta``
+    (:func:`provided_code.inference.mirror_left_right`) swap alike."""
+    if not mirror_bits:
+        return masks
+    typed = np.dtype(getattr(masks.dtype, "as_numpy_dtype", masks.dtype)).type  # a tf.DType's numpy twin
+    paired = 0
+    for right, left in mirror_bits:
+        paired |= right | left
+    zero = typed(0)
+    swapped = masks & ~typed(paired)
+    for right, left in mirror_bits:
+        swapped = (swapped | where((masks & typed(right)) != zero, typed(left), zero)
+                   | where((masks & typed(left)) != zero, typed(right), zero))
+    return swapped
 
 
 def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots: int = 0,

@@ -193,3 +193,19 @@ def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prost
     _, _, model = folder.load_trained_model(None)
     assert sorted(model.input) == ["beam_angles", "ct", "prescriptions", "structure_masks"]
     assert model.input["beam_angles"].shape[-1] == saved.beam_slots
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_one_mirror_swap_serves_numpy_and_tensorflow(dtype):
+    """--tta (numpy) and augmentation (TF) swap a flip's mirror pairs with the same code."""
+    from provided_code.inputs import swap_mirror_bits
+
+    pairs = ((1 << 1, 1 << 4), (1 << 12, 1 << 15))
+    masks = np.array([0, 1 << 1, 1 << 4, (1 << 1) | (1 << 4) | 1, 1 << 12, (1 << 15) | (1 << 7), 0xFFFF], dtype)
+    expected = np.array([0, 1 << 4, 1 << 1, (1 << 1) | (1 << 4) | 1, 1 << 15, (1 << 12) | (1 << 7), 0xFFFF], dtype)
+    by_numpy = swap_mirror_bits(masks, pairs, np.where)
+    by_tf = swap_mirror_bits(tf.constant(masks), pairs, tf.where)
+    assert by_numpy.dtype == dtype and by_tf.dtype == tf.as_dtype(dtype)
+    np.testing.assert_array_equal(by_numpy, expected)
+    np.testing.assert_array_equal(by_tf.numpy(), expected)
+    assert swap_mirror_bits(masks, (), np.where) is masks
