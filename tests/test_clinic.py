@@ -231,7 +231,7 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
     assert (f"Invalid `site`. Expected the model's own site, openkbp ({tiny_model / 'models' / 'config.json'}), or no "
             f"--site. Received: site='prostate'") in result.output
     assert not (tmp_path / "out").exists()
-    assert clinic_module.site_of_model(clinic_module.RunFolder(tiny_model), "openkbp").name == "openkbp"
+    assert clinic_module.RunFolder(tiny_model).site("openkbp").name == "openkbp"
 
 
 @pytest.mark.slow
