@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from provided_code.constants import LEFT_RIGHT_AXIS
-from provided_code.data.batches import in_batches, take_inputs
+from provided_code.data.batches import fit_vectors, in_batches, take_inputs
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
@@ -62,6 +62,7 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
     mirrored prediction of the mirrored patient (mirror pairs swapped, angles mirrored), mirrored back.
     """
     inputs = inputs or default_inputs()
+    arrays = fit_vectors(arrays, inputs)  # the per-patient vectors, once (none for OpenKBP's two volumes)
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
@@ -29,7 +30,7 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of
+from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
@@ -81,7 +82,9 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets, site=site)
     arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
+    arrays.folder = out_dir  # (its files: out_dir/patient/...)
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
+    warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {model_dir}")
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}", inputs=inputs_of(saved))[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])

@@ -15,12 +15,13 @@ import numpy as np
 
 from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of
+from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 
@@ -136,6 +137,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     for name in ensemble or [folder.name]:
         member = _beside(folder, name)
         saved, loaded_epoch, model = member.load_trained_model(member_epoch)
+        warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {name!r}")
         try:
             predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
                                                 label=f"Model {name!r} at epoch {loaded_epoch}",
