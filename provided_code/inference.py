@@ -8,12 +8,12 @@ import keras
 import numpy as np
 
 from provided_code.constants import LEFT_RIGHT_AXIS
-from provided_code.data.batches import in_batches, take_inputs
+from provided_code.data.batches import fit_vectors, in_batches, take_inputs
 from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
+from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs, swap_mirror_bits
 from provided_code.sites import openkbp
 
 
@@ -29,18 +29,10 @@ def use_averaged_weights(model: keras.Model) -> None:
 
 def mirror_left_right(structure_masks: np.ndarray, axis: int, mirror_bits=None) -> np.ndarray:
     """Flip a bitfield volume left-right and swap the bits of each ``(right, left)`` pair of
-    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids)."""
+    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids):
+    :func:`provided_code.inputs.swap_mirror_bits`, as augmentation swaps them."""
     mirror_bits = openkbp().mirror_bits if mirror_bits is None else mirror_bits
-    flipped = np.flip(structure_masks, axis=axis)
-    dtype = flipped.dtype
-    paired = 0
-    for right, left in mirror_bits:
-        paired |= right | left
-    swapped = flipped & ~dtype.type(paired)
-    for right, left in mirror_bits:
-        swapped = (swapped | np.where((flipped & right) != 0, left, 0).astype(dtype)
-                   | np.where((flipped & left) != 0, right, 0).astype(dtype))
-    return swapped
+    return swap_mirror_bits(np.flip(structure_masks, axis=axis), mirror_bits, np.where)
 
 
 def mirrored_inputs(inputs: dict[str, np.ndarray], specs: tuple[InputSpec, ...], axis: int) -> dict[str, np.ndarray]:
@@ -70,6 +62,7 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
     mirrored prediction of the mirrored patient (mirror pairs swapped, angles mirrored), mirrored back.
     """
     inputs = inputs or default_inputs()
+    arrays = fit_vectors(arrays, inputs)  # the per-patient vectors, once (none for OpenKBP's two volumes)
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
     out = np.empty(arrays.ct.shape, np.float32)

@@ -9,12 +9,14 @@ training step (:mod:`provided_code.training.step`), augmentation
 volume is a declaration here, an array of the same name in ``SplitArrays`` and its unpacking in
 :class:`~provided_code.networks.layers.CompactInputs`.
 
-Pure Python: importing this imports neither TensorFlow nor Keras.
+Pure Python and numpy: importing this imports neither TensorFlow nor Keras.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from provided_code.sites import Site, load_site
 
@@ -29,8 +31,9 @@ MOVES = (VOLUME, STRUCTURE_BITS, ANGLES, UNCHANGED)
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
     """One model input. ``length`` None: a volume ``(R, R, R)`` per patient; else a vector of that
-    length. ``default``: a vector input's value for patients whose arrays do not carry it (the
-    run-wide value). ``mirror_bits``: the ``(right, left)`` bit pairs a flip swaps (structure bits
+    length. ``default``: a vector input's value for patients whose own plan files do not give it
+    (the run-wide value: the site's prescriptions, the run's gantry angles, fewer than ``length``
+    of them), applied where the inputs are made (:func:`provided_code.data.batches.patient_vectors`). ``mirror_bits``: the ``(right, left)`` bit pairs a flip swaps (structure bits
     only). ``all_slots``: every slot of an angle vector must hold an angle (``--beam-channels
     each``: one channel per slot)."""
 
@@ -54,6 +57,28 @@ class InputSpec:
     @property
     def is_volume(self) -> bool:
         return self.length is None
+
+
+def swap_mirror_bits(masks, mirror_bits, where):
+    """``masks`` (packed structure bits: a numpy array or a TensorFlow tensor) with the bits of
+    each ``(right, left)`` pair of ``mirror_bits`` (a site's ``mirror_bits``) swapped: how a
+    left-right flip moves ``STRUCTURE_BITS``. Written once for both, with what numpy arrays and
+    integer tensors share (``&``, ``|``, ``~``, ``!=``, bitwise on integers) and ``where``
+    (``np.where`` or ``tf.where``), so that augmentation on the device
+    (:func:`provided_code.data.tf_augment.swap_mirror_bits`) and ``--tta``
+    (:func:`provided_code.inference.mirror_left_right`) swap alike."""
+    if not mirror_bits:
+        return masks
+    typed = np.dtype(getattr(masks.dtype, "as_numpy_dtype", masks.dtype)).type  # a tf.DType's numpy twin
+    paired = 0
+    for right, left in mirror_bits:
+        paired |= right | left
+    zero = typed(0)
+    swapped = masks & ~typed(paired)
+    for right, left in mirror_bits:
+        swapped = (swapped | where((masks & typed(right)) != zero, typed(left), zero)
+                   | where((masks & typed(left)) != zero, typed(right), zero))
+    return swapped
 
 
 def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots: int = 0,
@@ -83,29 +108,33 @@ def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots:
                              f"Received: beam_angles={beam_angles!r}")
         inputs.append(InputSpec("beam_angles", "float32", beam_slots, ANGLES,
                                 "gantry degrees, NaN unused: the beam channels, made per patient",
-                                default=tuple(float(a) for a in beam_angles) + (float("nan"),) * (beam_slots - len(beam_angles)),
+                                default=tuple(float(a) for a in beam_angles),
                                 all_slots=all_beam_slots))
     return tuple(inputs)
 
 
-def site_of(config) -> Site:
-    """The site of a run's config: ``config.site_obj`` when the config knows it, else the site
-    dictionary ``config.site``, else OpenKBP (configs written before sites existed)."""
-    site = getattr(config, "site_obj", None)
-    if site is not None:
-        return site
-    return load_site(getattr(config, "site", None) or "openkbp")
-
-
 def inputs_of(config) -> tuple[InputSpec, ...]:
     """The inputs of the model a run's config describes (its architecture fields)."""
-    beams = tuple(getattr(config, "gantry_angles", ()))
-    slots = int(getattr(config, "beam_slots", 0) or 0) if beams else 0
-    return model_inputs(site_of(config),
-                        patient_prescriptions=bool(getattr(config, "prescription_channel", False)
-                                                   and getattr(config, "patient_prescriptions", False)),
-                        beam_slots=slots, beam_angles=beams,
-                        all_beam_slots=getattr(config, "beam_channels", "count") == "each")
+    beams = tuple(config.gantry_angles)
+    return model_inputs(config.site_obj,
+                        patient_prescriptions=bool(config.prescription_channel and config.patient_prescriptions),
+                        beam_slots=int(config.beam_slots) if beams else 0, beam_angles=beams,
+                        all_beam_slots=config.beam_channels == "each")
+
+
+def inputs_left_out(config) -> dict[str, str]:
+    """The per-patient inputs (``prescriptions``, ``beam_angles``) the model of a run's config does
+    not take, each with why: a patient's ``prescriptions.csv`` or ``beams.csv`` then changes
+    nothing (:func:`provided_code.data.batches.plan_files_not_taken` says so)."""
+    left_out = {}
+    if not (config.prescription_channel and config.patient_prescriptions):
+        left_out["prescriptions"] = ("it has no prescription channel (--no-prescription-channel)"
+                                     if not config.prescription_channel else
+                                     "it was trained with the site's prescriptions for every patient")
+    if not (config.gantry_angles and config.beam_slots):
+        left_out["beam_angles"] = ("it has no beam channels (--beams 0)" if not config.gantry_angles else
+                                   f"it was trained with the run-wide beams (gantry {config.beam_angles}°)")
+    return left_out
 
 
 def default_inputs() -> tuple[InputSpec, ...]:

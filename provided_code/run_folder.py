@@ -36,6 +36,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,19 @@ class RunFolder:
 
     def write_config(self, config: TrainConfig) -> None:
         write_text_atomic(self.config_file, config.to_json() + "\n")
+
+    def site(self, requested: Site | str | None = None) -> Site:
+        """The :class:`~provided_code.sites.Site` the model was trained on: its ``config.json``'s
+        ``site`` (none there: OpenKBP, as every model before sites). ``requested`` (``--site``: a
+        site name, file or Site), when given, must be that site: another is a :class:`ConfigError`
+        naming both, in one line. Without a config, the model's missing (:meth:`missing_model`)."""
+        saved = self.read_config()
+        if saved is None:
+            raise self.missing_model()
+        if requested is not None and not load_site(requested).same_as(saved.site_obj):
+            raise ConfigError(f"Invalid `site`. Expected the model's own site, {saved.site_obj.name} "
+                              f"({self.config_file}), or no --site. Received: site={str(requested)!r}")
+        return saved.site_obj
 
     def epoch_to_apply(self, epoch: int | str | None = None) -> int | str | None:
         """The checkpoint a clinic's prediction uses: ``epoch`` if given, else ``"best"`` when the run

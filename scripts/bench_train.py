@@ -164,6 +164,7 @@ def child_step(spec: dict, strategy) -> dict:
     import tensorflow as tf
 
     from provided_code.config import TrainConfig
+    from provided_code.data.batches import fit_vectors
     from provided_code.data.tf_dataset import take_element
     from provided_code.infra.environment import describe_cpu_kernels
     from provided_code.inputs import inputs_of
@@ -195,6 +196,7 @@ def child_step(spec: dict, strategy) -> dict:
         model.optimizer.build(model.trainable_variables)
     fed_by_pipeline = augment is not None or bool(recipe)
     inputs = inputs_of(config)
+    arrays = fit_vectors(arrays, inputs)  # the per-patient vectors, once (as training makes them)
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
                      recompute=spec.get("recompute", False), loss_fn=loss_function(config.loss, config.dvh_weight),
                      inputs=inputs)

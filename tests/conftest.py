@@ -72,14 +72,18 @@ def reset_keras():
 
 def network_config(**fields):
     """The network and optimizer settings of ``TrainConfig``'s defaults, with ``fields`` changed,
-    without its checks (so that tests can build at 16³); ``gantry_angles`` resolved as it resolves them."""
+    without its checks (so that tests can build at 16³); ``gantry_angles`` and ``site_obj``
+    (unless given) resolved as it resolves them."""
     import dataclasses
     import types
 
     from provided_code.config import TrainConfig
     from provided_code.networks.beams import resolve_beam_angles
 
+    from provided_code.sites import load_site
+
     settings = {**dataclasses.asdict(TrainConfig()), **fields}
+    settings.setdefault("site_obj", load_site(settings["site"]))
     return types.SimpleNamespace(**settings, gantry_angles=resolve_beam_angles(settings["beams"], settings["beam_angles"]))
 
 

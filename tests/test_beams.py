@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.augment import Augmenter, plane_sources
-from provided_code.data.batches import take_inputs
+from provided_code.data.batches import fit_vectors, take_inputs
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.inputs import model_inputs
 from provided_code.networks.beams import beam_voxels, equidistant_angles, parse_beam_angles
@@ -175,7 +175,7 @@ def test_a_patients_own_beams_make_its_channels_a_single_target_voxels_rays_by_h
 
     Patients.structure_masks = structure_masks
     specs = model_inputs(load_site("openkbp"), beam_slots=3, beam_angles=NINE[:3])
-    angles = take_inputs(Patients, np.arange(2), specs)["beam_angles"]
+    angles = take_inputs(fit_vectors(Patients(), specs), np.arange(2), specs)["beam_angles"]  # as training makes them
     np.testing.assert_array_equal(angles, Patients.beam_angles)
     each = patient_channels(structure_masks, angles, "each")
     expected = [[rays_by_hand(size, slices, (8, 8, 1), a) for a in (20.0, 135.0)] + [np.zeros((size, size, slices), bool)],

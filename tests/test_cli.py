@@ -186,8 +186,8 @@ def test_a_prostate_model_refuses_openkbp_data_and_an_openkbp_site_flag(prostate
     for refused, says in ((_invoke("--predict-only", "--data-dir", phantom_data, *where),
                            "Brainstem.csv: not a structure of site prostate"),
                           (_invoke("--predict-only", "--data-dir", prostate_data, "--site", "openkbp", *where),
-                           "Expected the model's own site, prostate (config.json), or no --site. Received: "
-                           "site='openkbp'")):
+                           f"Expected the model's own site, prostate ({results / name / 'models' / 'config.json'}), "
+                           f"or no --site. Received: site='openkbp'")):
         assert refused.exit_code == 1 and "Traceback" not in refused.output
         error = [line for line in refused.output.splitlines() if line.startswith("Error:")]
         assert len(error) == 1 and says in error[0], refused.output

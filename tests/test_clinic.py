@@ -1,7 +1,6 @@
 """``openkbp-dicom predict``: a clinic's DICOM through a trained model to RT Dose, NIfTI and a DVH table."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -12,6 +11,7 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
+from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
@@ -126,7 +126,7 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     (tmp_path / "run" / "models").mkdir(parents=True)
     (tmp_path / "run" / "models" / "config.json").write_text("{}")
     monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model",
-                        lambda folder, epoch: (SimpleNamespace(resolution=128), 7, None))
+                        lambda folder, epoch: (TrainConfig(resolution=128), 7, None))
     predictions = []
 
     def predict(model, arrays, *args, **kwargs):
@@ -231,7 +231,7 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
     assert (f"Invalid `site`. Expected the model's own site, openkbp ({tiny_model / 'models' / 'config.json'}), or no "
             f"--site. Received: site='prostate'") in result.output
     assert not (tmp_path / "out").exists()
-    assert clinic_module.site_of_model(clinic_module.RunFolder(tiny_model), "openkbp").name == "openkbp"
+    assert clinic_module.RunFolder(tiny_model).site("openkbp").name == "openkbp"
 
 
 @pytest.mark.slow

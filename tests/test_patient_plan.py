@@ -9,13 +9,13 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import PatientDataError, read_patient
 from provided_code.data.patient_plan import (
     read_beams,
-    read_gantry_angles,
+    read_plan,
     read_prescriptions,
     write_beams,
     write_prescriptions,
 )
 from provided_code.data.phantoms import write_phantom_split
-from provided_code.sites import load_site, openkbp
+from provided_code.sites import Beams, load_site, openkbp
 
 
 def test_prescriptions_override_the_sites_for_the_targets_they_list(tmp_path):
@@ -31,7 +31,18 @@ def test_beams_round_trip_static_and_arcs(tmp_path):
     assert beams.gantry_angles() == (30.0, 330.0) and couches == (0.0, 10.0)
     write_beams(tmp_path, [{"type": "arc", "gantry_start": 181.0, "gantry_stop": 179.0, "direction": "CW"},
                            {"type": "arc", "gantry_start": 179.0, "gantry_stop": 181.0, "direction": "CC"}])
-    assert read_gantry_angles(tmp_path) == load_site("prostate").beams.gantry_angles()
+    assert read_plan(tmp_path, openkbp())[1] == load_site("prostate").beams.gantry_angles()
+    write_beams(tmp_path, [{"type": "static", "gantry_start": 5.0},
+                           {"type": "arc", "gantry_start": 0.0, "gantry_stop": 20.0, "direction": "CW"}])
+    assert read_beams(tmp_path)[0] == Beams("static", angles=(5.0, 0.0, 10.0, 20.0))  # mixed: static, as documented
+
+
+def test_a_patients_plan_is_what_its_files_say_and_none_without_them(tmp_path):
+    assert read_plan(tmp_path, openkbp()) == (None, None)
+    write_prescriptions(tmp_path, {"PTV70": 66.0})
+    assert read_plan(tmp_path, openkbp()) == ({"PTV56": 56.0, "PTV63": 63.0, "PTV70": 66.0}, None)
+    write_beams(tmp_path, [{"type": "static", "gantry_start": a} for a in (0.0, 90.0)])
+    assert read_plan(tmp_path, openkbp())[1] == (0.0, 90.0)
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -58,18 +69,19 @@ def test_a_bad_beams_file_names_the_line(tmp_path):
         read_beams(folder)
 
 
-def test_the_cache_carries_the_patients_own_plans_and_the_sites_for_the_others(tmp_path):
+def test_the_cache_carries_only_what_the_patients_files_say(tmp_path):
+    """A patient with prescriptions.csv: read_prescriptions' values (a target it does not list keeps
+    the site's); a patient without a file: a row of NaN (the model's default is given later, in
+    one place: data.batches.patient_vectors)."""
     split = tmp_path / "train-pats"
     write_phantom_split(split, 3, first_number=1)
     write_prescriptions(split / "pt_2", {"PTV70": 66.0})
     write_beams(split / "pt_3", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0, 270.0)])
     arrays = load_split(split, cache_dir=tmp_path / "cache")
-    assert arrays.prescriptions.tolist() == [[56, 63, 70], [56, 63, 66], [56, 63, 70]]
-    nine = list(openkbp().beams.gantry_angles())
-    assert arrays.beam_angles.shape == (3, 9) and arrays.beam_angles[0].tolist() == nine
-    assert arrays.beam_angles[2, :3].tolist() == [0, 90, 270] and np.isnan(arrays.beam_angles[2, 3:]).all()
+    np.testing.assert_array_equal(arrays.prescriptions, [[np.nan] * 3, [56, 63, 66], [np.nan] * 3])
+    np.testing.assert_array_equal(arrays.beam_angles, [[np.nan] * 3, [np.nan] * 3, [0, 90, 270]])
     again = load_split(split, cache_dir=tmp_path / "cache")  # from the cache file this time
-    assert np.array_equal(again.prescriptions, arrays.prescriptions)
+    assert np.array_equal(again.prescriptions, arrays.prescriptions, equal_nan=True)
     assert np.array_equal(again.beam_angles, arrays.beam_angles, equal_nan=True)
 
 

@@ -305,3 +305,22 @@ def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_memb
     assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
     with RunFolder(member).lock("training"):  # released when the ensemble is done
         pass
+
+
+def test_plan_files_a_model_of_run_wide_beams_does_not_take_are_named_in_one_warning(trained, tmp_path, caplog):
+    """A patient's beams.csv, predicted by a model trained on the run's angles: predicted as before
+    (the run-wide beams), and one warning names the patient's file and why."""
+    import logging
+
+    from provided_code.data.patient_plan import write_beams
+
+    data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
+    write_beams(data / "validation-pats" / "pt_202", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0)])
+    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
+    with caplog.at_level(logging.WARNING):
+        predict(config, stage="validation")
+    warnings = [r.getMessage() for r in caplog.records if "does not take" in r.getMessage()]
+    assert warnings == [f"Model 'm' does not take the plan files of 1 patient (the first: "
+                        f"{data / 'validation-pats' / 'pt_202' / 'beams.csv'}): beams.csv as it was trained with the "
+                        f"run-wide beams (gantry 0,40,80,120,160,200,240,280,320°); those patients get the run-wide "
+                        f"values"]

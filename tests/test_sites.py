@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, site_from_dict
+from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
 
 
 def _write(tmp_path, site: dict):
@@ -33,6 +33,14 @@ def test_openkbp_is_the_challenge_as_before():
     assert site.target_bits == 0b1110000000
     assert site.beams.gantry_angles() == tuple(float(40 * k) for k in range(9))
     assert site.metric_names == ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
+
+
+def test_a_metric_name_is_read_by_one_grammar():
+    assert [parse_metric(name) for name in openkbp().metric_names] == [
+        ("cc", 0.1), ("mean", 0.0), ("percent", 99.0), ("percent", 95.0), ("percent", 1.0)]
+    for bad in ("D_", "D_x", "max", "D_95_gy", None):
+        with pytest.raises(ValueError, match="Invalid metric"):
+            parse_metric(bad)
 
 
 def test_a_site_round_trips_through_its_dictionary():

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import SplitArrays
-from provided_code.errors import ConfigError
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
@@ -30,11 +30,11 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of
+from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +78,13 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     folder = RunFolder(model_dir)
     epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
-    site = site_of_model(folder, site)
+    site = folder.site(site)  # the model's own; another --site is refused before the import
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets, site=site)
     arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
+    arrays.folder = out_dir  # (its files: out_dir/patient/...)
     saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
+    warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {model_dir}")
     predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
                                         label=f"Model {model_dir} at epoch {epoch}", inputs=inputs_of(saved))[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
@@ -102,19 +104,6 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
         else:
             logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
     return ClinicReport(out_dir, epoch, imported, dvh, written)
-
-
-def site_of_model(folder: RunFolder, requested: Site | str | None = None) -> Site:
-    """The site a model was trained on: its ``config.json``'s ``site`` (none there: OpenKBP, as
-    every model before sites). ``requested`` (``--site``), when given, must be that site: another
-    is a :class:`ConfigError` naming both, in one line."""
-    saved = folder.read_config()
-    if saved is None:
-        raise folder.missing_model()
-    if requested is not None and not load_site(requested).same_as(saved.site_obj):
-        raise ConfigError(f"Invalid `site`. Expected the model's own site, {saved.site_obj.name} "
-                          f"({folder.config_file}), or no --site. Received: site={str(requested)!r}")
-    return saved.site_obj
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

@@ -15,15 +15,15 @@ import numpy as np
 
 from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of
+from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
-from provided_code.sites import load_site
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     for member in members:
         if not member.models.is_dir():  # before the lock is taken and the stage's patients are loaded
             raise member.missing_model()
-    model_site = _models_site(members, site)
+    model_site = _members_site(members, site)
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for name in ensemble or []:
@@ -112,24 +112,15 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
 
 
-def _models_site(members: list[RunFolder], requested: str | None):
-    """The site the models were trained on (each config.json's; one without a site is openkbp's);
-    a ConfigError if members differ or ``requested`` (``--site``) is another."""
-    sites = {}
-    for member in members:
-        saved = member.read_config()
-        if saved is not None:
-            sites[member.name] = saved.site_obj
-    if not sites:
-        return load_site(requested)
-    first_name, first = next(iter(sites.items()))
-    for name, other in sites.items():
+def _members_site(members: list[RunFolder], requested: str | None):
+    """The site the models were trained on (:meth:`RunFolder.site`, which refuses a ``requested``
+    ``--site`` that is another); a ConfigError if an ensemble's members differ."""
+    sites = [(member.name, member.site(requested)) for member in members]
+    first_name, first = sites[0]
+    for name, other in sites[1:]:
         if not other.same_as(first):
             raise ConfigError(f"Invalid `ensemble`. Expected members trained on one site. Received: {first_name!r} "
                               f"on {first.name}, {name!r} on {other.name}")
-    if requested is not None and not load_site(requested).same_as(first):
-        raise ConfigError(f"Invalid `site`. Expected the model's own site, {first.name} (config.json), or no --site. "
-                          f"Received: site={requested!r}")
     return first
 
 
@@ -146,6 +137,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     for name in ensemble or [folder.name]:
         member = _beside(folder, name)
         saved, loaded_epoch, model = member.load_trained_model(member_epoch)
+        warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {name!r}")
         try:
             predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
                                                 label=f"Model {name!r} at epoch {loaded_epoch}",

@@ -6,10 +6,17 @@ same batches as one that never stopped. Pure numpy: no TensorFlow here.
 
 from __future__ import annotations
 
+import copy
+import logging
+from pathlib import Path
+
 import numpy as np
 
+from provided_code.data.patient_plan import BEAMS_FILE, PRESCRIPTIONS_FILE
 from provided_code.errors import UserError
 from provided_code.inputs import ANGLES, InputSpec, default_inputs
+
+logger = logging.getLogger(__name__)
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -41,44 +48,125 @@ def take_batch(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...] | None = 
 
 def take_inputs(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...] | None = None) -> dict[str, np.ndarray]:
     """Each declared input (default: OpenKBP's ``ct`` and ``structure_masks``) of the patients at
-    ``rows``, read from the ``arrays`` field of its name: volumes by fancy indexing, vectors (per
-    patient prescriptions, beam angles) fitted to the declared length by :func:`patient_vectors`."""
-    return {spec.name: getattr(arrays, spec.name)[rows] if spec.is_volume else patient_vectors(arrays, spec, rows)
-            for spec in inputs or default_inputs()}
+    ``rows``, by fancy indexing: a volume from the ``arrays`` field of its name, a per-patient
+    vector (prescriptions, beam angles) from ``arrays.vectors``, made once for the split by
+    :func:`fit_vectors` (a :class:`ValueError` if it was not)."""
+    taken = {}
+    for spec in inputs or default_inputs():
+        if spec.is_volume:
+            source = getattr(arrays, spec.name)
+        else:
+            source = (getattr(arrays, "vectors", None) or {}).get(spec)
+            if source is None:
+                raise ValueError(f"Invalid `arrays`. Expected the model's per-patient input {spec.name!r} made once "
+                                 f"for the split (data.batches.fit_vectors). Received: arrays without it")
+        taken[spec.name] = source[rows]
+    return taken
+
+
+def fit_vectors(arrays, inputs: tuple[InputSpec, ...]):
+    """``arrays`` with every per-patient vector input of ``inputs`` made for all its patients
+    (:func:`patient_vectors`, which refuses a patient that does not fit the model, naming its
+    file), in ``arrays.vectors`` by declaration: what :func:`take_inputs` then indexes like a
+    volume. Once per split and model (training, prediction): a shallow copy, or ``arrays`` itself
+    when it has them already or the model has none (OpenKBP's two volumes)."""
+    have = getattr(arrays, "vectors", None) or {}
+    missing = [spec for spec in inputs if not spec.is_volume and spec not in have]
+    if not missing:
+        return arrays
+    fitted = copy.copy(arrays)
+    fitted.vectors = {**have, **{spec: patient_vectors(arrays, spec) for spec in missing}}
+    return fitted
 
 
 def patient_vectors(arrays, spec: InputSpec, rows: np.ndarray | None = None) -> np.ndarray:
     """``(len(rows), spec.length)`` float32: the per-patient vector input ``spec`` of the patients
-    at ``rows`` (default: all).
+    at ``rows`` (default: all), from what their plan files say (``arrays``' field of the input's
+    name, NaN for a patient without the file; see :func:`provided_code.data.cache.plan_tables`).
 
-    ``arrays`` without the field (or with None there) gives every patient ``spec.default``, the
-    run-wide value. Prescriptions: a patient's NaN columns take the default's. Angles: the
-    patient's finite angles first, NaN after them (the field may be narrower or wider than
-    ``spec.length``); a patient without any takes the run-wide angles. A patient with more angles
-    than the model's slots, or, with ``spec.all_slots``, fewer, is refused naming it.
+    The one place a patient without its own file is given the run-wide value, ``spec.default``
+    (the site's prescriptions, the run's gantry angles), as is every patient when ``arrays`` has
+    no such field (or None there). Prescriptions: a patient's NaN columns take the default's.
+    Angles: the patient's finite angles first, NaN after them (the field may be narrower or wider
+    than ``spec.length``). A patient with more angles than the model's slots, or, with
+    ``spec.all_slots``, fewer, is refused naming it and its ``beams.csv``.
     """
     count = arrays.ct.shape[0]
     rows = np.arange(count) if rows is None else np.asarray(rows).reshape(-1)
     default = np.asarray(spec.default, np.float32)
     given = getattr(arrays, spec.name, None)
-    given = np.broadcast_to(default, (len(rows), spec.length)) if given is None else np.asarray(given[rows], np.float32)
     if spec.moves != ANGLES:
+        if given is None:
+            return np.tile(default, (len(rows), 1))
+        given = np.asarray(given[rows], np.float32)
         return np.where(np.isfinite(given), given, default).astype(np.float32)
     out = np.full((len(rows), spec.length), np.nan, np.float32)
-    ids = getattr(arrays, "patient_ids", None)
-    for n, row in enumerate(given):
-        values = row[np.isfinite(row)]
-        if not values.size:
-            values = default[np.isfinite(default)]
-        name = ids[rows[n]] if ids is not None else f"#{rows[n]}"
+    for n, row in enumerate(rows):
+        values = np.asarray(given[row], np.float32) if given is not None else default[:0]
+        values = values[np.isfinite(values)]
+        own = values.size > 0
+        if not own:
+            values = default
+        problem = None
         if len(values) > spec.length:
-            raise InputError(f"Patient {name}: {len(values)} beams; the model takes at most {spec.length} (the most "
-                             f"any patient it was trained on had)")
-        if spec.all_slots and len(values) != spec.length:
-            raise InputError(f"Patient {name}: {len(values)} beams; the model makes one channel per beam "
-                             f"(--beam-channels each) for exactly {spec.length}, so every patient needs that many")
+            problem = (f"{len(values)} beams; the model takes at most {spec.length} (the most any patient it was "
+                       f"trained on had)")
+        elif spec.all_slots and len(values) != spec.length:
+            problem = (f"{len(values)} beams; the model makes one channel per beam (--beam-channels each) for "
+                       f"exactly {spec.length}, so every patient needs that many")
+        if problem:
+            where = plan_file(arrays, row, BEAMS_FILE) if own else f"no {BEAMS_FILE} (the run-wide beams)"
+            raise InputError(f"Patient {_patient_id(arrays, row)}: {where}: {problem}")
         out[n, :len(values)] = values
     return out
+
+
+def plan_file(arrays, row: int, name: str) -> str:
+    """Where the plan file ``name`` of the patient at ``row`` lives: in the split's folder when
+    ``arrays`` knows it (``load_split``'s), else ``<patient>/<name>``."""
+    folder = getattr(arrays, "folder", None)
+    relative = f"{_patient_id(arrays, row)}/{name}"
+    return str(Path(folder) / relative) if folder is not None else relative
+
+
+def _patient_id(arrays, row: int) -> str:
+    ids = getattr(arrays, "patient_ids", None)
+    return ids[row] if ids is not None else f"#{row}"
+
+
+_FILE_OF = {"prescriptions": PRESCRIPTIONS_FILE, "beam_angles": BEAMS_FILE}  # a per-patient input's plan file
+
+
+def plan_files_not_taken(arrays, left_out: dict[str, str]) -> str | None:
+    """The plan files of the patients of ``arrays`` that a model does not take (``left_out``: input
+    name -> why, :func:`provided_code.inputs.inputs_left_out`), said in one line: how many
+    patients, the first one's file, and why; None when no patient has such a file."""
+    carrying, first, whys = np.zeros(len(arrays.patient_ids), bool), None, []
+    for name, why in left_out.items():
+        table = getattr(arrays, name, None)
+        if table is None:
+            continue
+        has = np.isfinite(np.asarray(table)).any(axis=1)
+        if has.any():
+            carrying |= has
+            whys.append(f"{_FILE_OF[name]} as {why}")
+            row = int(np.flatnonzero(has)[0])
+            if first is None or row < first[0]:
+                first = (row, name)
+    if first is None:
+        return None
+    count = int(carrying.sum())
+    return (f"the plan files of {count} patient{'s' if count > 1 else ''} (the first: "
+            f"{plan_file(arrays, first[0], _FILE_OF[first[1]])}): {' and '.join(whys)}")
+
+
+def warn_plan_files_not_taken(arrays, left_out: dict[str, str], model: str = "The model") -> None:
+    """Log one warning when the patients of ``arrays`` have plan files ``model`` does not take
+    (:func:`plan_files_not_taken`): they get the run-wide values instead. Once per split, by
+    training (:func:`provided_code.training.inputs.fit_patient_inputs`) and by prediction."""
+    found = plan_files_not_taken(arrays, left_out)
+    if found is not None:
+        logger.warning("%s does not take %s; those patients get the run-wide values", model, found)
 
 
 class InputError(UserError, ValueError):

@@ -17,8 +17,8 @@ voxel_dimensions      (N, 3)                       float64   (mm)
 structure_present     (N, structures)              bool
 checksums             (N, 4)                       uint64    (one per volume, in the order above)
 patient_ids           (N,)                         str
-prescriptions         (N, targets)                 float32   (Gy; only if a patient has prescriptions.csv)
-beam_angles           (N, slots)                   float32   (degrees, NaN unused; only if one has beams.csv)
+prescriptions         (N, targets)                 float32   (Gy, NaN without the file; only if one has prescriptions.csv)
+beam_angles           (N, slots)                   float32   (degrees, NaN unused or without the file; only if one has beams.csv)
 ===================== ============================ ========= ===============
 
 The file records its site (attribute ``site``, the site's JSON); one without it was built before
@@ -78,19 +78,26 @@ def present_structures(structure_masks: np.ndarray, count: int) -> np.ndarray:
 
 
 def plan_tables(patients: list, site: Site) -> dict[str, np.ndarray | None]:
-    """``prescriptions`` ``(N, len(site.targets))`` float32 Gy and ``beam_angles`` ``(N, slots)``
-    float32 degrees (NaN in unused slots) of patients (each with ``prescriptions`` and
-    ``gantry_angles``, None for the site's): each None when no patient has its own file; else a
-    patient without one takes the site's."""
+    """What the patients' own plan files say (each patient with ``prescriptions`` and
+    ``gantry_angles``, None without its file): ``prescriptions`` ``(N, len(site.targets))``
+    float32 Gy (``read_prescriptions``' values: a target the file does not list has the site's)
+    and ``beam_angles`` ``(N, slots)`` float32 degrees (NaN in unused slots); a patient without
+    the file has a row of NaN, and each table is None when no patient has the file. What such a
+    patient is given is the model's business, decided in one place: the input's default (the
+    run's angles, the site's prescriptions), applied by :func:`provided_code.data.batches.patient_vectors`."""
     tables = {"prescriptions": None, "beam_angles": None}
     if any(p.prescriptions is not None for p in patients):
-        tables["prescriptions"] = np.array([[(p.prescriptions or site.prescriptions_gy)[t] for t in site.targets]
-                                            for p in patients], np.float32)
-    if any(p.gantry_angles is not None for p in patients):
-        angles = [p.gantry_angles if p.gantry_angles is not None else site.beams.gantry_angles() for p in patients]
-        table = np.full((len(patients), max(1, max(map(len, angles)))), np.nan, np.float32)
-        for row, found in enumerate(angles):
-            table[row, :len(found)] = found
+        table = np.full((len(patients), len(site.targets)), np.nan, np.float32)
+        for row, patient in enumerate(patients):
+            if patient.prescriptions is not None:
+                table[row] = [patient.prescriptions[target] for target in site.targets]
+        tables["prescriptions"] = table
+    own = [p.gantry_angles for p in patients if p.gantry_angles is not None]
+    if own:
+        table = np.full((len(patients), max(1, max(map(len, own)))), np.nan, np.float32)
+        for row, patient in enumerate(patients):
+            if patient.gantry_angles is not None:
+                table[row, :len(patient.gantry_angles)] = patient.gantry_angles
         tables["beam_angles"] = table
     return tables
 
@@ -138,6 +145,10 @@ class SplitArrays:
     site: Site = dataclasses.field(default_factory=openkbp)  # what bit k of structure_masks is
     prescriptions: np.ndarray | None = None  # (N, len(site.targets)) float32 Gy; None: the site's for all
     beam_angles: np.ndarray | None = None  # (N, slots) float32 degrees, NaN unused; None: the run's for all
+    # (both as the files say: NaN rows for patients without the file; see plan_tables)
+    folder: Path | None = None  # the split's folder (load_split's), to name a patient's files in messages
+    vectors: dict = dataclasses.field(default_factory=dict)  # InputSpec -> (N, length) float32: a model's per-patient
+    # vector inputs made once for every patient (data.batches.fit_vectors), what take_inputs indexes
 
     def __len__(self) -> int:
         return len(self.patient_ids)
@@ -181,6 +192,7 @@ class SplitArrays:
             patient_ids=[self.patient_ids[i] for i in rows],
             **{name: _take_rows(getattr(self, name), rows) for name in (*_VOLUMES, *_TABLES)},
             **{name: None if getattr(self, name) is None else getattr(self, name)[rows] for name in _PLAN_TABLES},
+            vectors={spec: vectors[rows] for spec, vectors in self.vectors.items()},
             skipped=dict(self.skipped),
         )
 
@@ -268,6 +280,7 @@ def load_split(
         )
     if len(arrays) == 0:
         raise PatientDataError("(all)", split_dir, "no complete patient is left after skipping")
+    arrays.folder = split_dir
     return arrays
 
 

@@ -236,6 +236,7 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Sit
         dose = as_volume(dose_indices, dose_values, np.float32)
         dose_decimals = decimals_of(dose_values)
 
+    prescriptions, gantry_angles = patient_plan.read_plan(folder, site)
     return Patient(
         patient_id=patient_id,
         ct=ct.reshape(VOLUME_SHAPE),
@@ -244,8 +245,8 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Sit
         voxel_dimensions=voxel_dimensions,
         dose=None if dose is None else dose.reshape(VOLUME_SHAPE),
         dose_decimals=dose_decimals,
-        prescriptions=patient_plan.read_prescriptions(folder, site) if patient_plan.has_prescriptions(folder) else None,
-        gantry_angles=patient_plan.read_gantry_angles(folder),
+        prescriptions=prescriptions,
+        gantry_angles=gantry_angles,
     )
 
 

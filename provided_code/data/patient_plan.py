@@ -32,14 +32,14 @@ BEAM_COLUMNS = ("type", "gantry_start", "gantry_stop", "direction", "couch")
 PLAN_FILES = (PRESCRIPTIONS_FILE, BEAMS_FILE)
 
 
-def has_prescriptions(folder: os.PathLike | str) -> bool:
-    return (Path(folder) / PRESCRIPTIONS_FILE).is_file()
-
-
-def read_gantry_angles(folder: os.PathLike | str) -> tuple[float, ...] | None:
-    """The directions the patient's ``beams.csv`` delivers from (arcs sampled), None without one."""
-    found = read_beams(folder)
-    return None if found is None else found[0].gantry_angles()
+def read_plan(folder: os.PathLike | str, site: Site) -> tuple[dict[str, float] | None, tuple[float, ...] | None]:
+    """``(prescriptions, gantry_angles)``: what the folder's own plan files say, each None without
+    its file. ``prescriptions``: :func:`read_prescriptions` (the site's for a target the file does
+    not list); ``gantry_angles``: the directions ``beams.csv`` delivers from (arcs sampled).
+    What a patient read from its folder carries (``read_patient``, the DICOM import)."""
+    prescriptions = read_prescriptions(folder, site) if (Path(folder) / PRESCRIPTIONS_FILE).is_file() else None
+    beams = read_beams(folder)
+    return prescriptions, None if beams is None else beams[0].gantry_angles()
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> list[dict]:
@@ -88,9 +88,10 @@ def read_prescriptions(folder: os.PathLike | str, site: Site) -> dict[str, float
 
 
 def read_beams(folder: os.PathLike | str) -> tuple[Beams, tuple[float, ...]] | None:
-    """``(beams, couch angles)`` from the folder's ``beams.csv``, None without one. Static beams and
-    arcs may be mixed: the result is then of kind ``arcs`` for every arc and ``static`` angles
-    joined (:func:`gantry_angles` samples them)."""
+    """``(beams, couch angles)`` from the folder's ``beams.csv``, None without one: of kind
+    ``static`` for static beams only, ``arcs`` for arcs only. Static beams and arcs may be mixed:
+    the result is then of kind ``static``, its angles the static beams' then the arcs' samples
+    (duplicates dropped, order kept)."""
     path = Path(folder) / BEAMS_FILE
     if not path.exists():
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
+from provided_code.inputs import swap_mirror_bits as swapped_bits
 
 GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored", "turn_degrees")
 
@@ -33,22 +34,11 @@ def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tens
 
 def swap_mirror_bits(structure_masks: tf.Tensor, mirrored: tf.Tensor, mirror_bits) -> tf.Tensor:
     """Swap the bits of each ``(right, left)`` pair of ``mirror_bits`` (a site's ``mirror_bits``;
-    OpenKBP: the parotids) of the patients where ``mirrored`` (what
-    :func:`provided_code.inference.mirror_left_right` does in numpy for ``--tta``)."""
+    OpenKBP: the parotids) of the patients where ``mirrored``: :func:`provided_code.inputs.swap_mirror_bits`,
+    as ``--tta`` swaps them in numpy."""
     if not mirror_bits:
         return structure_masks
-    dtype = structure_masks.dtype
-    every = (1 << (8 * dtype.size)) - 1
-    paired = 0
-    for right, left in mirror_bits:
-        paired |= right | left
-    swapped = tf.bitwise.bitwise_and(structure_masks, tf.constant(~paired & every, dtype))
-    zero = tf.zeros((), dtype)
-    for right, left in mirror_bits:
-        in_right = tf.bitwise.bitwise_and(structure_masks, tf.constant(right, dtype)) != 0
-        in_left = tf.bitwise.bitwise_and(structure_masks, tf.constant(left, dtype)) != 0
-        swapped = tf.bitwise.bitwise_or(swapped, tf.where(in_right, tf.constant(left, dtype), zero))
-        swapped = tf.bitwise.bitwise_or(swapped, tf.where(in_left, tf.constant(right, dtype), zero))
+    swapped = swapped_bits(structure_masks, mirror_bits, tf.where)
     return tf.where(tf.reshape(mirrored, (-1, 1, 1, 1)), swapped, structure_masks)
 
 

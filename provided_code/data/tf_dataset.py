@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.data.augment import Augmenter
-from provided_code.data.batches import epoch_updates, take_batch
+from provided_code.data.batches import epoch_updates, fit_vectors, take_batch
 from provided_code.inputs import ANGLES, InputSpec, default_inputs
 
 
@@ -96,6 +96,8 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
     elements carry ``possible_dose_mask``. ``augmenter``: they carry its draws for
     ``(epoch, update index)``, split between replicas like the patients.
     """
+
+    arrays = fit_vectors(arrays, inputs or default_inputs())  # once (training made them already: this is arrays)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = strategy.num_replicas_in_sync // context.num_input_pipelines

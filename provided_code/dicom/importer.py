@@ -250,14 +250,11 @@ def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: d
         geometry.write(staging)
         if also_write is not None:
             also_write(staging)
+        prescriptions, gantry_angles = patient_plan.read_plan(staging, site)  # the files also_write added (the cohort's)
         patient = Patient(
             patient_id=out.name, ct=ct, structure_masks=structure_masks, possible_dose_mask=possible_dose_mask,
             voxel_dimensions=np.array([float(v) for v in voxel_text.split()]), dose=read_dose,
-            dose_decimals=dose_decimals,
-            # the plan files also_write added (the cohort's), read by read_patient's own readers
-            prescriptions=(patient_plan.read_prescriptions(staging, site) if patient_plan.has_prescriptions(staging)
-                           else None),
-            gantry_angles=patient_plan.read_gantry_angles(staging))
+            dose_decimals=dose_decimals, prescriptions=prescriptions, gantry_angles=gantry_angles)
         replace_folder(staging, out)  # an earlier import is replaced whole
         return patient
     finally:

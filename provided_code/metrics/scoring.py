@@ -27,7 +27,7 @@ import pandas as pd
 
 from provided_code.data.cache import exact_dose
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.sites import Site, openkbp
+from provided_code.sites import Site, openkbp, parse_metric
 
 logger = logging.getLogger(__name__)
 
@@ -41,37 +41,58 @@ def structure_indices(structure_masks: np.ndarray, count: int) -> list[np.ndarra
     return [inside[(bits >> k) & 1 == 1] for k in range(count)]
 
 
-def _metric(name: str) -> tuple[str, float]:
-    """``"mean"`` → ("mean", 0); ``"D_0.1_cc"`` → ("cc", 0.1); ``"D_95"`` → ("percent", 95)."""
-    if name == "mean":
-        return "mean", 0.0
-    _, amount, *cc = name.split("_")
-    return ("cc" if cc else "percent"), float(amount)
+@dataclasses.dataclass(frozen=True)
+class MetricColumns:
+    """Where each metric of one kind of structure goes in a patient's table, resolved once per
+    site (:func:`metric_columns`): ``mean`` columns; ``(column, cc)`` of the ``D_<cc>_cc``
+    metrics; the ``D_<p>`` metrics' columns and the percentiles ``100 - p`` (one np.percentile call)."""
+
+    mean: tuple[int, ...]
+    cc: tuple[tuple[int, float], ...]
+    percent: tuple[int, ...]
+    percentiles: tuple[float, ...]
+
+
+def metric_columns(site: Site) -> dict[str, MetricColumns]:
+    """Each kind's :class:`MetricColumns`: the site's metric names read once
+    (:func:`provided_code.sites.parse_metric`), not per patient."""
+    columns = site.metric_names
+    resolved = {}
+    for kind, names in site.metrics.items():
+        mean, cc, percent, percentiles = [], [], [], []
+        for name in names:
+            measure, amount = parse_metric(name)
+            if measure == "mean":
+                mean.append(columns.index(name))
+            elif measure == "cc":
+                cc.append((columns.index(name), amount))
+            else:
+                percent.append(columns.index(name))
+                percentiles.append(100.0 - amount)
+        resolved[kind] = MetricColumns(tuple(mean), tuple(cc), tuple(percent), tuple(percentiles))
+    return resolved
 
 
 def dvh_metrics(dose_at: Callable[[np.ndarray], np.ndarray], indices: list[np.ndarray],
-                voxel_dimensions: np.ndarray, site: Site) -> np.ndarray:
-    """The metric table of one dose; ``dose_at(flat_indices)`` gives its float64 values there."""
+                voxel_dimensions: np.ndarray, site: Site,
+                columns: dict[str, MetricColumns] | None = None) -> np.ndarray:
+    """The metric table of one dose; ``dose_at(flat_indices)`` gives its float64 values there.
+    ``columns``: :func:`metric_columns` of ``site`` (resolved here if not given)."""
+    columns = metric_columns(site) if columns is None else columns
     voxel_volume = np.prod(voxel_dimensions)  # mm³
-    columns = site.metric_names
-    table = np.full((len(site.names), len(columns)), np.nan)
+    table = np.full((len(site.names), len(site.metric_names)), np.nan)
     for k, (structure, voxels) in enumerate(zip(site.structures, indices)):
         if voxels.size == 0:
             continue
         roi = dose_at(voxels)
-        percentiles, at = [], []  # one np.percentile call for a kind's volume-percent metrics
-        for name in site.metrics[structure.kind]:
-            kind, amount = _metric(name)
-            if kind == "mean":
-                table[k, columns.index(name)] = roi.mean()
-            elif kind == "cc":
-                voxels_in_volume = max(1.0, float(np.round(amount * 1000.0 / voxel_volume)))
-                table[k, columns.index(name)] = np.percentile(roi, 100.0 - voxels_in_volume / roi.size * 100.0)
-            else:
-                percentiles.append(100.0 - amount)
-                at.append(columns.index(name))
-        if percentiles:
-            table[k, at] = np.percentile(roi, percentiles)
+        kind = columns[structure.kind]
+        for column in kind.mean:
+            table[k, column] = roi.mean()
+        for column, amount in kind.cc:
+            voxels_in_volume = max(1.0, float(np.round(amount * 1000.0 / voxel_volume)))
+            table[k, column] = np.percentile(roi, 100.0 - voxels_in_volume / roi.size * 100.0)
+        if kind.percent:  # one np.percentile call for the kind's volume-percent metrics
+            table[k, list(kind.percent)] = np.percentile(roi, list(kind.percentiles))
     return table
 
 
@@ -150,6 +171,7 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
     site = arrays.site
     reference_tables = np.empty((count, len(site.names), len(site.metric_names)))
     predicted_tables = np.empty_like(reference_tables)
+    columns = metric_columns(site)
     for slot, row in enumerate(progress(rows, count, "Scoring")):
         reference32 = arrays.dose[row].reshape(-1)
         decimals = int(arrays.dose_decimals[row])
@@ -173,9 +195,9 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
         errors[slot] = (np.abs(reference_inside - prediction_inside).sum() + outside) / inside.size
         indices = structure_indices(arrays.structure_masks[row], len(site.names))
         reference_tables[slot] = dvh_metrics(lambda v: exact_dose(reference32[v], decimals), indices,
-                                             arrays.voxel_dimensions[row], site)
+                                             arrays.voxel_dimensions[row], site, columns)
         predicted_tables[slot] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
-                                             arrays.voxel_dimensions[row], site)
+                                             arrays.voxel_dimensions[row], site, columns)
     chosen = set(rows)
     return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables,
                   without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen], site=site)

@@ -7,7 +7,7 @@ import re
 
 import keras
 
-from provided_code.inputs import inputs_of, site_of
+from provided_code.inputs import inputs_of
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
@@ -80,7 +80,7 @@ def build_unet(config, keras_pooling: bool = False) -> keras.Model:
     levels = num_levels(resolution)
     specs = inputs_of(config)
     inputs = {spec.name: keras.Input(spec.shape(resolution), dtype=spec.dtype, name=spec.name) for spec in specs}
-    structures, prescriptions_gy, max_prescription_gy = site_unpacking(site_of(config))
+    structures, prescriptions_gy, max_prescription_gy = site_unpacking(config.site_obj)
     names = [spec.name for spec in specs]
     x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.gantry_angles,
                       beam_channels=config.beam_channels, structures=structures, prescriptions_gy=prescriptions_gy,

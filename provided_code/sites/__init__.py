@@ -36,6 +36,19 @@ DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles in
 _METRIC = re.compile(r"^(mean|D_(\d+(?:\.\d+)?)(_cc)?)$")
 
 
+def parse_metric(name: str) -> tuple[str, float]:
+    """A DVH metric's name read: ``"mean"`` → ``("mean", 0.0)``; ``"D_0.1_cc"`` → ``("cc", 0.1)``
+    (the dose to the hottest 0.1 cc); ``"D_95"`` → ``("percent", 95.0)`` (the dose 95 % of the
+    volume receives). A :class:`ValueError` for any other name. The one reading of the grammar:
+    site files are checked with it, :mod:`provided_code.metrics.scoring` computes by it."""
+    found = _METRIC.match(name) if isinstance(name, str) else None
+    if found is None:
+        raise ValueError(f"Invalid metric {name!r}. Expected mean, D_<percent of volume> (D_95) or D_<cc>_cc (D_0.1_cc)")
+    if found.group(2) is None:
+        return "mean", 0.0
+    return ("cc" if found.group(3) else "percent"), float(found.group(2))
+
+
 class SiteError(UserError, ValueError):
     """A site file or site description is not valid: one line naming the file and the field."""
 
@@ -314,11 +327,12 @@ def site_from_dict(data, source) -> Site:
         if not isinstance(listed, list) or not listed:
             fail(f"metrics.{kind}", "expected a non-empty list such as ['D_0.1_cc', 'mean']")
         for metric in listed:
-            if not isinstance(metric, str) or not _METRIC.match(metric):
+            try:
+                measure, amount = parse_metric(metric)
+            except ValueError:
                 fail(f"metrics.{kind}", f"unknown metric {metric!r}; expected mean, D_<percent of volume> (D_95) or "
                                         f"D_<cc>_cc (D_0.1_cc)")
-            percent = _METRIC.match(metric).group(2)
-            if percent is not None and not _METRIC.match(metric).group(3) and not 0 <= float(percent) <= 100:
+            if measure == "percent" and not 0 <= amount <= 100:
                 fail(f"metrics.{kind}", f"{metric!r}: a percentage of the volume is between 0 and 100")
     metrics = {kind: tuple(metrics[kind]) for kind in KINDS}
 

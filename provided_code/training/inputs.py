@@ -13,56 +13,56 @@ import tensorflow as tf
 
 from provided_code.config import ConfigError
 from provided_code.data.augment import Augmenter
-from provided_code.data.batches import patient_vectors
+from provided_code.data.batches import fit_vectors, plan_files_not_taken, warn_plan_files_not_taken
 from provided_code.data.cache import SplitArrays
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule
-from provided_code.inputs import inputs_of
+from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.losses import needs_possible_dose_mask
 
 logger = logging.getLogger(__name__)
 
 
-def fit_patient_inputs(config, splits: list[SplitArrays], saved=None):
-    """``config`` with the per-patient inputs its data asks for (``patient_prescriptions``,
-    ``beam_slots``: the most beams any patient of ``splits`` has, at least the run-wide angles'
-    count, so that a patient without its own fits), checked against every patient of ``splits``.
+def fit_patient_inputs(config, splits: list[SplitArrays], saved=None) -> tuple:
+    """``(config, splits)``: ``config`` with the per-patient inputs its data asks for
+    (``patient_prescriptions``, ``beam_slots``: the most beams any patient of ``splits`` has, at
+    least the run-wide angles' count, so that a patient without its own fits), and each split with
+    the model's per-patient vectors made once for every patient (:func:`fit_vectors`: a patient
+    that does not fit the model is refused, naming its file), what the batches index.
 
     A new run takes them; a resumed one (``saved``: its saved config, whose values ``config``
-    already holds) keeps its own, and is refused in one line when its data now has per-patient
-    files its model does not take. Patients without their own files take the run-wide values
-    (the site's prescriptions, the run's angles).
+    already holds) keeps its own, and is refused in one line, naming the first patient's file,
+    when its data now has per-patient files its model would take had it been trained on them.
+    Plan files the model does not take (``--beams 0``, no prescription channel, a resumed model
+    of run-wide beams) are named in one warning per split. Patients without their own files take
+    the run-wide values (the site's prescriptions, the run's angles).
     """
-    carrying = [arrays for arrays in splits if getattr(arrays, "prescriptions", None) is not None]
-    prescriptions = bool(config.prescription_channel and carrying)
+    prescriptions = bool(config.prescription_channel and any(arrays.prescriptions is not None for arrays in splits))
     slots = 0
-    with_beams = [arrays for arrays in splits if getattr(arrays, "beam_angles", None) is not None]
+    with_beams = [arrays for arrays in splits if arrays.beam_angles is not None]
     if config.beams and with_beams:
         counts = np.concatenate([np.isfinite(arrays.beam_angles).sum(axis=1) for arrays in with_beams])
         slots = int(max(counts.max(), len(config.gantry_angles)))  # any patient without beams.csv fits too
     if saved is None:
         config = dataclasses.replace(config, patient_prescriptions=prescriptions, beam_slots=slots)
-    else:
-        refused = []
-        if prescriptions and not config.patient_prescriptions:
-            refused.append("prescriptions.csv")
-        if slots and not config.beam_slots:
-            refused.append("beams.csv")
-        if refused:
-            raise ConfigError(
-                f"Cannot resume model {config.model_name!r} in {config.run_dir}: its data now has per-patient "
-                f"{' and '.join(refused)} files, and the model was trained with the run-wide "
-                f"{'prescriptions' if 'prescriptions.csv' in refused else 'beams'} (its inputs cannot change). "
-                f"Train a new --model-name.")
-    for spec in inputs_of(config):
-        if not spec.is_volume:
-            for arrays in splits:
-                patient_vectors(arrays, spec)  # a patient that does not fit the model: refused, named
+    else:  # what a new run on this data would take and this model cannot
+        refused = {name: why for name, why in inputs_left_out(config).items()
+                   if (name == "prescriptions" and prescriptions) or (name == "beam_angles" and slots)}
+        for arrays in splits:
+            found = plan_files_not_taken(arrays, refused)
+            if found is not None:
+                raise ConfigError(f"Cannot resume model {config.model_name!r} in {config.run_dir}: it does not take "
+                                  f"{found}, and its inputs cannot change. Train a new --model-name.")
+    inputs, left_out = inputs_of(config), inputs_left_out(config)
+    fitted = []
+    for arrays in splits:
+        warn_plan_files_not_taken(arrays, left_out, f"Model {config.model_name!r}")
+        fitted.append(fit_vectors(arrays, inputs))
     if config.patient_prescriptions or config.beam_slots:
         logger.info("Per-patient inputs: %s", "; ".join(part for part in (
             "prescriptions (patients without prescriptions.csv: the site's)" if config.patient_prescriptions else "",
             f"beams, up to {config.beam_slots} per patient, turned with the patient by augmentation (patients "
             f"without beams.csv: gantry {config.beam_angles}°)" if config.beam_slots else "") if part))
-    return config
+    return config, fitted
 
 
 def training_input(strategy: tf.distribute.Strategy, arrays: SplitArrays, config, first_epoch: int,

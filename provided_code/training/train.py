@@ -24,7 +24,7 @@ from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of, site_of
+from provided_code.inputs import inputs_of
 from provided_code.losses import loss_function
 from provided_code.networks.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
@@ -103,8 +103,11 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
-    config = fit_patient_inputs(config, [train_arrays] + ([validation.arrays] if validation is not None else []),
-                                saved)  # per-patient prescriptions and beams, when the data has them
+    # per-patient prescriptions and beams, when the data has them: made once per split here
+    config, (train_arrays, *validating) = fit_patient_inputs(
+        config, [train_arrays] + ([validation.arrays] if validation is not None else []), saved)
+    if validation is not None:
+        validation = dataclasses.replace(validation, arrays=validating[0])
     hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
@@ -129,7 +132,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     validation_data = validation_input(strategy, validation.arrays, config) if validation is not None else None
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
                      recompute=config.recompute, inputs=inputs_of(config),
-                     loss_fn=loss_function(config.loss, config.dvh_weight, len(site_of(config).names)))
+                     loss_fn=loss_function(config.loss, config.dvh_weight, len(config.site_obj.names)))
     callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     show_bar = verbose == 1 and placement.is_chief
@@ -297,7 +300,7 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
                        "those moves, or --augment without %s)", config.beam_angles, " and ".join(broken),
                        " and ".join(broken))
-    site = site_of(config)
+    site = config.site_obj
     logger.info("Network: %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s", config.filters,
                 config.resolution, config.norm, len(site.names), site.name,
                 (", each patient's prescription" if config.patient_prescriptions else ", prescription")
