@@ -252,7 +252,8 @@ def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prost
 
     folder = RunFolder(prostate_model)
     saved = folder.read_config()
-    assert saved.patient_prescriptions and saved.beam_slots == max(7, len(saved.gantry_angles))
+    assert saved.gantry_angles == load_site("prostate").beams.gantry_angles()  # the command line's default: the site's arcs
+    assert saved.patient_prescriptions and saved.beam_slots == len(saved.gantry_angles)  # 35 > the seven fields
     _, _, model = folder.load_trained_model(None)
     assert sorted(model.input) == ["beam_angles", "ct", "prescriptions", "structure_masks"]
     assert model.input["beam_angles"].shape[-1] == saved.beam_slots

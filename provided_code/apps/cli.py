@@ -40,7 +40,7 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="One more input channel: each voxel's highest PTV prescription (70, 63, 56 Gy, scaled).")
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
-@click.option("--beams", type=int, default=DEFAULTS.beams,
+@click.option("--beams", type=int, default=None, show_default=False,
               help="Beam input channels for N equidistant coplanar beams from gantry 0; 0: none [default: the site's "
                    "beams; OpenKBP: 9, at gantry 0, 40, …, 320].")
 @click.option("--beam-angles", default="",
