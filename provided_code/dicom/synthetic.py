@@ -58,13 +58,20 @@ class WrittenPatient:
     factor: int = 2
 
 
-def _base(sop_class: str, modality: str, study: Dataset, frame_uid: str) -> Dataset:
+def _with_file_meta(sop_class: str) -> Dataset:
+    """An empty dataset with the file meta of a new ``sop_class`` instance (explicit VR little endian)."""
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = sop_class
     meta.MediaStorageSOPInstanceUID = generate_uid()
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
+    return ds
+
+
+def _base(sop_class: str, modality: str, study: Dataset, frame_uid: str) -> Dataset:
+    ds = _with_file_meta(sop_class)
+    meta = ds.file_meta
     ds.SOPClassUID, ds.SOPInstanceUID = sop_class, meta.MediaStorageSOPInstanceUID
     ds.Modality = modality
     for element in study:
@@ -329,12 +336,7 @@ def write_series(folder: Path, patient: WrittenPatient, modality: str = "MR", sl
 
 def write_dicomdir(path: Path) -> Path:
     """A DICOMDIR (Media Storage Directory) with no records: what media exports put at their root."""
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = MEDIA_DIRECTORY_STORAGE
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
+    ds = _with_file_meta(MEDIA_DIRECTORY_STORAGE)
     ds.FileSetID = "ARCHIVE"
     ds.OffsetOfTheFirstDirectoryRecordOfTheRootDirectoryEntity = 0
     ds.OffsetOfTheLastDirectoryRecordOfTheRootDirectoryEntity = 0
