@@ -100,7 +100,7 @@ def console_script(name: str) -> list[str]:
 
 
 def copy_of_run(trained, tmp_path: Path):
-    """For a test that changes a run a module fixture trained once: ``trained`` (its TrainConfig)
+    """For a test that changes a run trained once (:func:`trained_once`): ``trained`` (its TrainConfig)
     with its run folder copied into ``tmp_path/results``; the cache stays shared (it is only read)."""
     import dataclasses
 
@@ -155,21 +155,60 @@ def phantom_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(phantom_data, tmp_path_factory) -> Path:
-    """The run folder (``results/m``) of a model trained once per test run on ``phantom_data``:
-    4 filters, 32³, one epoch, no scoring. To read and predict with, not to change."""
+def phantom_cache(phantom_data, tmp_path_factory) -> Path:
+    """The cache folder of ``phantom_data``'s two splits, built once per test run. Read-only: a test
+    that trains on ``phantom_data`` with a cache folder of its own fills it with :func:`linked_cache`."""
+    from provided_code.data.cache import load_split
+
+    def make(folder):
+        for split in ("train-pats", "validation-pats"):
+            load_split(phantom_data / split, cache_dir=folder, require_dose=False, workers=1)
+
+    return _made_once(tmp_path_factory, "phantom-cache", make)
+
+
+def linked_cache(phantom_cache: Path, folder: Path) -> Path:
+    """``folder`` with hard links to ``phantom_cache``'s files, so that a run finds ``phantom_data``
+    cached rather than parsing its CSVs again (what the cache tests test, not these). A cache that
+    is rebuilt replaces its link (a new file moved into place), never the shared file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in phantom_cache.iterdir():
+        if path.suffix == ".h5":
+            try:
+                os.link(path, folder / path.name)
+            except OSError:  # another file system
+                shutil.copy2(path, folder / path.name)
+    return folder
+
+
+def trained_once(tmp_path_factory, name: str, config_in, before=None):
+    """The TrainConfig ``config_in(folder)`` with its run trained once for the whole test run (in
+    the folder :func:`_made_once` makes under ``name``; ``before(folder)`` first, to write its data).
+    Read-only, as ``_made_once``'s material is: a test that changes the run changes a copy
+    (:func:`copy_of_run`)."""
     import keras
 
-    from provided_code.config import TrainConfig
     from provided_code.training.train import train
 
-    def make(root):
-        train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
-                          results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache")))
+    def make(folder):
+        if before is not None:
+            before(folder)
+        train(config_in(folder))
         keras.backend.clear_session()
         keras.mixed_precision.set_global_policy("float32")
 
-    return _made_once(tmp_path_factory, "tiny-model", make) / "results" / "m"
+    return config_in(_made_once(tmp_path_factory, name, make))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
+    """The run folder (``results/m``) of a model trained once per test run on ``phantom_data``:
+    4 filters, 32³, one epoch, no scoring. To read and predict with, not to change."""
+    from provided_code.config import TrainConfig
+
+    return trained_once(tmp_path_factory, "tiny-model", lambda root: TrainConfig(
+        filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
+        results_dir=str(root / "results"), model_name="m", cache_dir=str(phantom_cache))).run_dir
 
 
 @pytest.fixture(scope="session")

@@ -25,30 +25,40 @@ from provided_code.inference import PredictionError, mirror_left_right, predict_
 from provided_code.run_folder import RunFolder
 from provided_code.sites import load_site
 from provided_code.training.train import train
-from tests.conftest import console_script, predict
+from tests.conftest import console_script, copy_of_run, predict, trained_once
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(phantom_data, tmp_path_factory) -> TrainConfig:
-    root = tmp_path_factory.mktemp("predict")
-    data = root / "data"
-    shutil.copytree(phantom_data, data)
-    write_phantom_split(data / "test-pats", 2, first_number=241, with_dose=False)
-    config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(data),
-                         results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
-    train(config)
-    keras.backend.clear_session()
-    return config
+    """Two epochs on the phantoms and two test patients without doses, trained once per test run:
+    read-only (its copy: ``run``); its data and cache are shared (all three splits cached first)."""
+    def config_in(root):
+        return TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(root / "data"),
+                           results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
+
+    def write_data(root):
+        shutil.copytree(phantom_data, root / "data")
+        write_phantom_split(root / "data" / "test-pats", 2, first_number=241, with_dose=False)
+        for split in ("train-pats", "validation-pats", "test-pats"):
+            load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1)
+
+    return trained_once(tmp_path_factory, "predict-run", config_in, before=write_data)
 
 
-def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained):
-    report = predict(trained, stage="validation")
+@pytest.fixture
+def run(trained, tmp_path) -> TrainConfig:
+    """This test's copy of the trained run (its predictions written there)."""
+    return copy_of_run(trained, tmp_path)
+
+
+def test_predict_only_writes_predictions_zip_reports_and_matching_scores(run):
+    report = predict(run, stage="validation")
     assert report.epoch == 2 and report.patients == 2
     files = sorted(p.name for p in report.predictions_dir.glob("pt_*.csv"))
     assert files == ["pt_201.csv", "pt_202.csv"]
-    assert report.predictions_dir == Path(trained.results_dir) / "m" / "validation-predictions"
+    assert report.predictions_dir == Path(run.results_dir) / "m" / "validation-predictions"
     # The set in one folder: CSVs, zip and scores (moved into place together).
     assert report.submission == report.predictions_dir / "m_validation_epoch_2.zip"
     assert report.scores_path == report.predictions_dir / "scores.json"
@@ -56,7 +66,7 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
         "m_validation_epoch_2.zip", *files, "scores.csv", "scores.json"]
     with zipfile.ZipFile(report.submission) as archive:
         assert sorted(archive.namelist()) == files
-    arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
+    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False)
     for row, pid in enumerate(arrays.patient_ids):
         indices, values = read_sparse_csv(report.predictions_dir / f"{pid}.csv", pid, with_values=True)
         assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[row]))  # 128³, inside the mask
@@ -68,10 +78,10 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
     assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
     assert "PTV70_D_99_difference" in per_patient.columns
 
-    out = Path(trained.results_dir) / "standalone.json"
-    result = subprocess.run([*console_script("openkbp-score"), "--reference", str(Path(trained.data_dir) / "validation-pats"),
+    out = Path(run.results_dir) / "standalone.json"
+    result = subprocess.run([*console_script("openkbp-score"), "--reference", str(Path(run.data_dir) / "validation-pats"),
                              "--predictions", str(report.predictions_dir), "--json", str(out),
-                             "--cache-dir", trained.cache_dir], capture_output=True, text=True, timeout=300)
+                             "--cache-dir", run.cache_dir], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
     assert printed == json.loads(out.read_text())
@@ -81,8 +91,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(trained
     assert out.with_suffix(".csv").exists()
 
 
-def test_stage_without_reference_doses_is_predicted_not_scored(trained):
-    report = predict(trained, stage="test", epoch=1)
+def test_stage_without_reference_doses_is_predicted_not_scored(run):
+    report = predict(run, stage="test", epoch=1)
     assert report.epoch == 1 and report.scores is None
     assert sorted(p.name for p in report.predictions_dir.iterdir()) == ["m_test_epoch_1.zip", "pt_241.csv",
                                                                         "pt_242.csv"]
@@ -111,14 +121,14 @@ def test_tta_prediction_is_left_right_equivariant(trained):
     assert not np.allclose(predict_arrays(model, arrays, batch_size=2), plain, atol=1e-5)
 
 
-def test_plots_are_written_or_explained(trained, monkeypatch):
+def test_plots_are_written_or_explained(run, monkeypatch):
     pytest.importorskip("matplotlib")
-    report = predict(trained, stage="validation", plots=True)
+    report = predict(run, stage="validation", plots=True)
     plots = sorted(p.name for p in (report.predictions_dir.parent / "validation-plots").iterdir())
     assert plots == ["pt_201_dvh.png", "pt_201_slices.png", "pt_202_dvh.png", "pt_202_slices.png"]
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="pip install 'provided_code\\[plots\\]'"):
-        predict(trained, stage="validation", plots=True)
+        predict(run, stage="validation", plots=True)
 
 
 def test_unknown_model_is_a_clear_error(trained):
@@ -126,16 +136,16 @@ def test_unknown_model_is_a_clear_error(trained):
         predict(dataclasses.replace(trained, model_name="nope"))
 
 
-def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(trained):
-    plain = predict(trained, stage="validation")
+def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(run):
+    plain = predict(run, stage="validation")
     _, plain_values = read_sparse_csv(plain.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    report = predict(trained, stage="validation", tta=True)
+    report = predict(run, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    arrays = load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir, require_dose=False)
+    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False)
     assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
     # By hand: the model on the 32³ patient and on its mirror (parotids swapped), mirrored back, averaged.
     low = downsample_split(arrays, 32)
-    _, model = RunFolder(trained.run_dir).load_newest(compile=False)
+    _, model = RunFolder(run.run_dir).load_newest(compile=False)
     direct = np.asarray(model.predict_on_batch({"ct": low.ct[:1], "structure_masks": low.structure_masks[:1]}))
     mirrored = np.asarray(model.predict_on_batch({"ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
                                                   "structure_masks": mirror_left_right(low.structure_masks[:1], 2)}))
@@ -159,25 +169,25 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     assert not (broken.run_dir / "validation-predictions").exists()
 
 
-def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(trained, tmp_path):
-    single = predict(trained, stage="validation", epoch="best")
-    shutil.copytree(trained.run_dir / "models", Path(trained.results_dir) / "m2" / "models")
-    ensemble = dataclasses.replace(trained, model_name="ens")
+def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(run, tmp_path):
+    single = predict(run, stage="validation", epoch="best")
+    shutil.copytree(run.run_dir / "models", Path(run.results_dir) / "m2" / "models")
+    ensemble = dataclasses.replace(run, model_name="ens")
     report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
     assert report.epoch == "ensemble" and report.scores.dose_score == single.scores.dose_score
     assert report.scores.dvh_score == single.scores.dvh_score
     summary = json.loads(report.scores_path.read_text())
     assert summary["members"] == [{"model": "m", "epoch": single.epoch}, {"model": "m2", "epoch": single.epoch}]
-    assert report.predictions_dir == Path(trained.results_dir) / "ens" / "validation-predictions"
+    assert report.predictions_dir == Path(run.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
     from provided_code.apps.score_folder import score_prediction_folder
 
-    standalone = score_prediction_folder(Path(trained.data_dir) / "validation-pats", report.predictions_dir,
-                                         cache_dir=trained.cache_dir)
+    standalone = score_prediction_folder(Path(run.data_dir) / "validation-pats", report.predictions_dir,
+                                         cache_dir=run.cache_dir)
     # Both score the written CSVs through the same reader and arithmetic: exact.
     assert standalone.dose_score == report.scores.dose_score and standalone.dvh_score == report.scores.dvh_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
-        predict(dataclasses.replace(trained, model_name="m2"), stage="validation", ensemble=["m", "m2"])
+        predict(dataclasses.replace(run, model_name="m2"), stage="validation", ensemble=["m", "m2"])
 
     with pytest.raises(ConfigError, match=r"Expected each member once \(m would weigh more than the others\). "
                                           r"Received: ensemble='m,m2,m'"):
@@ -279,7 +289,8 @@ def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(trai
 def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trained, tmp_path):
     data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
     (data / "validation-pats" / "pt_202" / "dose.csv").unlink()
-    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
+    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data),
+                                 cache_dir=str(tmp_path / "cache"))  # its own: another split to cache
     report = predict(config, stage="validation")
     assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
     assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()

@@ -1,6 +1,6 @@
 """What a run writes, after the machine or the user broke it: a cut-off log line, a log that does
 not parse, a deleted config.json, checkpoints that no longer load, a changed schedule. Each
-scenario breaks its own copy of one two-epoch run (trained once for the module)."""
+scenario breaks its own copy of one two-epoch run (trained once per test run)."""
 
 import dataclasses
 import logging
@@ -11,22 +11,20 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
-from tests.conftest import copy_of_run
+from tests.conftest import copy_of_run, trained_once
 
 
-# All slow, so that they run together (the slow tests run first) and share the module's trained run.
 pytestmark = [pytest.mark.usefixtures("reset_keras"), pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def trained(phantom_data, tmp_path_factory) -> TrainConfig:
-    """Two epochs, a checkpoint after each (constant rate, no scores): not to be changed, copy it."""
-    root = tmp_path_factory.mktemp("run-files")
-    config = TrainConfig(filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
-                         lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(root / "results"),
-                         model_name="m", cache_dir=str(root / "cache"))
-    train(config)
-    return config
+@pytest.fixture(scope="session")
+def trained(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
+    """Two epochs, a checkpoint after each (constant rate, no scores), trained once per test run:
+    not to be changed, copy it."""
+    return trained_once(tmp_path_factory, "run-files-run", lambda root: TrainConfig(
+        filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
+        lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="m",
+        cache_dir=str(phantom_cache)))
 
 
 @pytest.fixture

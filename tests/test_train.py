@@ -21,7 +21,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights, train, weights_fingerprint
-from tests.conftest import REPO, log_epochs, predict, requires_float16_convolutions
+from tests.conftest import REPO, linked_cache, log_epochs, predict, requires_float16_convolutions, trained_once
 
 
 
@@ -29,30 +29,25 @@ pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 @pytest.fixture
-def config(phantom_data, tmp_path) -> TrainConfig:
+def config(phantom_data, phantom_cache, tmp_path) -> TrainConfig:
     return TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla="off", score_every=0,
                        data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
-                       model_name="tiny", cache_dir=str(tmp_path / "cache"))
+                       model_name="tiny", cache_dir=str(linked_cache(phantom_cache, tmp_path / "cache")))
 
 
-@pytest.fixture(scope="module")
-def _two_epochs(phantom_data, tmp_path_factory) -> TrainConfig:
-    """``config`` trained to epoch 2 once per module (checkpoints 1 and 2, the log, config.json)."""
-    root = tmp_path_factory.mktemp("two-epochs")
-    trained = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0,
-                          data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="tiny",
-                          cache_dir=str(root / "cache"))
-    train(trained)
-    keras.backend.clear_session()
-    return trained
+@pytest.fixture(scope="session")
+def _two_epochs(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
+    """``config`` trained to epoch 2 once per test run (checkpoints 1 and 2, the log, config.json)."""
+    return trained_once(tmp_path_factory, "train-two-epochs", lambda root: TrainConfig(
+        filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0, data_dir=str(phantom_data),
+        results_dir=str(root / "results"), model_name="tiny", cache_dir=str(phantom_cache)))
 
 
 @pytest.fixture
 def two_epochs(config, _two_epochs) -> TrainConfig:
-    """``config`` whose model is already trained to epoch 2: a copy of the module's run folder, the
-    module's (read-only) cache."""
+    """``config`` whose model is already trained to epoch 2: a copy of the shared run folder."""
     shutil.copytree(_two_epochs.run_dir, config.run_dir)
-    return dataclasses.replace(config, cache_dir=_two_epochs.cache_dir)
+    return config
 
 
 def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):

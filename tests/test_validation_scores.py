@@ -3,7 +3,6 @@ import json
 import shutil
 from pathlib import Path
 
-import keras
 import pytest
 from click.testing import CliRunner
 
@@ -15,7 +14,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
-from tests.conftest import copy_of_run, predict
+from tests.conftest import copy_of_run, predict, trained_once
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
@@ -43,18 +42,14 @@ def test_scoring_epochs_are_every_n_and_the_last():
     assert not any(is_scoring_epoch(e, 0, 11) for e in range(1, 12))
 
 
-# The tests of this run are all marked slow, so that they run together (the slow tests run first)
-# and share it.
-@pytest.fixture(scope="module")
-def scored(phantom_data, tmp_path_factory) -> TrainConfig:
-    """Two epochs, each scored and checkpointed: not to be changed, copy it (:func:`copy_of`)."""
-    root = tmp_path_factory.mktemp("scored")
-    config = TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, keep=5, score_every=1, xla="off",
-                         learning_rate=2e-3, data_dir=str(phantom_data), results_dir=str(root / "results"),
-                         model_name="scored", cache_dir=str(root / "cache"))
-    train(config)
-    keras.backend.clear_session()
-    return config
+@pytest.fixture(scope="session")
+def scored(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
+    """Two epochs, each scored and checkpointed, trained once per test run: not to be changed, copy
+    it (:func:`copy_of`)."""
+    return trained_once(tmp_path_factory, "scored-run", lambda root: TrainConfig(
+        filters=4, resolution=32, epochs=2, save_every=1, keep=5, score_every=1, xla="off", learning_rate=2e-3,
+        data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="scored",
+        cache_dir=str(phantom_cache)))
 
 
 @pytest.fixture
