@@ -1,7 +1,9 @@
 """Multi-device training on logical CPU devices, in fresh processes (the CPU can only be split
 before TensorFlow starts)."""
 
+import io
 import json
+import logging
 import os
 import re
 import signal
@@ -13,14 +15,14 @@ import time
 import keras
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from provided_code.apps.cli import main
 from provided_code.config import ConfigError, read_tf_config
-
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
-from tests.conftest import REPO, log_epochs
-
+from tests.conftest import REPO, linked_cache, log_epochs
 
 
 def cli_command(phantom_data, tmp_path, *args):
@@ -37,16 +39,42 @@ def run_cli(phantom_data, tmp_path, *args, env=None, check=True):
     return result
 
 
-def run_cli_together(phantom_data, tmp_path, *arg_lists):
-    """Independent runs side by side (their start-up is mostly single-threaded); all must succeed."""
+def run_cli_together(phantom_data, tmp_path, *arg_lists, here=None):
+    """Independent runs side by side (their start-up is mostly single-threaded); all must succeed.
+    ``here``: one more run of the command line, on one device, in this process meanwhile (the CPU
+    is split into logical devices only before TensorFlow starts, so a run on several needs a
+    process of its own; one on one device does not, and saves a TensorFlow start): its result
+    comes last, its log in ``caplog``."""
     processes = [subprocess.Popen(cli_command(phantom_data, tmp_path, *args), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for args in arg_lists]
     results = []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr[-4000:]
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
-    return results
+    try:
+        if here is not None:
+            in_process = run_cli_here(phantom_data, tmp_path, *here)
+    finally:
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=600)
+            assert process.returncode == 0, stderr[-4000:]
+            results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return results + ([in_process] if here is not None else [])
+
+
+def run_cli_here(phantom_data, tmp_path, *args):
+    """The command line ``cli_command`` runs, in this process (on one device): a CompletedProcess
+    whose stdout is what the command printed, its stderr the library's log lines."""
+    log, logger = io.StringIO(), logging.getLogger("provided_code")
+    handler, level = logging.StreamHandler(log), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        result = CliRunner().invoke(main, cli_command(phantom_data, tmp_path, *args)[2:])
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")
+    assert result.exit_code == 0, (result.output, log.getvalue()[-4000:], result.exception)
+    return subprocess.CompletedProcess(args, result.exit_code, result.output, log.getvalue())
 
 
 def final_weights(results, name):
@@ -61,23 +89,24 @@ NO_SCORING = ("--score-every", "0")
 
 
 @pytest.mark.slow
-def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, tmp_path):
+def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, phantom_cache, tmp_path):
     """Synchronised batch norm (XLA off: its all-reduce cannot be compiled): two replicas give the
     weights one device gives. Augmentation is drawn per update and split between replicas like the
     patients, so it too gives the same weights. The same with XLA, instance norm and recomputation:
-    INSTANCE_NORM_PROBE below at 16³; the command line with XLA in the next test."""
-    two, one = run_cli_together(
-        phantom_data, tmp_path,
-        ("--model-name", "two", "--devices", "2", "--batch-size", "1", "--epochs", "2", "--xla", "off",
-         *FULL_AUGMENT, "--norm", "batch"),
-        ("--model-name", "one", "--devices", "1", "--batch-size", "2", "--epochs", "2", "--xla", "off",
-         *FULL_AUGMENT, "--norm", "batch"))
+    INSTANCE_NORM_PROBE below at 16³; the command line with XLA in the next test. The runs on two
+    replicas are processes of their own, those on one device run in this process meanwhile."""
+    linked_cache(phantom_cache, tmp_path / "cache")
+    recipe = ("--epochs", "2", "--xla", "off", *FULL_AUGMENT, "--norm", "batch")
+    two, one = run_cli_together(phantom_data, tmp_path,
+                                ("--model-name", "two", "--devices", "2", "--batch-size", "1", *recipe),
+                                here=("--model-name", "one", "--devices", "1", "--batch-size", "2", *recipe))
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and "XLA off" in two.stderr
-    assert "CPU kernels: oneDNN" in one.stderr
+    assert "batch 2 per device × 1 replica(s) = 2 global" in one.stderr
+    assert "CPU kernels: oneDNN" in two.stderr
     # Not a terminal: one plain line per epoch, no progress-bar frames or control characters.
-    assert "epoch 2/2: loss" in one.stderr and "━" not in one.stdout
-    assert "\r" not in one.stdout + one.stderr and "\x08" not in one.stdout + one.stderr
+    assert "epoch 2/2: loss" in two.stderr and "━" not in two.stdout
+    assert "\r" not in two.stdout + two.stderr and "\x08" not in two.stdout + two.stderr
     results = tmp_path / "results"
     for name in ("two", "one"):
         assert log_epochs(results / name) == [1, 2]
@@ -92,21 +121,22 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, t
     scores = [read_log(results / name / "training_log.csv")[-1]["val_dose_score"] for name in ("two", "one")]
     assert float(scores[0]) == pytest.approx(float(scores[1]), rel=1e-4)
     # A 2-replica run resumes on one device, and a 1-device run on two.
-    two, one = run_cli_together(
-        phantom_data, tmp_path,
-        ("--model-name", "two", "--devices", "1", "--batch-size", "2", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING,
-         "--norm", "batch"),
-        ("--model-name", "one", "--devices", "2", "--batch-size", "1", "--epochs", "3", *FULL_AUGMENT, *NO_SCORING,
-         "--norm", "batch"))
+    resume = ("--epochs", "3", *FULL_AUGMENT, *NO_SCORING, "--norm", "batch")
+    one, two = run_cli_together(phantom_data, tmp_path,
+                                ("--model-name", "one", "--devices", "2", "--batch-size", "1", *resume),
+                                here=("--model-name", "two", "--devices", "1", "--batch-size", "2", *resume))
     assert "Resuming two from epoch 2" in two.stderr and "Resuming one from epoch 2" in one.stderr
+    assert "batch 1 per device × 2 replica(s)" in one.stderr and "batch 2 per device × 1 replica(s)" in two.stderr
     assert log_epochs(results / "two") == [1, 2, 3] and log_epochs(results / "one") == [1, 2, 3]
 
 
 @pytest.mark.slow
-def test_xla_with_recomputation_trains_from_the_command_line(phantom_data, tmp_path):
+def test_xla_with_recomputation_trains_from_the_command_line(phantom_data, phantom_cache, tmp_path):
     """XLA from the command line: the whole step compiled (instance norm), its blocks recomputed, one
     epoch of two updates (XLA:CPU steps take seconds). On one device, compiled once; the step on two
-    replicas, compiled and recomputed, equals one device in INSTANCE_NORM_PROBE below (16³)."""
+    replicas, compiled and recomputed, equals one device in INSTANCE_NORM_PROBE below (16³). A
+    process of its own: XLA on, without the deterministic ops this process's other runs turned on."""
+    linked_cache(phantom_cache, tmp_path / "cache")
     (run,) = run_cli_together(
         phantom_data, tmp_path,
         ("--model-name", "xla", "--devices", "1", "--batch-size", "2", "--epochs", "1", "--xla", "on",
@@ -151,7 +181,9 @@ def output(worker):
 
 
 @pytest.mark.slow
-def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_path):
+def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, phantom_cache, tmp_path):
+    for cache in ("cache0", "cache1", "cache"):  # each worker's own, as on two machines; the resume's
+        linked_cache(phantom_cache, tmp_path / cache)
     workers = start_workers(phantom_data, tmp_path, "mw", "--epochs", "2", "--save-every", "1")
     for process, _ in workers:
         assert process.wait(timeout=300) == 0, output(workers[0])[-3000:] + output(workers[1])[-3000:]
@@ -184,8 +216,8 @@ def test_two_workers_train_in_step_then_survive_a_lost_worker(phantom_data, tmp_
     assert "Traceback" not in survivor and waited < 60
     newest = RunFolder(results / "lost").checkpoints()[0][0]
 
-    # Resume on one device from the multi-worker run's checkpoints.
-    resumed = run_cli(phantom_data, tmp_path, "--model-name", "lost", "--batch-size", "2", "--epochs", str(newest + 1))
+    # Resume on one device from the multi-worker run's checkpoints (in this process: one device).
+    resumed = run_cli_here(phantom_data, tmp_path, "--model-name", "lost", "--batch-size", "2", "--epochs", str(newest + 1))
     assert f"Resuming lost from epoch {newest}" in resumed.stderr
     assert log_epochs(results / "lost") == list(range(1, newest + 2))
 
