@@ -29,16 +29,19 @@ INSTANCE_KEYWORDS = ("SOPInstanceUID", "SeriesInstanceUID", "StudyInstanceUID", 
 SYNTAXES = [ExplicitVRLittleEndian, ImplicitVRLittleEndian]
 
 
-def small_patient(folder: Path, seed: int = 5, step: int = 4, with_dose: bool = True) -> Path:
+def small_patient(folder: Path, seed: int = 5, step: int = 4, with_dose: bool = True,
+                  slice_step: int | None = None) -> Path:
     """A phantom at 1/``step`` of the OpenKBP resolution along each axis (``step`` 4: a 32 × 32 CT
-    of 32 slices, 8-10 mm apart; the smallest whose targets keep their contours) written as a
-    planning system exports it: CT files, ``RS.dcm`` naming every CT image it was drawn on, and
-    ``RD.dcm`` with ``with_dose``. Returns ``folder``."""
+    of 32 slices, 8-10 mm apart; the smallest whose targets keep their contours), or along the
+    slices at 1/``slice_step`` (8: 16 slices, 16-20 mm apart, each target still on two or more),
+    written as a planning system exports it: CT files, ``RS.dcm`` naming every CT image it was
+    drawn on, and ``RD.dcm`` with ``with_dose``. Returns ``folder``."""
     volumes = make_phantom(seed)
-    box = (slice(None, None, step),) * 3
+    steps = (step, step, slice_step or step)
+    box = tuple(slice(None, None, s) for s in steps)
     masks = {name: volumes[name][box] for name in STRUCTURES}
     masks["BODY"] = volumes["possible_dose_mask"][box]
-    written = write_patient(folder, volumes["ct"][box], masks, np.asarray(volumes["voxel_dimensions"]) * step,
+    written = write_patient(folder, volumes["ct"][box], masks, np.asarray(volumes["voxel_dimensions"]) * steps,
                             volumes["dose"][box] if with_dose else None, factor=1)
     add_image_references(written.rtstruct, written.ct_dir)
     return Path(folder)
