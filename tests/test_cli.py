@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, console_script
+from tests.conftest import REPO, console_script, linked_cache
 
 
 def run(*args, **kwargs):
@@ -96,7 +96,8 @@ def test_an_infinite_learning_rate_or_dvh_weight_is_refused(tmp_path):
 
 
 @pytest.mark.usefixtures("reset_keras")
-def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refused_or_recorded(phantom_data, tmp_path):
+def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refused_or_recorded(phantom_data,
+                                                                                                phantom_cache, tmp_path):
     """Started with --preset starter plus a flag: the bare command (no recipe or network flags)
     resumes it; --preset v1 (another loss) is refused naming the field, and with --change-recipe
     it is applied and recorded in config.json's history."""
@@ -106,7 +107,7 @@ def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refu
     from provided_code.config import TrainConfig
 
     where = ["--data-dir", str(phantom_data), "--results-dir", str(tmp_path / "results"), "--model-name", "p",
-             "--cache-dir", str(tmp_path / "cache"), "--score-every", "0", "--save-every", "1"]
+             "--cache-dir", str(linked_cache(phantom_cache, tmp_path / "cache")), "--score-every", "0", "--save-every", "1"]
     saved = tmp_path / "results" / "p" / "models" / "config.json"
     started = CliRunner().invoke(cli.main, where + ["--preset", "starter", "--augment", "flip", "--filters", "4",
                                                     "--resolution", "32", "--xla", "off", "--epochs", "1"])

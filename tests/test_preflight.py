@@ -10,7 +10,7 @@ import pytest
 
 from provided_code.errors import ConfigError
 from provided_code.infra.preflight import check_writable
-from tests.conftest import REPO
+from tests.conftest import REPO, linked_cache
 
 
 
@@ -53,7 +53,7 @@ def test_read_only_results_or_cache_folder_is_one_line_before_tensorflow(phantom
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is not installed")
-def test_models_folder_made_read_only_mid_run_is_one_line_naming_the_path(phantom_data, tmp_path):
+def test_models_folder_made_read_only_mid_run_is_one_line_naming_the_path(phantom_data, phantom_cache, tmp_path):
     import time
 
     results = tmp_path / "results"
@@ -62,7 +62,7 @@ def test_models_folder_made_read_only_mid_run_is_one_line_naming_the_path(phanto
     process = subprocess.Popen([*setpriv, sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
                                 "--filters", "2", "--resolution", "32", "--epochs", "200", "--save-every", "1",
                                 "--score-every", "0", "--model-name", "m", "--results-dir", str(results),
-                                "--cache-dir", str(tmp_path / "cache")],
+                                "--cache-dir", str(linked_cache(phantom_cache, tmp_path / "cache"))],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
