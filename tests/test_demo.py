@@ -1,14 +1,26 @@
+import os
 import re
 
 import pytest
 from click.testing import CliRunner
 
 from provided_code.apps.demo import main
+from tests.conftest import linked_cache
 
 
 @pytest.mark.slow
-def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(tmp_path):
-    """The same code path as `bash scripts/demo`, smaller: phantoms, train, predict, score, plots."""
+def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(phantom_data, phantom_cache, tmp_path):
+    """The same code path as `bash scripts/demo`, smaller: phantoms, train, predict, score, plots.
+    The demo writes only the phantoms it misses: its training phantoms are phantom_data's (the same
+    seeds; their folder a link to it, so that they are found cached too), one validation phantom is
+    there already and it writes the other."""
+    data = tmp_path / "demo-data"
+    data.mkdir()
+    (data / "train-pats").symlink_to(phantom_data / "train-pats", target_is_directory=True)
+    (data / "validation-pats" / "pt_201").mkdir(parents=True)
+    for path in (phantom_data / "validation-pats" / "pt_201").iterdir():
+        os.link(path, data / "validation-pats" / "pt_201" / path.name)
+    linked_cache(phantom_cache, tmp_path / "cache")  # $OPENKBP_CACHE_DIR in the tests
     result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--train-patients", "4",
                                        "--validation-patients", "2", "--epochs", "3", "--filters", "4"])
     assert result.exit_code == 0, result.output
@@ -17,7 +29,10 @@ def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(tmp_path):
     assert (tmp_path / "demo" / "validation-predictions" / "scores.json").exists()
     assert (tmp_path / "demo" / "models" / "best.keras").exists() and "best.keras, epoch" in result.output
     assert len(list((tmp_path / "demo" / "validation-predictions").glob("pt_*.csv"))) == 2
-    assert len(list((tmp_path / "demo-data" / "train-pats").iterdir())) == 4
+    assert len(list((data / "train-pats").iterdir())) == 4
+    written = data / "validation-pats" / "pt_202"
+    assert sorted(os.listdir(written)) == sorted(os.listdir(phantom_data / "validation-pats" / "pt_202"))
+    assert (written / "ct.csv").read_bytes() == (phantom_data / "validation-pats" / "pt_202" / "ct.csv").read_bytes()
 
 
 @pytest.mark.slow
