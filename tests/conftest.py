@@ -250,16 +250,12 @@ def prostate_model(prostate_data, tmp_path_factory) -> Path:
     return _made_once(tmp_path_factory, "prostate-model", make) / "results" / "p"
 
 
-@pytest.fixture(scope="session")
-def _phantom_template(tmp_path_factory) -> Path:
-    return _made_once(tmp_path_factory, "phantom-template",
-                      lambda folder: write_phantom_split(folder / "split", 3, first_number=1, seed=7)) / "split"
-
-
 @pytest.fixture
-def phantom_split(tmp_path, _phantom_template) -> Path:
-    """A writable split of 3 phantoms (pt_1, pt_2, pt_3), for tests that break files."""
-    return Path(shutil.copytree(_phantom_template, tmp_path / "split"))
+def phantom_split(tmp_path, phantom_data) -> Path:
+    """A writable split of 3 phantoms (pt_1, pt_2, pt_3: copies of ``phantom_data``'s first three
+    training patients), for tests that break files."""
+    return Path(shutil.copytree(phantom_data / "train-pats", tmp_path / "split", ignore=lambda folder, names: [
+        name for name in names if name.startswith("pt_") and name not in ("pt_1", "pt_2", "pt_3")]))
 
 
 def pytest_collection_modifyitems(items):
