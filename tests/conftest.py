@@ -181,11 +181,11 @@ def linked_cache(phantom_cache: Path, folder: Path) -> Path:
     return folder
 
 
-def trained_once(tmp_path_factory, name: str, config_in, before=None):
+def trained_once(tmp_path_factory, name: str, config_in, before=None, after=None):
     """The TrainConfig ``config_in(folder)`` with its run trained once for the whole test run (in
-    the folder :func:`_made_once` makes under ``name``; ``before(folder)`` first, to write its data).
-    Read-only, as ``_made_once``'s material is: a test that changes the run changes a copy
-    (:func:`copy_of_run`)."""
+    the folder :func:`_made_once` makes under ``name``; ``before(folder)`` first, to write its data;
+    ``after(config)`` last, to predict with it). Read-only, as ``_made_once``'s material is: a test
+    that changes the run changes a copy (:func:`copy_of_run`)."""
     import keras
 
     from provided_code.training.train import train
@@ -194,6 +194,8 @@ def trained_once(tmp_path_factory, name: str, config_in, before=None):
         if before is not None:
             before(folder)
         train(config_in(folder))
+        if after is not None:
+            after(config_in(folder))
         keras.backend.clear_session()
         keras.mixed_precision.set_global_policy("float32")
 

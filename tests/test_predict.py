@@ -32,8 +32,10 @@ STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 @pytest.fixture(scope="session")
 def trained(phantom_data, tmp_path_factory) -> TrainConfig:
-    """Two epochs on the phantoms and two test patients without doses, trained once per test run:
-    read-only (its copy: ``run``); its data and cache are shared (all three splits cached first)."""
+    """Two epochs on the phantoms and two test patients without doses, trained once per test run,
+    its validation and test predictions written (the newest epoch, 2, also the best: scored at the
+    last epoch only). Read-only (its copy: ``run``); its data and cache are shared (all three splits
+    cached first)."""
     def config_in(root):
         return TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(root / "data"),
                            results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
@@ -44,12 +46,16 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
         for split in ("train-pats", "validation-pats", "test-pats"):
             load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1)
 
-    return trained_once(tmp_path_factory, "predict-run", config_in, before=write_data)
+    def write_predictions(config):
+        for stage in ("validation", "test"):
+            predict(config, stage=stage)
+
+    return trained_once(tmp_path_factory, "predict-run", config_in, before=write_data, after=write_predictions)
 
 
 @pytest.fixture
 def run(trained, tmp_path) -> TrainConfig:
-    """This test's copy of the trained run (its predictions written there)."""
+    """This test's copy of the trained run and its predictions (this test's written there)."""
     return copy_of_run(trained, tmp_path)
 
 
@@ -137,8 +143,8 @@ def test_unknown_model_is_a_clear_error(trained):
 
 
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(run):
-    plain = predict(run, stage="validation")
-    _, plain_values = read_sparse_csv(plain.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
+    plain = run.run_dir / "validation-predictions" / "pt_201.csv"  # the shared run's, without TTA
+    _, plain_values = read_sparse_csv(plain, "pt_201", with_values=True)
     report = predict(run, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
     arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False)
@@ -170,14 +176,16 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
 
 
 def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(run, tmp_path):
-    single = predict(run, stage="validation", epoch="best")
+    single = json.loads((run.run_dir / "validation-predictions" / "scores.json").read_text())  # the run's own
+    assert single["epoch"] == RunFolder(run.run_dir).read_best()["epoch"]  # its best epoch, as each member's below
     shutil.copytree(run.run_dir / "models", Path(run.results_dir) / "m2" / "models")
     ensemble = dataclasses.replace(run, model_name="ens")
     report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
-    assert report.epoch == "ensemble" and report.scores.dose_score == single.scores.dose_score
-    assert report.scores.dvh_score == single.scores.dvh_score
+    # JSON keeps a float64 exactly: the same arithmetic on the same predictions, the same number
+    assert report.epoch == "ensemble" and report.scores.dose_score == single["dose_score"]
+    assert report.scores.dvh_score == single["dvh_score"]
     summary = json.loads(report.scores_path.read_text())
-    assert summary["members"] == [{"model": "m", "epoch": single.epoch}, {"model": "m2", "epoch": single.epoch}]
+    assert summary["members"] == [{"model": "m", "epoch": single["epoch"]}, {"model": "m2", "epoch": single["epoch"]}]
     assert report.predictions_dir == Path(run.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
     from provided_code.apps.score_folder import score_prediction_folder
@@ -271,10 +279,8 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
     _assert_scores_describe_the_csvs(config, folder, epoch=2)
 
 
-def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(trained, tmp_path):
-    config = _copy_run(trained, tmp_path / "results")
-    predict(config, stage="validation")
-    predict(config, stage="test")
+def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(run):
+    config = run  # with the run's validation and test predictions
     train(TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
                       results_dir=config.results_dir, model_name="m", cache_dir=config.cache_dir), start_over=True)
     keras.backend.clear_session()
