@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import shutil
 import sys
@@ -124,34 +125,61 @@ def log_epochs(run_dir: Path) -> list[int]:
         return [int(row["epoch"]) for row in csv.DictReader(handle)]
 
 
-def _made_once(tmp_path_factory, name: str, make) -> Path:
-    """The folder ``name`` that ``make(folder)`` fills once for the whole test run: under pytest-xdist
-    the first worker to ask makes it in the folder the workers share, the others wait for it (a lock
-    file) and use it too. For read-only material only (phantoms, a trained model to predict with)."""
-    import fcntl
-
+def _shared_base(tmp_path_factory) -> Path:
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # this run's folder, shared by its workers (one per run: never stale)
-    folder, made = base / name, base / f"{name}.made"
-    with open(base / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    return base
+
+
+def _make_locked(lock_path: Path, folder: Path, made: Path, make, wait: bool = True) -> bool:
+    """Under the lock file ``lock_path``, ``make(folder)`` unless ``made`` says it was; False when
+    ``wait`` is False and another worker holds the lock (it is making it)."""
+    import fcntl
+
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
         if not made.exists():
             shutil.rmtree(folder, ignore_errors=True)  # a worker that died making it
             make(folder)
             made.touch()
+    return True
+
+
+def _made_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder ``name`` that ``make(folder)`` fills once for the whole test run: under pytest-xdist
+    the first worker to ask makes it in the folder the workers share, the others wait for it (a lock
+    file) and use it too. For read-only material only (phantoms, a trained model to predict with)."""
+    base = _shared_base(tmp_path_factory)
+    folder = base / name
+    _make_locked(base / f"{name}.lock", folder, base / f"{name}.made", make)
+    return folder
+
+
+def _made_once_in_parts(tmp_path_factory, name: str, parts: dict[str, object]) -> Path:
+    """:func:`_made_once` for a folder of independent parts (``{subfolder: make(subfolder)}``): the
+    workers that ask at once share the making, each taking the parts no other has begun, then
+    waiting for the rest."""
+    base = _shared_base(tmp_path_factory)
+    folder, marks = base / name, base / f"{name}.parts"
+    marks.mkdir(exist_ok=True)
+    for wait in (False, True):
+        for index, (part, make) in enumerate(parts.items()):
+            _make_locked(marks / f"{index}.lock", folder / part, marks / f"{index}.made", make, wait=wait)
     return folder
 
 
 @pytest.fixture(scope="session")
 def phantom_data(tmp_path_factory) -> Path:
-    """A read-only data folder: train-pats/ (4 phantoms) and validation-pats/ (2 phantoms)."""
-
-    def make(root):
-        write_phantom_split(root / "train-pats", 4, first_number=1)
-        write_phantom_split(root / "validation-pats", 2, first_number=201)
-
-    return _made_once(tmp_path_factory, "phantom-data", make)
+    """A read-only data folder: train-pats/ (4 phantoms) and validation-pats/ (2 phantoms), as
+    ``write_phantom_split`` writes them (patient N from seed N); the workers write them together."""
+    patients = [("train-pats", number) for number in range(1, 5)] + [("validation-pats", number) for number in (201, 202)]
+    return _made_once_in_parts(tmp_path_factory, "phantom-data", {
+        f"{split}/pt_{number}": functools.partial(lambda number, folder: write_phantom_split(
+            folder.parent, 1, first_number=number), number) for split, number in patients})
 
 
 @pytest.fixture(scope="session")
