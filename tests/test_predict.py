@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,6 @@ from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import read_sparse_csv
-from provided_code.data.phantoms import write_phantom_split
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
@@ -32,17 +32,19 @@ STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 @pytest.fixture(scope="session")
 def trained(phantom_data, tmp_path_factory) -> TrainConfig:
-    """Two epochs on the phantoms and two test patients without doses, trained once per test run,
-    its validation and test predictions written (the newest epoch, 2, also the best: scored at the
-    last epoch only). Read-only (its copy: ``run``); its data and cache are shared (all three splits
-    cached first)."""
+    """Two epochs on the phantoms, with two test patients (the validation ones without their doses),
+    trained once per test run, its validation and test predictions written (the newest epoch, 2,
+    also the best: scored at the last epoch only). Read-only (its copy: ``run``); its data (links to
+    phantom_data's files) and cache are shared (all three splits cached first)."""
     def config_in(root):
         return TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(root / "data"),
                            results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
 
     def write_data(root):
-        shutil.copytree(phantom_data, root / "data")
-        write_phantom_split(root / "data" / "test-pats", 2, first_number=241, with_dose=False)
+        shutil.copytree(phantom_data, root / "data", copy_function=os.link)  # read-only: links
+        for number, source in ((241, "pt_201"), (242, "pt_202")):  # test patients: the validation ones without a dose
+            shutil.copytree(phantom_data / "validation-pats" / source, root / "data" / "test-pats" / f"pt_{number}",
+                            copy_function=os.link, ignore=lambda folder, names: ["dose.csv"])
         for split in ("train-pats", "validation-pats", "test-pats"):
             load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1)
 
