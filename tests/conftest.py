@@ -1,4 +1,11 @@
-"""Shared fixtures: the real OpenKBP sample (skipped when absent) and synthetic phantom splits."""
+"""Shared fixtures: the real OpenKBP sample (skipped when absent) and synthetic phantom splits.
+
+The suite's time goes to TensorFlow starts and training runs (each run traces its step: seconds).
+Material made once per test run and shared by the xdist workers (:func:`_made_once`): the phantoms
+(``phantom_data``, copied by ``phantom_split``), their cache (``phantom_cache``: a run of a test's
+own finds it with :func:`linked_cache`), and trained runs (:func:`trained_once`; ``tiny_model``),
+read-only, copied by a test that changes one (:func:`copy_of_run`). A run on one device needs no
+process of its own (``CliRunner`` runs the command line in the test's process)."""
 
 from __future__ import annotations
 
