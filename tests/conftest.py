@@ -251,13 +251,12 @@ def tiny_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def prostate_data(tmp_path_factory) -> Path:
     """A read-only prostate data folder: train-pats/ (4 phantoms; pt_4 with a plan of its own,
-    beams.csv and prescriptions.csv) and validation-pats/ (2 phantoms)."""
-
-    def make(root):
-        write_prostate_phantom_split(root / "train-pats", 4, first_number=1, own_plan_every=4)
-        write_prostate_phantom_split(root / "validation-pats", 2, first_number=201)
-
-    return _made_once(tmp_path_factory, "prostate-data", make)
+    beams.csv and prescriptions.csv) and validation-pats/ (2 phantoms), as
+    ``write_prostate_phantom_split`` writes them; the workers write them together."""
+    patients = [("train-pats", number) for number in range(1, 5)] + [("validation-pats", number) for number in (201, 202)]
+    return _made_once_in_parts(tmp_path_factory, "prostate-data", {
+        f"{split}/pt_{number}": functools.partial(lambda number, folder: write_prostate_phantom_split(
+            folder.parent, 1, first_number=number, own_plan_every=4), number) for split, number in patients})
 
 
 # 5 epochs of 4 steps: on these phantoms the masked loss fell by a quarter (3.62 to 2.73) before sites existed
