@@ -205,7 +205,8 @@ def phantom_cache(phantom_data, tmp_path_factory) -> Path:
 def linked_cache(phantom_cache: Path, folder: Path) -> Path:
     """``folder`` with hard links to ``phantom_cache``'s files, so that a run finds ``phantom_data``
     cached rather than parsing its CSVs again (what the cache tests test, not these). A cache that
-    is rebuilt replaces its link (a new file moved into place), never the shared file."""
+    is rebuilt replaces its link (a new file moved into place), never the shared file; a test that
+    damages a cache file in place damages one of its own (as the mapped 32³ files are), not a link."""
     folder.mkdir(parents=True, exist_ok=True)
     for path in phantom_cache.iterdir():
         if path.suffix == ".h5":
