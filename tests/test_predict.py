@@ -335,7 +335,8 @@ def test_plan_files_a_model_of_run_wide_beams_does_not_take_are_named_in_one_war
 
     data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
     write_beams(data / "validation-pats" / "pt_202", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0)])
-    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data))
+    config = dataclasses.replace(_copy_run(trained, tmp_path / "results"), data_dir=str(data),
+                                 cache_dir=str(tmp_path / "cache"))  # its own: another split to cache
     with caplog.at_level(logging.WARNING):
         predict(config, stage="validation")
     warnings = [r.getMessage() for r in caplog.records if "does not take" in r.getMessage()]
