@@ -100,11 +100,11 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     for member in members:
         if not member.models.is_dir():  # before the lock is taken and the stage's patients are loaded
             raise member.missing_model()
-    model_site = _members_site(members, site)
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for name in ensemble or []:
             locks.enter_context(_beside(folder, name).lock(f"read by the ensemble {folder.name!r}", shared=True))
+        model_site = _members_site(members, site)  # under the locks: a config being written is not read
         tidy_folder(folder.predictions(stage))  # left by a killed run
         stage_dir = Path(data_dir) / f"{stage}-pats"
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
