@@ -321,3 +321,19 @@ def pytest_collection_modifyitems(items):
         ordered += slow[part] + fast[:filler]
         fast, remaining = fast[filler:], remaining - len(slow[part]) - filler
     items[:] = ordered + fast
+
+
+def flip_a_byte(path, volume: str, row: int) -> None:
+    """Change one byte in the middle of patient ``row``'s ``volume`` chunk, size and time kept."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        chunk = h5[volume].id.get_chunk_info_by_coord((row, 0, 0, 0))
+    position = chunk.byte_offset + chunk.size // 2 + 3
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)
+        handle.seek(position)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -14,7 +14,7 @@ from provided_code.constants import CT_MAX
 from provided_code.sites import openkbp
 from provided_code.data.cache import CacheError, cache_path_for, load_cache, load_split
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
-from tests.conftest import SAMPLE_DIR, requires_sample
+from tests.conftest import SAMPLE_DIR, flip_a_byte, requires_sample
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
@@ -84,21 +84,10 @@ def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, 
 @pytest.mark.parametrize("volume", ["ct", "dose"])
 def test_a_flipped_byte_inside_a_chunk_fails_its_checksum_and_the_cache_is_rebuilt(phantom_split, tmp_path, caplog,
                                                                                     volume):
-    import h5py
-
     cache_dir = tmp_path / "c"
     expected = load_split(phantom_split, cache_dir=cache_dir, workers=1)
     path = cache_path_for(phantom_split, cache_dir)
-    with h5py.File(path, "r") as h5:
-        chunk = h5[volume].id.get_chunk_info_by_coord((1, 0, 0, 0))
-    position = chunk.byte_offset + chunk.size // 2 + 3  # a byte in the middle of patient 2's chunk
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.seek(position)
-        byte = handle.read(1)
-        handle.seek(position)
-        handle.write(bytes([byte[0] ^ 0x10]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # size and time unchanged: only the bytes tell
+    flip_a_byte(path, volume, 1)  # in the middle of patient 2's chunk; size and time unchanged: only the bytes tell
     with pytest.raises(CacheError, match=f"patient pt_2's {volume} chunk fails its checksum"):
         load_cache(path)
     assert load_cache(path, verify=False).patient_ids  # the bytes still load without the check

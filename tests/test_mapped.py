@@ -1,26 +1,11 @@
-import os
 
-import h5py
 import numpy as np
 import pytest
 
 from provided_code.data.cache import CacheError, cache_path_for, load_split
 from provided_code.data.mapped import VOLUME_NAMES, derived_path, downsampled
 from provided_code.data.resample import downsample_split
-
-
-def _flip_a_byte(path, volume: str, row: int) -> None:
-    """Change one byte in the middle of patient ``row``'s ``volume`` chunk, size and time kept."""
-    with h5py.File(path, "r") as h5:
-        chunk = h5[volume].id.get_chunk_info_by_coord((row, 0, 0, 0))
-    position = chunk.byte_offset + chunk.size // 2 + 3
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.seek(position)
-        byte = handle.read(1)
-        handle.seek(position)
-        handle.write(bytes([byte[0] ^ 0x10]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+from tests.conftest import flip_a_byte
 
 
 def test_mapped_volumes_equal_the_arrays_in_memory(phantom_split, tmp_path):
@@ -54,7 +39,7 @@ def test_a_fancy_index_reads_and_verifies_only_its_patients(phantom_split, tmp_p
 def test_a_chunk_corrupted_on_disk_is_reported_on_first_touch_naming_file_patient_and_volume(phantom_split, tmp_path):
     load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
     path = cache_path_for(phantom_split, tmp_path / "c")
-    _flip_a_byte(path, "dose", 1)
+    flip_a_byte(path, "dose", 1)
     mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True)  # opens: nothing checked yet
     mapped.dose[[0, 2]]
     mapped.ct[[1]]  # another volume of the same patient is intact

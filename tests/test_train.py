@@ -277,11 +277,11 @@ def test_training_from_the_memory_mapped_cache_gives_the_weights_of_training_fro
 def test_a_corrupt_mapped_chunk_stops_training_naming_file_patient_and_volume(config, phantom_data):
     from provided_code.data.cache import load_split
     from provided_code.data.mapped import CorruptChunkError, downsampled
-    from tests.test_mapped import _flip_a_byte
+    from tests.conftest import flip_a_byte
 
     low = downsampled(load_split(phantom_data / "train-pats", cache_dir=config.cache_dir, memory_map=True), 32)
     path = low.ct.path
-    _flip_a_byte(path, "structure_masks", 2)
+    flip_a_byte(path, "structure_masks", 2)
     with pytest.raises(CorruptChunkError, match=f"{path}: patient pt_3's structure_masks chunk fails its checksum"):
         train(dataclasses.replace(config, epochs=1, memory_map=True))
     assert not path.exists()  # the next run writes it again
