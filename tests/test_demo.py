@@ -60,7 +60,7 @@ def test_demo_on_the_prostate_site(prostate_data, tmp_path):
 def test_demo_refuses_a_site_it_has_no_phantoms_for(tmp_path):
     site = tmp_path / "lung.json"
     site.write_text('{"name": "lung", "structures": [{"name": "Heart", "kind": "oar"}, '
-                    '{"name": "PTV60", "kind": "target", "prescription_gy": 60}]}')
+                    '{"name": "PTV60", "kind": "target", "prescription_gy": 60}], "beams": {"type": "none"}}')
     result = CliRunner().invoke(main, ["--results-dir", str(tmp_path / "r"), "--site", str(site)])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "Error: No phantoms for site lung: synthetic patients exist for the openkbp site and for sites with the " \

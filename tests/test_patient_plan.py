@@ -1,11 +1,12 @@
 """A patient's own prescriptions.csv and beams.csv: read, written, checked, and carried into the cache."""
 
 import logging
+import shutil
 
 import numpy as np
 import pytest
 
-from provided_code.data.cache import load_split
+from provided_code.data.cache import cache_path_for, load_split
 from provided_code.data.csv_io import PatientDataError, read_patient
 from provided_code.data.patient_plan import (
     read_beams,
@@ -91,20 +92,29 @@ def test_a_split_without_plan_files_has_no_plan_tables(tmp_path):
     assert arrays.prescriptions is None and arrays.beam_angles is None
 
 
-def test_a_cache_of_another_site_is_rebuilt_and_the_log_says_why(tmp_path, caplog):
+def test_each_site_keeps_its_cache_and_one_recording_another_site_is_rebuilt_saying_why(tmp_path, caplog):
     split = tmp_path / "train-pats"
     write_phantom_split(split, 1, first_number=1)
     for name in ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible"):
         (split / "pt_1" / f"{name}.csv").unlink(missing_ok=True)
-    site = tmp_path / "hn.json"  # the targets alone: a site of its own
-    site.write_text('{"name": "targets", "structures": [{"name": "PTV56", "kind": "target", "prescription_gy": 56},'
-                    '{"name": "PTV63", "kind": "target", "prescription_gy": 63},'
-                    '{"name": "PTV70", "kind": "target", "prescription_gy": 70}]}')
+    site = load_site(_targets_only(tmp_path))  # the targets alone: a site of its own
     load_split(split, cache_dir=tmp_path / "cache")
-    with caplog.at_level(logging.WARNING):
-        arrays = load_split(split, cache_dir=tmp_path / "cache", site=site)
+    arrays = load_split(split, cache_dir=tmp_path / "cache", site=site)
     assert arrays.site.name == "targets" and arrays.structure_present.shape == (1, 3)
+    openkbp_cache, site_cache = cache_path_for(split, tmp_path / "cache"), cache_path_for(split, tmp_path / "cache", site)
+    assert openkbp_cache != site_cache and openkbp_cache.is_file() and site_cache.is_file()  # no rebuilds in turn
+    shutil.copy(openkbp_cache, site_cache)  # a cache file that records another site
+    with caplog.at_level(logging.WARNING):
+        assert load_split(split, cache_dir=tmp_path / "cache", site=site).site.name == "targets"
     assert any("built for site openkbp, this run's site is targets" in r.getMessage() for r in caplog.records)
+
+
+def _targets_only(folder):
+    path = folder / "hn.json"
+    path.write_text('{"name": "targets", "structures": [{"name": "PTV56", "kind": "target", "prescription_gy": 56},'
+                    '{"name": "PTV63", "kind": "target", "prescription_gy": 63},'
+                    '{"name": "PTV70", "kind": "target", "prescription_gy": 70}], "beams": {"type": "none"}}')
+    return path
 
 
 def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(tmp_path):

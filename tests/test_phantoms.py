@@ -131,8 +131,9 @@ def test_a_patient_with_its_own_beams_and_prescriptions_gets_their_dose(tmp_path
 def test_phantoms_only_for_the_sites_they_model(tmp_path):
     site = PROSTATE.to_dict()
     site["structures"] = [s for s in site["structures"] if s["name"] != "Bladder"]
+    site["name"] = "pelvis"
     path = tmp_path / "pelvis.json"
     path.write_text(__import__("json").dumps(site))
-    with pytest.raises(PhantomSiteError, match="No phantoms for site prostate: .*Rectum, Bladder") as caught:
+    with pytest.raises(PhantomSiteError, match="No phantoms for site pelvis: .*Rectum, Bladder") as caught:
         write_site_phantom(tmp_path / "pt_1", seed=1, site=str(path))
     assert "\n" not in str(caught.value) and not (tmp_path / "pt_1").exists()

@@ -117,3 +117,24 @@ def test_the_readmes_complete_example_is_the_shipped_prostate_file():
     block = re.search(r'```json\n(\{\n  "format": 1,\n  "name": "prostate".*?\n\})\n```', readme, re.S)
     assert block is not None, "README.md lost the prostate site's example"
     assert json.loads(block.group(1)) == json.loads((HERE / "prostate.json").read_text())
+
+
+def test_a_site_file_under_a_shipped_name_must_be_that_site(tmp_path):
+    site = load_site("prostate").to_dict()
+    site["structures"][-1]["prescription_gy"] = 74
+    with pytest.raises(SiteError, match=r"`name`: 'prostate' is a shipped site's name"):
+        load_site(_write(tmp_path, site))
+    site["name"] = "prostate74"
+    assert load_site(_write(tmp_path, site)).prescriptions_gy["PTV78"] == 74.0
+
+
+@pytest.mark.parametrize("change, field, problem", [
+    (lambda s: s.pop("beams"), "beams", 'missing (say {"type": "none"}'),
+    (lambda s: s["structures"][1].update(dicom_names=["heart"]), "dicom_names", "'heart' matches both Heart and LungR"),
+    (lambda s: s.update(mirror_pairs=[["LungR", "LungR"]]), "mirror_pairs[0]", "a structure cannot mirror itself"),
+])
+def test_what_a_site_must_say_and_what_cannot_be(tmp_path, change, field, problem):
+    site = _minimal()
+    change(site)
+    with pytest.raises(SiteError, match=re.escape(f"`{field}`: {problem}")):
+        load_site(_write(tmp_path, site))

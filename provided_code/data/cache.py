@@ -207,11 +207,17 @@ def _take_rows(array, rows: np.ndarray):
     return array.subset(rows) if hasattr(array, "subset") else array[rows]
 
 
-def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None) -> Path:
-    """Where the cache of ``split_dir`` lives: named after the split, keyed by its absolute path."""
+def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None,
+                   site: Site | None = None) -> Path:
+    """Where the cache of ``split_dir`` lives: named after the split, keyed by its absolute path
+    and, for a site other than OpenKBP, by the site (so that models of two sites, or two versions
+    of one, on the same folder each keep their cache instead of rebuilding it in turn)."""
     split_dir = Path(split_dir).resolve()
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = hashlib.sha256(str(split_dir).encode()).hexdigest()[:12]
+    text = str(split_dir)
+    if site is not None and not site.same_as(openkbp()):  # OpenKBP's keep the name they had before sites
+        text += "\n" + json.dumps(site.to_dict(), sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
     return cache_dir / f"{split_dir.name}-{key}.h5"
 
 
@@ -239,7 +245,8 @@ def load_split(
     memory_map: bool = False,
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
-    ``site``: the data's site (default openkbp); a cache built for another is rebuilt.
+    ``site``: the data's site (default openkbp); each site has its cache (:func:`cache_path_for`),
+    and one that records another site is rebuilt.
 
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
@@ -249,9 +256,9 @@ def load_split(
     """
     split_dir = Path(split_dir)
     folders = discover_patients(split_dir)
-    path = cache_path_for(split_dir, cache_dir)
-    fingerprint = source_fingerprint(folders)
     site = load_site(site)
+    path = cache_path_for(split_dir, cache_dir, site)
+    fingerprint = source_fingerprint(folders)
     try:
         arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
                             mapped=memory_map)

@@ -266,7 +266,8 @@ def _check_files_belong(folder: Path, site: Site) -> None:
     if foreign:
         raise PatientDataError(folder.name, folder / foreign[0],
                                f"not a structure of site {site.name} ({', '.join(site.names)}): is this data of "
-                               f"another site? ({len(foreign)} such file(s); --site names the data's site)")
+                               f"another site? ({len(foreign)} such file(s); a model reads data of its own site, and a "
+                               f"new training run of another takes --site)")
 
 
 def _check_dose(patient_id: str, path: Path, indices: np.ndarray, values: np.ndarray,

@@ -97,8 +97,9 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     absent = missing_targets(mapping, site)
     if absent and not allow_missing_targets:
         raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
-                                                  f"{', '.join(structure_set.roi_names)}); pass --names to map one, "
-                                                  f"or --allow-missing-targets")
+                                                  f"{', '.join(structure_set.roi_names)}) of site {site.name}; pass --names to map "
+                                                  f"one, --site if the patient is of another site, or "
+                                                  f"--allow-missing-targets")
     dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
     planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)

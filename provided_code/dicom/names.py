@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from provided_code.dicom.errors import DicomInputError
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site, load_site, normalise_name
 
 BODY = "BODY"
 
@@ -31,9 +30,7 @@ def default_names(site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = default_names("openkbp")  # OpenKBP's table, as sites/openkbp.json has it
 
 
-def normalise(name: str) -> str:
-    """``'Parotid_L '`` → ``'parotidl'``: lower case, letters and digits only."""
-    return re.sub(r"[^0-9a-z]", "", name.lower())
+normalise = normalise_name  # one rule for comparing ROI names: the site file's
 
 
 def load_names(path: os.PathLike | str | None = None, site: Site | str | None = None) -> dict[str, tuple[str, ...]]:

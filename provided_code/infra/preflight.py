@@ -24,7 +24,8 @@ def require_training_data(data_dir: os.PathLike | str) -> Path:
     """``<data_dir>/train-pats``, or a :class:`DataNotFoundError` saying where the data comes from."""
     train_dir = Path(data_dir) / "train-pats"
     if not train_dir.is_dir():
-        raise DataNotFoundError(f"No training data: {train_dir} does not exist. {OPENKBP_SOURCE}")
+        raise DataNotFoundError(f"No training data: {train_dir} does not exist. {OPENKBP_SOURCE} A clinic's own "
+                                f"plans (any site): openkbp-dicom import-cohort ARCHIVE --site SITE --out DATA_DIR.")
     return train_dir
 
 

@@ -231,7 +231,16 @@ def load_site(spec: "str | os.PathLike | Site | dict | None") -> Site:
         raise SiteError(path, "site", "the site file does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise SiteError(path, "site", f"not a JSON file ({error})") from None
-    return site_from_dict(data, path)
+    site = site_from_dict(data, path)
+    if site.name in SHIPPED and not site.same_as(_shipped(site.name)):
+        raise SiteError(path, "name", f"{site.name!r} is a shipped site's name and this file differs from it; give "
+                                      f"your site a name of its own")
+    return site
+
+
+def normalise_name(name: str) -> str:
+    """``'Parotid_L '`` → ``'parotidl'``: how ROI names are compared (lower case, letters and digits only)."""
+    return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
 def site_from_dict(data, source) -> Site:
@@ -246,9 +255,9 @@ def site_from_dict(data, source) -> Site:
     for key in data:
         if key not in known:
             fail(key, f"unknown field; expected one of {', '.join(sorted(known))}")
-    for key in ("name", "structures"):
+    for key in ("name", "structures", "beams"):  # the others have documented defaults (README)
         if key not in data:
-            fail(key, "missing")
+            fail(key, "missing" + (' (say {"type": "none"} for a site without beam channels)' if key == "beams" else ""))
     if data.get("format", SITE_FORMAT) != SITE_FORMAT:
         fail("format", f"expected {SITE_FORMAT}. Received: {data.get('format')!r}")
     name = data["name"]
@@ -305,20 +314,26 @@ def site_from_dict(data, source) -> Site:
     for k, pair in enumerate(pairs):
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
             fail(f"mirror_pairs[{k}]", f"expected [right, left] structure names. Received: {pair!r}")
+        if pair[0] == pair[1]:
+            fail(f"mirror_pairs[{k}]", f"a structure cannot mirror itself ({pair[0]!r})")
         for member in pair:
             if member not in seen:
                 fail(f"mirror_pairs[{k}]", f"unknown structure {member!r}")
             if member in paired:
                 fail(f"mirror_pairs[{k}]", f"{member!r} is in two pairs")
             paired.add(member)
-        if pair[0] == pair[1]:
-            fail(f"mirror_pairs[{k}]", f"a structure cannot mirror itself ({pair[0]!r})")
         mirror_pairs.append((pair[0], pair[1]))
 
     body = data.get("body", {"dicom_names": ["BODY", "External"]})
     if not isinstance(body, dict) or set(body) - {"dicom_names"}:
         fail("body", 'expected {"dicom_names": [...]}')
     body_names = _name_list(body.get("dicom_names", ["BODY"]), "body.dicom_names", fail)
+    claimed = {}  # normalised DICOM name -> the structure (or body) it is matched to
+    for owner, names in [*((s.name, s.dicom_names) for s in structures), ("body", body_names)]:
+        for roi in names:
+            other = claimed.setdefault(normalise_name(roi), owner)
+            if other != owner:
+                fail("dicom_names", f"{roi!r} matches both {other} and {owner}: an ROI would be both")
 
     metrics = data.get("metrics", {"oar": ["D_0.1_cc", "mean"], "target": ["D_99", "D_95", "D_1"]})
     if not isinstance(metrics, dict) or set(metrics) != set(KINDS):
