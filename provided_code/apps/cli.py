@@ -37,7 +37,8 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
-              help="One more input channel: each voxel's highest PTV prescription (70, 63, 56 Gy, scaled).")
+              help="One more input channel: each voxel's highest target prescription over the site's highest "
+                   "(OpenKBP: 70 Gy).")
 @click.option("--norm", type=click.Choice(NORMS), default=DEFAULTS.norm,
               help="Normalisation: batch (synchronised across replicas) or instance (per sample and channel).")
 @click.option("--beams", type=int, default=None, show_default=False,
