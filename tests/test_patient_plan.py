@@ -123,3 +123,19 @@ def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(tmp_path
         read_patient(tmp_path / "pt_1", site="prostate")
     message = str(caught.value)
     assert "\n" not in message and "pt_1" in message and "not a structure of site prostate" in message
+
+
+def test_a_cache_written_before_sites_loads_as_openkbps_without_a_rebuild(tmp_path, caplog):
+    import h5py
+
+    split = tmp_path / "train-pats"
+    write_phantom_split(split, 1, first_number=1)
+    load_split(split, cache_dir=tmp_path / "cache")
+    path = cache_path_for(split, tmp_path / "cache")
+    with h5py.File(path, "r+") as h5:
+        del h5.attrs["site"]  # as the caches of the previous version were written
+    built = path.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO):
+        arrays = load_split(split, cache_dir=tmp_path / "cache")
+    assert arrays.site.same_as(openkbp()) and path.stat().st_mtime_ns == built
+    assert not any("Rebuilding" in r.getMessage() for r in caplog.records)
