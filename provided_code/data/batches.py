@@ -79,9 +79,9 @@ def fit_vectors(arrays, inputs: tuple[InputSpec, ...]):
     return fitted
 
 
-def patient_vectors(arrays, spec: InputSpec, rows: np.ndarray | None = None) -> np.ndarray:
-    """``(len(rows), spec.length)`` float32: the per-patient vector input ``spec`` of the patients
-    at ``rows`` (default: all), from what their plan files say (``arrays``' field of the input's
+def patient_vectors(arrays, spec: InputSpec) -> np.ndarray:
+    """``(patients, spec.length)`` float32: the per-patient vector input ``spec`` of every patient
+    of ``arrays``, from what their plan files say (``arrays``' field of the input's
     name, NaN for a patient without the file; see :func:`provided_code.data.cache.plan_tables`).
 
     The one place a patient without its own file is given the run-wide value, ``spec.default``
@@ -91,14 +91,13 @@ def patient_vectors(arrays, spec: InputSpec, rows: np.ndarray | None = None) -> 
     than ``spec.length``). A patient with more angles than the model's slots, or, with
     ``spec.all_slots``, fewer, is refused naming it and its ``beams.csv``.
     """
-    count = arrays.ct.shape[0]
-    rows = np.arange(count) if rows is None else np.asarray(rows).reshape(-1)
+    rows = np.arange(arrays.ct.shape[0])
     default = np.asarray(spec.default, np.float32)
     given = getattr(arrays, spec.name, None)
     if spec.moves != ANGLES:
         if given is None:
             return np.tile(default, (len(rows), 1))
-        given = np.asarray(given[rows], np.float32)
+        given = np.asarray(given, np.float32)
         return np.where(np.isfinite(given), given, default).astype(np.float32)
     out = np.full((len(rows), spec.length), np.nan, np.float32)
     for n, row in enumerate(rows):

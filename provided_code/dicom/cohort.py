@@ -120,11 +120,16 @@ def parse_validation(text: str | float | int) -> float | int:
     return value
 
 
-def _read_csv(path: Path) -> list[dict[str, str]]:
+def _read_csv(path: Path, columns: tuple[str, ...] | None = None, what: str = "") -> list[dict[str, str]]:
+    """The rows of ``path`` ([] when absent); with ``columns``, a :class:`CohortError` naming the file
+    as not ``what`` unless its header is those columns."""
     if not path.is_file():
         return []
     with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+        rows = list(csv.DictReader(handle))
+    if columns is not None and rows and set(rows[0]) != set(columns):
+        raise CohortError(f"{path}: not {what} (header {','.join(columns)})")
+    return rows
 
 
 def _csv_text(fields, rows) -> str:
@@ -147,9 +152,7 @@ class _Sources:
 
     def __init__(self, path: Path, archive: Path):
         self.path, self.archive = path, archive
-        rows = _read_csv(path)
-        if rows and set(rows[0]) != {"source", "path"}:
-            raise CohortError(f"{path}: not a sources file of an import (header source,path)")
+        rows = _read_csv(path, ("source", "path"), "a sources file of an import")
         self.numbers = {row["path"]: row["source"] for row in rows}
         self.next = 1 + max(map(_source_number, self.numbers.values()), default=0)
 
@@ -214,9 +217,7 @@ class _State:
 
     def __init__(self, out: Path, identity_path: Path):
         self.out, self.identity_path = out, identity_path
-        identity = _read_csv(identity_path)
-        if identity and set(identity[0]) != {"pseudonym", "patient_id"}:
-            raise CohortError(f"{identity_path}: not an identity map (header pseudonym,patient_id)")
+        identity = _read_csv(identity_path, ("pseudonym", "patient_id"), "an identity map")
         self.pseudonyms = {row["patient_id"]: row["pseudonym"] for row in identity}
         self.rows = _read_csv(out / MANIFEST_FILE)
         if (out / MANIFEST_FILE).is_file() and not identity_path.is_file():
