@@ -65,6 +65,10 @@ logger = logging.getLogger(__name__)
 # 3: per-chunk checksums; 4: doses checked when read (no header-only or negative dose.csv, none
 # outside the possible-dose mask), so a cache built before the check is rebuilt and checked
 CACHE_FORMAT_VERSION = 4
+# A pool of reader processes pays for its start (each spawned worker imports the readers: about half a
+# second, once TensorFlow runs here) only on a larger split: on 2 cores, 20 real OpenKBP patients
+# were cached in 1.3 s by this process and in 1.7 s with a pool of two.
+POOL_MIN_PATIENTS = 32
 _VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 _TABLES = ("has_dose", "dose_decimals", "voxel_dimensions", "structure_present")  # small per-patient arrays
 _PLAN_TABLES = ("prescriptions", "beam_angles")  # per-patient plans: None when no patient has its own file
@@ -314,12 +318,15 @@ def build_cache(
     workers: int | None = None,
     site: Site | None = None,
 ) -> None:
-    """Parse every patient folder of ``site`` (in parallel) and write the cache atomically to ``path``."""
+    """Parse every patient folder of ``site`` and write the cache atomically to ``path``: in
+    ``workers`` processes (default: one per core from ``POOL_MIN_PATIENTS`` patients, else this one)."""
     site = load_site(site)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
-    workers = max(1, min(workers or os.cpu_count() or 1, len(folders)))
+    if workers is None:
+        workers = (os.cpu_count() or 1) if len(folders) >= POOL_MIN_PATIENTS else 1
+    workers = max(1, min(workers, len(folders)))
     count = len(folders)
     skipped: dict[str, str] = {}
     with atomic_path(path) as tmp:

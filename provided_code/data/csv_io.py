@@ -328,12 +328,12 @@ def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.nd
     Float values are written as the shortest decimal that reads back to the same number in their
     dtype (float32 7.675 is written ``7.675``).
     """
-    index_text = np.asarray(indices, dtype=np.int64).astype(str)
+    index_list = np.asarray(indices, dtype=np.int64).tolist()
     value_text = None
     if values is None:
-        lines = np.char.add(index_text, ",\n")
+        lines = [f"{i},\n" for i in index_list]
     else:
-        value_text = np.asarray(values).astype(str)
-        lines = np.char.add(np.char.add(index_text, ","), np.char.add(value_text, "\n"))
-    write_text_atomic(Path(path), ",data\n" + "".join(lines.tolist()))
+        value_text = np.asarray(values).astype(str)  # numpy's shortest round-trip decimal of the dtype
+        lines = [f"{i},{v}\n" for i, v in zip(index_list, value_text.tolist())]
+    write_text_atomic(Path(path), ",data\n" + "".join(lines))
     return value_text

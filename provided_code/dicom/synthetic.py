@@ -23,8 +23,11 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+from pydicom.datadict import tag_for_keyword
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence
+from pydicom.tag import Tag
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 CLINICAL_NAMES = {"Brainstem": "BrainStem", "SpinalCord": "Spinal_Cord", "RightParotid": "Parotid_R",
@@ -79,6 +82,16 @@ def _base(sop_class: str, modality: str, study: Dataset, frame_uid: str) -> Data
     ds.FrameOfReferenceUID = frame_uid
     ds.SeriesInstanceUID = generate_uid()
     return ds
+
+
+def _set_decimal_strings(ds: Dataset, keyword: str, values: np.ndarray, decimals: int) -> None:
+    """``ds.<keyword>`` (a DS element) = ``values`` with ``decimals`` decimals, as the value bytes
+    the file will hold: pydicom would otherwise make and check a number object per value (seconds
+    for a patient's contours), only to write the same text back."""
+    text = "\\".join(f"{v:.{decimals}f}" for v in values.tolist()).encode("ascii")
+    text += b" " * (len(text) % 2)  # even length, padded with a space (PS3.5 6.2)
+    tag = Tag(tag_for_keyword(keyword))
+    ds[tag] = RawDataElement(tag, "DS", len(text), text, 0, False, True)
 
 
 def fine_hu(ct: np.ndarray, factor: int) -> np.ndarray:
@@ -159,7 +172,7 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
                 contour = Dataset()
                 contour.ContourGeometricType = "CLOSED_PLANAR"
                 contour.NumberOfContourPoints = len(points)
-                contour.ContourData = [f"{v:.4f}" for v in points.reshape(-1)]
+                _set_decimal_strings(contour, "ContourData", points.reshape(-1), 4)
                 contours.append(contour)
         item = Dataset()
         item.ReferencedROINumber = number
