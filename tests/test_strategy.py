@@ -22,7 +22,7 @@ from provided_code.config import ConfigError, read_tf_config
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
-from tests.conftest import REPO, linked_cache, log_epochs
+from tests.conftest import REPO, _made_once, linked_cache, log_epochs
 
 
 def cli_command(phantom_data, tmp_path, *args):
@@ -39,24 +39,69 @@ def run_cli(phantom_data, tmp_path, *args, env=None, check=True):
     return result
 
 
-def run_cli_together(phantom_data, tmp_path, *arg_lists, here=None):
-    """Independent runs side by side (their start-up is mostly single-threaded); all must succeed.
-    ``here``: one more run of the command line, on one device, in this process meanwhile (the CPU
-    is split into logical devices only before TensorFlow starts, so a run on several needs a
-    process of its own; one on one device does not, and saves a TensorFlow start): its result
-    comes last, its log in ``caplog``."""
-    processes = [subprocess.Popen(cli_command(phantom_data, tmp_path, *args), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for args in arg_lists]
-    results = []
-    try:
-        if here is not None:
-            in_process = run_cli_here(phantom_data, tmp_path, *here)
-    finally:
-        for process in processes:
-            stdout, stderr = process.communicate(timeout=600)
-            assert process.returncode == 0, stderr[-4000:]
-            results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
-    return results + ([in_process] if here is not None else [])
+IN_TURN = """
+import json, pathlib, sys, time
+from provided_code.apps.cli import main
+folder, runs = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2])
+for k, args in enumerate(runs):
+    deadline = time.monotonic() + 240
+    while k and not (folder / f"go-{k}").exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"run {k} was never let go")
+        time.sleep(0.05)
+    for stream in (sys.stdout, sys.stderr):
+        print(f"=== run {k}", file=stream, flush=True)
+    main(args, standalone_mode=False)
+    import keras
+    keras.backend.clear_session()
+    (folder / f"ended-{k}").touch()
+"""
+
+
+class InTurn:
+    """Runs of the command line (``runs``: their arguments) on several logical devices, one after
+    the other in one process of their own (the CPU is split into logical devices only before
+    TensorFlow starts, so they cannot run in the test's process; one TensorFlow start for them
+    all). The first begins at once, each next one when the test lets it go (:meth:`go`), so that
+    it may resume a model the test trained meanwhile. Use as a context manager: a test that fails
+    midway stops the process."""
+
+    def __init__(self, phantom_data, tmp_path, *runs):
+        self.folder = tmp_path / "in-turn"
+        self.folder.mkdir()
+        self.runs = runs
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", IN_TURN, str(self.folder),
+             json.dumps([cli_command(phantom_data, tmp_path, *args)[2:] for args in runs])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *_):
+        if kind is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+        return False
+
+    def ended(self, k: int) -> None:
+        """Wait (bounded) until run ``k`` has ended."""
+        deadline = time.monotonic() + 240
+        while not (self.folder / f"ended-{k}").exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"run {k} did not end")
+            time.sleep(0.05)
+
+    def go(self, k: int) -> None:
+        """Let run ``k`` begin."""
+        (self.folder / f"go-{k}").touch()
+
+    def results(self) -> list[subprocess.CompletedProcess]:
+        """Each run's output and log, once all have ended."""
+        stdout, stderr = self.process.communicate(timeout=300)
+        assert self.process.returncode == 0, stderr[-4000:]
+        outputs = zip(stdout.split("=== run ")[1:], stderr.split("=== run ")[1:])
+        return [subprocess.CompletedProcess(args, 0, out, err) for args, (out, err) in zip(self.runs, outputs)]
 
 
 def run_cli_here(phantom_data, tmp_path, *args):
@@ -97,13 +142,33 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, p
     """Synchronised batch norm (XLA off: its all-reduce cannot be compiled): two replicas give the
     weights one device gives. Augmentation is drawn per update and split between replicas like the
     patients, so it too gives the same weights. The same with XLA, instance norm and recomputation:
-    INSTANCE_NORM_PROBE below at 16³; the command line with XLA in the next test. The runs on two
-    replicas are processes of their own, those on one device run in this process meanwhile."""
+    TWO_DEVICE_PROBE below, at 16³. The runs on two replicas share a process of their own
+    (:class:`InTurn`), those on one device run in this process meanwhile."""
     linked_cache(phantom_cache, tmp_path / "cache")
     recipe = ("--epochs", "2", "--xla", "off", *FULL_AUGMENT, "--norm", "batch")
-    two, one = run_cli_together(phantom_data, tmp_path,
-                                ("--model-name", "two", "--devices", "2", "--batch-size", "1", *recipe),
-                                here=("--model-name", "one", "--devices", "1", "--batch-size", "2", *recipe))
+    resume = ("--epochs", "3", *FULL_AUGMENT, *NO_SCORING, "--norm", "batch")
+    results = tmp_path / "results"
+    with InTurn(phantom_data, tmp_path, ("--model-name", "two", "--devices", "2", "--batch-size", "1", *recipe),
+                ("--model-name", "one", "--devices", "2", "--batch-size", "1", *resume)) as there:
+        one = run_cli_here(phantom_data, tmp_path, "--model-name", "one", "--devices", "1", "--batch-size", "2", *recipe)
+        there.ended(0)
+        for name in ("two", "one"):
+            assert log_epochs(results / name) == [1, 2]
+            assert sorted(os.listdir(results / name / "models")) == ["best.json", "best.keras", "config.json",
+                                                                      "epoch_1.keras", "epoch_2.keras"]
+        # No dropout: only the summation order of the all-reduce and of batch norm's synchronised
+        # statistics differs (float32, ~1e-7 relative per sum); 4 updates keep the weights within 1e-5.
+        for x, y in zip(final_weights(results, "two"), final_weights(results, "one")):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
+        # The chief scores on two replicas as on one: the same weights (above) predict doses within
+        # ~1e-5 Gy of each other, so the scores (tens of Gy) agree to 1e-4 relative with room to spare.
+        scores = [read_log(results / name / "training_log.csv")[-1]["val_dose_score"] for name in ("two", "one")]
+        assert float(scores[0]) == pytest.approx(float(scores[1]), rel=1e-4)
+        # A 2-replica run resumes on one device (here), and a 1-device run on two (there).
+        there.go(1)
+        two_resumed = run_cli_here(phantom_data, tmp_path, "--model-name", "two", "--devices", "1", "--batch-size",
+                                   "2", *resume)
+        two, one_resumed = there.results()
     assert "batch 1 per device × 2 replica(s) = 2 global" in two.stderr
     assert "MirroredStrategy over 2 logical CPU devices" in two.stderr and "XLA off" in two.stderr
     assert "batch 2 per device × 1 replica(s) = 2 global" in one.stderr
@@ -111,44 +176,10 @@ def test_two_replicas_of_batch_one_equal_one_device_of_batch_two(phantom_data, p
     # Not a terminal: one plain line per epoch, no progress-bar frames or control characters.
     assert "epoch 2/2: loss" in two.stderr and "━" not in two.stdout
     assert "\r" not in two.stdout + two.stderr and "\x08" not in two.stdout + two.stderr
-    results = tmp_path / "results"
-    for name in ("two", "one"):
-        assert log_epochs(results / name) == [1, 2]
-        assert sorted(os.listdir(results / name / "models")) == ["best.json", "best.keras", "config.json",
-                                                                  "epoch_1.keras", "epoch_2.keras"]
-    # No dropout: only the summation order of the all-reduce and of batch norm's synchronised
-    # statistics differs (float32, ~1e-7 relative per sum); 4 updates keep the weights within 1e-5.
-    for x, y in zip(final_weights(results, "two"), final_weights(results, "one")):
-        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
-    # The chief scores on two replicas as on one: the same weights (above) predict doses within
-    # ~1e-5 Gy of each other, so the scores (tens of Gy) agree to 1e-4 relative with room to spare.
-    scores = [read_log(results / name / "training_log.csv")[-1]["val_dose_score"] for name in ("two", "one")]
-    assert float(scores[0]) == pytest.approx(float(scores[1]), rel=1e-4)
-    # A 2-replica run resumes on one device, and a 1-device run on two.
-    resume = ("--epochs", "3", *FULL_AUGMENT, *NO_SCORING, "--norm", "batch")
-    one, two = run_cli_together(phantom_data, tmp_path,
-                                ("--model-name", "one", "--devices", "2", "--batch-size", "1", *resume),
-                                here=("--model-name", "two", "--devices", "1", "--batch-size", "2", *resume))
-    assert "Resuming two from epoch 2" in two.stderr and "Resuming one from epoch 2" in one.stderr
-    assert "batch 1 per device × 2 replica(s)" in one.stderr and "batch 2 per device × 1 replica(s)" in two.stderr
+    assert "Resuming two from epoch 2" in two_resumed.stderr and "Resuming one from epoch 2" in one_resumed.stderr
+    assert "batch 1 per device × 2 replica(s)" in one_resumed.stderr
+    assert "batch 2 per device × 1 replica(s)" in two_resumed.stderr
     assert log_epochs(results / "two") == [1, 2, 3] and log_epochs(results / "one") == [1, 2, 3]
-
-
-@pytest.mark.slow
-def test_xla_with_recomputation_trains_from_the_command_line(phantom_data, phantom_cache, tmp_path):
-    """XLA from the command line: the whole step compiled (instance norm), its blocks recomputed, one
-    epoch of two updates (XLA:CPU steps take seconds). On one device, compiled once; the step on two
-    replicas, compiled and recomputed, equals one device in INSTANCE_NORM_PROBE below (16³). A
-    process of its own: XLA on, without the deterministic ops this process's other runs turned on."""
-    linked_cache(phantom_cache, tmp_path / "cache")
-    run = run_cli(phantom_data, tmp_path, "--model-name", "xla", "--devices", "1", "--batch-size", "2", "--epochs", "1",
-                  "--xla", "on", *FULL_AUGMENT, *NO_SCORING, "--recompute", "--norm", "instance", env=QUICK_XLA)
-    assert "XLA on (--xla on; on a CPU XLA measured far slower than oneDNN)" in run.stderr
-    assert "recomputing block activations in the backward pass" in run.stderr
-    results = tmp_path / "results"
-    assert log_epochs(results / "xla") == [1]
-    assert sorted(os.listdir(results / "xla" / "models")) == ["config.json", "epoch_1.keras"]
-    assert all(np.all(np.isfinite(w)) for w in final_weights(results, "xla"))
 
 
 def free_ports(count):
@@ -249,23 +280,8 @@ def test_bad_devices_value_is_clear(phantom_data, tmp_path):
     assert result.returncode == 1 and "Invalid `devices`" in result.stderr
 
 
-def test_replicas_agree_on_a_large_epoch_and_see_a_difference():
-    """float32 sums were exact only while replicas × epoch² < 2²⁴: 3 replicas at epoch 2401 were refused."""
-    probe = ("from provided_code.infra.environment import configure_tensorflow; configure_tensorflow()\n"
-             "import tensorflow as tf\n"
-             "from provided_code.training.strategy import make_placement\n"
-             "strategy = make_placement('3').strategy\n"
-             "from provided_code.training.train import replicas_agree\n"
-             "same = replicas_agree(strategy, lambda: tf.constant(2401, tf.int64))\n"
-             "def differ():\n"
-             "    replica = tf.distribute.get_replica_context().replica_id_in_sync_group\n"
-             "    return 2401 + tf.cast(tf.equal(replica, 2), tf.int64)\n"
-             "print('RESULT', same, replicas_agree(strategy, differ))\n")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert "RESULT (True, 2401.0) (False, " in result.stdout, result.stderr[-2000:]
-
-
-INSTANCE_NORM_PROBE = """
+TWO_DEVICE_PROBE = """
+import sys
 import numpy as np
 from provided_code.infra.environment import configure_tensorflow
 configure_tensorflow()
@@ -273,12 +289,24 @@ import keras, tensorflow as tf
 from provided_code.training.strategy import make_placement
 two = make_placement("2").strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
+from provided_code.apps.cli import main
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
+from provided_code.training.train import replicas_agree
 from tests.conftest import network_config
 
+# 1. Replicas agree on a large epoch and see a difference. float32 squares were exact only while
+# v² < 2²⁴: at epoch 4097 two replicas disagreed with themselves.
+same = replicas_agree(two, lambda: tf.constant(4097, tf.int64))
+def differ():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return 4097 + tf.cast(tf.equal(replica, 1), tf.int64)
+print("AGREE", same, replicas_agree(two, differ))
+
+# 2. Instance norm: the whole replica step compiled with XLA and recomputed on two replicas equals
+# one device without either (at 16³).
 rng = np.random.default_rng(0)
 class Arrays:
     ct = rng.integers(0, 4096, (4, 16, 16, 16)).astype(np.uint16)
@@ -312,14 +340,67 @@ again, _, _ = run(one, 2, xla=False, recompute=True)
 worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
 # Tolerances: XLA fuses and reorders float32 sums (convolutions, instance norm, the all-reduce), ~1e-7
 # relative each; over two updates the losses agree to 1e-5 relative and the weights to 1e-5.
-print("RESULT", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
+print("INSTANCE_NORM", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
       np.allclose(again, one_losses, rtol=1e-5), one_losses[0] != one_losses[1])
+keras.backend.clear_session()
+
+# 3. The command line with --xla on, on one device (this process's first): sys.argv[1:] its arguments.
+print("CLI_STARTS", flush=True)
+try:
+    main(sys.argv[1:], standalone_mode=False)
+    print("CLI_EXIT 0")
+except Exception as error:
+    print("CLI_EXIT 1", type(error).__name__, error)
 """
 
 
-def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_one_device():
-    result = subprocess.run([sys.executable, "-c", INSTANCE_NORM_PROBE], capture_output=True, text=True, timeout=240,
-                            env=QUICK_XLA)
-    assert "RESULT True True True True True" in result.stdout, (result.stdout[-500:], result.stderr[-3000:])
-    assert "BATCH_NORM_COMPILED False" in result.stdout
-    assert "XLA off for the training step: batch norm synchronised over 2 replicas" in result.stderr
+@pytest.fixture(scope="session")
+def two_device_probe(phantom_data, phantom_cache, tmp_path_factory):
+    """One process of two logical CPU devices that compiles with XLA (its LLVM unoptimised), run once
+    per test run for the tests below (a TensorFlow start each, and XLA's, saved): the replicas'
+    agreement check; instance norm's whole replica step compiled and recomputed on two replicas
+    against one device; the command line with XLA on one device (a process without the
+    deterministic ops that runs without XLA turn on in this one). Its output, and the command
+    line's results folder."""
+    def make(folder):
+        linked_cache(phantom_cache, folder / "cache")
+        command = [sys.executable, "-c", TWO_DEVICE_PROBE, *cli_command(phantom_data, folder)[2:],
+                   "--model-name", "xla", "--devices", "1", "--batch-size", "2", "--epochs", "1", "--xla", "on",
+                   *FULL_AUGMENT, *NO_SCORING, "--recompute", "--norm", "instance"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=280, env=QUICK_XLA, cwd=REPO)
+        (folder / "stdout.txt").write_text(result.stdout)
+        (folder / "stderr.txt").write_text(result.stderr)
+
+    folder = _made_once(tmp_path_factory, "two-device-probe", make)
+    stdout, stderr = (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
+    return subprocess.CompletedProcess([], 0, stdout, stderr), folder / "results"
+
+
+@pytest.mark.slow
+def test_replicas_agree_on_a_large_epoch_and_see_a_difference(two_device_probe):
+    """float32 sums were exact only while v² < 2²⁴ (three replicas at epoch 2401 were refused); float64's are."""
+    probe, _ = two_device_probe
+    assert "AGREE (True, 4097.0) (False, " in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
+
+
+@pytest.mark.slow
+def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_one_device(two_device_probe):
+    probe, _ = two_device_probe
+    assert "INSTANCE_NORM True True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
+    assert "BATCH_NORM_COMPILED False" in probe.stdout
+    assert "XLA off for the training step: batch norm synchronised over 2 replicas" in probe.stderr
+
+
+@pytest.mark.slow
+def test_xla_with_recomputation_trains_from_the_command_line(two_device_probe):
+    """XLA from the command line: the whole step compiled (instance norm), its blocks recomputed, one
+    epoch of two updates (XLA:CPU steps take seconds). On one device, compiled once; the step on two
+    replicas, compiled and recomputed, equals one device in the test above (16³)."""
+    probe, results = two_device_probe
+    assert "CLI_EXIT 0" in probe.stdout, (probe.stdout[-2000:], probe.stderr[-3000:])
+    cli = probe.stderr[probe.stderr.find("XLA on (--xla on"):]  # the command line's log
+    assert "XLA on (--xla on; on a CPU XLA measured far slower than oneDNN)" in cli
+    assert "recomputing block activations in the backward pass" in cli
+    assert log_epochs(results / "xla") == [1]
+    assert sorted(os.listdir(results / "xla" / "models")) == ["config.json", "epoch_1.keras"]
+    assert all(np.all(np.isfinite(w)) for w in final_weights(results, "xla"))
