@@ -12,7 +12,6 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.config import TrainConfig  # noqa: E402
-from provided_code.sites import openkbp  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402

@@ -39,17 +39,20 @@ def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(phantom_data,
 def test_demo_on_the_prostate_site(prostate_data, tmp_path):
     """`--site prostate`: prostate phantoms (every fourth with a plan of its own), a model of that
     site, predictions and scores. The phantoms are prostate_data's, which are what the demo writes
-    (the same seeds and plans; that it writes the ones it misses, the test above shows)."""
+    (the same seeds and plans; that it writes the ones it misses, the test above shows): its four
+    training patients and the first validation one."""
     import json
 
-    (tmp_path / "demo-data-prostate").mkdir()
-    for split in ("train-pats", "validation-pats"):
-        (tmp_path / "demo-data-prostate" / split).symlink_to(prostate_data / split, target_is_directory=True)
-    result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--site", "prostate", "--train-patients", "4",
-                                       "--validation-patients", "2", "--epochs", "2", "--filters", "4"])
-    assert result.exit_code == 0, result.output
-    assert re.search(r"dose score \d+\.\d+ Gy", result.output.strip().splitlines()[-1])
     data = tmp_path / "demo-data-prostate"
+    (data / "validation-pats").mkdir(parents=True)
+    (data / "train-pats").symlink_to(prostate_data / "train-pats", target_is_directory=True)
+    (data / "validation-pats" / "pt_201").symlink_to(prostate_data / "validation-pats" / "pt_201",
+                                                     target_is_directory=True)
+    result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--site", "prostate", "--train-patients", "4",
+                                       "--validation-patients", "1", "--epochs", "2", "--filters", "4"])
+    assert result.exit_code == 0, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert re.search(r"dose score \d+\.\d+ Gy, DVH score \d+\.\d+ Gy on 1 held-out phantoms", last)
     assert (data / "train-pats" / "pt_4" / "beams.csv").exists()
     assert not (data / "train-pats" / "pt_3" / "beams.csv").exists()
     assert (data / "train-pats" / "pt_1" / "PTV78.csv").exists()
