@@ -176,7 +176,7 @@ def train_peak_rss(workdir: Path, patients: int, distinct: int, filters: int, st
     for number in range(1, patients + 1):
         (cohort / f"pt_{number}").symlink_to(originals[number % distinct].resolve())
     start = time.perf_counter()
-    load_split(cohort, cache_dir=workdir / "cohort-cache", memory_map=True)  # built (every core), not read
+    load_split(cohort, cache_dir=workdir / "cohort-cache", memory_map=True)  # built (in a pool from 32 patients), not read
     build_s = time.perf_counter() - start
     path = cache_path_for(cohort, workdir / "cohort-cache")
     spec = {"kind": "train_rss", "cache": str(path), "filters": filters, "steps": steps}

@@ -83,7 +83,8 @@ def reset_keras():
 def forget_models() -> None:
     """Keras's global dtype policy back to float32 and its session cleared, then what survives that
     full collection frozen: the next ``clear_session`` (the tests', ``predict_stage``'s) walks only
-    what came after (see :func:`pytest_collection_finish`)."""
+    what came after (see :func:`pytest_collection_finish`). What pytest still holds at teardown is
+    frozen too (a failed test's traceback and models): a failing run keeps more memory."""
     import gc
 
     import keras

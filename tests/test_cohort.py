@@ -189,8 +189,8 @@ def test_patient_folders_carry_no_name_id_birth_date_or_other_identifying_tag(im
     assert set(names) == {"PAT-A", "PAT-B", "PAT-C", "PAT-D"}
     assert sorted(names.values()) == ["pt_1", "pt_2", "pt_3", "pt_4"]
     identifying = [b"PAT-", b"Doe", b"19500505", *(v.encode() for k, v in STUDY_TAGS.items() if k != "PatientSex")]
-    # a date or time as a value of its own: the same digits inside a random UID or a dose's decimals are chance
-    patterns = [re.escape(word) if not word.isdigit() else rb"(?<![\w.])" + word + rb"(?![\w.])" for word in identifying]
+    # a date or time where a value begins (a DT or a fraction may follow): inside a random UID or a dose's decimals, chance
+    patterns = [re.escape(word) if not word.isdigit() else rb"(?<![\w.])" + word for word in identifying]
     for split in ("train-pats", "validation-pats"):
         for path in (out / split).rglob("*"):
             if path.is_file():

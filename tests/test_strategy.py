@@ -70,10 +70,11 @@ class InTurn:
         self.folder = tmp_path / "in-turn"
         self.folder.mkdir()
         self.runs = runs
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", IN_TURN, str(self.folder),
-             json.dumps([cli_command(phantom_data, tmp_path, *args)[2:] for args in runs])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        with open(self.folder / "stdout", "w") as stdout, open(self.folder / "stderr", "w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", IN_TURN, str(self.folder),
+                 json.dumps([cli_command(phantom_data, tmp_path, *args)[2:] for args in runs])],
+                stdout=stdout, stderr=stderr, text=True, cwd=REPO)
 
     def __enter__(self):
         return self
@@ -81,15 +82,18 @@ class InTurn:
     def __exit__(self, kind, *_):
         if kind is not None and self.process.poll() is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait()
         return False
+
+    def log(self) -> str:
+        return (self.folder / "stderr").read_text()
 
     def ended(self, k: int) -> None:
         """Wait (bounded) until run ``k`` has ended."""
         deadline = time.monotonic() + 240
         while not (self.folder / f"ended-{k}").exists():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"run {k} did not end")
+                raise AssertionError(f"run {k} did not end: {self.log()[-4000:]}")
             time.sleep(0.05)
 
     def go(self, k: int) -> None:
@@ -98,8 +102,8 @@ class InTurn:
 
     def results(self) -> list[subprocess.CompletedProcess]:
         """Each run's output and log, once all have ended."""
-        stdout, stderr = self.process.communicate(timeout=300)
-        assert self.process.returncode == 0, stderr[-4000:]
+        assert self.process.wait(timeout=300) == 0, self.log()[-4000:]
+        stdout, stderr = (self.folder / "stdout").read_text(), self.log()
         outputs = zip(stdout.split("=== run ")[1:], stderr.split("=== run ")[1:])
         return [subprocess.CompletedProcess(args, 0, out, err) for args, (out, err) in zip(self.runs, outputs)]
 
@@ -367,7 +371,7 @@ def two_device_probe(phantom_data, phantom_cache, tmp_path_factory):
         command = [sys.executable, "-c", TWO_DEVICE_PROBE, *cli_command(phantom_data, folder)[2:],
                    "--model-name", "xla", "--devices", "1", "--batch-size", "2", "--epochs", "1", "--xla", "on",
                    *FULL_AUGMENT, *NO_SCORING, "--recompute", "--norm", "instance"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=280, env=QUICK_XLA, cwd=REPO)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=QUICK_XLA, cwd=REPO)
         (folder / "stdout.txt").write_text(result.stdout)
         (folder / "stderr.txt").write_text(result.stderr)
 

@@ -324,7 +324,7 @@ def build_cache(
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
-    if workers is None:
+    if not workers:
         workers = (os.cpu_count() or 1) if len(folders) >= POOL_MIN_PATIENTS else 1
     workers = max(1, min(workers, len(folders)))
     count = len(folders)

@@ -334,6 +334,6 @@ def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.nd
         lines = [f"{i},\n" for i in index_list]
     else:
         value_text = np.asarray(values).astype(str)  # numpy's shortest round-trip decimal of the dtype
-        lines = [f"{i},{v}\n" for i, v in zip(index_list, value_text.tolist())]
+        lines = [f"{i},{v}\n" for i, v in zip(index_list, value_text.tolist(), strict=True)]
     write_text_atomic(Path(path), ",data\n" + "".join(lines))
     return value_text

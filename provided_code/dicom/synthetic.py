@@ -92,6 +92,7 @@ def _set_decimal_strings(ds: Dataset, keyword: str, values: np.ndarray, decimals
     text += b" " * (len(text) % 2)  # even length, padded with a space (PS3.5 6.2)
     tag = Tag(tag_for_keyword(keyword))
     ds[tag] = RawDataElement(tag, "DS", len(text), text, 0, False, True)
+    ds.set_original_encoding(False, True, "iso8859")  # as the file is written: its raw bytes go out as they are
 
 
 def fine_hu(ct: np.ndarray, factor: int) -> np.ndarray:
