@@ -88,7 +88,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
                else "Plots:        skipped (pip install matplotlib to get them)")
     click.echo(f"For scale: predicting zero dose everywhere scores a dose score of {zero_score:.3f} Gy.")
     click.echo(f"dose score {report.scores.dose_score:.3f} Gy, DVH score {report.scores.dvh_score:.3f} Gy "
-               f"on {report.patients} held-out phantoms")
+               f"on {report.patients} held-out phantom{'' if report.patients == 1 else 's'}")
 
 
 def _zero_prediction_dose_score(config) -> float:

@@ -47,7 +47,7 @@ class PredictionReport:
                 lines.append(f"Scored the {len(self.scores.patient_ids)} of {self.patients} patients that have a "
                              f"reference dose (none for {', '.join(self.scores.without_reference)}).")
             lines += [f"Scores: {self.scores_path}",
-                      f"DVH score {self.scores.dvh_score:.4f} Gy, dose score {self.scores.dose_score:.4f} Gy"]
+                      f"dose score {self.scores.dose_score:.4f} Gy, DVH score {self.scores.dvh_score:.4f} Gy"]
         else:
             lines.append("No reference doses in this stage: not scored.")
         return "\n".join(lines)
