@@ -335,6 +335,15 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
         import_cohort(archive, tmp_path / "strict", site="prostate", strict=True)
 
 
+def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path):
+    archive = tmp_path / "archive" / "nested"
+    archive.mkdir(parents=True)
+    (archive / "notes.txt").write_text("not DICOM")
+    with pytest.raises(cohort.CohortError, match=r"no DICOM object among its 1 files"):
+        cohort.import_cohort(tmp_path / "archive", tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
 def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe_archive, tmp_path):
     archive, written, dose = doe_archive
     archive = Path(shutil.copytree(archive, tmp_path / "archive"))

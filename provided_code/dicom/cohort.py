@@ -367,11 +367,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     validation = parse_validation(validation)
     site = load_site(site)
     table = load_names(names_file, site)
-    out.mkdir(parents=True, exist_ok=True)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
-    if identity_path.resolve().is_relative_to(out.resolve()):
-        logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
-                       "--identity-map with a private path", identity_path, out)
     state = _State(out, identity_path)
     sources = _Sources(identity_path.with_suffix(SOURCES_SUFFIX), archive)
 
@@ -379,6 +375,10 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     patients = link_patients(index)
     if not index.objects:
         raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
+    out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
+    if identity_path.resolve().is_relative_to(out.resolve()):
+        logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
+                       "--identity-map with a private path", identity_path, out)
     state.assign_pseudonyms([p.patient_id for p in patients])
     refused = [p for p in patients if p.refusal]
     if strict and refused:
