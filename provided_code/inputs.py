@@ -33,8 +33,8 @@ class InputSpec:
     """One model input. ``length`` None: a volume ``(R, R, R)`` per patient; else a vector of that
     length. ``default``: a vector input's value for patients whose own plan files do not give it
     (the run-wide value: the site's prescriptions, the run's gantry angles, fewer than ``length``
-    of them), applied where the inputs are made (:func:`provided_code.data.batches.patient_vectors`). ``mirror_bits``: the ``(right, left)`` bit pairs a flip swaps (structure bits
-    only). ``all_slots``: every slot of an angle vector must hold an angle (``--beam-channels
+    of them), applied where the inputs are made (:func:`provided_code.data.batches.patient_vectors`).
+    ``mirror_bits``: the ``(right, left)`` bit pairs a flip swaps (structure bits only). ``all_slots``: every slot of an angle vector must hold an angle (``--beam-channels
     each``: one channel per slot)."""
 
     name: str  # the keras.Input's name, the training element's key and the SplitArrays field it is read from
@@ -140,7 +140,3 @@ def inputs_left_out(config) -> dict[str, str]:
 def default_inputs() -> tuple[InputSpec, ...]:
     """OpenKBP's two volumes: what every model before per-patient inputs eats."""
     return model_inputs(load_site("openkbp"))
-
-
-def by_name(inputs: tuple[InputSpec, ...]) -> dict[str, InputSpec]:
-    return {spec.name: spec for spec in inputs}

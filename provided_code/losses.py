@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.config import LOSSES
-from provided_code.sites import openkbp
+from provided_code.sites import mask_dtype_for, openkbp
 
 
 def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
@@ -51,10 +51,9 @@ def dvh_difference(element: dict, predicted, structures: int | None = None) -> t
     """
     structures = len(openkbp().names) if structures is None else structures
     patients = tf.shape(element["dose"])[0]
-    wide = structures > 16  # uint32 packing; OpenKBP and every site of up to 16 structures: uint16
-    packing = (tf.uint32, np.uint32) if wide else (tf.uint16, np.uint16)
-    patterns = tf.reshape(tf.cast(element["structure_masks"], packing[0]), [patients, 1, -1])
-    bits = np.left_shift(1, np.arange(structures)).astype(packing[1])
+    packing = mask_dtype_for(structures)  # the site's: uint16 (OpenKBP), uint32 above 16 structures
+    patterns = tf.reshape(tf.cast(element["structure_masks"], tf.as_dtype(packing)), [patients, 1, -1])
+    bits = np.left_shift(1, np.arange(structures)).astype(packing)
     # each structure's bit itself, 0 or 2^k, not shifted down to 0 or 1 (one pass fewer over the
     # volume): structure k's sums and its voxel count are all 2^k times too large, and the means
     # below, their ratios, are exact

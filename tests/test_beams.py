@@ -40,12 +40,7 @@ def test_a_single_target_voxels_rays_by_hand(angle):
     structure_masks = np.zeros((size, size, slices), np.uint16)
     structure_masks[8, 8, 1] = PTV70
     structure_masks[2, 3, 2] = 1  # Brainstem only: not a target
-    i, j = np.meshgrid(np.arange(size) - 8.0, np.arange(size) - 8.0, indexing="ij")
-    g = math.radians(angle)
-    direction = np.array([-math.cos(g), math.sin(g)])
-    across = np.abs(i * direction[1] - j * direction[0])  # distance from the line through (8, 8)
-    expected = np.zeros((size, size, slices), bool)
-    expected[:, :, 1] = across < 0.5
+    expected = rays_by_hand(size, slices, (8, 8, 1), angle)  # within half a voxel of the line through (8, 8)
     got = channels(structure_masks, (angle,), "each")[..., 0]
     assert np.array_equal(got, expected.astype(np.float32))
     assert np.array_equal(beam_voxels((structure_masks & PTV70) != 0, angle), expected)
@@ -74,11 +69,7 @@ def test_count_is_the_mean_of_the_beams_and_any_target_counts():
 
 def _rotate(volume: np.ndarray, turns: int) -> np.ndarray:
     """``volume`` ``(R, R, ...)`` rotated in the axial plane by ``turns`` × 40° as the augmentation does."""
-    size = volume.shape[0]
-    source = plane_sources(size, turns, mirrored=False)
-    flat = volume.reshape(size * size, *volume.shape[2:])
-    moved = np.where((source >= 0).reshape(-1, *[1] * (volume.ndim - 2)), flat[np.maximum(source, 0)], 0)
-    return moved.reshape(volume.shape)
+    return _turned(volume, plane_sources(volume.shape[0], turns, mirrored=False))
 
 
 def test_rotating_the_inputs_by_40_degrees_rotates_the_channels():

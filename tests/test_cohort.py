@@ -455,8 +455,6 @@ def write_prostate_archive(root: Path, seeds=(31, 32, 33)) -> Path:
 @pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp_path):
-    import json
-
     from click.testing import CliRunner
 
     import provided_code.apps.cli as train_cli

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from provided_code.constants import CT_MAX
-from provided_code.networks.layers import AveragePool3x3x3, CompactInputs
-from provided_code.sites import load_site
+from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
+from provided_code.sites import load_site, openkbp
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
@@ -79,8 +79,10 @@ def test_a_layer_saved_before_sites_unpacks_as_openkbp():
     rng = np.random.default_rng(2)
     bits = rng.integers(0, 1024, (1, 8, 8, 8)).astype(np.uint16)
     ct = rng.integers(0, CT_MAX, (1, 8, 8, 8)).astype(np.uint16)
-    again = CompactInputs.from_config(restored.get_config())
-    assert np.array_equal(np.asarray(restored([ct, bits])), np.asarray(again([ct, bits])))
+    structures, prescriptions_gy, highest = site_unpacking(openkbp())  # as build_unet configures it today
+    today = CompactInputs(prescription=True, beam_angles=(0.0, 40.0), beam_channels="count", structures=structures,
+                          prescriptions_gy=prescriptions_gy, max_prescription_gy=highest)
+    assert np.array_equal(np.asarray(restored([ct, bits])), np.asarray(today([ct, bits])))
 
 
 @pytest.mark.parametrize("structures, dtype", [(13, np.uint16), (32, np.uint32)])

@@ -15,7 +15,6 @@ from provided_code.data.patient_plan import (
     write_beams,
     write_prescriptions,
 )
-from provided_code.data.phantoms import write_phantom_split
 from provided_code.sites import Beams, load_site, openkbp
 
 
@@ -70,12 +69,11 @@ def test_a_bad_beams_file_names_the_line(tmp_path):
         read_beams(folder)
 
 
-def test_the_cache_carries_only_what_the_patients_files_say(tmp_path):
+def test_the_cache_carries_only_what_the_patients_files_say(phantom_split, tmp_path):
     """A patient with prescriptions.csv: read_prescriptions' values (a target it does not list keeps
     the site's); a patient without a file: a row of NaN (the model's default is given later, in
     one place: data.batches.patient_vectors)."""
-    split = tmp_path / "train-pats"
-    write_phantom_split(split, 3, first_number=1)
+    split = phantom_split
     write_prescriptions(split / "pt_2", {"PTV70": 66.0})
     write_beams(split / "pt_3", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0, 270.0)])
     arrays = load_split(split, cache_dir=tmp_path / "cache")
@@ -86,15 +84,15 @@ def test_the_cache_carries_only_what_the_patients_files_say(tmp_path):
     assert np.array_equal(again.beam_angles, arrays.beam_angles, equal_nan=True)
 
 
-def test_a_split_without_plan_files_has_no_plan_tables(tmp_path):
-    write_phantom_split(tmp_path / "train-pats", 2, first_number=1)
-    arrays = load_split(tmp_path / "train-pats", cache_dir=tmp_path / "cache")
+def test_a_split_without_plan_files_has_no_plan_tables(phantom_data, tmp_path):
+    arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "cache")
     assert arrays.prescriptions is None and arrays.beam_angles is None
 
 
-def test_each_site_keeps_its_cache_and_one_recording_another_site_is_rebuilt_saying_why(tmp_path, caplog):
+def test_each_site_keeps_its_cache_and_one_recording_another_site_is_rebuilt_saying_why(phantom_data, tmp_path,
+                                                                                        caplog):
     split = tmp_path / "train-pats"
-    write_phantom_split(split, 1, first_number=1)
+    shutil.copytree(phantom_data / "train-pats" / "pt_1", split / "pt_1")
     for name in ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible"):
         (split / "pt_1" / f"{name}.csv").unlink(missing_ok=True)
     site = load_site(_targets_only(tmp_path))  # the targets alone: a site of its own
@@ -117,20 +115,18 @@ def _targets_only(folder):
     return path
 
 
-def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(tmp_path):
-    write_phantom_split(tmp_path, 1, first_number=1)
+def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(phantom_data):
     with pytest.raises(PatientDataError) as caught:
-        read_patient(tmp_path / "pt_1", site="prostate")
+        read_patient(phantom_data / "train-pats" / "pt_1", site="prostate")
     message = str(caught.value)
     assert "\n" not in message and "pt_1" in message and "not a structure of site prostate" in message
 
 
-def test_a_cache_written_before_sites_loads_as_openkbps_without_a_rebuild(tmp_path, caplog):
+def test_a_cache_written_before_sites_loads_as_openkbps_without_a_rebuild(phantom_data, tmp_path, caplog):
     import h5py
 
-    split = tmp_path / "train-pats"
-    write_phantom_split(split, 1, first_number=1)
-    load_split(split, cache_dir=tmp_path / "cache")
+    split = phantom_data / "train-pats"
+    load_split(split, cache_dir=tmp_path / "cache")  # a cache file of this test's own: changed in place below
     path = cache_path_for(split, tmp_path / "cache")
     with h5py.File(path, "r+") as h5:
         del h5.attrs["site"]  # as the caches of the previous version were written

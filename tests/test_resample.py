@@ -47,8 +47,6 @@ def test_upsample_dose_is_linear_and_masked():
 
 def test_downsampling_keeps_a_wide_sites_uint32_bits():
     """More than 16 structures: the packing is uint32, and the block OR keeps every bit of it."""
-    import dataclasses
-
     full = SplitArrays(patient_ids=["pt_1"], ct=np.zeros((1, 128, 128, 128), np.uint16),
                        structure_masks=np.zeros((1, 128, 128, 128), np.uint32),
                        possible_dose_mask=np.zeros((1, 128, 128, 128), bool), dose=np.zeros((1, 128, 128, 128), np.float32),
@@ -56,6 +54,6 @@ def test_downsampling_keeps_a_wide_sites_uint32_bits():
                        structure_present=np.ones((1, 20), bool))
     full.structure_masks[0, 5, 6, 7] = (1 << 19) | 1
     full.structure_masks[0, 100, 3, 64] = 1 << 17
-    small = downsample_split(dataclasses.replace(full), 32)
+    small = downsample_split(full, 32)
     assert small.structure_masks.dtype == np.uint32
     assert small.structure_masks[0, 1, 1, 1] == (1 << 19) | 1 and small.structure_masks[0, 25, 0, 16] == 1 << 17

@@ -2,12 +2,12 @@
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
+from tests.conftest import REPO
 
 
 def _write(tmp_path, site: dict):
@@ -113,7 +113,7 @@ def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
 
 
 def test_the_readmes_complete_example_is_the_shipped_prostate_file():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     block = re.search(r'```json\n(\{\n  "format": 1,\n  "name": "prostate".*?\n\})\n```', readme, re.S)
     assert block is not None, "README.md lost the prostate site's example"
     assert json.loads(block.group(1)) == json.loads((HERE / "prostate.json").read_text())

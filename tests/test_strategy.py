@@ -22,7 +22,7 @@ from provided_code.config import ConfigError, read_tf_config
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
-from tests.conftest import REPO, _made_once, linked_cache, log_epochs
+from tests.conftest import REPO, _made_once, forget_models, linked_cache, log_epochs
 
 
 def cli_command(phantom_data, tmp_path, *args):
@@ -120,8 +120,7 @@ def run_cli_here(phantom_data, tmp_path, *args):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-        keras.backend.clear_session()
-        keras.mixed_precision.set_global_policy("float32")
+        forget_models()
     assert result.exit_code == 0, (result.output, log.getvalue()[-4000:], result.exception)
     return subprocess.CompletedProcess(args, result.exit_code, result.output, log.getvalue())
 

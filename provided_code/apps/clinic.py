@@ -3,10 +3,11 @@
 Import (CT, RTSTRUCT, optional RTDOSE) into ``OUT_DIR/patient/`` for the model's own site (its
 ``config.json``'s ``site``: structures, DICOM names, grid; none there means OpenKBP), predict the
 patient the import returns (its folder is not read back) with the model at its own resolution
-(from its ``config.json``), write the prediction in the challenge's CSV format, export it as ``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the
-clinic's own dose beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is
-computed on the CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the
-challenge's scores on the 128³ grid they are defined on.
+(from its ``config.json``), write the prediction in the challenge's CSV format, export it as
+``RD.dcm`` and ``dose.nii.gz`` on the CT's grid, and tabulate the DVH (with the clinic's own dose
+beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is computed on the
+CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the challenge's
+scores on the 128³ grid they are defined on.
 """
 
 from __future__ import annotations

@@ -299,7 +299,8 @@ def decimals_of(values: np.ndarray, most: int = 5) -> int:
     return -1
 
 
-def write_dose_csv(path: os.PathLike | str, dose: np.ndarray, possible_dose_mask: np.ndarray | None = None) -> np.ndarray:
+def write_dose_csv(path: os.PathLike | str, dose: np.ndarray,
+                   possible_dose_mask: np.ndarray | None = None) -> np.ndarray:
     """Write a 128³ dose (Gy) as a sparse OpenKBP CSV, atomically; return the listed values' text
     (a numpy string array, in the file's order: what a reader parses).
 

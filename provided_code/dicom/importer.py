@@ -97,9 +97,9 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     absent = missing_targets(mapping, site)
     if absent and not allow_missing_targets:
         raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
-                                                  f"{', '.join(structure_set.roi_names)}) of site {site.name}; pass --names to map "
-                                                  f"one, --site if the patient is of another site, or "
-                                                  f"--allow-missing-targets")
+                                                  f"{', '.join(structure_set.roi_names)}) of site {site.name}; pass "
+                                                  f"--names to map one, --site if the patient is of another site, "
+                                                  f"or --allow-missing-targets")
     dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
     planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
@@ -251,7 +251,8 @@ def _write_folder(out: Path, geometry: PatientGeometry, ct: np.ndarray, masks: d
         geometry.write(staging)
         if also_write is not None:
             also_write(staging)
-        prescriptions, gantry_angles = patient_plan.read_plan(staging, site)  # the files also_write added (the cohort's)
+        # the plan files also_write added (the cohort's), as read_patient reads them
+        prescriptions, gantry_angles = patient_plan.read_plan(staging, site)
         patient = Patient(
             patient_id=out.name, ct=ct, structure_masks=structure_masks, possible_dose_mask=possible_dose_mask,
             voxel_dimensions=np.array([float(v) for v in voxel_text.split()]), dose=read_dose,

@@ -30,9 +30,6 @@ def default_names(site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
 DEFAULT_NAMES: dict[str, tuple[str, ...]] = default_names("openkbp")  # OpenKBP's table, as sites/openkbp.json has it
 
 
-normalise = normalise_name  # one rule for comparing ROI names: the site file's
-
-
 def load_names(path: os.PathLike | str | None = None, site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
     """The site's table (:func:`default_names`), with the structures a names file lists replaced by its lists."""
     table = default_names(site)
@@ -54,7 +51,7 @@ def load_names(path: os.PathLike | str | None = None, site: Site | str | None = 
             raise DicomInputError(path, f"unknown structure {key!r}; expected one of {', '.join(table)}")
         if isinstance(names, str):
             names = [names]
-        if not isinstance(names, list) or not all(isinstance(n, str) and normalise(n) for n in names):
+        if not isinstance(names, list) or not all(isinstance(n, str) and normalise_name(n) for n in names):
             raise DicomInputError(path, f"{key!r} must map to a list of ROI names")
         table[key] = tuple(names)
     return table
@@ -63,10 +60,10 @@ def load_names(path: os.PathLike | str | None = None, site: Site | str | None = 
 def match_rois(roi_names: list[str], table: dict[str, tuple[str, ...]], source: os.PathLike | str) -> dict[str, str]:
     """Structure (or ``BODY``) → the ROI name that is it, for the structures of ``table``. An ROI
     matching two structures, or two ROIs matching one, is an error naming them (a names file settles it)."""
-    wanted = {key: {normalise(n) for n in names} for key, names in table.items()}
+    wanted = {key: {normalise_name(n) for n in names} for key, names in table.items()}
     matches: dict[str, list[str]] = {key: [] for key in table}
     for roi in roi_names:
-        keys = [key for key in table if normalise(roi) in wanted[key]]
+        keys = [key for key in table if normalise_name(roi) in wanted[key]]
         if len(keys) > 1:
             raise DicomInputError(source, f"ROI {roi!r} matches {' and '.join(keys)}; pass --names to settle it")
         if keys:

@@ -19,7 +19,7 @@ import dataclasses
 import os
 
 from provided_code.dicom.errors import DicomInputError
-from provided_code.dicom.names import normalise
+from provided_code.sites import normalise_name
 
 COUCH_TOLERANCE_DEGREES = 0.01  # planning systems write 8e-10 for a couch at zero
 
@@ -157,13 +157,13 @@ def plan_prescriptions(plan: PlanInfo, site_targets: dict[str, float], table: di
     """Each site target's prescription (Gy) from the plan where it says one, else the site's; and
     lines saying where each came from. ``table``: structure -> DICOM names (a target the table does
     not list is matched by its own name); ``roi_names``: the structure set's ROI number -> name."""
-    names = {target: {normalise(n) for n in table.get(target, ())} | {normalise(target)} for target in site_targets}
+    names = {target: {normalise_name(n) for n in table.get(target, ())} | {normalise_name(target)} for target in site_targets}
     found: dict[str, tuple[float, str]] = {}
     unmatched = []
     for reference in plan.dose_references:
         candidates = [roi_names[reference.roi_number]] if reference.roi_number in roi_names else []
         candidates.append(reference.description)
-        target = next((t for c in candidates if c for t in site_targets if normalise(c) in names[t]), None)
+        target = next((t for c in candidates if c for t in site_targets if normalise_name(c) in names[t]), None)
         if target is None:
             unmatched.append(f"{reference.description or reference.number!r} {reference.dose_gy:g} Gy")
             continue

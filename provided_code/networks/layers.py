@@ -13,6 +13,9 @@ from provided_code.networks.beams import ray_bins, ray_count
 from provided_code.sites import openkbp
 
 
+TABLE_BITS = 12  # up to this many structures, one gather from a table of every bit pattern (2^12 × 13 at most)
+
+
 @keras.saving.register_keras_serializable(package="provided_code")
 class CompactInputs(keras.layers.Layer):
     """``[ct, structure_masks]`` in compact dtypes (and, per patient, ``prescriptions`` and
@@ -57,7 +60,7 @@ class CompactInputs(keras.layers.Layer):
         kwargs.setdefault("autocast", False)  # per-patient angles and Gy stay float32 under mixed precision
         super().__init__(**kwargs)
         if structures is None:  # a checkpoint saved before sites: OpenKBP
-            structures, prescriptions_gy, max_prescription_gy = _openkbp_unpacking()
+            structures, prescriptions_gy, max_prescription_gy = site_unpacking(openkbp())
         self.prescription = prescription
         self.beam_angles = tuple(float(angle) for angle in beam_angles)
         self.beam_channels = beam_channels
@@ -103,10 +106,10 @@ class CompactInputs(keras.layers.Layer):
         angles = rest.pop(0) if self.beams_per_patient else None
         count = self.structures
         run_wide_prescription = self.prescription and not self.patient_prescriptions
+        levels = np.array(self.prescriptions_gy) / self.max_prescription_gy  # per structure, 0 for an organ
         if count <= TABLE_BITS:
             table = structures_of_patterns(count)  # (2^count, count)
             if run_wide_prescription:
-                levels = np.array(self.prescriptions_gy) / self.max_prescription_gy
                 table = np.concatenate([table, (table * levels).max(axis=1)[:, None]], axis=1)
             table = ops.convert_to_tensor(table, dtype=self.compute_dtype)
             patterns = ops.bitwise_and(ops.cast(structure_masks, "int32"), 2**count - 1)  # unused high bits dropped
@@ -118,7 +121,6 @@ class CompactInputs(keras.layers.Layer):
             masks = ops.cast(ops.bitwise_and(ops.right_shift(patterns[..., None], shifts), 1), self.compute_dtype)
             structure_channels = masks
             if run_wide_prescription:
-                levels = np.array(self.prescriptions_gy) / self.max_prescription_gy
                 masks = ops.concatenate([masks, self._highest(masks, ops.convert_to_tensor(
                     levels[list(self.targets)][None], dtype=self.compute_dtype))], axis=-1)
         ct = ops.cast(ct, self.compute_dtype) * (1.0 / CT_MAX)
@@ -203,13 +205,6 @@ class CompactInputs(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count)
-
-
-TABLE_BITS = 12  # up to this many structures, one gather from a table of every bit pattern (2^12 × 13 at most)
-
-
-def _openkbp_unpacking() -> tuple[int, tuple[float, ...], float]:
-    return site_unpacking(openkbp())
 
 
 def site_unpacking(site) -> tuple[int, tuple[float, ...], float]:

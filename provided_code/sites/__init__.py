@@ -43,7 +43,8 @@ def parse_metric(name: str) -> tuple[str, float]:
     site files are checked with it, :mod:`provided_code.metrics.scoring` computes by it."""
     found = _METRIC.match(name) if isinstance(name, str) else None
     if found is None:
-        raise ValueError(f"Invalid metric {name!r}. Expected mean, D_<percent of volume> (D_95) or D_<cc>_cc (D_0.1_cc)")
+        raise ValueError(f"Invalid metric {name!r}. Expected mean, D_<percent of volume> (D_95) or D_<cc>_cc "
+                         f"(D_0.1_cc)")
     if found.group(2) is None:
         return "mean", 0.0
     return ("cc" if found.group(3) else "percent"), float(found.group(2))
@@ -152,8 +153,8 @@ class Site:
 
     @property
     def mask_dtype(self) -> np.dtype:
-        """The packed ``structure_masks`` dtype: uint16 up to 16 structures, else uint32."""
-        return np.dtype(np.uint16) if len(self.structures) <= 16 else np.dtype(np.uint32)
+        """The packed ``structure_masks`` dtype (:func:`mask_dtype_for` its structure count)."""
+        return mask_dtype_for(len(self.structures))
 
     @property
     def target_bits(self) -> int:
@@ -238,6 +239,11 @@ def load_site(spec: "str | os.PathLike | Site | dict | None") -> Site:
     return site
 
 
+def mask_dtype_for(structures: int) -> np.dtype:
+    """The dtype that packs ``structures`` bits, one per structure: uint16 up to 16, else uint32."""
+    return np.dtype(np.uint16) if structures <= 16 else np.dtype(np.uint32)
+
+
 def normalise_name(name: str) -> str:
     """``'Parotid_L '`` → ``'parotidl'``: how ROI names are compared (lower case, letters and digits only)."""
     return re.sub(r"[^0-9a-z]", "", name.lower())
@@ -257,7 +263,8 @@ def site_from_dict(data, source) -> Site:
             fail(key, f"unknown field; expected one of {', '.join(sorted(known))}")
     for key in ("name", "structures", "beams"):  # the others have documented defaults (README)
         if key not in data:
-            fail(key, "missing" + (' (say {"type": "none"} for a site without beam channels)' if key == "beams" else ""))
+            hint = ' (say {"type": "none"} for a site without beam channels)' if key == "beams" else ""
+            fail(key, f"missing{hint}")
     if data.get("format", SITE_FORMAT) != SITE_FORMAT:
         fail("format", f"expected {SITE_FORMAT}. Received: {data.get('format')!r}")
     name = data["name"]
