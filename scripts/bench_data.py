@@ -6,7 +6,8 @@ Side by side on the same patients, in one run: CSV parse per patient; cache buil
 (parallel over the machine's cores); cache-to-arrays load and RAM per patient; batch assembly
 (batch 2 at 128³, what the model consumes); the same batch from a naive loader that re-reads the
 CSVs into float64 every batch (the approach this design replaces); and a plain numpy copy of the
-batch's bytes (the memory-bandwidth limit). The cache goes to a temporary folder.
+batch's bytes (the memory-bandwidth limit); writing a patient's dose CSV, and zipping it at the
+submission's deflate level against zlib's default. The cache goes to a temporary folder.
 
 Memory-mapped training (``--memory-map``, ``data/mapped.py``), also in the same run:
 
@@ -52,6 +53,33 @@ from provided_code.data.csv_io import discover_patients, read_patient
 from provided_code.data.mapped import VOLUME_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def csv_and_zip(arrays, workdir: Path, repeats: int) -> dict:
+    """Writing a patient's dose as the challenge's CSV (``write_dose_csv``: every voxel of the
+    possible-dose mask), and zipping it as ``--predict-only`` zips a submission
+    (``SUBMISSION_ZIP_LEVEL``) against zlib's default level 6, alternating: times and sizes."""
+    import zipfile
+
+    from provided_code.apps.predict import SUBMISSION_ZIP_LEVEL
+    from provided_code.data.csv_io import write_dose_csv
+
+    path = workdir / "dose.csv"
+    write_s = timed(lambda: write_dose_csv(path, arrays.dose[0], arrays.possible_dose_mask[0]), repeats)
+    times, sizes = {SUBMISSION_ZIP_LEVEL: [], 6: []}, {}
+    for _ in range(repeats):
+        for level in times:
+            target = workdir / f"level-{level}.zip"
+            start = time.perf_counter()
+            with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=level) as archive:
+                archive.write(path, arcname="pt_1.csv")
+            times[level].append(time.perf_counter() - start)
+            sizes[level] = target.stat().st_size
+    ours, default = statistics.median(times[SUBMISSION_ZIP_LEVEL]), statistics.median(times[6])
+    return {"csv_write_s_per_patient": write_s, "submission_zip_level": SUBMISSION_ZIP_LEVEL,
+            "submission_zip_s": ours, "submission_zip_level_6_s": default,
+            "submission_zip_level_6_over_ours_s": default / ours,
+            "submission_zip_bytes_ours_over_level_6": sizes[SUBMISSION_ZIP_LEVEL] / sizes[6]}
 
 
 def timed(function, repeats: int) -> float:
@@ -248,6 +276,7 @@ def main() -> None:
         copy_s = timed(lambda: source.copy(), args.repeats)
         naive_s = timed(lambda: naive_batch([folders[i] for i in rows]), repeats=2)
         mapped_batches = memory_map_batches(path, arrays, rows, args.repeats)
+        writing = csv_and_zip(arrays, workdir, args.repeats)
         del arrays
         training = (train_peak_rss(workdir, args.cohort_patients, 4, args.rss_filters, args.rss_steps)
                     if args.cohort_patients else {})
@@ -270,6 +299,7 @@ def main() -> None:
         "batch_over_copy_limit": batch_s / copy_s,
         "parse_over_load": parse_s / load_s,
         **mapped_batches,
+        **writing,
         **training,
     }, indent=2))
 
