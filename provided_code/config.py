@@ -7,6 +7,7 @@ Importing this module imports neither TensorFlow nor Keras.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.networks.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
+from provided_code.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
+from provided_code.model_spec import ModelSpec
 from provided_code.sites import SHIPPED, Site, load_site
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -30,8 +32,9 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class TrainConfig:
     # -- architecture: fixed for the life of a model; a resume must match these --
-    site: "str | dict" = "openkbp"  # the treatment site (provided_code/sites): openkbp, prostate or a site file;
-    #                                 saved whole (its structures, prescriptions, names, beams) in config.json
+    site: "str | dict | Site" = "openkbp"  # the treatment site (provided_code/sites): openkbp, prostate or a site
+    #                                        file; resolved to its Site once, saved whole (its structures,
+    #                                        prescriptions, names, beams) in config.json
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
@@ -126,12 +129,12 @@ class TrainConfig:
         self._check_choice("loss", LOSSES)
         self._check_choice("norm", NORMS)
         self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
-        self._site = load_site(self.site)  # a SiteError names the file and the field
-        self.site = self._site.to_dict()
+        self.site = load_site(self.site)  # once: a Site stays itself through dataclasses.replace; a SiteError
+        #                                   names the file and the field
         self._check("beams", self.beams is None or _is_integer(self.beams, 0), "an integer >= 0 (0: none), or "
                                                                                 "None (the site's beams)")
         if self.beams is None and not str(self.beam_angles).strip():
-            self._gantry_angles = self._site.beams.gantry_angles()
+            self._gantry_angles = self.site.beams.gantry_angles()
         else:
             self._gantry_angles = _parsed(resolve_beam_angles, self.beams or 0, self.beam_angles)  # parsed once, here
         self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
@@ -170,10 +173,13 @@ class TrainConfig:
         """``results/<model-name>``: the run's folder (its layout: :mod:`provided_code.run_folder`)."""
         return Path(self.results_dir) / self.model_name
 
-    @property
-    def site_obj(self) -> Site:
-        """The run's treatment site (``site`` parsed once)."""
-        return self._site
+    @functools.cached_property
+    def spec(self) -> ModelSpec:
+        """The model these settings describe (its architecture fields), resolved once per config."""
+        return ModelSpec(site=self.site, filters=self.filters, resolution=self.resolution, dropout=self.dropout,
+                         norm=self.norm, prescription_channel=self.prescription_channel,
+                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels,
+                         patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots)
 
     @property
     def augmentations(self) -> tuple[str, ...]:
@@ -186,7 +192,10 @@ class TrainConfig:
         return self._gantry_angles
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        """The settings as ``config.json`` holds them (the site as its file says it)."""
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        values["site"] = self.site.to_dict()
+        return json.dumps(values, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "TrainConfig":
@@ -267,7 +276,7 @@ class TrainConfig:
     def check_resume(self, saved: "TrainConfig") -> None:
         """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
         changed = [f"{name}: saved {_shown(saved, name)}, requested {_shown(self, name)}"
-                   for name in self.ARCHITECTURE if getattr(saved, name) != getattr(self, name)]
+                   for name in self.ARCHITECTURE if not _same(name, getattr(saved, name), getattr(self, name))]
         if self.precision != "auto" and saved.precision != self.precision:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
         if changed:
@@ -282,10 +291,15 @@ ABSENT_MEANS = {"site": "openkbp", "norm": "batch", "prescription_channel": Fals
                 "ema": False, "dvh_weight": 0.0}
 
 
+def _same(name: str, saved, requested) -> bool:
+    """Whether a saved and a requested setting agree (a site: the same file's contents)."""
+    return saved.same_as(requested) if name == "site" else saved == requested
+
+
 def _shown(config: TrainConfig, name: str) -> str:
     """A field's value for a message; a site by its name (its whole JSON would hide the line)."""
     if name == "site":
-        site = config.site_obj
+        site = config.site
         return repr(site.name) if site.name not in SHIPPED or site.same_as(load_site(site.name)) \
             else f"{site.name!r} (another version of it)"
     return repr(getattr(config, name))

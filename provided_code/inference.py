@@ -13,8 +13,7 @@ from provided_code.data.cache import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs, swap_mirror_bits
-from provided_code.sites import openkbp
+from provided_code.model_spec import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, ModelSpec, swap_mirror_bits
 
 
 class PredictionError(UserError, RuntimeError):
@@ -27,11 +26,10 @@ def use_averaged_weights(model: keras.Model) -> None:
     model.optimizer.finalize_variable_values(model.trainable_variables)
 
 
-def mirror_left_right(structure_masks: np.ndarray, axis: int, mirror_bits=None) -> np.ndarray:
+def mirror_left_right(structure_masks: np.ndarray, axis: int, mirror_bits) -> np.ndarray:
     """Flip a bitfield volume left-right and swap the bits of each ``(right, left)`` pair of
-    ``mirror_bits`` (a site's ``mirror_bits``; default OpenKBP's, the parotids):
-    :func:`provided_code.inputs.swap_mirror_bits`, as augmentation swaps them."""
-    mirror_bits = openkbp().mirror_bits if mirror_bits is None else mirror_bits
+    ``mirror_bits`` (a site's ``mirror_bits``: OpenKBP's, the parotids):
+    :func:`provided_code.model_spec.swap_mirror_bits`, as augmentation swaps them."""
     return swap_mirror_bits(np.flip(structure_masks, axis=axis), mirror_bits, np.where)
 
 
@@ -52,16 +50,15 @@ def mirrored_inputs(inputs: dict[str, np.ndarray], specs: tuple[InputSpec, ...],
     return mirrored
 
 
-def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = False,
-                   progress: Progress = no_progress, inputs: tuple[InputSpec, ...] | None = None) -> np.ndarray:
+def predict_arrays(model, arrays: SplitArrays, spec: ModelSpec, batch_size: int, tta: bool = False,
+                   progress: Progress = no_progress) -> np.ndarray:
     """Doses ``(N, R, R, R)`` float32 Gy at the arrays' resolution, in batches.
 
-    ``model``: a ``keras.Model``, or any callable from a batch's inputs to its doses.
-    ``inputs``: the model's declared inputs (:func:`provided_code.inputs.inputs_of` its config;
-    default OpenKBP's two volumes). With ``tta``, the mean of the prediction and the left-right
-    mirrored prediction of the mirrored patient (mirror pairs swapped, angles mirrored), mirrored back.
+    ``model``: a ``keras.Model``, or any callable from a batch's inputs to its doses; ``spec``: the
+    model it is (its inputs). With ``tta``, the mean of the prediction and the left-right mirrored
+    prediction of the mirrored patient (mirror pairs swapped, angles mirrored), mirrored back.
     """
-    inputs = inputs or default_inputs()
+    inputs = spec.inputs
     arrays = fit_vectors(arrays, inputs)  # the per-patient vectors, once (none for OpenKBP's two volumes)
     predict_batch = model.predict_on_batch if isinstance(model, keras.Model) else model
     axis = 1 + LEFT_RIGHT_AXIS  # batch axis first
@@ -77,22 +74,20 @@ def predict_arrays(model, arrays: SplitArrays, batch_size: int, tta: bool = Fals
     return out
 
 
-def predict_full_resolution(model, arrays: SplitArrays, resolution: int, batch_size: int, tta: bool = False,
+def predict_full_resolution(model, arrays: SplitArrays, spec: ModelSpec, batch_size: int, tta: bool = False,
                             progress: Progress = no_progress, label: str = "",
-                            at_resolution: SplitArrays | None = None,
-                            inputs: tuple[InputSpec, ...] | None = None) -> np.ndarray:
-    """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted at ``resolution``,
-    brought back to 128³ and zeroed outside each possible-dose mask, as submitted and scored.
-    ``at_resolution``: the same patients already at ``resolution`` (training keeps its validation
-    patients so); otherwise they are brought there here. ``inputs``: the model's declared inputs
-    (:func:`predict_arrays`).
+                            at_resolution: SplitArrays | None = None) -> np.ndarray:
+    """Doses ``(N, 128, 128, 128)`` float32 Gy for 128³ ``arrays``: predicted by the model ``spec``
+    describes at its resolution, brought back to 128³ and zeroed outside each possible-dose mask,
+    as submitted and scored. ``at_resolution``: the same patients already at the model's
+    resolution (training keeps its validation patients so); otherwise they are brought there here.
 
     Raises :class:`PredictionError` naming the patients whose predictions are not finite
     (``label`` says whose model, for the message).
     """
     if at_resolution is None:
-        at_resolution = downsample_split(arrays, resolution)
-    low = predict_arrays(model, at_resolution, batch_size, tta, progress, inputs)
+        at_resolution = downsample_split(arrays, spec.resolution)
+    low = predict_arrays(model, at_resolution, spec, batch_size, tta, progress)
     broken = [pid for pid, dose in zip(arrays.patient_ids, low) if not np.isfinite(dose).all()]
     if broken:
         raise PredictionError(f"{label or 'The model'} predicts NaN or infinite doses for {', '.join(broken)}")

@@ -12,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from provided_code.config import LOSSES
-from provided_code.sites import mask_dtype_for, openkbp
+from provided_code.model_spec import ModelSpec
+from provided_code.sites import mask_dtype_for
 
 
 def mean_absolute_error(element: dict, predicted) -> tf.Tensor:
@@ -31,12 +32,12 @@ def masked_mean_absolute_error(element: dict, predicted) -> tf.Tensor:
 DVH_MOMENTS = (1.0, 2.0, 10.0)  # mean, root mean square, a soft maximum; dvh_difference multiplies these out
 
 
-def dvh_difference(element: dict, predicted, structures: int | None = None) -> tf.Tensor:
+def dvh_difference(element: dict, predicted, structures: int) -> tf.Tensor:
     """A differentiable DVH term: per structure the patient has, the mean over ``DVH_MOMENTS`` p of
     |M_p(predicted) − M_p(reference)|, where M_p = (mean of dose^p over the structure's
     voxels)^(1/p), averaged over the structures the patient has (Gy, like the masked MAE beside
     it). Zero for a perfect prediction; its gradient reaches only voxels inside a structure.
-    ``structures``: how many bits of ``structure_masks`` are structures (the site's; default OpenKBP's 10).
+    ``structures``: how many bits of ``structure_masks`` are structures (the site's: OpenKBP's 10).
 
     Moments rather than the sorted voxels: comparing sorted doses per structure (the histograms
     point by point) made a 64³ CPU step 3.6× slower (one sort of the volume per structure). The
@@ -49,7 +50,6 @@ def dvh_difference(element: dict, predicted, structures: int | None = None) -> t
     sums are a product of their own, so the gradient's product computes the prediction's rows
     only.
     """
-    structures = len(openkbp().names) if structures is None else structures
     patients = tf.shape(element["dose"])[0]
     packing = mask_dtype_for(structures)  # the site's: uint16 (OpenKBP), uint32 above 16 structures
     patterns = tf.reshape(tf.cast(element["structure_masks"], tf.as_dtype(packing)), [patients, 1, -1])
@@ -81,16 +81,16 @@ def dvh_difference(element: dict, predicted, structures: int | None = None) -> t
     return tf.reduce_sum(differences * present, axis=1) / tf.maximum(tf.reduce_sum(present, axis=1), 1.0)
 
 
-def loss_function(name: str, dvh_weight: float = 0.0, structures: int | None = None):
-    """The per-patient loss called ``name`` (one of ``LOSSES``), plus ``dvh_weight`` × the DVH term
-    (:func:`dvh_difference`, over ``structures`` bits: the site's structure count, default OpenKBP's)
-    when it is not 0."""
+def loss_function(name: str, dvh_weight: float, spec: ModelSpec):
+    """The per-patient loss called ``name`` (one of ``LOSSES``) of a model ``spec`` describes, plus
+    ``dvh_weight`` × the DVH term (:func:`dvh_difference`, over its site's structures) when it is not 0."""
     functions = {"mae": mean_absolute_error, "masked-mae": masked_mean_absolute_error}
     if name not in functions:
         raise ValueError(f"Invalid `loss`. Expected one of {LOSSES}. Received: loss={name!r}")
     base = functions[name]
     if not dvh_weight:
         return base
+    structures = len(spec.site.names)
     return lambda element, predicted: (base(element, predicted)
                                        + dvh_weight * dvh_difference(element, predicted, structures))
 

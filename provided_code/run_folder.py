@@ -23,6 +23,7 @@ neither TensorFlow nor Keras; loading a model does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import json
 import logging
@@ -36,6 +37,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
+from provided_code.model_spec import ModelSpec
 from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,23 @@ _CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint (or the best checkpoint's record) that was asked for does not load."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+    """A trained model as loaded from its run folder (:meth:`RunFolder.load_trained_model`): what
+    it is (``spec``, resolved once from ``config.json``), the settings it was trained with, the
+    checkpoint's epoch and the Keras model. Whoever holds one asks it, not ``config.json`` again."""
+
+    folder: "RunFolder"
+    config: TrainConfig
+    spec: ModelSpec
+    epoch: int
+    model: object  # a keras.Model (this module does not import Keras)
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
 
 
 class RunFolder:
@@ -117,18 +136,17 @@ class RunFolder:
     def write_config(self, config: TrainConfig) -> None:
         write_text_atomic(self.config_file, config.to_json() + "\n")
 
-    def site(self, requested: Site | str | None = None) -> Site:
-        """The :class:`~provided_code.sites.Site` the model was trained on: its ``config.json``'s
-        ``site`` (none there: OpenKBP, as every model before sites). ``requested`` (``--site``: a
-        site name, file or Site), when given, must be that site: another is a :class:`ConfigError`
-        naming both, in one line. Without a config, the model's missing (:meth:`missing_model`)."""
+    def spec(self, requested_site: Site | str | None = None) -> ModelSpec:
+        """What the model trained here is (:class:`~provided_code.model_spec.ModelSpec`), from its
+        ``config.json`` (a config without a site: OpenKBP, as every model before sites), for a
+        check before the model is loaded (:meth:`load_trained_model` returns it with the model).
+        ``requested_site`` (``--site``), when given, must be the model's site: see
+        :func:`check_site`. Without a config, the model's missing (:meth:`missing_model`)."""
         saved = self.read_config()
         if saved is None:
             raise self.missing_model()
-        if requested is not None and not load_site(requested).same_as(saved.site_obj):
-            raise ConfigError(f"Invalid `site`. Expected the model's own site, {saved.site_obj.name} "
-                              f"({self.config_file}), or no --site. Received: site={str(requested)!r}")
-        return saved.site_obj
+        check_site(saved.spec, requested_site, self.config_file)
+        return saved.spec
 
     def epoch_to_apply(self, epoch: int | str | None = None) -> int | str | None:
         """The checkpoint a clinic's prediction uses: ``epoch`` if given, else ``"best"`` when the run
@@ -240,9 +258,9 @@ class RunFolder:
             raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
 
     # -- the trained model -----------------------------------------------------------------------
-    def load_trained_model(self, epoch: int | str | None = None) -> tuple[TrainConfig, int, object]:
-        """``(saved config, epoch, model)`` of the model trained here, under the dtype policy it was
-        trained with. ``epoch``: a checkpoint's epoch, ``"best"`` or None for the newest. A model
+    def load_trained_model(self, epoch: int | str | None = None) -> TrainedModel:
+        """The model trained here (:class:`TrainedModel`: its spec, saved config, epoch and Keras
+        model), under the dtype policy it was trained with. ``epoch``: a checkpoint's epoch, ``"best"`` or None for the newest. A model
         trained with ``--ema`` predicts with its averaged weights (``best.keras`` holds them; an
         epoch checkpoint holds the raw ones and the optimizer's averages)."""
         import keras
@@ -265,7 +283,7 @@ class RunFolder:
                 model = self.load_checkpoint(epoch, compile=saved.ema)
             if saved.ema:
                 use_averaged_weights(model)
-        return saved, epoch, model
+        return TrainedModel(self, saved, saved.spec, epoch, model)
 
     # -- moving aside and tidying ----------------------------------------------------------------
     def start_over(self) -> Path | None:
@@ -304,6 +322,15 @@ class RunFolder:
 
     def _earlier_scores(self, stage: str) -> list[Path]:
         return [self.path / f"{stage}-scores.json", self.path / f"{stage}-scores.csv"]
+
+
+def check_site(spec: ModelSpec, requested: Site | str | None, source) -> None:
+    """A ``--site`` given with a trained model (``requested``: a site name, file or Site; None: not
+    given) must be the model's own (``spec.site``, read from ``source``): another is a one-line
+    :class:`ConfigError` naming both."""
+    if requested is not None and not load_site(requested).same_as(spec.site):
+        raise ConfigError(f"Invalid `site`. Expected the model's own site, {spec.site.name} ({source}), or no "
+                          f"--site. Received: site={str(requested)!r}")
 
 
 class _NotAKerasFile(ValueError):

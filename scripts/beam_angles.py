@@ -8,7 +8,7 @@ at which angles. Outside the targets the beams' paths show as streaks of dose, b
 side each beam enters by. For each candidate phase p (0°, 1°, …, 39°: the beams at gantry angles
 p, p + 40, …, p + 320) this counts, per voxel, how many of the nine beams pass through it on their
 way in to a target (on a line of the beam that crosses a target voxel of the same axial slice,
-between the source and that target; ``provided_code/networks/beams.py`` gives the lines and the
+between the source and that target; ``provided_code/beams.py`` gives the lines and the
 angle convention), and correlates that count with the reference dose over the body's voxels
 outside the targets, in the slices that hold a target. Each patient's phase is the one with the
 highest correlation. Entrances and exits are 20° apart for nine beams (180 = 4 × 40 + 20), so the
@@ -26,7 +26,7 @@ import numpy as np
 
 from provided_code.sites import openkbp
 from provided_code.data.csv_io import read_patient
-from provided_code.networks.beams import ray_bins, ray_count
+from provided_code.beams import ray_bins, ray_count
 
 PHASES = np.arange(40)
 

@@ -48,9 +48,12 @@ from provided_code.constants import (
     CT_FILE, DOSE_FILE, NUM_VOXELS, POSSIBLE_DOSE_MASK_FILE, VOLUME_SHAPE,
 )
 from provided_code.data.batches import epoch_batches, take_batch
+from provided_code.model_spec import model_inputs
 from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint, stacked_nbytes
 from provided_code.data.csv_io import discover_patients, read_patient
 from provided_code.data.mapped import VOLUME_NAMES
+
+VOLUMES = model_inputs(openkbp())  # what an OpenKBP model eats: the CT and the packed structures
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,11 +129,11 @@ def memory_map_batches(path: Path, arrays, rows, repeats: int) -> dict:
     """A batch from the mapped cache file, warm and cold, against the same batch from ``arrays``
     (in memory): warm and in memory alternating, the median of each."""
     mapped = load_cache(path, mapped=True)
-    take_batch(mapped, rows)  # first touch: read and verified
+    take_batch(mapped, rows, VOLUMES)  # first touch: read and verified
     warm, in_memory = [], []
     for _ in range(max(9, repeats)):
-        warm.append(timed(lambda: take_batch(mapped, rows), 1))
-        in_memory.append(timed(lambda: take_batch(arrays, rows), 1))
+        warm.append(timed(lambda: take_batch(mapped, rows, VOLUMES), 1))
+        in_memory.append(timed(lambda: take_batch(arrays, rows, VOLUMES), 1))
     warm_s, in_memory_s = float(np.median(warm)), float(np.median(in_memory))
     cold = []
     for _ in range(repeats):
@@ -138,7 +141,7 @@ def memory_map_batches(path: Path, arrays, rows, repeats: int) -> dict:
         gc.collect()  # unmapped: the kernel drops only pages no process maps
         drop_from_page_cache(path)
         mapped = load_cache(path, mapped=True)
-        cold.append(timed(lambda: take_batch(mapped, rows), 1))
+        cold.append(timed(lambda: take_batch(mapped, rows, VOLUMES), 1))
     return {"batch_s_in_memory": in_memory_s, "batch_s_memory_map_warm": warm_s,
             "batch_s_memory_map_cold": float(np.median(cold)),
             "batch_s_memory_map_warm_over_in_memory": warm_s / in_memory_s,
@@ -175,10 +178,12 @@ def child_train_rss(spec: dict) -> dict:
         schedule = [(np.searchsorted(touched, rows), weights, epoch, index) for rows, weights, epoch, index in schedule]
     del cohort
     keras.utils.set_random_seed(0)
-    model = new_model(config)
+    model = new_model(config.spec, config.learning_rate)
     model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, strategy, 1, xla=False, loss_fn=loss_function(config.loss, config.dvh_weight))
-    dataset = distributed_dataset(strategy, arrays, schedule, with_mask=needs_possible_dose_mask(config.loss))
+    step = TrainStep(model, strategy, 1, xla=False, spec=config.spec,
+                     loss_fn=loss_function(config.loss, config.dvh_weight, config.spec))
+    dataset = distributed_dataset(strategy, arrays, schedule, config.spec,
+                                  with_mask=needs_possible_dose_mask(config.loss))
     losses = [float(step.train(element)) for element in dataset]
     return {"losses": losses, "peak_rss_mb": peak_rss_mb(), "memory_mapped": arrays.memory_mapped}
 
@@ -269,8 +274,8 @@ def main() -> None:
         ram_mb = arrays.nbytes / count / 1e6
 
         rows = epoch_batches(count, 2, seed=0, epoch=0)[0]
-        batch_s = timed(lambda: take_batch(arrays, rows), args.repeats)
-        inputs, dose = take_batch(arrays, rows)
+        batch_s = timed(lambda: take_batch(arrays, rows, VOLUMES), args.repeats)
+        inputs, dose = take_batch(arrays, rows, VOLUMES)
         batch_bytes = sum(a.nbytes for a in inputs.values()) + dose.nbytes
         source = np.ones(batch_bytes, np.uint8)
         copy_s = timed(lambda: source.copy(), args.repeats)

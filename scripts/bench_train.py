@@ -101,11 +101,11 @@ def child_fetch(spec: dict, strategy) -> dict:
     import numpy as np
 
     from provided_code.config import TrainConfig
-    from provided_code.training.inputs import training_input
+    from provided_code.training.feeds import training_input
 
     _, arrays = _phantoms(spec)
     defaults = TrainConfig(batch_size=spec["batch_size"], accumulate=spec.get("accumulate", 1))
-    iterator = iter(training_input(strategy, arrays, defaults, first_epoch=0, epochs=40))
+    iterator = iter(training_input(strategy, arrays, defaults, defaults.spec, first_epoch=0, epochs=40))
     next(iterator)
     times = []
     for _ in range(20):
@@ -120,7 +120,7 @@ def child_parameters(spec: dict, strategy) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.networks.unet import build_unet
 
-    return {"parameters": build_unet(TrainConfig()).count_params()}
+    return {"parameters": build_unet(TrainConfig().spec).count_params()}
 
 
 def child_score(spec: dict, strategy) -> dict:
@@ -139,7 +139,7 @@ def child_score(spec: dict, strategy) -> dict:
 
     full, low = _phantoms(spec)
     keras.utils.set_random_seed(0)
-    model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]))
+    model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]).spec)
     predict_batch = tf.function(lambda inputs: model(inputs, training=False))
     scoring = ValidationScores(Validation(low, full), spec["batch_size"], score_every=1, epochs=2,
                                folder=RunFolder(tempfile.mkdtemp(prefix="bench-score-")), model=model,
@@ -167,11 +167,10 @@ def child_step(spec: dict, strategy) -> dict:
     from provided_code.data.batches import fit_vectors
     from provided_code.data.tf_dataset import take_element
     from provided_code.infra.environment import describe_cpu_kernels
-    from provided_code.inputs import inputs_of
     from provided_code.losses import loss_function
     from provided_code.presets import PRESETS
     from provided_code.training.hardware import describe_devices
-    from provided_code.training.inputs import training_input
+    from provided_code.training.feeds import training_input
     from provided_code.training.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
     from provided_code.training.model import new_model
     from provided_code.training.step import TrainStep
@@ -192,24 +191,24 @@ def child_step(spec: dict, strategy) -> dict:
         config = dataclasses.replace(config, loss="masked-mae" if augment else "mae",
                                      augment="flip,rotate,shift" if augment else "none")
     with strategy.scope():
-        model = new_model(config, keras_pooling=spec.get("builtin_pool", False))
+        model = new_model(config.spec, config.learning_rate, keras_pooling=spec.get("builtin_pool", False))
         model.optimizer.build(model.trainable_variables)
     fed_by_pipeline = augment is not None or bool(recipe)
-    inputs = inputs_of(config)
+    inputs = config.spec.inputs
     arrays = fit_vectors(arrays, inputs)  # the per-patient vectors, once (as training makes them)
     step = TrainStep(model, strategy, batch, xla=spec.get("xla", False), accumulate=accumulate,
-                     recompute=spec.get("recompute", False), loss_fn=loss_function(config.loss, config.dvh_weight),
-                     inputs=inputs)
+                     recompute=spec.get("recompute", False), spec=config.spec,
+                     loss_fn=loss_function(config.loss, config.dvh_weight, config.spec))
     rows = np.arange(batch * replicas * accumulate) % len(arrays)
     weights = np.full(rows.size, 1.0 / rows.size, np.float32)
     per_replica = rows.reshape(accumulate, replicas, batch)
 
     def value_fn(context):
         r = context.replica_id_in_sync_group
-        return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size], inputs=inputs)
+        return take_element(arrays, per_replica[:, r].reshape(-1), weights[:per_replica[:, r].size], inputs)
 
     if fed_by_pipeline:  # as in training: new patients and draws every step
-        pipeline = iter(training_input(strategy, arrays, config, first_epoch=0, epochs=spec["steps"] + 1))
+        pipeline = iter(training_input(strategy, arrays, config, config.spec, first_epoch=0, epochs=spec["steps"] + 1))
         next_element = lambda: next(pipeline)  # noqa: E731
     else:  # one element, fed again and again: the step alone
         element = strategy.experimental_distribute_values_from_function(value_fn)
@@ -264,12 +263,13 @@ def child_loss_pair(spec: dict, strategy) -> dict:
     keras.utils.set_random_seed(0)
     config = TrainConfig(resolution=spec["resolution"], filters=spec["filters"], dropout=0.2)
     with strategy.scope():
-        model = new_model(config)
+        model = new_model(config.spec, config.learning_rate)
         model.optimizer.build(model.trainable_variables)
     rows = np.arange(batch) % len(arrays)
-    fixed = take_element(arrays, rows, np.full(batch, 1.0 / batch, np.float32), with_mask=True)
+    fixed = take_element(arrays, rows, np.full(batch, 1.0 / batch, np.float32), config.spec.inputs, with_mask=True)
     element = strategy.experimental_distribute_values_from_function(lambda context: fixed)
-    steps = {name: TrainStep(model, strategy, batch, xla=False, loss_fn=loss_function("masked-mae", weight))
+    steps = {name: TrainStep(model, strategy, batch, xla=False, spec=config.spec,
+                             loss_fn=loss_function("masked-mae", weight, config.spec))
              for name, weight in (("none", 0.0), ("dvh", spec["dvh_weight"]))}
     for step in steps.values():
         float(step.train(element))  # trace, first step
@@ -288,7 +288,7 @@ def child_loss_pair(spec: dict, strategy) -> dict:
     @tf.function
     def term():
         with tf.GradientTape() as tape:
-            value = tf.reduce_sum(dvh_difference(term_element, predicted))
+            value = tf.reduce_sum(dvh_difference(term_element, predicted, len(config.spec.site.names)))
         return value, tape.gradient(value, predicted)
 
     float(term()[0])

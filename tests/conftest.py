@@ -94,21 +94,15 @@ def forget_models() -> None:
     gc.freeze()
 
 
-def network_config(**fields):
-    """The network and optimizer settings of ``TrainConfig``'s defaults, with ``fields`` changed,
-    without its checks (so that tests can build at 16³); ``gantry_angles`` and ``site_obj``
-    (unless given) resolved as it resolves them."""
+def model_spec(**fields):
+    """The :class:`~provided_code.model_spec.ModelSpec` of ``TrainConfig``'s default network (OpenKBP's
+    site and nine beams, 64 filters at 128³), with ``fields`` changed: any resolution (16³ too), as
+    tests build it."""
     import dataclasses
-    import types
 
     from provided_code.config import TrainConfig
-    from provided_code.networks.beams import resolve_beam_angles
 
-    from provided_code.sites import load_site
-
-    settings = {**dataclasses.asdict(TrainConfig()), **fields}
-    settings.setdefault("site_obj", load_site(settings["site"]))
-    return types.SimpleNamespace(**settings, gantry_angles=resolve_beam_angles(settings["beams"], settings["beam_angles"]))
+    return dataclasses.replace(TrainConfig().spec, **fields)
 
 
 def console_script(name: str) -> list[str]:

@@ -3,6 +3,8 @@ import pytest
 
 from provided_code.data.batches import epoch_batches, take_batch
 from provided_code.data.cache import load_split
+from provided_code.model_spec import model_inputs
+from provided_code.sites import openkbp
 
 
 def test_every_patient_once_per_epoch_and_seeded():
@@ -23,7 +25,7 @@ def test_bad_batch_size():
 
 def test_take_batch_is_compact_fancy_indexing(phantom_data, tmp_path):
     arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1)
-    inputs, dose = take_batch(arrays, np.array([2, 0]))
+    inputs, dose = take_batch(arrays, np.array([2, 0]), model_inputs(openkbp()))
     assert inputs["ct"].dtype == np.uint16 and inputs["structure_masks"].dtype == np.uint16
     assert np.array_equal(inputs["ct"][0], arrays.ct[2]) and np.array_equal(dose[1, ..., 0], arrays.dose[0])
     assert dose.shape == (2, 128, 128, 128, 1) and dose.dtype == np.float32

@@ -11,8 +11,8 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.augment import Augmenter, plane_sources
 from provided_code.data.batches import fit_vectors, take_inputs
 from provided_code.data.tf_augment import apply_geometry
-from provided_code.inputs import model_inputs
-from provided_code.networks.beams import beam_voxels, equidistant_angles, parse_beam_angles
+from provided_code.model_spec import model_inputs
+from provided_code.beams import beam_voxels, equidistant_angles, parse_beam_angles
 from provided_code.networks.layers import CompactInputs
 from provided_code.sites import load_site
 
@@ -117,7 +117,7 @@ def test_beam_settings_resolve_to_saved_angles_and_bad_ones_are_refused():
 
 def test_augmentations_that_would_move_the_beams_are_named():
     from provided_code.data.augment import ROTATION_STEP_DEGREES
-    from provided_code.networks.beams import augmentations_that_move_beams
+    from provided_code.beams import augmentations_that_move_beams
 
     everything = ("flip", "rotate", "shift")
     assert augmentations_that_move_beams(NINE, everything, ROTATION_STEP_DEGREES) == []

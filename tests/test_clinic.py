@@ -124,8 +124,8 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     # The model's place is taken by the clinic's dose moved 2 voxels (a prediction that is not the reference).
     (tmp_path / "run" / "models").mkdir(parents=True)
     (tmp_path / "run" / "models" / "config.json").write_text("{}")
-    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model",
-                        lambda folder, epoch: (TrainConfig(resolution=128), 7, None))
+    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model", lambda folder, epoch: clinic_module.TrainedModel(
+        folder, TrainConfig(resolution=128), TrainConfig(resolution=128).spec, 7, None))
     predictions = []
 
     def predict(model, arrays, *args, **kwargs):
@@ -230,7 +230,7 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
     assert (f"Invalid `site`. Expected the model's own site, openkbp ({tiny_model / 'models' / 'config.json'}), or no "
             f"--site. Received: site='prostate'") in result.output
     assert not (tmp_path / "out").exists()
-    assert clinic_module.RunFolder(tiny_model).site("openkbp").name == "openkbp"
+    assert clinic_module.RunFolder(tiny_model).spec("openkbp").site.name == "openkbp"
 
 
 @pytest.mark.slow

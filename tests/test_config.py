@@ -112,9 +112,10 @@ def test_the_whole_site_is_saved_and_a_config_without_one_is_openkbp():
     saved = json.loads(TrainConfig(site="prostate").to_json())
     assert saved["site"]["name"] == "prostate" and saved["site"]["structures"][-1]["prescription_gy"] == 78
     restored = TrainConfig.from_json(json.dumps(saved))
-    assert restored.site_obj == load_site("prostate") and restored.gantry_angles == load_site("prostate").beams.gantry_angles()
+    assert restored.site == load_site("prostate") and restored.gantry_angles == load_site("prostate").beams.gantry_angles()
+    assert restored.spec == TrainConfig(site="prostate").spec and restored.spec.site.name == "prostate"
     del saved["site"]
-    assert TrainConfig.from_json(json.dumps(saved)).site_obj.name == "openkbp"
+    assert TrainConfig.from_json(json.dumps(saved)).site.name == "openkbp"
 
 
 def test_a_resume_on_another_site_is_refused_naming_both_by_name():

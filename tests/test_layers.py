@@ -79,9 +79,8 @@ def test_a_layer_saved_before_sites_unpacks_as_openkbp():
     rng = np.random.default_rng(2)
     bits = rng.integers(0, 1024, (1, 8, 8, 8)).astype(np.uint16)
     ct = rng.integers(0, CT_MAX, (1, 8, 8, 8)).astype(np.uint16)
-    structures, prescriptions_gy, highest = site_unpacking(openkbp())  # as build_unet configures it today
-    today = CompactInputs(prescription=True, beam_angles=(0.0, 40.0), beam_channels="count", structures=structures,
-                          prescriptions_gy=prescriptions_gy, max_prescription_gy=highest)
+    today = CompactInputs(prescription=True, beam_angles=(0.0, 40.0), beam_channels="count",
+                          **site_unpacking(openkbp()))  # as build_unet configures it today
     assert np.array_equal(np.asarray(restored([ct, bits])), np.asarray(today([ct, bits])))
 
 

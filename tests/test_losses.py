@@ -3,9 +3,10 @@ import pytest
 import tensorflow as tf
 
 from provided_code.losses import loss_function, masked_mean_absolute_error, mean_absolute_error
-from provided_code.sites import load_site
+from provided_code.config import TrainConfig
 
-STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
+OPENKBP = TrainConfig().spec  # the default model: OpenKBP's site
+STRUCTURES = OPENKBP.site.names  # OpenKBP's channel order
 
 
 def small_case():
@@ -33,7 +34,7 @@ def test_prediction_outside_the_mask_does_not_change_the_masked_loss():
     element, predicted = small_case()
     changed = predicted.copy()
     changed[~element["possible_dose_mask"].numpy()] = 1000.0
-    loss = loss_function("masked-mae")
+    loss = loss_function("masked-mae", 0.0, OPENKBP)
     assert np.array_equal(loss(element, tf.constant(predicted)).numpy(), loss(element, tf.constant(changed)).numpy())
     variable = tf.Variable(predicted)
     with tf.GradientTape() as tape:
@@ -45,7 +46,7 @@ def test_prediction_outside_the_mask_does_not_change_the_masked_loss():
 
 def test_unknown_loss_is_named():
     with pytest.raises(ValueError, match="Invalid `loss`.*Received: loss='mse'"):
-        loss_function("mse")
+        loss_function("mse", 0.0, OPENKBP)
 
 
 def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_inside_structures():
@@ -59,27 +60,29 @@ def test_dvh_term_is_zero_when_perfect_positive_otherwise_with_gradients_only_in
     structure_masks[1, 3, 3, 3] |= 1 << 4  # one voxel of Esophagus in patient 1
     element = {"dose": tf.constant(dose), "structure_masks": tf.constant(structure_masks)}
     # the same dose on both sides: the moments cancel exactly but for float32 reassociation (~1e-7 of them).
-    np.testing.assert_allclose(dvh_difference(element, tf.constant(dose)).numpy(), [0, 0], atol=1e-6)
+    np.testing.assert_allclose(dvh_difference(element, tf.constant(dose), len(STRUCTURES)).numpy(), [0, 0],
+                               atol=1e-6)
     # A permutation inside every structure leaves the histograms, and so the term, unchanged...
     shuffled = dose.copy()
     shuffled[0, 0] = dose[0, 0][::-1, ::-1]  # plane 0: all PTV70, no Brainstem
     # the same values in another order: float32 sums of dose¹⁰ (~1e17) reassociated, ~1e-7 relative of a
     # 10th root's argument, so ~1e-5 Gy on the moment; 1e-4 Gy bounds it.
-    assert dvh_difference(element, tf.constant(shuffled)).numpy()[0] == pytest.approx(0, abs=1e-4)
+    assert dvh_difference(element, tf.constant(shuffled), len(STRUCTURES)).numpy()[0] == pytest.approx(0,
+                                                                                                     abs=1e-4)
     # ... one that moves doses into and out of a structure does not.
     shuffled[0, 1] = dose[0, 1][::-1, ::-1]  # plane 1: Brainstem rows 0-1 swap doses with rows 2-3
-    assert dvh_difference(element, tf.constant(shuffled)).numpy()[0] > 0
+    assert dvh_difference(element, tf.constant(shuffled), len(STRUCTURES)).numpy()[0] > 0
     # By hand for patient 1's single voxel: every moment is the voxel's dose.
     predicted = tf.Variable(dose + 1.5)
     with tf.GradientTape() as tape:
-        term = dvh_difference(element, predicted)
+        term = dvh_difference(element, predicted, len(STRUCTURES))
         total = tf.reduce_sum(term)
     assert term.numpy()[1] == pytest.approx(1.5, abs=1e-4)  # one voxel: every moment moves by 1.5 Gy (float32 roots)
     assert term.numpy()[0] > 0
     gradient = tape.gradient(total, predicted).numpy()[..., 0]
     inside = structure_masks > 0
     assert np.all(gradient[~inside] == 0) and np.all(gradient[inside] != 0)
-    combined = loss_function("mae", dvh_weight=0.5)(element, predicted)
+    combined = loss_function("mae", dvh_weight=0.5, spec=OPENKBP)(element, predicted)
     np.testing.assert_allclose(combined.numpy(), mean_absolute_error(element, predicted).numpy() + 0.5 * term.numpy(),
                                rtol=1e-6)
 
@@ -110,4 +113,5 @@ def test_dvh_term_equals_its_formula_in_numpy():
                                           for p in DVH_MOMENTS]))
         expected.append(np.mean(per_structure))
     # float32 powers up to dose¹⁰ and their 10th roots against float64 numpy: ~10 ulps, 1e-4 relative bounds it.
-    np.testing.assert_allclose(dvh_difference(element, tf.constant(predicted)).numpy(), expected, rtol=1e-4)
+    np.testing.assert_allclose(dvh_difference(element, tf.constant(predicted), len(STRUCTURES)).numpy(), expected,
+                               rtol=1e-4)

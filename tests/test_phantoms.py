@@ -52,7 +52,7 @@ from provided_code.data.phantoms import (  # noqa: E402
     write_prostate_phantom,
     write_site_phantom,
 )
-from provided_code.networks.beams import beam_voxels  # noqa: E402
+from provided_code.beams import beam_voxels  # noqa: E402
 from provided_code.sites import load_site  # noqa: E402
 
 PROSTATE = load_site("prostate")

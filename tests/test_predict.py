@@ -28,6 +28,7 @@ from provided_code.training.train import train
 from tests.conftest import console_script, copy_of_run, predict, trained_once
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
+MIRROR_BITS = load_site("openkbp").mirror_bits  # the parotids
 
 
 @pytest.fixture(scope="session")
@@ -112,21 +113,23 @@ def test_mirror_swaps_the_parotids():
     right, left = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
     bits[0, 0, 0, 0] = right | 1
     bits[0, 1, 3, 1] = left
-    mirrored = mirror_left_right(bits, axis=2)
+    mirrored = mirror_left_right(bits, 2, MIRROR_BITS)
     assert mirrored[0, 0, 3, 0] == left | 1 and mirrored[0, 1, 0, 1] == right
-    assert np.array_equal(mirror_left_right(mirrored, axis=2), bits)
+    assert np.array_equal(mirror_left_right(mirrored, 2, MIRROR_BITS), bits)
 
 
 def test_tta_prediction_is_left_right_equivariant(trained):
     _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir), 32)
+    masks = mirror_left_right(arrays.structure_masks, 2, MIRROR_BITS)
     mirrored = dataclasses.replace(arrays, ct=np.ascontiguousarray(np.flip(arrays.ct, 2)),
-                                   structure_masks=np.ascontiguousarray(mirror_left_right(arrays.structure_masks, 2)))
-    plain = predict_arrays(model, arrays, batch_size=2, tta=True)
-    flipped = predict_arrays(model, mirrored, batch_size=2, tta=True)
+                                   structure_masks=np.ascontiguousarray(masks))
+    spec = trained.spec
+    plain = predict_arrays(model, arrays, spec, batch_size=2, tta=True)
+    flipped = predict_arrays(model, mirrored, spec, batch_size=2, tta=True)
     # mirrored inputs reach the convolutions in another memory order: float32 sums reassociated, ~1e-6 Gy.
     np.testing.assert_allclose(np.flip(flipped, 2), plain, atol=1e-5)
-    assert not np.allclose(predict_arrays(model, arrays, batch_size=2), plain, atol=1e-5)
+    assert not np.allclose(predict_arrays(model, arrays, spec, batch_size=2), plain, atol=1e-5)
 
 
 def test_plots_are_written_or_explained(run, monkeypatch):
@@ -155,8 +158,9 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
     low = downsample_split(arrays, 32)
     _, model = RunFolder(run.run_dir).load_newest(compile=False)
     direct = np.asarray(model.predict_on_batch({"ct": low.ct[:1], "structure_masks": low.structure_masks[:1]}))
-    mirrored = np.asarray(model.predict_on_batch({"ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
-                                                  "structure_masks": mirror_left_right(low.structure_masks[:1], 2)}))
+    mirrored = np.asarray(model.predict_on_batch({
+        "ct": np.ascontiguousarray(np.flip(low.ct[:1], 2)),
+        "structure_masks": mirror_left_right(low.structure_masks[:1], 2, MIRROR_BITS)}))
     keras.backend.clear_session()
     expected = upsample_dose(0.5 * (direct[0, ..., 0] + np.flip(mirrored[0, ..., 0], 1)), arrays.possible_dose_mask[0])
     # the CSV's shortest decimals of float32 doses (half an ulp: 2e-6 Gy at 70 Gy) and another batch: 1e-5 Gy.

@@ -49,18 +49,19 @@ def test_a_truncated_best_checkpoint_is_reported_as_one_that_does_not_load_not_a
     assert "truncated or corrupt" in message and "File not found" not in message
 
 
-def test_the_models_site_is_its_configs_and_another_requested_is_refused_in_one_line(tmp_path):
+def test_the_models_spec_and_site_are_its_configs_and_another_requested_is_refused_in_one_line(tmp_path):
     folder = RunFolder(tmp_path / "m")
     with pytest.raises(FileNotFoundError, match="No trained model 'm'"):
-        folder.site()
+        folder.spec()
     folder.models.mkdir(parents=True)
     folder.write_config(TrainConfig(site="prostate", filters=8, resolution=32))
-    assert folder.site().name == "prostate" and folder.site("prostate").name == "prostate"
+    assert folder.spec().site.name == "prostate" and folder.spec("prostate").site.name == "prostate"
+    assert folder.spec() == TrainConfig(site="prostate", filters=8, resolution=32).spec
     with pytest.raises(ConfigError) as refused:
-        folder.site("openkbp")
+        folder.spec("openkbp")
     assert str(refused.value) == (f"Invalid `site`. Expected the model's own site, prostate ({folder.config_file}), "
                                   f"or no --site. Received: site='openkbp'")
     values = json.loads(folder.config_file.read_text())
     del values["site"]  # a model saved before sites: OpenKBP's
     folder.config_file.write_text(json.dumps(values))
-    assert folder.site().name == "openkbp"
+    assert folder.spec().site.name == "openkbp"

@@ -16,11 +16,12 @@ from provided_code.sites import load_site
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
-from tests.conftest import network_config, requires_float16_convolutions
+from tests.conftest import model_spec, requires_float16_convolutions
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
 SIZE = 16
+SPEC = model_spec(resolution=SIZE)  # OpenKBP's network: it eats the CT and the packed structures
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
@@ -38,7 +39,8 @@ class Arrays:
 
 
 def element(arrays, rows, weights):
-    return {name: tf.constant(value) for name, value in take_element(arrays, np.array(rows), np.array(weights, np.float32)).items()}
+    taken = take_element(arrays, np.array(rows), np.array(weights, np.float32), SPEC.inputs)
+    return {name: tf.constant(value) for name, value in taken.items()}
 
 
 def small_model_without_batch_norm():
@@ -59,10 +61,11 @@ def test_accumulating_two_batches_of_one_equals_one_batch_of_two():
     arrays = Arrays()
     strategy = tf.distribute.get_strategy()
     whole = small_model_without_batch_norm()
-    loss_whole = TrainStep(whole, strategy, batch_size=2, xla=False, loss_fn=mean_absolute_error).train(
+    loss_whole = TrainStep(whole, strategy, batch_size=2, xla=False, loss_fn=mean_absolute_error, spec=SPEC).train(
         element(arrays, [2, 0], [0.5, 0.5]))
     accumulated = small_model_without_batch_norm()
-    step = TrainStep(accumulated, strategy, batch_size=1, xla=False, accumulate=2, loss_fn=mean_absolute_error)
+    step = TrainStep(accumulated, strategy, batch_size=1, xla=False, accumulate=2, loss_fn=mean_absolute_error,
+                     spec=SPEC)
     loss_accumulated = step.train(element(arrays, [2, 0], [0.5, 0.5]))  # micro-batches [2], [0]
     # float32: two micro-batch means averaged against one mean of both (reassociated sums): ~1e-7 relative.
     assert float(loss_accumulated) == pytest.approx(float(loss_whole), rel=1e-6)
@@ -78,19 +81,21 @@ def test_padding_patients_weigh_nothing():
     arrays = Arrays()
     strategy = tf.distribute.get_strategy()
     model = small_model_without_batch_norm()
-    one = float(TrainStep(model, strategy, batch_size=1, xla=False, loss_fn=mean_absolute_error)._evaluate(
-        element(arrays, [1], [1.0])))
-    padded = float(TrainStep(model, strategy, batch_size=2, xla=False, loss_fn=mean_absolute_error)._evaluate(
-        element(arrays, [1, 3], [1.0, 0.0])))
+    def step(batch_size):
+        return TrainStep(model, strategy, batch_size=batch_size, xla=False, loss_fn=mean_absolute_error, spec=SPEC)
+
+    one = float(step(1)._evaluate(element(arrays, [1], [1.0])))
+    padded = float(step(2)._evaluate(element(arrays, [1, 3], [1.0, 0.0])))
     assert padded == pytest.approx(one, rel=1e-6)  # a batch of 2 runs other oneDNN kernels than 1: float32 ulps
 
 
 def unet_steps(recompute: bool, steps: int = 3):
     keras.backend.clear_session()
     keras.utils.set_random_seed(3)
-    model = new_model(network_config(resolution=SIZE, filters=4, dropout=0.2, learning_rate=1e-3))
+    model = new_model(model_spec(resolution=SIZE, filters=4, dropout=0.2), 1e-3)
     model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
+                     loss_fn=mean_absolute_error, spec=SPEC)
     arrays = Arrays()
     losses = [float(step.train(element(arrays, rows, [0.5, 0.5]))) for rows in ([0, 1], [2, 3], [1, 2])[:steps]]
     return losses, model_weights(model)
@@ -109,9 +114,10 @@ def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
 
 def traced_train_step(recompute: bool):
     keras.backend.clear_session()
-    model = new_model(network_config(resolution=SIZE, filters=4, dropout=0.0, learning_rate=1e-3))
+    model = new_model(model_spec(resolution=SIZE, filters=4, dropout=0.0), 1e-3)
     model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute, loss_fn=mean_absolute_error)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
+                     loss_fn=mean_absolute_error, spec=SPEC)
     spec = {name: tf.TensorSpec(value.shape, value.dtype) for name, value in element(Arrays(), [0, 1], [0.5, 0.5]).items()}
     return step.train.get_concrete_function(spec).graph, model.get_layer("compact_inputs").output.shape[-1]
 
@@ -153,7 +159,8 @@ LOSS_SCALE_PROBE = textwrap.dedent("""
         model = keras.Model(inputs, keras.layers.Conv3D(1, 3, padding="same", dtype="float32")(x))
         model.compile(optimizer=keras.optimizers.Adam(1e-3))
         model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, strategy, batch_size=1, xla=False, loss_fn=mean_absolute_error)
+    from provided_code.config import TrainConfig
+    step = TrainStep(model, strategy, batch_size=1, xla=False, loss_fn=mean_absolute_error, spec=TrainConfig().spec)
     before = [np.array(v) for v in model.trainable_weights]
     scale = float(model.optimizer.dynamic_scale.numpy())
     ct = np.zeros((2, 16, 16, 16), np.uint16)
@@ -183,7 +190,7 @@ def test_non_finite_gradient_on_one_replica_skips_the_update_on_every_replica():
 def test_the_network_declares_its_recompute_blocks_and_a_model_without_them_is_refused():
     from provided_code.networks.unet import block_of
 
-    model = new_model(network_config(resolution=SIZE, filters=2, dropout=0.2, learning_rate=1e-3))
+    model = new_model(model_spec(resolution=SIZE, filters=2, dropout=0.2), 1e-3)
     blocks = {layer.name: block_of(layer.name) for layer in model.layers}
     assert blocks["compact_inputs"] == blocks["encoder_1_conv"] == "inputs" and blocks["dose"] == "decoder_0"
     assert {name for name, block in blocks.items() if block is None} == (
@@ -196,4 +203,4 @@ def test_the_network_declares_its_recompute_blocks_and_a_model_without_them_is_r
     renamed.compile(optimizer=keras.optimizers.SGD(0.01))
     with pytest.raises(ValueError, match="--recompute found no block in model"):
         TrainStep(renamed, tf.distribute.get_strategy(), batch_size=1, xla=False, recompute=True,
-                  loss_fn=mean_absolute_error)
+                  loss_fn=mean_absolute_error, spec=SPEC)

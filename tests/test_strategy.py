@@ -298,7 +298,7 @@ from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import replicas_agree
-from tests.conftest import network_config
+from tests.conftest import model_spec
 
 # 1. Replicas agree on a large epoch and see a difference. float32 squares were exact only while
 # v² < 2²⁴: at epoch 4097 two replicas disagreed with themselves.
@@ -316,18 +316,20 @@ class Arrays:
     structure_masks = rng.integers(0, 1024, (4, 16, 16, 16)).astype(np.uint16)
     dose = rng.uniform(0, 70, (4, 16, 16, 16)).astype(np.float32)
 
+SPEC = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance")
+
 def run(strategy, batch, xla, recompute=False):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = new_model(network_config(resolution=16, filters=2, dropout=0.0, norm="instance", learning_rate=1e-3))
+        model = new_model(SPEC, 1e-3)
         model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error)
+    step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error, spec=SPEC)
     losses = []
     for rows in ([0, 1], [2, 3]):
         per_replica = np.array(rows).reshape(strategy.num_replicas_in_sync, batch)
         element = strategy.experimental_distribute_values_from_function(lambda context: take_element(
-            Arrays, per_replica[context.replica_id_in_sync_group], np.full(batch, 0.5, np.float32)))
+            Arrays, per_replica[context.replica_id_in_sync_group], np.full(batch, 0.5, np.float32), SPEC.inputs))
         losses.append(float(step.train(element)))
     whole = bool(getattr(step._loss_and_grads, "_jit_compile", False))
     return losses, [np.array(w) for w in model.weights], whole
@@ -336,9 +338,9 @@ one_losses, one_weights, _ = run(one, 2, xla=False)
 two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True)
 keras.backend.clear_session()
 with two.scope():  # synchronised batch norm on two replicas: XLA is refused for the step, not half-applied
-    bn = new_model(network_config(resolution=16, filters=2, norm="batch"))
-print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error)._loss_and_grads,
-                                           "_jit_compile", False)))
+    bn = new_model(model_spec(resolution=16, filters=2, norm="batch"), 1e-3)
+print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error,
+                                                    spec=SPEC)._loss_and_grads, "_jit_compile", False)))
 again, _, _ = run(one, 2, xla=False, recompute=True)
 worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
 # Tolerances: XLA fuses and reorders float32 sums (convolutions, instance norm, the all-reduce), ~1e-7

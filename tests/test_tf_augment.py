@@ -3,9 +3,11 @@ import tensorflow as tf
 
 from provided_code.data.augment import Augmenter, plane_sources
 from provided_code.data.tf_augment import apply_geometry, move_volume, swap_mirror_bits
+from provided_code.model_spec import model_inputs
 from provided_code.sites import load_site
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
+VOLUMES = model_inputs(load_site("openkbp"))  # what an OpenKBP model eats: the CT and the packed structures
 
 RIGHT, LEFT = 1 << STRUCTURES.index("RightParotid"), 1 << STRUCTURES.index("LeftParotid")
 
@@ -33,7 +35,7 @@ def numpy(result):
 def test_rotation_by_zero_and_shift_by_zero_are_the_identity():
     base = element()
     out = numpy(apply_geometry(with_draws(base, [plane_sources(8, 0, False)] * 2, [0, 0],
-                                          [False, False])))
+                                          [False, False]), VOLUMES))
     assert set(out) == set(base)  # the draws are consumed
     for name in base:
         assert np.array_equal(out[name], base[name])
@@ -42,12 +44,12 @@ def test_rotation_by_zero_and_shift_by_zero_are_the_identity():
 def test_mirror_with_parotid_swap_twice_is_the_identity():
     base = element()
     mirror = with_draws(base, [plane_sources(8, 0, True)] * 2, [0, 0], [True, True])
-    once = numpy(apply_geometry(mirror))
+    once = numpy(apply_geometry(mirror, VOLUMES))
     assert np.array_equal(once["ct"], base["ct"][:, :, ::-1])
     right_before = (base["structure_masks"] & RIGHT) != 0
     assert np.array_equal((once["structure_masks"] & LEFT) != 0, right_before[:, :, ::-1])
     twice = numpy(apply_geometry(with_draws(once, [plane_sources(8, 0, True)] * 2, [0, 0],
-                                            [True, True])))
+                                            [True, True]), VOLUMES))
     for name in base:
         assert np.array_equal(twice[name], base[name])
 
@@ -64,7 +66,7 @@ def test_rotation_keeps_every_value_one_of_the_inputs():
     base = element(size=16)
     for turn in (1, 4, 7):
         planes = [plane_sources(16, turn, False), plane_sources(16, turn, True)]
-        out = numpy(apply_geometry(with_draws(base, planes, [2, 2], [False, True])))
+        out = numpy(apply_geometry(with_draws(base, planes, [2, 2], [False, True]), VOLUMES))
         for name in ("ct", "dose", "structure_masks"):
             for n in range(2):
                 values = np.unique(out[name][n])
@@ -90,7 +92,7 @@ def test_everything_moves_together_and_the_mask_stays_whole():
     for index in range(5):
         draws = augmenter.draw(np.arange(2), epoch=1, index=index)
         out = numpy(apply_geometry({**{k: tf.constant(v) for k, v in base.items()},
-                                    **{k: tf.constant(v) for k, v in draws.items()}}))
+                                    **{k: tf.constant(v) for k, v in draws.items()}}, VOLUMES))
         assert out["possible_dose_mask"].sum() == mask.sum()
         assert np.array_equal(out["dose"][..., 0] > 0, out["possible_dose_mask"])
         assert np.array_equal(out["ct"] > 0, out["possible_dose_mask"])
@@ -128,7 +130,6 @@ def test_angles_move_with_the_patient_and_prescriptions_do_not():
     """A flip takes gantry g to -g, then a turn by r to g - r (mod 360); NaN slots stay NaN; a
     patient's prescriptions are facts no move changes."""
     from provided_code.data.tf_augment import move_angles
-    from provided_code.inputs import model_inputs
 
     angles = np.array([[0.0, 90.0, 350.0, np.nan], [10.0, 200.0, np.nan, np.nan]], np.float32)
     moved = move_angles(tf.constant(angles), tf.constant([True, False]), tf.constant([40.0, 80.0])).numpy()

@@ -105,9 +105,9 @@ def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_ra
     assert any(not np.array_equal(a, w) for a, w in zip(averages, raw_weights))
     assert raw.get_layer("compact_inputs").beam_angles == tuple(float(40 * k) for k in range(9))
     for epoch in ("best", 2):
-        saved, loaded_epoch, model = RunFolder(recipe.run_dir).load_trained_model(epoch)
-        assert loaded_epoch == 2 and saved.ema
-        for average, weight in zip(averages, model.trainable_variables):
+        trained = RunFolder(recipe.run_dir).load_trained_model(epoch)
+        assert trained.epoch == 2 and trained.config.ema
+        for average, weight in zip(averages, trained.model.trainable_variables):
             np.testing.assert_array_equal(average, keras.ops.convert_to_numpy(weight))
     best_row = [row for row in read_log(recipe.run_dir / "training_log.csv") if row["val_dose_score"]][0]
     report = predict(recipe, stage="validation", epoch=2)

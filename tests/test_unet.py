@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from provided_code.networks.unet import build_unet, num_levels
-from tests.conftest import network_config, requires_float16_convolutions
+from tests.conftest import model_spec, requires_float16_convolutions
 
 
 def test_levels_follow_the_input_size():
@@ -14,7 +14,7 @@ def test_levels_follow_the_input_size():
 
 
 def test_generator_shape_and_layers():
-    model = build_unet(network_config(resolution=32, filters=4, dropout=0.2))
+    model = build_unet(model_spec(resolution=32, filters=4, dropout=0.2))
     encoders = [layer for layer in model.layers if isinstance(layer, keras.layers.Conv3D)
                 and not isinstance(layer, keras.layers.Conv3DTranspose)]
     assert [layer.filters for layer in encoders] == [4, 8, 16, 32]
@@ -32,7 +32,7 @@ def test_generator_shape_and_layers():
 def test_mixed_precision_policy_keeps_float32_outputs():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        model = build_unet(network_config(resolution=16, filters=2, dropout=0.2))
+        model = build_unet(model_spec(resolution=16, filters=2, dropout=0.2))
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert model.get_layer("encoder_1_conv").compute_dtype == "float16"

@@ -21,7 +21,7 @@ from provided_code.config import (
 )
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.infra.preflight import check_run_folders
-from provided_code.networks.beams import BEAM_CHANNELS
+from provided_code.beams import BEAM_CHANNELS
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
 

@@ -31,10 +31,9 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
-from provided_code.run_folder import RunFolder
+from provided_code.run_folder import RunFolder, TrainedModel, check_site
 from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
@@ -67,27 +66,33 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
                           out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
-                          progress: Progress = no_progress, loaded: tuple | None = None,
+                          progress: Progress = no_progress, loaded: TrainedModel | None = None,
                           site: Site | str | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
     ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
-    or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: what
-    :meth:`RunFolder.load_trained_model` returned for this folder, to predict with a model kept in memory.
-    ``site``: None (the model's), or the model's own (``--site``): another is refused in one line.
+    or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: the model of
+    this folder as :meth:`RunFolder.load_trained_model` returned it, kept in memory (the node's):
+    then nothing of the model's folder is read again. ``site``: None (the model's), or the model's
+    own (``--site``): another is refused in one line.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    folder = RunFolder(model_dir)
-    epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
-    site = folder.site(site)  # the model's own; another --site is refused before the import
+    if loaded is None:
+        folder = RunFolder(model_dir)
+        epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
+        spec = folder.spec(site)  # the model's own site; another --site is refused before the import
+    else:
+        spec = loaded.spec
+        check_site(spec, site, model_dir)
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
-                              allow_missing_targets=allow_missing_targets, site=site)
-    arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
+                              allow_missing_targets=allow_missing_targets, site=spec.site)
+    arrays = SplitArrays.from_patients([imported.patient], site=spec.site)  # the folder's patient, kept in memory
     arrays.folder = out_dir  # (its files: out_dir/patient/...)
-    saved, epoch, model = loaded if loaded is not None else folder.load_trained_model(epoch)
-    warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {model_dir}")
-    predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size=1, tta=tta, progress=progress,
-                                        label=f"Model {model_dir} at epoch {epoch}", inputs=inputs_of(saved))[0]
+    trained = loaded if loaded is not None else folder.load_trained_model(epoch)
+    epoch = trained.epoch
+    warn_plan_files_not_taken(arrays, spec.inputs_left_out(), f"Model {model_dir}")
+    predicted = predict_full_resolution(trained.model, arrays, spec, batch_size=1, tta=tta, progress=progress,
+                                        label=f"Model {model_dir} at epoch {epoch}")[0]
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],

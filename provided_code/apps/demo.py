@@ -66,7 +66,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
         shutil.rmtree(model_dir)
     config = TrainConfig(model_name=model_name, data_dir=str(data), results_dir=str(results), filters=filters,
                          resolution=int(resolution), epochs=epochs, learning_rate=learning_rate,
-                         save_every=max(1, epochs // 2), site=site.to_dict())
+                         save_every=max(1, epochs // 2), site=site)
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} "
                f"{site.name} phantoms")
     train(config, progress=click_progress, verbose=0)
@@ -97,7 +97,7 @@ def _zero_prediction_dose_score(config) -> float:
     from provided_code.data.cache import load_split
     from provided_code.metrics.scoring import score_split
 
-    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, site=config.site_obj)
+    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, site=config.site)
     return score_split(arrays, lambda row: np.zeros(arrays.dose[row].size)).dose_score
 
 

@@ -21,9 +21,9 @@ from provided_code.data.csv_io import write_dose_csv
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
+from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
                   epoch: int | str | None = None, tta: bool = False, plots: bool = False,
                   progress: Progress = no_progress, ensemble: list[str] | None = None,
                   batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
-                  skip_incomplete: bool = False, site: str | None = None) -> PredictionReport:
+                  skip_incomplete: bool = False, site: Site | str | None = None) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with the model trained in ``run_dir``
     (``results/<model-name>``; its architecture and resolution from its saved config); write and score.
 
@@ -77,7 +77,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     ``batch_size``: patients per prediction call; ``cache_dir`` and ``skip_incomplete``: how the
     stage's patients are read, as training reads its splits. The stage is read as data of the
     model's own site (``config.json``'s ``site``; an ensemble's members must share one); ``site``,
-    if given (``--site``), must be that site.
+    if given (``--site``), must be that site; None: not given.
     """
     folder = RunFolder(run_dir)
     if plots:
@@ -112,10 +112,10 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
 
 
-def _members_site(members: list[RunFolder], requested: str | None):
-    """The site the models were trained on (:meth:`RunFolder.site`, which refuses a ``requested``
+def _members_site(members: list[RunFolder], requested: Site | str | None) -> Site:
+    """The site the models were trained on (:meth:`RunFolder.spec`, which refuses a ``requested``
     ``--site`` that is another); a ConfigError if an ensemble's members differ."""
-    sites = [(member.name, member.site(requested)) for member in members]
+    sites = [(member.name, member.spec(requested).site) for member in members]
     first_name, first = sites[0]
     for name, other in sites[1:]:
         if not other.same_as(first):
@@ -136,18 +136,17 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
     for name in ensemble or [folder.name]:
         member = _beside(folder, name)
-        saved, loaded_epoch, model = member.load_trained_model(member_epoch)
-        warn_plan_files_not_taken(arrays, inputs_left_out(saved), f"Model {name!r}")
+        trained = member.load_trained_model(member_epoch)
+        warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {name!r}")
         try:
-            predicted = predict_full_resolution(model, arrays, saved.resolution, batch_size, tta, progress,
-                                                label=f"Model {name!r} at epoch {loaded_epoch}",
-                                                inputs=inputs_of(saved))
+            predicted = predict_full_resolution(trained.model, arrays, trained.spec, batch_size, tta, progress,
+                                                label=f"Model {name!r} at epoch {trained.epoch}")
         except PredictionError as error:
             raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
                                   f"{member.log}); nothing was written.") from None
         predictions = predicted if predictions is None else predictions + predicted
-        members.append({"model": name, "epoch": loaded_epoch})
-        del model
+        members.append({"model": name, "epoch": trained.epoch})
+        del trained
         keras.backend.clear_session()
     if ensemble:
         predictions /= np.float32(len(members))

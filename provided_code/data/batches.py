@@ -14,7 +14,7 @@ import numpy as np
 
 from provided_code.data.patient_plan import BEAMS_FILE, PRESCRIPTIONS_FILE
 from provided_code.errors import UserError
-from provided_code.inputs import ANGLES, InputSpec, default_inputs
+from provided_code.model_spec import ANGLES, InputSpec
 
 logger = logging.getLogger(__name__)
 
@@ -39,20 +39,19 @@ def epoch_batches(num_patients: int, batch_size: int, seed: int, epoch: int, shu
     return in_batches(order, batch_size)
 
 
-def take_batch(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...] | None = None,
-               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def take_batch(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """``(model inputs, dose[..., None])`` for ``rows``: compact dtypes, what the model eats
     (:func:`take_inputs`)."""
     return take_inputs(arrays, rows, inputs), arrays.dose[rows][..., None]
 
 
-def take_inputs(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...] | None = None) -> dict[str, np.ndarray]:
-    """Each declared input (default: OpenKBP's ``ct`` and ``structure_masks``) of the patients at
+def take_inputs(arrays, rows: np.ndarray, inputs: tuple[InputSpec, ...]) -> dict[str, np.ndarray]:
+    """Each declared input (a model's ``spec.inputs``) of the patients at
     ``rows``, by fancy indexing: a volume from the ``arrays`` field of its name, a per-patient
     vector (prescriptions, beam angles) from ``arrays.vectors``, made once for the split by
     :func:`fit_vectors` (a :class:`ValueError` if it was not)."""
     taken = {}
-    for spec in inputs or default_inputs():
+    for spec in inputs:
         if spec.is_volume:
             source = getattr(arrays, spec.name)
         else:
@@ -138,7 +137,7 @@ _FILE_OF = {"prescriptions": PRESCRIPTIONS_FILE, "beam_angles": BEAMS_FILE}  # a
 
 def plan_files_not_taken(arrays, left_out: dict[str, str]) -> str | None:
     """The plan files of the patients of ``arrays`` that a model does not take (``left_out``: input
-    name -> why, :func:`provided_code.inputs.inputs_left_out`), said in one line: how many
+    name -> why, :meth:`provided_code.model_spec.ModelSpec.inputs_left_out`), said in one line: how many
     patients, the first one's file, and why; None when no patient has such a file."""
     carrying, first, whys = np.zeros(len(arrays.patient_ids), bool), None, []
     for name, why in left_out.items():
@@ -162,7 +161,7 @@ def plan_files_not_taken(arrays, left_out: dict[str, str]) -> str | None:
 def warn_plan_files_not_taken(arrays, left_out: dict[str, str], model: str = "The model") -> None:
     """Log one warning when the patients of ``arrays`` have plan files ``model`` does not take
     (:func:`plan_files_not_taken`): they get the run-wide values instead. Once per split, by
-    training (:func:`provided_code.training.inputs.fit_patient_inputs`) and by prediction."""
+    training (:func:`provided_code.training.feeds.fit_patient_inputs`) and by prediction."""
     found = plan_files_not_taken(arrays, left_out)
     if found is not None:
         logger.warning("%s does not take %s; those patients get the run-wide values", model, found)

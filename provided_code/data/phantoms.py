@@ -26,7 +26,7 @@ from provided_code.data.csv_io import write_sparse_csv
 from provided_code.data.patient_plan import read_beams, read_prescriptions, write_beams, write_prescriptions
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
-from provided_code.networks.beams import ray_bins, ray_count
+from provided_code.beams import ray_bins, ray_count
 from provided_code.sites import load_site, openkbp
 
 
@@ -138,7 +138,7 @@ def write_phantom_split(split_dir: os.PathLike | str, count: int, first_number: 
 # (stored disjoint, as OpenKBP's targets and the DICOM import make them: a voxel of both is PTV78's),
 # the rectum behind, the bladder in front and above, the two femoral heads to the sides, each
 # varying per patient. The dose is made from the beams: along each beam's rays through the targets
-# (parallel rays, :func:`provided_code.networks.beams.ray_bins`'s geometry, as the beam channels
+# (parallel rays, :func:`provided_code.beams.ray_bins`'s geometry, as the beam channels
 # see them), attenuated with depth, with a lateral penumbra and a scatter tail, the rays through
 # the organs at risk weighted down (as an optimiser spares them), summed over the plan's gantry
 # angles and scaled per dose level so that each target's mean is its prescription.
@@ -250,7 +250,7 @@ def beam_dose(body: np.ndarray, targets: dict[str, np.ndarray], prescriptions: d
     each at ``prescriptions[name]``) inside ``body``, sparing ``organs``; square in-plane voxels.
 
     Each beam has a fluence per ray and slice (the rays of
-    :func:`~provided_code.networks.beams.ray_bins`): zero outside its aperture (the rays that cross
+    :func:`~provided_code.beams.ray_bins`): zero outside its aperture (the rays that cross
     a target in the same slice, and one more ray and slice on every side); inside, it starts at
     ``1 / (1 + L / SPARING_MM)`` for the ``L`` mm of organs outside the targets the ray crosses,
     and a few multiplicative updates (a plain fluence optimisation) then bring each target voxel

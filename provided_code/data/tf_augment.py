@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from provided_code.inputs import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec, default_inputs
-from provided_code.inputs import swap_mirror_bits as swapped_bits
+from provided_code.model_spec import ANGLES, STRUCTURE_BITS, VOLUME, InputSpec
+from provided_code.model_spec import swap_mirror_bits as swapped_bits
 
 GEOMETRY_KEYS = ("plane_source", "slice_shift", "mirrored", "turn_degrees")
 
@@ -34,7 +34,7 @@ def move_volume(volume: tf.Tensor, plane_source: tf.Tensor, slice_shift: tf.Tens
 
 def swap_mirror_bits(structure_masks: tf.Tensor, mirrored: tf.Tensor, mirror_bits) -> tf.Tensor:
     """Swap the bits of each ``(right, left)`` pair of ``mirror_bits`` (a site's ``mirror_bits``;
-    OpenKBP: the parotids) of the patients where ``mirrored``: :func:`provided_code.inputs.swap_mirror_bits`,
+    OpenKBP: the parotids) of the patients where ``mirrored``: :func:`provided_code.model_spec.swap_mirror_bits`,
     as ``--tta`` swaps them in numpy."""
     if not mirror_bits:
         return structure_masks
@@ -46,21 +46,20 @@ def move_angles(angles: tf.Tensor, mirrored: tf.Tensor, turn_degrees: tf.Tensor)
     """Gantry angles ``(patients, slots)`` degrees of the patients moved as the draws move them:
     mirrored left-right first (g to -g), then turned by ``turn_degrees`` (g to g - turn), in
     [0, 360); NaN (an unused slot) stays NaN. (The conventions of ``augment.plane_sources`` and
-    ``networks.beams``: tested in tests/test_tf_augment.py.)"""
+    ``provided_code.beams``: tested in tests/test_tf_augment.py.)"""
     flipped = tf.where(tf.reshape(mirrored, (-1, 1)), -angles, angles)
     return tf.math.floormod(flipped - tf.reshape(tf.cast(turn_degrees, angles.dtype), (-1, 1)), 360.0)
 
 
-def apply_geometry(element: dict, inputs: tuple[InputSpec, ...] | None = None) -> dict:
-    """The element with its declared model ``inputs`` (default: OpenKBP's ``ct`` and
-    ``structure_masks``) moved as each declares (volumes resampled, structure bits also swapped on
+def apply_geometry(element: dict, inputs: tuple[InputSpec, ...]) -> dict:
+    """The element with its declared model ``inputs`` (a model's ``spec.inputs``) moved as each declares (volumes resampled, structure bits also swapped on
     a flip, angles turned and flipped), and ``dose`` and (if present) ``possible_dose_mask``
     moved by the draws; the draw keys are dropped. Without draw keys the element is returned as is."""
     if "plane_source" not in element:
         return element
     plane, slices = element["plane_source"], element["slice_shift"]
     moved = {name: value for name, value in element.items() if name not in GEOMETRY_KEYS}
-    for spec in inputs or default_inputs():
+    for spec in inputs:
         if spec.moves == VOLUME:
             moved[spec.name] = move_volume(element[spec.name], plane, slices)
         elif spec.moves == STRUCTURE_BITS:

@@ -16,13 +16,13 @@ import tensorflow as tf
 
 from provided_code.data.augment import Augmenter
 from provided_code.data.batches import epoch_updates, fit_vectors, take_batch
-from provided_code.inputs import ANGLES, InputSpec, default_inputs
+from provided_code.model_spec import ANGLES, InputSpec, ModelSpec
 
 
 class TrainingElement(TypedDict, total=False):
     """What the input sends the training step, per replica (patients first; R: the resolution)."""
 
-    # what the model eats: the inputs provided_code.inputs declares, each under its name
+    # what the model eats: the inputs provided_code.model_spec declares, each under its name
     ct: tf.Tensor  # (patients, R, R, R) uint16 grey values
     structure_masks: tf.Tensor  # (patients, R, R, R) uint16 (uint32 above 16 structures), bit k = site.names[k]
     prescriptions: tf.Tensor  # (patients, targets) float32 Gy; with per-patient prescriptions only
@@ -58,11 +58,10 @@ def update_schedule(num_patients: int, batch_size: int, replicas: int, accumulat
     return schedule
 
 
-def element_spec(resolution: int, patients: int | None = None, with_mask: bool = False,
-                 augmented: bool = False, inputs: tuple[InputSpec, ...] | None = None) -> dict:
-    """The element's tensors: the declared model ``inputs`` (default OpenKBP's two volumes), the
-    dose and weights, the mask with ``with_mask``, the draws with ``augmented``."""
-    inputs = inputs or default_inputs()
+def element_spec(resolution: int, inputs: tuple[InputSpec, ...], patients: int | None = None,
+                 with_mask: bool = False, augmented: bool = False) -> dict:
+    """The element's tensors: the declared model ``inputs`` (a model's ``spec.inputs``), the dose
+    and weights, the mask with ``with_mask``, the draws with ``augmented``."""
     volume = (patients, resolution, resolution, resolution)
     spec = {model_input.name: tf.TensorSpec((patients, *model_input.shape(resolution)), model_input.dtype)
             for model_input in inputs}
@@ -78,8 +77,8 @@ def element_spec(resolution: int, patients: int | None = None, with_mask: bool =
     return spec
 
 
-def take_element(arrays, rows: np.ndarray, weights: np.ndarray, with_mask: bool = False,
-                 draws: dict[str, np.ndarray] | None = None, inputs: tuple[InputSpec, ...] | None = None) -> dict:
+def take_element(arrays, rows: np.ndarray, weights: np.ndarray, inputs: tuple[InputSpec, ...], with_mask: bool = False,
+                 draws: dict[str, np.ndarray] | None = None) -> dict:
     model_inputs, dose = take_batch(arrays, rows, inputs)
     element = {**model_inputs, "dose": dose, "weight": weights}
     if with_mask:
@@ -87,24 +86,23 @@ def take_element(arrays, rows: np.ndarray, weights: np.ndarray, with_mask: bool 
     return {**element, **(draws or {})}
 
 
-def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, prefetch: int = 2,
-                        with_mask: bool = False, augmenter: Augmenter | None = None,
-                        inputs: tuple[InputSpec, ...] | None = None):
-    """The schedule's updates as a distributed dataset: one element per replica per update.
-
-    ``inputs``: the model's declared inputs (default OpenKBP's two volumes). ``with_mask``:
+def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list, spec: ModelSpec, prefetch: int = 2,
+                        with_mask: bool = False, augmenter: Augmenter | None = None):
+    """The schedule's updates as a distributed dataset of the model ``spec`` describes (its inputs):
+    one element per replica per update. ``with_mask``:
     elements carry ``possible_dose_mask``. ``augmenter``: they carry its draws for
     ``(epoch, update index)``, split between replicas like the patients.
     """
 
-    arrays = fit_vectors(arrays, inputs or default_inputs())  # once (training made them already: this is arrays)
+    inputs = spec.inputs
+    arrays = fit_vectors(arrays, inputs)  # once (training made them already: this is arrays)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         local = strategy.num_replicas_in_sync // context.num_input_pipelines
         first = context.input_pipeline_id * local  # this worker's first replica
         patients = schedule[0][0][:, 0].size if schedule else None
-        spec = element_spec(arrays.resolution, patients, with_mask, augmenter is not None, inputs)
-        names = list(spec)
+        tensors = element_spec(arrays.resolution, inputs, patients, with_mask, augmenter is not None)
+        names = list(tensors)
         last_draws = {}  # the current update's draws: elements come in order, replica after replica
 
         def produce(position):
@@ -123,18 +121,18 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
                         for name, value in last_draws["draws"].items()}
             # micro-batches of this replica, one after another
             element = take_element(arrays, rows[:, first + replica].reshape(-1),
-                                   weights[:, first + replica].reshape(-1), with_mask, mine, inputs)
-            return tuple(np.asarray(element[name], dtype=spec[name].dtype.as_numpy_dtype) for name in names)
+                                   weights[:, first + replica].reshape(-1), inputs, with_mask, mine)
+            return tuple(np.asarray(element[name], dtype=tensors[name].dtype.as_numpy_dtype) for name in names)
 
         def as_element(*values):
             for name, value in zip(names, values):
-                value.set_shape(spec[name].shape)
+                value.set_shape(tensors[name].shape)
             return dict(zip(names, values))
 
         # One Python call per element through numpy_function: half the cost per element of
         # Dataset.from_generator (scripts/bench_train.py, input_pipeline_share).
         dataset = tf.data.Dataset.range(len(schedule) * local).map(
-            lambda position: as_element(*tf.numpy_function(produce, [position], [spec[n].dtype for n in names])))
+            lambda position: as_element(*tf.numpy_function(produce, [position], [tensors[n].dtype for n in names])))
         # A fixed prefetch, no autotuning: tf.data's autotune thread sleeps up to a minute between
         # rounds, and deleting the iterator waited for it (measured: 9 to 51 s at the end of a run).
         options = tf.data.Options()

@@ -9,8 +9,8 @@ import numpy as np
 from keras import ops
 
 from provided_code.constants import CT_MAX
-from provided_code.networks.beams import ray_bins, ray_count
-from provided_code.sites import openkbp
+from provided_code.beams import ray_bins, ray_count
+from provided_code.sites import Site, openkbp
 
 
 TABLE_BITS = 12  # up to this many structures, one gather from a table of every bit pattern (2^12 × 13 at most)
@@ -21,7 +21,7 @@ class CompactInputs(keras.layers.Layer):
     """``[ct, structure_masks]`` in compact dtypes (and, per patient, ``prescriptions`` and
     ``beam_angles``) → one ``(batch, d0, d1, d2, C)`` volume: the CT, one channel per structure,
     one more with ``prescription``, and the beam channels. Its inputs are declared in
-    :mod:`provided_code.inputs`.
+    :mod:`provided_code.model_spec`.
 
     ``ct``: uint16 grey values in [0, 4095], scaled to [0, 1]. ``structure_masks``: bitfield
     (uint16, or uint32 for more than 16 structures), bit k unpacked into channel 1 + k. The host
@@ -30,10 +30,11 @@ class CompactInputs(keras.layers.Layer):
     ``prescription``: one more channel, the highest prescription of the targets that cover the
     voxel divided by ``max_prescription_gy`` (OpenKBP: 70, 63 or 56 Gy over 70), 0 outside them.
 
-    The site is the layer's config: ``structures`` (how many bits), ``prescriptions_gy`` (per
-    structure, 0 for an organ: the targets are the structures with a prescription) and
-    ``max_prescription_gy``; their defaults are OpenKBP's, so checkpoints saved before sites load
-    unchanged. Up to 12 structures, the structure channels (and the run-wide prescription) are one
+    The site is the layer's config (:func:`site_unpacking`): ``structures`` (how many bits),
+    ``targets`` (the targets' structure indices, in the site's target order), ``prescriptions_gy``
+    (per structure, 0 for an organ) and ``max_prescription_gy``. A checkpoint saved before sites
+    has none of them: it is OpenKBP's; one saved before ``targets`` was written has its targets
+    where ``prescriptions_gy`` is above 0. Up to 12 structures, the structure channels (and the run-wide prescription) are one
     gather from a table of every bit pattern's values (OpenKBP: 1024 × 10 or 11): a single pass
     that writes the floats directly, where shifting, masking and casting a broadcast copy took three
     passes and one full-size temporary more. Above 12 (the table would have 2^13 rows or more) the
@@ -42,7 +43,7 @@ class CompactInputs(keras.layers.Layer):
     ``patient_prescriptions``: a third input, ``(batch, targets)`` Gy in the site's target order;
     the prescription channel is then each patient's own.
 
-    ``beam_angles`` (gantry degrees, :mod:`provided_code.networks.beams`): per beam, the voxels
+    ``beam_angles`` (gantry degrees, :mod:`provided_code.beams`): per beam, the voxels
     on its lines that cross a target voxel (any target) of the same axial slice. ``beam_channels``
     ``"count"``: one channel, how many beams cross each voxel divided by the number of beams;
     ``"each"``: one 0/1 channel per beam, in the order of ``beam_angles``. Made here, after the
@@ -56,11 +57,15 @@ class CompactInputs(keras.layers.Layer):
 
     def __init__(self, prescription: bool = False, beam_angles=(), beam_channels: str = "count",
                  structures: int | None = None, prescriptions_gy=None, max_prescription_gy: float | None = None,
-                 patient_prescriptions: bool = False, beam_slots: int = 0, **kwargs):
+                 patient_prescriptions: bool = False, beam_slots: int = 0, targets=None, **kwargs):
         kwargs.setdefault("autocast", False)  # per-patient angles and Gy stay float32 under mixed precision
         super().__init__(**kwargs)
         if structures is None:  # a checkpoint saved before sites: OpenKBP
-            structures, prescriptions_gy, max_prescription_gy = site_unpacking(openkbp())
+            unpacking = site_unpacking(openkbp())
+            structures, prescriptions_gy = unpacking["structures"], unpacking["prescriptions_gy"]
+            max_prescription_gy, targets = unpacking["max_prescription_gy"], unpacking["targets"]
+        if targets is None:  # a checkpoint saved before the targets were written: those with a prescription
+            targets = [k for k, gy in enumerate(prescriptions_gy) if (gy or 0.0) > 0]
         self.prescription = prescription
         self.beam_angles = tuple(float(angle) for angle in beam_angles)
         self.beam_channels = beam_channels
@@ -69,6 +74,7 @@ class CompactInputs(keras.layers.Layer):
         self.max_prescription_gy = float(max_prescription_gy)
         self.patient_prescriptions = bool(patient_prescriptions)
         self.beam_slots = int(beam_slots)
+        self.targets = tuple(int(k) for k in targets)
         if len(self.prescriptions_gy) != self.structures:
             raise ValueError(f"Invalid `prescriptions_gy`. Expected one value per structure ({self.structures}). "
                              f"Received: prescriptions_gy={list(self.prescriptions_gy)}")
@@ -77,12 +83,8 @@ class CompactInputs(keras.layers.Layer):
         return {**super().get_config(), "prescription": self.prescription, "beam_angles": list(self.beam_angles),
                 "beam_channels": self.beam_channels, "structures": self.structures,
                 "prescriptions_gy": list(self.prescriptions_gy), "max_prescription_gy": self.max_prescription_gy,
-                "patient_prescriptions": self.patient_prescriptions, "beam_slots": self.beam_slots}
-
-    @property
-    def targets(self) -> tuple[int, ...]:
-        """The structure indices of the targets, in the site's order (the prescriptions' columns)."""
-        return tuple(k for k, gy in enumerate(self.prescriptions_gy) if gy > 0)
+                "patient_prescriptions": self.patient_prescriptions, "beam_slots": self.beam_slots,
+                "targets": list(self.targets)}
 
     @property
     def target_bits(self) -> int:
@@ -172,7 +174,7 @@ class CompactInputs(keras.layers.Layer):
     def _patient_beams(self, patterns, angles):
         """The beam channels of each patient's own angles ``(batch, beam_slots)`` degrees (NaN:
         unused). Per slot, the line of every voxel of the plane is computed here for every patient
-        (:func:`~provided_code.networks.beams.ray_bins`, in float64 as there), offset by the
+        (:func:`~provided_code.beams.ray_bins`, in float64 as there), offset by the
         patient's place in the batch so that one segment maximum serves the whole batch."""
         size, slices = patterns.shape[1], patterns.shape[3]
         batch = ops.shape(patterns)[0]
@@ -207,10 +209,14 @@ class CompactInputs(keras.layers.Layer):
         return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count)
 
 
-def site_unpacking(site) -> tuple[int, tuple[float, ...], float]:
-    """``(structures, prescriptions_gy, max_prescription_gy)``: a site as :class:`CompactInputs` is configured."""
+def site_unpacking(site: Site) -> dict:
+    """A site as :class:`CompactInputs` is configured: ``structures`` (how many), ``targets`` (their
+    structure indices, in the site's target order: the per-patient prescriptions' columns),
+    ``prescriptions_gy`` (per structure, 0 for an organ) and ``max_prescription_gy``."""
     prescriptions = site.prescriptions_gy
-    return len(site.names), tuple(prescriptions.get(name, 0.0) for name in site.names), site.max_prescription_gy
+    return {"structures": len(site.names), "targets": tuple(site.names.index(name) for name in site.targets),
+            "prescriptions_gy": tuple(prescriptions.get(name, 0.0) for name in site.names),
+            "max_prescription_gy": site.max_prescription_gy}
 
 
 def structures_of_patterns(count: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import re
 
 import keras
 
-from provided_code.inputs import inputs_of
+from provided_code.model_spec import ModelSpec
 from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
@@ -38,55 +38,53 @@ def num_levels(resolution: int) -> int:
     return min(len(LEVEL_MULTIPLIERS), int(math.log2(resolution)) - 1)
 
 
-def build_unet(config, keras_pooling: bool = False) -> keras.Model:
-    """Build (not compile) the generator for ``config.resolution`` and ``config.filters``.
+def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
+    """Build (not compile) the generator ``spec`` describes (:class:`~provided_code.model_spec.ModelSpec`:
+    its site, resolution, filters, normalisation and inputs).
 
     ``keras_pooling``: the final smoothing by Keras's AveragePooling3D instead of the separable
     :class:`AveragePool3x3x3` (the same values; XLA compiles the separable one faster: for the
     benchmark that measures it).
 
-    Inputs (declared in :mod:`provided_code.inputs`, one ``keras.Input`` each), volumes laid out
-    ``(batch, d0, d1, d2)`` with ``d = config.resolution`` (a power of two >= 8, divisible by
+    Inputs (declared in :mod:`provided_code.model_spec`, one ``keras.Input`` each), volumes laid out
+    ``(batch, d0, d1, d2)`` with ``d = spec.resolution`` (a power of two >= 8, divisible by
     2**levels): ``ct`` uint16 grey values in [0, 4095] and ``structure_masks``, the site's bitfield
     (bit k = ``site.names[k]``; uint16, uint32 above 16 structures); with per-patient inputs
-    (``config.patient_prescriptions``, ``config.beam_slots``) also ``prescriptions`` ``(batch,
+    (``spec.patient_prescriptions``, ``spec.beam_slots``) also ``prescriptions`` ``(batch,
     targets)`` Gy and ``beam_angles`` ``(batch, slots)`` degrees. All are unpacked on the device by
     :class:`CompactInputs`. Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
 
     Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + normalisation (not on
     the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
-    (kernel 4, stride 2, no bias) + normalisation + ReLU (+ SpatialDropout3D(``config.dropout``) on
+    (kernel 4, stride 2, no bias) + normalisation + ReLU (+ SpatialDropout3D(``spec.dropout``) on
     alternate blocks), concatenating the encoder's features of the same size. Then a
     Conv3DTranspose to one channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the
     dtype policy.
 
-    With ``config.prescription_channel`` the inputs carry one more channel, each voxel's highest
+    With ``spec.prescription_channel`` the inputs carry one more channel, each voxel's highest
     target prescription (:class:`CompactInputs`; each patient's own with
-    ``config.patient_prescriptions``); with ``config.gantry_angles`` (degrees), the beam channels
-    (one, or one per beam: ``config.beam_channels``), made from the targets (from each patient's
-    own angles with ``config.beam_slots``).
+    ``spec.patient_prescriptions``); with ``spec.gantry_angles`` (degrees), the beam channels
+    (one, or one per beam: ``spec.beam_channels``), made from the targets (from each patient's
+    own angles with ``spec.beam_slots``).
 
-    Normalisation (``config.norm``): ``batch``, batch norm synchronised across replicas (its
+    Normalisation (``spec.norm``): ``batch``, batch norm synchronised across replicas (its
     statistics are those of the global batch); ``instance``, per sample and channel over the
     volume (GroupNormalization with one group per channel), nothing shared between samples.
     """
-    resolution, filters, dropout = config.resolution, config.filters, config.dropout
+    resolution, filters, dropout = spec.resolution, spec.filters, spec.dropout
 
     def normalisation(name: str) -> keras.layers.Layer:
-        if config.norm == "instance":
+        if spec.norm == "instance":
             return keras.layers.GroupNormalization(groups=-1, epsilon=1e-3, name=f"{name}_norm")
         return keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True, name=f"{name}_bn")
 
     levels = num_levels(resolution)
-    specs = inputs_of(config)
-    inputs = {spec.name: keras.Input(spec.shape(resolution), dtype=spec.dtype, name=spec.name) for spec in specs}
-    structures, prescriptions_gy, max_prescription_gy = site_unpacking(config.site_obj)
-    names = [spec.name for spec in specs]
-    x = CompactInputs(prescription=config.prescription_channel, beam_angles=config.gantry_angles,
-                      beam_channels=config.beam_channels, structures=structures, prescriptions_gy=prescriptions_gy,
-                      max_prescription_gy=max_prescription_gy, patient_prescriptions="prescriptions" in names,
-                      beam_slots=inputs["beam_angles"].shape[-1] if "beam_angles" in names else 0,
-                      name="compact_inputs")([inputs[name] for name in names])
+    inputs = {model_input.name: keras.Input(model_input.shape(resolution), dtype=model_input.dtype,
+                                            name=model_input.name) for model_input in spec.inputs}
+    x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
+                      beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
+                      beam_slots=spec.beam_slots, **site_unpacking(spec.site),
+                      name="compact_inputs")([inputs[name] for name in spec.input_names])
 
     skips = []
     for level in range(levels):

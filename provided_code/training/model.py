@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import keras
 
+from provided_code.model_spec import ModelSpec
 from provided_code.networks.unet import build_unet
 from provided_code.training.ema import EMA_MOMENTUM
 
@@ -15,13 +16,12 @@ def new_optimizer(learning_rate: float, ema: bool = False, ema_momentum: float =
     return keras.optimizers.Adam(learning_rate, beta_1=0.5, beta_2=0.999, use_ema=ema, ema_momentum=ema_momentum)
 
 
-def new_model(config, learning_rate: float | None = None, keras_pooling: bool = False,
-              ema_momentum: float = EMA_MOMENTUM) -> keras.Model:
-    """The U-Net of ``config`` (its architecture fields), compiled with its optimizer (``config.ema``:
-    weight averaging) (``learning_rate``, default ``config.learning_rate``) under the current dtype policy
-    (Keras wraps the optimizer for loss scaling under ``mixed_float16``). No loss is compiled: the
-    training step computes its own (``provided_code.losses``)."""
-    model = build_unet(config, keras_pooling=keras_pooling)
-    model.compile(optimizer=new_optimizer(config.learning_rate if learning_rate is None else learning_rate,
-                                          ema=getattr(config, "ema", False), ema_momentum=ema_momentum))
+def new_model(spec: ModelSpec, learning_rate: float, ema: bool = False, ema_momentum: float = EMA_MOMENTUM,
+              keras_pooling: bool = False) -> keras.Model:
+    """The U-Net ``spec`` describes, compiled with its optimizer (``learning_rate``; with ``ema``,
+    weight averaging) under the current dtype policy (Keras wraps the optimizer for loss scaling
+    under ``mixed_float16``). No loss is compiled: the training step computes its own
+    (``provided_code.losses``)."""
+    model = build_unet(spec, keras_pooling=keras_pooling)
+    model.compile(optimizer=new_optimizer(learning_rate, ema=ema, ema_momentum=ema_momentum))
     return model

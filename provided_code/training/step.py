@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
-from provided_code.inputs import InputSpec, default_inputs
+from provided_code.model_spec import ModelSpec
 from provided_code.networks.unet import block_of as unet_block_of
-from provided_code.training.graph_pieces import training_forward
+from provided_code.training.recompute import training_forward
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class TrainStep:
     ``recompute``: encoder and decoder blocks are recomputed in the backward pass.
     ``loss_fn(element, predicted)``: per-patient losses (``provided_code.losses``; no default here:
     the run's comes from its config). Training elements that carry augmentation draws are moved by
-    them first, on the device. ``inputs``: the model's declared inputs (:mod:`provided_code.inputs`;
-    default OpenKBP's two volumes), what the step feeds it and how augmentation moves each.
+    them first, on the device. ``spec``: the model's :class:`~provided_code.model_spec.ModelSpec`,
+    whose declared inputs say what the step feeds it and how augmentation moves each.
 
     Loss normalisation lives in the data layer alone: each patient's ``weight`` (the update's real
     patients sum to 1, padding weighs 0), so a replica's share of any term, the regularisers too,
@@ -46,15 +46,14 @@ class TrainStep:
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
-                 accumulate: int = 1, recompute: bool = False, *, loss_fn,
-                 inputs: tuple[InputSpec, ...] | None = None):
+                 accumulate: int = 1, recompute: bool = False, *, loss_fn, spec: ModelSpec):
         self.model = model
-        self.inputs = inputs or default_inputs()
-        self.input_names = tuple(spec.name for spec in self.inputs)
+        self.inputs = spec.inputs
+        self.input_names = spec.input_names
         expected = sorted(getattr(t, "name", None) for t in model.inputs)
         if sorted(self.input_names) != expected:
-            raise ValueError(f"Invalid `inputs`. Expected the model's inputs {expected}. "
-                             f"Received: inputs={list(self.input_names)}")
+            raise ValueError(f"Invalid `spec`. Expected the model's inputs {expected}. "
+                             f"Received: spec with inputs {list(self.input_names)}")
         self.strategy = strategy
         self.batch_size = batch_size
         self.accumulate = accumulate

@@ -24,9 +24,9 @@ from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
 from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.inputs import inputs_of
+from provided_code.model_spec import ModelSpec
 from provided_code.losses import loss_function
-from provided_code.networks.beams import augmentations_that_move_beams
+from provided_code.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
 from provided_code.training.checkpoints import RotatingCheckpoint
 from provided_code.training.curves import TrainingCurves
@@ -35,7 +35,7 @@ from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_log import EpochCSVLogger, read_log
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
-from provided_code.training.inputs import fit_patient_inputs, training_input, validation_input
+from provided_code.training.feeds import fit_patient_inputs, training_input, validation_input
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
@@ -103,21 +103,22 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
     config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
-    # per-patient prescriptions and beams, when the data has them: made once per split here
-    config, (train_arrays, *validating) = fit_patient_inputs(
+    # per-patient prescriptions and beams, when the data has them: made once per split here; the
+    # model the run trains (its site, architecture and inputs), resolved once
+    config, spec, (train_arrays, *validating) = fit_patient_inputs(
         config, [train_arrays] + ([validation.arrays] if validation is not None else []), saved)
     if validation is not None:
         validation = dataclasses.replace(validation, arrays=validating[0])
     hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
-    initial_epoch, model = _new_or_resumed_model(config, folder, hardware, updates)  # 4. newest that loads, or new
+    initial_epoch, model = _new_or_resumed_model(config, spec, folder, hardware, updates)  # 4. newest that loads, or new
     if changes:
         config = config.with_changes_recorded(changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
                        initial_epoch + 1, CONFIG_FILE,
                        "; ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes))
-    _describe_run(config, hardware, model, validation)
+    _describe_run(config, spec, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
         folder.write_config(config)
@@ -126,14 +127,13 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
                     config.model_name, initial_epoch, config.epochs)
         return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
 
-    # 5. The loop: one schedule over the remaining epochs (training/inputs.py). Only the chief writes.
+    # 5. The loop: one schedule over the remaining epochs (training/feeds.py). Only the chief writes.
     strategy = placement.strategy
-    train_data = training_input(strategy, train_arrays, config, first_epoch=initial_epoch)
-    validation_data = validation_input(strategy, validation.arrays, config) if validation is not None else None
+    train_data = training_input(strategy, train_arrays, config, spec, first_epoch=initial_epoch)
+    validation_data = validation_input(strategy, validation.arrays, config, spec) if validation is not None else None
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
-                     recompute=config.recompute, inputs=inputs_of(config),
-                     loss_fn=loss_function(config.loss, config.dvh_weight, len(config.site_obj.names)))
-    callbacks, measures = _callbacks_and_measures(config, folder, hardware, model, validation, initial_epoch,
+                     recompute=config.recompute, spec=spec, loss_fn=loss_function(config.loss, config.dvh_weight, spec))
+    callbacks, measures = _callbacks_and_measures(config, spec, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
@@ -200,12 +200,12 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     downsample = mapped.downsampled if memory_map else downsample_split
     train_arrays = downsample(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
                                          skip_incomplete=config.skip_incomplete, progress=progress,
-                                         memory_map=memory_map, site=config.site_obj), config.resolution)
+                                         memory_map=memory_map, site=config.site), config.resolution)
     validation = None
     if validation_dir.is_dir():
         patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
                               skip_incomplete=config.skip_incomplete, progress=progress, memory_map=memory_map,
-                              site=config.site_obj)
+                              site=config.site)
         if patients.has_dose.any():
             full = patients.select(np.flatnonzero(patients.has_dose))
             validation = Validation(downsample(full, config.resolution), full)
@@ -222,8 +222,8 @@ def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> b
     more than ``MEMORY_SHARE`` of the memory available. Says which, and why, in the log."""
     patients = len(discover_patients(train_dir)) + (len(discover_patients(validation_dir))
                                                     if validation_dir.is_dir() else 0)
-    need = stacked_nbytes(patients, site=config.site_obj) + (
-        stacked_nbytes(patients, config.resolution, config.site_obj) if config.resolution != 128 else 0)
+    need = stacked_nbytes(patients, site=config.site) + (
+        stacked_nbytes(patients, config.resolution, config.site) if config.resolution != 128 else 0)
     available, source = available_memory()
     sizes = (f"{patients} patients stacked would take {need / 1e9:.1f} GB; "
              + (f"{available / 1e9:.1f} GB available ({source})" if available is not None else source))
@@ -263,7 +263,7 @@ def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig |
     return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
 
 
-def _new_or_resumed_model(config: TrainConfig, folder: RunFolder, hardware: Hardware,
+def _new_or_resumed_model(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
                           updates: int) -> tuple[int, keras.Model]:
     """``(epochs done, model)``: the newest checkpoint that loads, else a new model (with
     ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates); the optimizer
@@ -274,7 +274,8 @@ def _new_or_resumed_model(config: TrainConfig, folder: RunFolder, hardware: Hard
             initial_epoch, model = resumed
             logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
         else:
-            initial_epoch, model = 0, new_model(config, hardware.learning_rate, ema_momentum=ema_momentum(updates))
+            initial_epoch, model = 0, new_model(spec, hardware.learning_rate, ema=config.ema,
+                                                ema_momentum=ema_momentum(updates))
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     if hardware.placement.workers > 1:
@@ -282,7 +283,8 @@ def _new_or_resumed_model(config: TrainConfig, folder: RunFolder, hardware: Hard
     return initial_epoch, model
 
 
-def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, validation: Validation | None) -> None:
+def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, model: keras.Model,
+                  validation: Validation | None) -> None:
     logger.info("Device: %s; dtype policy %s (%s); XLA %s (%s); %s; %s", hardware.device, hardware.policy,
                 type(model.optimizer).__name__, "on" if hardware.xla else "off", hardware.xla_reason,
                 describe_cpu_kernels(),
@@ -294,24 +296,24 @@ def _describe_run(config: TrainConfig, hardware: Hardware, model: keras.Model, v
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
-    broken = augmentations_that_move_beams(config.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
-    if broken and not config.beam_slots:  # per-patient angles turn with the patient
+    broken = augmentations_that_move_beams(spec.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
+    if broken and not spec.beam_slots:  # per-patient angles turn with the patient
         logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
-                       "those moves, or --augment without %s)", config.beam_angles, " and ".join(broken),
+                       "those moves, or --augment without %s)", spec.beam_angles_text, " and ".join(broken),
                        " and ".join(broken))
-    site = config.site_obj
-    logger.info("Network: %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s", config.filters,
-                config.resolution, config.norm, len(site.names), site.name,
-                (", each patient's prescription" if config.patient_prescriptions else ", prescription")
-                if config.prescription_channel else "",
-                (f", each patient's beams (up to {config.beam_slots}; {config.beam_channels})" if config.beam_slots
-                 else f", {config.beams} beams at gantry {config.beam_angles}° ({config.beam_channels})")
-                if config.beams else "")
+    logger.info("Network: %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s", spec.filters,
+                spec.resolution, spec.norm, len(spec.site.names), spec.site.name,
+                (", each patient's prescription" if spec.patient_prescriptions else ", prescription")
+                if spec.prescription_channel else "",
+                (f", each patient's beams (up to {spec.beam_slots}; {spec.beam_channels})" if spec.beam_slots
+                 else f", {len(spec.gantry_angles)} beams at gantry {spec.beam_angles_text}° ({spec.beam_channels})")
+                if spec.gantry_angles else "")
 
 
-def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Hardware, model: keras.Model,
-                            validation: Validation | None, initial_epoch: int, patients: int) -> tuple[list, list]:
+def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
+                            model: keras.Model, validation: Validation | None, initial_epoch: int,
+                            patients: int) -> tuple[list, list]:
     """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log,
     checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory, then the
     validation scores, whose predictions must not count in the peak)."""
@@ -327,7 +329,7 @@ def _callbacks_and_measures(config: TrainConfig, folder: RunFolder, hardware: Ha
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
         measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
-                                         model, predict_batch, inputs=inputs_of(config)))
+                                         model, predict_batch, spec))
         callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))

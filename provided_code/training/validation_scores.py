@@ -12,6 +12,7 @@ import keras
 from provided_code.data.cache import SplitArrays
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import score_split
+from provided_code.model_spec import ModelSpec
 from provided_code.run_folder import BEST_FILE, RunFolder
 from provided_code.training.loop import EpochMeasure
 
@@ -40,11 +41,11 @@ class ValidationScores(EpochMeasure):
 
     ``validation``: the patients, downsampled once when loaded. ``model``: what is saved as best.
     ``predict_batch``: inputs → doses at the training resolution (a plain model call, no
-    collectives: only the chief scores). ``inputs``: the model's declared inputs.
+    collectives: only the chief scores). ``spec``: what the model is (its resolution and inputs).
     """
 
     def __init__(self, validation: Validation, batch_size: int, score_every: int, epochs: int,
-                 folder: RunFolder, model: keras.Model, predict_batch, inputs=None):
+                 folder: RunFolder, model: keras.Model, predict_batch, spec: ModelSpec):
         self.validation = validation
         self.model = model
         self.batch_size = batch_size
@@ -52,7 +53,7 @@ class ValidationScores(EpochMeasure):
         self.epochs = epochs
         self.folder = folder
         self.predict_batch = predict_batch
-        self.inputs = inputs  # the model's declared inputs (provided_code.inputs); None: OpenKBP's two volumes
+        self.spec = spec
         self.best = None
 
     def start(self) -> None:
@@ -69,10 +70,9 @@ class ValidationScores(EpochMeasure):
             return {}
         start = time.perf_counter()
         try:
-            predictions = predict_full_resolution(self.predict_batch, self.validation.full,
-                                                  self.validation.arrays.resolution, self.batch_size,
-                                                  label=f"The model at epoch {done}",
-                                                  at_resolution=self.validation.arrays, inputs=self.inputs)
+            predictions = predict_full_resolution(self.predict_batch, self.validation.full, self.spec,
+                                                  self.batch_size, label=f"The model at epoch {done}",
+                                                  at_resolution=self.validation.arrays)
         except PredictionError as error:
             logger.warning("Validation scores skipped at epoch %d: %s", done, error)
             return {}

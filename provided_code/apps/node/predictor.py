@@ -23,14 +23,14 @@ class ModelPredictor:
         self.model_dir = Path(model_dir)
         folder = RunFolder(self.model_dir)
         self.loaded = folder.load_trained_model(folder.epoch_to_apply(epoch))
-        self.epoch = self.loaded[1]
+        self.epoch = self.loaded.epoch
         self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
         self._warm_up()
         logger.info("Model %s at epoch %s loaded", self.model_dir, self.epoch)
 
     def _warm_up(self) -> None:
         """One prediction on zeros, so that the first patient does not pay for tracing the model."""
-        model = self.loaded[2]
+        model = self.loaded.model
         inputs = {tensor.name.split(":")[0]: np.zeros((1, *tensor.shape[1:]), tensor.dtype) for tensor in model.inputs}
         model.predict_on_batch(inputs)
 

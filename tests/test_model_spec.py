@@ -1,5 +1,5 @@
-"""The declared model inputs (provided_code/inputs.py) and the per-patient ones training fits to its
-data (training/inputs.py): the network, the data path, the step and prediction read one declaration."""
+"""The declared model inputs (provided_code/model_spec.py) and the per-patient ones training fits to its
+data (training/feeds.py): the network, the data path, the step and prediction read one declaration."""
 
 import dataclasses
 import logging
@@ -18,14 +18,14 @@ from provided_code.data.cache import load_split
 from provided_code.data.patient_plan import write_beams
 from provided_code.data.tf_dataset import element_spec, take_element
 from provided_code.inference import predict_arrays
-from provided_code.inputs import ANGLES, STRUCTURE_BITS, UNCHANGED, VOLUME, inputs_of, model_inputs
+from provided_code.model_spec import ANGLES, STRUCTURE_BITS, UNCHANGED, VOLUME, model_inputs
 from provided_code.losses import loss_function
 from provided_code.sites import load_site, site_from_dict
-from provided_code.training.inputs import fit_patient_inputs
+from provided_code.training.feeds import fit_patient_inputs
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
-from tests.conftest import network_config
+from tests.conftest import model_spec
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
 SIZE = 16
@@ -74,10 +74,15 @@ def test_each_input_is_declared_once_with_how_it_moves():
     # a spec built apart finds the vectors fitted for an equal one (SplitArrays.vectors is keyed by spec)
     assert {angles: "fitted"}.get(model_inputs(OPENKBP, beam_slots=5, beam_angles=(0.0, 90.0))[2]) == "fitted"
     assert model_inputs(wide_site())[1].dtype == "uint32"
-    spec = element_spec(SIZE, 2, augmented=True, inputs=full)
+    spec = element_spec(SIZE, full, 2, augmented=True)
     assert spec["beam_angles"].shape == (2, 5) and spec["prescriptions"].shape == (2, 3)
-    assert "turn_degrees" in spec and "turn_degrees" not in element_spec(SIZE, 2, augmented=True)
-    assert [s.name for s in inputs_of(network_config())] == ["ct", "structure_masks"]  # OpenKBP's default
+    assert "turn_degrees" in spec and "turn_degrees" not in element_spec(SIZE, plain, 2, augmented=True)
+    assert model_spec().input_names == ("ct", "structure_masks")  # OpenKBP's default
+    # the spec resolves them once: a per-patient input counts only with its channel
+    assert model_spec(patient_prescriptions=True, beam_slots=9).input_names == (
+        "ct", "structure_masks", "prescriptions", "beam_angles")
+    assert model_spec(patient_prescriptions=True, prescription_channel=False, beam_slots=9,
+                      gantry_angles=()).input_names == ("ct", "structure_masks")
 
 
 def test_patients_without_their_own_take_the_run_wide_values_and_misfits_are_refused():
@@ -118,14 +123,16 @@ def test_a_patient_without_beams_csv_takes_the_runs_angles_whether_or_not_anothe
 
 
 def test_a_splits_vectors_are_made_once_not_per_batch(monkeypatch):
-    specs = model_inputs(OPENKBP, patient_prescriptions=True, beam_slots=3, beam_angles=(0.0, 120.0, 240.0))
+    spec = model_spec(resolution=SIZE, patient_prescriptions=True, beam_slots=3, gantry_angles=(0.0, 120.0, 240.0))
+    specs = spec.inputs
+    assert specs == model_inputs(OPENKBP, patient_prescriptions=True, beam_slots=3, beam_angles=(0.0, 120.0, 240.0))
     patients = Patients(4, beam_angles=np.array([[10.0, np.nan]] * 4, np.float32))
     with pytest.raises(ValueError, match="Expected the model's per-patient input 'prescriptions' made once"):
         take_inputs(patients, np.arange(2), specs)
     calls = []
     made = batches_module.patient_vectors
     monkeypatch.setattr(batches_module, "patient_vectors", lambda *a, **k: calls.append(a[1].name) or made(*a, **k))
-    predict_arrays(lambda inputs: np.zeros((*inputs["ct"].shape, 1), np.float32), patients, batch_size=1, inputs=specs)
+    predict_arrays(lambda inputs: np.zeros((*inputs["ct"].shape, 1), np.float32), patients, spec, batch_size=1)
     assert sorted(calls) == ["beam_angles", "prescriptions"]  # four batches, each vector once
     fitted = fit_vectors(patients, specs)
     assert fit_vectors(fitted, specs) is fitted and len(calls) == 4  # made already: not again
@@ -136,8 +143,8 @@ def test_training_takes_per_patient_inputs_from_its_data_and_a_resume_cannot_gai
     config = TrainConfig(beam_channels="count")
     own = Patients(2, beam_angles=np.array([[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [0] + [np.nan] * 10],
                                            np.float32), prescriptions=np.full((2, 3), 60, np.float32))
-    fitted, (mine, theirs) = fit_patient_inputs(config, [own, Patients(1)])
-    assert (fitted.patient_prescriptions, fitted.beam_slots) == (True, 11)
+    fitted, spec, (mine, theirs) = fit_patient_inputs(config, [own, Patients(1)])
+    assert (fitted.patient_prescriptions, fitted.beam_slots) == (True, 11) and spec == fitted.spec
     assert {spec.name: vectors.shape for spec, vectors in theirs.vectors.items()} == {"prescriptions": (1, 3),
                                                                                        "beam_angles": (1, 11)}
     assert fit_patient_inputs(config, [Patients(2), Patients(1)])[0] == config  # no files: today's run-wide inputs
@@ -165,7 +172,7 @@ def test_plan_files_a_model_does_not_take_are_named_in_one_warning_per_split(cap
                    prescriptions=np.array([[np.nan] * 3, [np.nan] * 3, [60, 60, 60]], np.float32))
     own.folder = Path("/data/train-pats")
     with caplog.at_level(logging.WARNING):
-        config, _ = fit_patient_inputs(TrainConfig(beams=0, prescription_channel=False, model_name="m"), [own])
+        config, _, _ = fit_patient_inputs(TrainConfig(beams=0, prescription_channel=False, model_name="m"), [own])
     assert config.beam_slots == 0 and not config.patient_prescriptions
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["Model 'm' does not take the plan files of 2 patients (the first: /data/train-pats/pt_2/"
@@ -179,11 +186,10 @@ def test_plan_files_a_model_does_not_take_are_named_in_one_warning_per_split(cap
 
 def test_a_site_of_more_than_16_structures_trains_a_step_on_uint32_masks():
     site = wide_site()
-    config = network_config(resolution=SIZE, filters=2, dropout=0.0, learning_rate=1e-3, site_obj=site,
-                            beam_angles="0,90,180,270", beams=4)
-    specs = inputs_of(config)
+    spec = model_spec(resolution=SIZE, filters=2, dropout=0.0, site=site, gantry_angles=(0.0, 90.0, 180.0, 270.0))
+    specs = spec.inputs
     keras.utils.set_random_seed(0)
-    model = new_model(config)
+    model = new_model(spec, 1e-3)
     model.optimizer.build(model.trainable_variables)
     assert model.get_layer("compact_inputs").output.shape[-1] == 1 + 20 + 1 + 1  # CT, structures, prescription, beams
     assert model.input["structure_masks"].dtype == "uint32"
@@ -191,10 +197,10 @@ def test_a_site_of_more_than_16_structures_trains_a_step_on_uint32_masks():
     draws = Augmenter(("flip", "rotate"), patients.possible_dose_mask, seed=1).draw(np.arange(2), 0, 0)
     draws["mirrored"][:] = True  # the high mirror pair's bits are swapped on the device
     element = {name: tf.constant(value) for name, value in take_element(
-        patients, np.arange(2), np.full(2, 0.5, np.float32), draws=draws, inputs=specs).items()}
+        patients, np.arange(2), np.full(2, 0.5, np.float32), specs, draws=draws).items()}
     assert element["structure_masks"].dtype == tf.uint32
-    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, inputs=specs,
-                     loss_fn=loss_function("mae", 0.2, len(site.names)))
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, spec=spec,
+                     loss_fn=loss_function("mae", 0.2, spec))
     before = model_weights(model)
     loss = float(step.train(element))
     assert np.isfinite(loss) and loss > 0
@@ -205,9 +211,8 @@ def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_a
     """Per-patient prescriptions and beams through the whole path: the network's inputs, the
     element, the step's augmentation (flip and turn: angles moved on the device), --recompute (the
     same loss), and prediction with --tta (the mirrored call gets the angles mirrored)."""
-    config = network_config(resolution=SIZE, filters=2, dropout=0.0, learning_rate=1e-3, patient_prescriptions=True,
-                            beam_slots=9)
-    specs = inputs_of(config)
+    spec = model_spec(resolution=SIZE, filters=2, dropout=0.0, patient_prescriptions=True, beam_slots=9)
+    specs = spec.inputs
     assert [s.name for s in specs] == ["ct", "structure_masks", "prescriptions", "beam_angles"]
     patients = Patients(2, prescriptions=np.array([[50, 60, 66], [56, 63, 70]], np.float32),
                         beam_angles=np.array([[10, 80, 150, 220, 290] + [np.nan] * 4, [0, 90, 180] + [np.nan] * 6],
@@ -215,15 +220,15 @@ def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_a
     draws = Augmenter(("flip", "rotate"), patients.possible_dose_mask, seed=3).draw(np.arange(2), 0, 3)
     assert draws["turn_degrees"].tolist() != [0, 0] and draws["mirrored"].any()
     element = {name: tf.constant(value) for name, value in take_element(
-        fit_vectors(patients, specs), np.arange(2), np.full(2, 0.5, np.float32), draws=draws, inputs=specs).items()}
+        fit_vectors(patients, specs), np.arange(2), np.full(2, 0.5, np.float32), specs, draws=draws).items()}
     losses = []
     for recompute in (False, True):
         keras.backend.clear_session()
         keras.utils.set_random_seed(5)
-        model = new_model(config)
+        model = new_model(spec, 1e-3)
         model.optimizer.build(model.trainable_variables)
         step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
-                         inputs=specs, loss_fn=loss_function("mae"))
+                         spec=spec, loss_fn=loss_function("mae", 0.0, spec))
         losses.append(float(step.train(element)))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # recomputed one sample at a time: float32 ulps
 
@@ -233,13 +238,14 @@ def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_a
         seen.append({name: np.array(value) for name, value in inputs.items()})
         return np.asarray(model(inputs, training=False))
 
-    predict_arrays(model_call, patients, batch_size=2, tta=True, inputs=specs)
+    predict_arrays(model_call, patients, spec, batch_size=2, tta=True)
     plain, mirrored = seen
     np.testing.assert_array_equal(plain["beam_angles"], patients.beam_angles)
     np.testing.assert_array_equal(mirrored["beam_angles"], np.mod(-patients.beam_angles, 360.0))
     np.testing.assert_array_equal(mirrored["prescriptions"], plain["prescriptions"])
-    with pytest.raises(ValueError, match="Expected the model's inputs"):
-        TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, loss_fn=loss_function("mae"))
+    with pytest.raises(ValueError, match="Expected the model's inputs"):  # another model's spec: two volumes
+        TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, spec=model_spec(),
+                  loss_fn=loss_function("mae", 0.0, spec))
 
 
 def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prostate_model):
@@ -251,15 +257,18 @@ def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prost
     saved = folder.read_config()
     assert saved.gantry_angles == load_site("prostate").beams.gantry_angles()  # the command line's default: the site's arcs
     assert saved.patient_prescriptions and saved.beam_slots == len(saved.gantry_angles)  # 35 > the seven fields
-    _, _, model = folder.load_trained_model(None)
+    trained = folder.load_trained_model(None)
+    model = trained.model
     assert sorted(model.input) == ["beam_angles", "ct", "prescriptions", "structure_masks"]
+    assert trained.spec == saved.spec and trained.spec.input_names == ("ct", "structure_masks", "prescriptions",
+                                                                        "beam_angles")
     assert model.input["beam_angles"].shape[-1] == saved.beam_slots
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 def test_one_mirror_swap_serves_numpy_and_tensorflow(dtype):
     """--tta (numpy) and augmentation (TF) swap a flip's mirror pairs with the same code."""
-    from provided_code.inputs import swap_mirror_bits
+    from provided_code.model_spec import swap_mirror_bits
 
     pairs = ((1 << 1, 1 << 4), (1 << 12, 1 << 15))
     masks = np.array([0, 1 << 1, 1 << 4, (1 << 1) | (1 << 4) | 1, 1 << 12, (1 << 15) | (1 << 7), 0xFFFF], dtype)

@@ -1,5 +1,6 @@
-"""What a model eats, declared once: each input's name, dtype, per-patient shape, how augmentation
-moves it and how the network unpacks it.
+"""What a model is, resolved once (:class:`ModelSpec`: its site, architecture and inputs), and what
+it eats, declared once: each input's name, dtype, per-patient shape, how augmentation moves it and
+how the network unpacks it (:class:`InputSpec`).
 
 Read by the network (one ``keras.Input`` per input, :mod:`provided_code.networks.unet`), the data
 path (:func:`provided_code.data.batches.take_inputs`, :mod:`provided_code.data.tf_dataset`), the
@@ -18,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site
 
 # How augmentation moves an input (data/augment.py, data/tf_augment.py):
 VOLUME = "volume"  # resampled by the draws (the axial index map, then the slice shift)
@@ -113,30 +114,65 @@ def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots:
     return tuple(inputs)
 
 
-def inputs_of(config) -> tuple[InputSpec, ...]:
-    """The inputs of the model a run's config describes (its architecture fields)."""
-    beams = tuple(config.gantry_angles)
-    return model_inputs(config.site_obj,
-                        patient_prescriptions=bool(config.prescription_channel and config.patient_prescriptions),
-                        beam_slots=int(config.beam_slots) if beams else 0, beam_angles=beams,
-                        all_beam_slots=config.beam_channels == "each")
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What a model is, resolved once: its site (a :class:`~provided_code.sites.Site`), the
+    network's architecture and the inputs it eats. Built at the edge, from a run's
+    :class:`~provided_code.config.TrainConfig` (``config.spec``) for training and from a trained
+    model's ``config.json`` when it is loaded (:meth:`provided_code.run_folder.RunFolder.load_trained_model`),
+    and passed, never the config or a site name, to the network builder, the losses, the training
+    step, the dataset and prediction.
 
+    ``gantry_angles``: the run-wide beams' IEC gantry degrees, () for no beam channels.
+    ``patient_prescriptions`` / ``beam_slots``: each patient's own prescriptions / gantry angles
+    (up to ``beam_slots``) are inputs; they count only with a prescription channel / beams, and are
+    stored so (``ModelSpec(..., patient_prescriptions=True, prescription_channel=False)`` has none).
+    ``inputs`` is derived (:func:`model_inputs`), in the order the network reads them.
+    """
 
-def inputs_left_out(config) -> dict[str, str]:
-    """The per-patient inputs (``prescriptions``, ``beam_angles``) the model of a run's config does
-    not take, each with why: a patient's ``prescriptions.csv`` or ``beams.csv`` then changes
-    nothing (:func:`provided_code.data.batches.plan_files_not_taken` says so)."""
-    left_out = {}
-    if not (config.prescription_channel and config.patient_prescriptions):
-        left_out["prescriptions"] = ("it has no prescription channel (--no-prescription-channel)"
-                                     if not config.prescription_channel else
-                                     "it was trained with the site's prescriptions for every patient")
-    if not (config.gantry_angles and config.beam_slots):
-        left_out["beam_angles"] = ("it has no beam channels (--beams 0)" if not config.gantry_angles else
-                                   f"it was trained with the run-wide beams (gantry {config.beam_angles}°)")
-    return left_out
+    site: Site
+    filters: int
+    resolution: int
+    dropout: float
+    norm: str
+    prescription_channel: bool
+    gantry_angles: tuple[float, ...]
+    beam_channels: str
+    patient_prescriptions: bool = False
+    beam_slots: int = 0
+    inputs: tuple[InputSpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
+    def __post_init__(self):
+        if not isinstance(self.site, Site):
+            raise TypeError(f"Invalid `site`. Expected a resolved Site (provided_code.sites.load_site at the "
+                            f"edge). Received: site={self.site!r:.60}")
+        angles = tuple(float(angle) for angle in self.gantry_angles)
+        object.__setattr__(self, "gantry_angles", angles)
+        object.__setattr__(self, "patient_prescriptions", bool(self.prescription_channel and self.patient_prescriptions))
+        object.__setattr__(self, "beam_slots", int(self.beam_slots) if angles else 0)
+        object.__setattr__(self, "inputs", model_inputs(
+            self.site, patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots,
+            beam_angles=angles, all_beam_slots=self.beam_channels == "each"))
 
-def default_inputs() -> tuple[InputSpec, ...]:
-    """OpenKBP's two volumes: what every model before per-patient inputs eats."""
-    return model_inputs(load_site("openkbp"))
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.inputs)
+
+    @property
+    def beam_angles_text(self) -> str:
+        """The run-wide gantry angles as a message shows them: ``0,40,80``."""
+        return ",".join(f"{angle:g}" for angle in self.gantry_angles)
+
+    def inputs_left_out(self) -> dict[str, str]:
+        """The per-patient inputs (``prescriptions``, ``beam_angles``) this model does not take, each
+        with why: a patient's ``prescriptions.csv`` or ``beams.csv`` then changes nothing
+        (:func:`provided_code.data.batches.plan_files_not_taken` says so)."""
+        left_out = {}
+        if not self.patient_prescriptions:
+            left_out["prescriptions"] = ("it has no prescription channel (--no-prescription-channel)"
+                                         if not self.prescription_channel else
+                                         "it was trained with the site's prescriptions for every patient")
+        if not self.beam_slots:
+            left_out["beam_angles"] = ("it has no beam channels (--beams 0)" if not self.gantry_angles else
+                                       f"it was trained with the run-wide beams (gantry {self.beam_angles_text}°)")
+        return left_out
