@@ -34,6 +34,7 @@ import zipfile
 from pathlib import Path
 
 from provided_code.config import ConfigError, TrainConfig
+from provided_code.data_folder import STAGES
 from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
@@ -51,7 +52,6 @@ CURVES_FILE = "training_curves.png"
 LOCK_FILE = ".lock"
 TENSORBOARD_FOLDER = "tensorboard"
 SCORES_FILE = "scores.json"  # in <stage>-predictions/, with scores.csv beside it
-STAGES = ("validation", "test")
 _CHECKPOINT = re.compile(r"^epoch_(\d+)\.keras$")
 
 

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
 # below); the DICOM node (a server around the clinic's path) above them; the command lines sit on
 # top. A module of apps/ has a layer of its own.
 LAYERS = (
-    ("constants", "errors", "infra", "sites", "beams", "model_spec"),
+    ("constants", "errors", "infra", "sites", "beams", "model_spec", "data_folder"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
     ("inference", "plots", "run_folder"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic"),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.infra.preflight import DataNotFoundError
+from provided_code.data_folder import DataNotFoundError
 from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log

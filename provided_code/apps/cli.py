@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 from click.core import ParameterSource
@@ -20,7 +21,8 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.infra.preflight import check_run_folders
+from provided_code.data_folder import STAGES, require_split
+from provided_code.infra.preflight import check_writable
 from provided_code.beams import BEAM_CHANNELS
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
@@ -111,7 +113,7 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
               help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
-@click.option("--stage", type=click.Choice(["validation", "test"]), default="validation",
+@click.option("--stage", type=click.Choice(STAGES), default="validation",
               help="With --predict-only: the split to predict.")
 @click.option("--tta", is_flag=True, help="With --predict-only: average over mirror flips.")
 @click.option("--ensemble", default=None,
@@ -154,8 +156,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                                          f"Received: {ensemble!r}", param_hint="--ensemble")
         from provided_code.data.cache import default_cache_dir
 
-        check_run_folders(config.data_dir, config.run_dir, config.cache_dir or default_cache_dir(), predict_only,
-                          stage)  # before TensorFlow loads and the data is read
+        _check_folders(config, predict_only, stage, default_cache_dir())  # before TensorFlow loads and the data
         if predict_only:
             from provided_code.apps.predict import predict_stage
 
@@ -181,6 +182,21 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     click.echo(f"Log: {RunFolder(config.run_dir).log}")
 
 
+def _check_folders(config, predict_only: bool, stage: str, default_cache: Path) -> None:
+    """The checks of one run before TensorFlow loads: its data (the training split, or the stage
+    predicted), its model's folder (``results/<model-name>``: a missing model is --predict-only's
+    own error, with its advice) and its cache folder (the default when not given) can be written."""
+    results = "results folder (--results-dir, --model-name)"
+    if predict_only:
+        require_split(config.data_dir, stage)
+        if config.run_dir.is_dir():
+            check_writable(config.run_dir, results)
+    else:
+        require_split(config.data_dir, "train")
+        check_writable(config.run_dir, results)
+    check_writable(config.cache_dir or default_cache, "cache folder (--cache-dir, $OPENKBP_CACHE_DIR)")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--reference", "reference_dir", required=True,
               help="Folder of pt_<N>/ patient folders with dose.csv (e.g. provided-data/validation-pats).")
@@ -193,7 +209,6 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
 def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
     """Score predicted doses with the OpenKBP challenge's dose score and DVH score (Gy)."""
     import json
-    from pathlib import Path
 
     setup_logging()
     from provided_code.apps.score_folder import score_prediction_folder, write_score_reports

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from provided_code.apps.console import click_progress, setup_logging
+from provided_code.data_folder import split_dir, split_folder_name
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.errors import UserError
 from provided_code.run_folder import RunFolder
@@ -46,10 +47,10 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
         is_openkbp = site.same_as(openkbp())
         results = Path(results_dir)
         data = results / ("demo-data" if is_openkbp else f"demo-data-{site.name}")
-        for split, count, first in (("train-pats", train_patients, 1), ("validation-pats", validation_patients, 201)):
-            folders = [data / split / f"pt_{first + i}" for i in range(count)]
+        for split, count, first in (("train", train_patients, 1), ("validation", validation_patients, 201)):
+            folders = [split_dir(data, split) / f"pt_{first + i}" for i in range(count)]
             missing = [f for f in folders if not (f / "voxel_dimensions.csv").exists()]
-            for folder in click_progress(missing, len(missing), f"Writing {split} phantoms"):
+            for folder in click_progress(missing, len(missing), f"Writing {split_folder_name(split)} phantoms"):
                 number = int(folder.name[3:])
                 write_site_phantom(folder, seed=number, site=site, own_plan=not is_openkbp and number % 4 == 0)
     except UserError as error:
@@ -97,7 +98,7 @@ def _zero_prediction_dose_score(config) -> float:
     from provided_code.data.cache import load_split
     from provided_code.metrics.scoring import score_split
 
-    arrays = load_split(Path(config.data_dir) / "validation-pats", cache_dir=config.cache_dir, site=config.site)
+    arrays = load_split(split_dir(config.data_dir, "validation"), cache_dir=config.cache_dir, site=config.site)
     return score_split(arrays, lambda row: np.zeros(arrays.dose[row].size)).dose_score
 
 

@@ -18,6 +18,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
+from provided_code.data_folder import split_dir
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
@@ -106,7 +107,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
             locks.enter_context(_beside(folder, name).lock(f"read by the ensemble {folder.name!r}", shared=True))
         model_site = _members_site(members, site)  # under the locks: a config being written is not read
         tidy_folder(folder.predictions(stage))  # left by a killed run
-        stage_dir = Path(data_dir) / f"{stage}-pats"
+        stage_dir = split_dir(data_dir, stage)
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
                             progress=progress, site=model_site)
         return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)

@@ -1,4 +1,5 @@
-"""A per-epoch CSV log that survives resumes: one header, each epoch exactly once."""
+"""The per-epoch CSV log (``training_log.csv``), which survives resumes: one header, each epoch exactly
+once. Read, repaired before a run trains on, and appended to, epoch after epoch."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import csv
 import io
 import logging
 import os
-import time
 from pathlib import Path
 
 import keras
@@ -62,70 +62,45 @@ def _header(path: Path) -> list[str]:
         return next(csv.reader(handle), [])
 
 
+def repair_log(path: Path, initial_epoch: int) -> None:
+    """Before a run trains on: drop the rows after ``initial_epoch`` (epochs a process finished but
+    did not checkpoint before it died: training repeats them) and a cut-off last row, and give the
+    log today's header; rewritten whole (atomically) only when something changes."""
+    path = Path(path)
+    rows, cut = read_log_rows(path)
+    if cut:
+        logger.warning("%s ended in a cut-off row (a crash while it was written): left out", path)
+    kept = [row for row in rows if int(row["epoch"]) <= initial_epoch]
+    if cut or len(kept) != len(rows) or not path.is_file() or _header(path) != list(COLUMNS):
+        if len(kept) != len(rows):
+            logger.info("Dropping %d log row(s) after epoch %d from %s (not checkpointed)",
+                        len(rows) - len(kept), initial_epoch, path)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(kept)
+        write_text_atomic(path, buffer.getvalue())
+
+
 class EpochCSVLogger(keras.callbacks.Callback):
-    """Append one row per finished epoch to ``path`` (epochs counted from 1).
+    """Append one row per finished epoch to ``path`` (epochs counted from 1), from the epoch's logs
+    (:data:`COLUMNS`; the learning rate from the optimizer), flushed and fsynced as it is written.
+    The run repairs the log before it trains (:func:`repair_log`)."""
 
-    On train begin, rows after ``initial_epoch`` (epochs the process finished but did not
-    checkpoint before it died) are dropped, since training repeats them, and so is a cut-off last
-    row; the log is then rewritten atomically. Rows are flushed and fsynced as they are written.
-    """
-
-    def __init__(self, path: Path, initial_epoch: int, samples_per_epoch: int, epochs: int | None = None):
+    def __init__(self, path: Path):
         super().__init__()
-        self.epochs = epochs
         self.path = Path(path)
-        self.initial_epoch = initial_epoch
-        self.samples_per_epoch = samples_per_epoch
-
-    def on_train_begin(self, logs=None):
-        rows, cut = read_log_rows(self.path)
-        if cut:
-            logger.warning("%s ended in a cut-off row (a crash while it was written): left out", self.path)
-        kept = [row for row in rows if int(row["epoch"]) <= self.initial_epoch]
-        if cut or len(kept) != len(rows) or not self.path.is_file() or _header(self.path) != list(COLUMNS):
-            if len(kept) != len(rows):
-                logger.info("Dropping %d log row(s) after epoch %d from %s (not checkpointed)",
-                            len(rows) - len(kept), self.initial_epoch, self.path)
-            buffer = io.StringIO()
-            writer = csv.DictWriter(buffer, COLUMNS, extrasaction="ignore", lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(kept)
-            write_text_atomic(self.path, buffer.getvalue())
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = time.perf_counter()
-        self._train_end = None
-
-    def on_test_begin(self, logs=None):  # validation starts: the epoch's training is over
-        # (no batch-level hook: one would make Keras sync with the device after every step)
-        if self._train_end is None:
-            self._train_end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
-        now = time.perf_counter()
-        train_seconds = (self._train_end or now) - self._epoch_start
-        def scalar(name):  # a float, or "" when absent
+
+        def scalar(name):  # a float, or "" when absent (the scores on epochs that are not scored)
             return float(logs[name]) if name in logs else ""
 
-        row = {
-            "epoch": epoch + 1,
-            "loss": scalar("loss"),
-            "val_loss": scalar("val_loss"),
-            "val_dose_score": scalar("val_dose_score"),  # empty on epochs that are not scored
-            "val_dvh_score": scalar("val_dvh_score"),
-            "learning_rate": f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}",
-            "epoch_seconds": round(now - self._epoch_start, 3),
-            "samples_per_s": round(self.samples_per_epoch / train_seconds, 4),
-            "peak_memory_mb": scalar("peak_memory_mb"),
-        }
+        row = {name: scalar(name) for name in COLUMNS}
+        row["epoch"] = epoch + 1
+        row["learning_rate"] = f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):.6g}"
         with naming_path(self.path), open(self.path, "a", newline="") as handle:  # a full disk names the log
             csv.DictWriter(handle, COLUMNS, lineterminator="\n").writerow(row)
             handle.flush()
             os.fsync(handle.fileno())
-        logger.info("epoch %d/%s: loss %.4f%s%s, %.1f s, %.2f samples/s%s", row["epoch"], self.epochs or "?",
-                    row["loss"], f", val_loss {row['val_loss']:.4f}" if row["val_loss"] != "" else "",
-                    f", val dose/DVH score {row['val_dose_score']:.3f}/{row['val_dvh_score']:.3f} Gy"
-                    if row["val_dose_score"] != "" else "",
-                    row["epoch_seconds"], row["samples_per_s"],
-                    f", peak memory {row['peak_memory_mb']:.0f} MB" if row["peak_memory_mb"] != "" else "")

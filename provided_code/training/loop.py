@@ -29,6 +29,9 @@ class EpochMeasure:
     def begin_epoch(self, epoch: int) -> None:
         """At the start of epoch ``epoch`` (0-based), before its first step."""
 
+    def end_updates(self, epoch: int) -> None:
+        """When the updates of epoch ``epoch`` are done, before it is validated."""
+
     def measure(self, epoch: int) -> dict:
         """The figures of epoch ``epoch`` (0-based), by log name; empty when it measures nothing then."""
         return {}
@@ -41,7 +44,7 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
     ``updates_per_epoch`` elements per epoch; ``validation`` is ``(dataset, patients)`` or None.
 
     ``measures``: asked in turn after the validation loss (peak memory first, before the scores'
-    predictions).
+    predictions; the epoch's timer last, so that its seconds include them).
     The validation loss and the measures see the averaged weights if the optimizer keeps them
     (``--ema``); the training steps, the callbacks and the checkpoints the raw ones.
     ``guard``: checks each epoch's loss first, and stops the run (raises) before anything of a
@@ -64,6 +67,8 @@ def run_epochs(step: TrainStep, callbacks: keras.callbacks.CallbackList, train_d
             if batch_logs:
                 callbacks.on_train_batch_end(index, {"loss": float(losses[-1])})
         logs = {"loss": epoch_mean_loss(losses, step.loss_scaling, epoch)}
+        for measure in measures:
+            measure.end_updates(epoch)
         if guard is not None:
             guard.check(epoch, logs["loss"])
         with averaged_weights(step.model):  # what is judged and kept: the averaged weights under --ema

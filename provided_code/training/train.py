@@ -19,10 +19,10 @@ from provided_code.data.cache import SplitArrays, load_split, stacked_nbytes
 from provided_code.data.csv_io import discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
+from provided_code.data_folder import require_split, split_dir
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
-from provided_code.infra.preflight import require_training_data
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.model_spec import ModelSpec
 from provided_code.losses import loss_function
@@ -32,7 +32,9 @@ from provided_code.training.checkpoints import RotatingCheckpoint
 from provided_code.training.curves import TrainingCurves
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
-from provided_code.training.epoch_log import EpochCSVLogger, read_log
+from provided_code.training.epoch_line import EpochLine
+from provided_code.training.epoch_log import EpochCSVLogger, read_log, repair_log
+from provided_code.training.epoch_timer import EpochTimer
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
 from provided_code.training.feeds import fit_patient_inputs, training_input, validation_input
@@ -138,6 +140,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
+    if placement.is_chief:  # rows of epochs trained but not checkpointed are trained again: dropped
+        repair_log(folder.log, initial_epoch)
     guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
                             newest_checkpoint=folder.newest_checkpoint)
     try:
@@ -194,8 +198,8 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     """The training patients, and the validation patients with doses (None without any): parsed
     once into the cache, stacked in memory (or mapped from the cache file: :func:`_memory_map`),
     brought to the training resolution."""
-    train_dir = require_training_data(config.data_dir)
-    validation_dir = Path(config.data_dir) / "validation-pats"
+    train_dir = require_split(config.data_dir, "train")
+    validation_dir = split_dir(config.data_dir, "validation")
     memory_map = _memory_map(config, train_dir, validation_dir)
     downsample = mapped.downsampled if memory_map else downsample_split
     train_arrays = downsample(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
@@ -314,16 +318,18 @@ def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, mode
 def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
                             model: keras.Model, validation: Validation | None, initial_epoch: int,
                             patients: int) -> tuple[list, list]:
-    """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log,
-    checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory, then the
-    validation scores, whose predictions must not count in the peak)."""
+    """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log, its
+    console line, checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory,
+    then the validation scores, whose predictions must not count in the peak, then the epoch's
+    timer, whose seconds include them)."""
     callbacks = [ReseedDropoutEachEpoch(config.seed),
                  epoch_learning_rates(hardware.learning_rate, config.epochs, config.lr_schedule, config.warmup_epochs)]
     if not hardware.placement.is_chief:
         return callbacks, []
     measures = [PeakMemory()]
     callbacks += [
-        EpochCSVLogger(folder.log, initial_epoch, samples_per_epoch=patients, epochs=config.epochs),
+        EpochCSVLogger(folder.log),
+        EpochLine(config.epochs),
         RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs),
     ]
     if config.score_every and validation is not None:
@@ -333,6 +339,7 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
         callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
+    measures.append(EpochTimer(samples_per_epoch=patients))
     return callbacks, measures
 
 
