@@ -33,14 +33,15 @@ def equidistant_angles(beams: int, phase: float = 0.0) -> tuple[float, ...]:
 
 
 def parse_beam_angles(text: str) -> tuple[float, ...]:
-    """``"0,40,80"`` → ``(0.0, 40.0, 80.0)``: gantry angles in degrees, distinct modulo 360."""
+    """``"0,40,80"`` → ``(0.0, 40.0, 80.0)``: distinct gantry angles in degrees, each in [0, 360) (an
+    IEC gantry angle: 360 or 400 is a slip, not 0 or 40)."""
     try:
-        angles = tuple(float(part) % 360.0 for part in str(text).split(",") if part.strip())
+        angles = tuple(float(part) for part in str(text).split(",") if part.strip())
     except ValueError:
         angles = ()
-    if not angles or len(set(angles)) != len(angles) or not all(math.isfinite(a) for a in angles):
-        raise ValueError(f"Invalid `beam_angles`. Expected a comma list of distinct gantry angles in degrees, "
-                         f"e.g. '0,40,80'. Received: beam_angles={text!r}")
+    if not angles or len(set(angles)) != len(angles) or not all(math.isfinite(a) and 0 <= a < 360 for a in angles):
+        raise ValueError(f"Invalid `beam_angles`. Expected a comma list of distinct gantry angles in degrees, each in "
+                         f"[0, 360), e.g. '0,40,80'. Received: beam_angles={text!r}")
     return angles
 
 

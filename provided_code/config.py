@@ -267,6 +267,11 @@ class TrainConfig:
         return dataclasses.replace(self, history=self.history + tuple(
             {"epoch": first_epoch, "field": name, "from": old, "to": new} for name, old, new in changes))
 
+    def recipe_changed_at(self) -> int:
+        """The first epoch (1-based) trained with today's recipe: 1, unless a resume changed it
+        (``history``, any field)."""
+        return max([int(entry.get("epoch", 1)) for entry in self.history], default=1)
+
     def loss_changed_at(self) -> int:
         """The first epoch (1-based) trained with today's loss (``loss`` and ``dvh_weight``): 1,
         unless a resume changed it (``history``). Losses before it are not comparable."""
@@ -276,6 +281,8 @@ class TrainConfig:
     def check_resume(self, saved: "TrainConfig") -> None:
         """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
         changed = [f"{name}: saved {_shown(saved, name)}, requested {_shown(self, name)}"
+                   + (f" ({_site_changes(saved.site, self.site)})" if name == "site" and saved.site.name == self.site.name
+                      else "")
                    for name in self.ARCHITECTURE if not _same(name, getattr(saved, name), getattr(self, name))]
         if self.precision != "auto" and saved.precision != self.precision:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
@@ -303,6 +310,27 @@ def _shown(config: TrainConfig, name: str) -> str:
         return repr(site.name) if site.name not in SHIPPED or site.same_as(load_site(site.name)) \
             else f"{site.name!r} (another version of it)"
     return repr(getattr(config, name))
+
+
+def _site_changes(saved: Site, requested: Site, most: int = 3) -> str:
+    """Where two versions of one site differ, field by field as the site file spells them
+    (``structures[9].prescription_gy 70 -> 72``): a site file edited in place since the model was
+    trained."""
+    found = []
+
+    def walk(old, new, where):
+        if isinstance(old, dict) and isinstance(new, dict):
+            for key in list(old) + [k for k in new if k not in old]:
+                walk(old.get(key), new.get(key), f"{where}.{key}" if where else key)
+        elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+            for k, (a, b) in enumerate(zip(old, new)):
+                walk(a, b, f"{where}[{k}]")
+        elif old != new:
+            found.append(f"{where} {json.dumps(old)} -> {json.dumps(new)}")
+
+    walk(saved.to_dict(), requested.to_dict(), "")
+    return "the site file differs: " + "; ".join(found[:most]) + (f"; and {len(found) - most} more" if len(found) > most
+                                                                   else "")
 
 
 def _is_finite_number(value) -> bool:

@@ -99,12 +99,12 @@ def test_beam_settings_resolve_to_saved_angles_and_bad_ones_are_refused():
     assert NINE == tuple(float(40 * k) for k in range(9)) == load_site("openkbp").beams.gantry_angles()
     config = TrainConfig(beams=9)
     assert config.beam_angles == ",".join(f"{a:g}" for a in NINE) and config.beams == 9
-    given = TrainConfig(beam_angles="10, 190,-90")
+    given = TrainConfig(beam_angles="10, 190,270")
     assert (given.beams, given.beam_angles) == (3, "10,190,270")
     assert (TrainConfig(beams=0).beams, TrainConfig(beams=0).beam_angles) == (0, "")
     assert TrainConfig().beam_angles == config.beam_angles  # the default: OpenKBP's nine beams
     assert TrainConfig.from_json(config.to_json()) == config
-    for bad in ("", "a,b", "0,360", "0,nan"):
+    for bad in ("", "a,b", "0,360", "0,nan", "400", "-90"):  # a gantry angle is in [0, 360): 400 is a slip, not 40
         with pytest.raises(ValueError, match="Invalid `beam_angles`"):
             parse_beam_angles(bad)
     with pytest.raises(ConfigError, match="Invalid `beam_angles`"):

@@ -82,6 +82,18 @@ def test_openkbp_score_prints_the_scores_before_a_json_that_cannot_be_written(ph
     assert "Traceback" not in result.stderr
 
 
+def test_change_recipe_with_predict_only_is_refused_not_ignored(tmp_path):
+    result = run("--predict-only", "--change-recipe", cwd=tmp_path)
+    assert result.returncode == 2 and "Expected --change-recipe only when resuming training" in result.stderr
+
+
+def test_a_gantry_angle_outside_0_to_360_is_refused_in_one_line(tmp_path):
+    result = run("--beam-angles", "400", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Invalid `beam_angles`. Expected a comma list of distinct gantry angles in degrees, each in [0, 360)" \
+        in result.stderr
+
+
 def test_beams_that_contradict_the_beam_angles_are_refused_in_one_line(tmp_path):
     result = run("--beams", "5", "--beam-angles", "0,120,240", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr

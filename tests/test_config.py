@@ -64,6 +64,16 @@ def test_a_resume_takes_the_saved_recipe_and_architecture_where_no_flag_is_given
     assert config == saved
 
 
+def test_a_site_file_edited_since_the_model_was_trained_is_refused_naming_the_field_that_differs():
+    site = load_site("prostate").to_dict()
+    site["name"] = "pelvis"
+    saved = TrainConfig(site=site, filters=4, resolution=32)
+    site["structures"][5]["prescription_gy"] = 80  # the file edited in place: the same name
+    with pytest.raises(ConfigError, match=r"site: saved 'pelvis', requested 'pelvis' \(the site file differs: "
+                                          r"structures\[5\].prescription_gy 78 -> 80\)"):
+        TrainConfig(site=site, filters=4, resolution=32).resume(saved, given={"site"})
+
+
 def test_a_resume_refuses_a_given_recipe_flag_that_differs_naming_each_field():
     saved = TrainConfig(filters=4, resolution=32, loss="mae", augment="none", learning_rate=2e-4)
     requested = TrainConfig(filters=4, resolution=32, loss="masked-mae", augment="flip", learning_rate=2e4)

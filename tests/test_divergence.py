@@ -33,3 +33,13 @@ def test_a_loss_a_hundred_times_the_runs_lowest_or_not_finite_stops_naming_the_e
         DivergenceGuard([]).check(5, math.nan)
     assert issubclass(DivergenceError, UserError)  # the command line shows one line
     DivergenceGuard(loss_history(rows, 3, 3)).check(3, 600.0)  # since a loss change at epoch 3: 7.0 is the lowest
+
+
+def test_a_loss_without_history_is_held_to_the_ceiling_of_its_doses():
+    """The first epoch of a new run, or of a changed loss, has nothing to be compared with: a loss
+    in Gy above 100 × the highest dose it compares (70 Gy × (1 + the DVH term's weight)) stops it."""
+    DivergenceGuard([], highest_dose_gy=70.0 * 1.5).check(0, 10000.0)  # below 100 × 105 Gy
+    with pytest.raises(DivergenceError, match=r"at epoch 2: its mean training loss 2.3e\+09 Gy is more than 100 × "
+                                              r"the highest dose it compares \(1.05e\+04 Gy"):
+        DivergenceGuard([], highest_dose_gy=70.0 * 1.5).check(1, 2.3e9)
+    DivergenceGuard([]).check(0, 2.3e9)  # no ceiling given: the history alone, as before

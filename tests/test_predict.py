@@ -203,9 +203,15 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
         predict(dataclasses.replace(run, model_name="m2"), stage="validation", ensemble=["m", "m2"])
 
-    with pytest.raises(ConfigError, match=r"Expected each member once \(m would weigh more than the others\). "
+    with pytest.raises(ConfigError, match=r"Expected each member once \(m: it would weigh more than the others\). "
                                           r"Received: ensemble='m,m2,m'"):
         predict(ensemble, stage="validation", ensemble=["m", "m2", "m"])
+    # one model named twice through its path: its folder, resolved, is the member
+    for twice in (["m", "./m", "m2"], ["m2", "m2/"], ["m", f"../{Path(run.results_dir).name}/m"]):
+        with pytest.raises(ConfigError, match=r"Expected each member once \(.* name one model: it would weigh more"):
+            predict(ensemble, stage="validation", ensemble=twice)
+    with pytest.raises(ConfigError, match="Expected a name other than its members"):  # not "in use by another run"
+        predict(dataclasses.replace(run, model_name="m"), stage="validation", ensemble=["./m", "m2"])
     with pytest.raises(ConfigError, match=r"Expected the names of one or more trained runs. Received: ensemble=\[\]"):
         predict(ensemble, stage="validation", ensemble=[])
 

@@ -155,6 +155,47 @@ def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_che
         dataclasses.replace(first, learning_rate=float("inf"))
 
 
+def test_a_resume_that_changes_the_loss_and_the_rate_is_held_to_the_ceiling(two_epochs):
+    """--change-recipe --loss mae --learning-rate 1e5 --keep 1: the new loss has no history to be
+    compared with, so its first epoch is held to the ceiling (100 × the highest prescription, in
+    Gy); the run stops there, before anything of that epoch is written (it used to exit 0 at
+    losses of 1e9 and rotate the good checkpoints away)."""
+    config = dataclasses.replace(two_epochs, keep=1)
+    (RunFolder(config.run_dir).models / "epoch_1.keras").unlink()
+    keras.backend.clear_session()
+    with pytest.raises(DivergenceError) as caught:
+        train(dataclasses.replace(config, epochs=4, loss="mae", learning_rate=1e5), change_recipe=True)
+    assert "Gy is more than 100 × the highest dose it compares (7000 Gy" in str(caught.value)
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [2]
+    assert log_epochs(config.run_dir) == [1, 2]
+
+
+def test_the_checkpoint_before_a_recipe_change_is_kept_until_the_new_recipe_is_scored(two_epochs, caplog):
+    """A change that trains worse models without diverging (a far lower rate here) must not rotate
+    the model from before it away with --keep 1 before an epoch of the new recipe is scored."""
+    config = dataclasses.replace(two_epochs, keep=1)
+    keras.backend.clear_session()
+    with caplog.at_level(logging.INFO):
+        train(dataclasses.replace(config, epochs=4, learning_rate=1e-6), change_recipe=True)
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [4, 2]
+    assert "the newest checkpoint before the recipe change, until an epoch of the new recipe is scored" in caplog.text
+    keras.backend.clear_session()
+    train(dataclasses.replace(config, epochs=6, learning_rate=1e-6, score_every=1))  # epoch 5 is scored
+    assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [6]
+
+
+def test_change_recipe_with_nothing_to_train_leaves_the_saved_recipe(two_epochs, caplog):
+    """A run already at --epochs says so, and a --change-recipe it carries is not written into
+    config.json (the next plain resume would train with it)."""
+    saved = (RunFolder(two_epochs.run_dir).models / "config.json").read_text()
+    keras.backend.clear_session()
+    with caplog.at_level(logging.INFO):
+        result = train(dataclasses.replace(two_epochs, epochs=2, seed=7), change_recipe=True)
+    assert result.first_epoch == result.last_epoch == 2
+    assert "nothing to do; the recipe change (seed) is not recorded" in caplog.text
+    assert (RunFolder(two_epochs.run_dir).models / "config.json").read_text() == saved
+
+
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
     from provided_code.apps.console import one_line
 

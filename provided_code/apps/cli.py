@@ -145,6 +145,10 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
         cluster = read_tf_config() if config.multi_worker and not predict_only else None
         epoch = parse_epoch(epoch)
+        if change_recipe and predict_only:
+            raise click.BadParameter("Expected --change-recipe only when resuming training (it changes a model's "
+                                     "recipe from the resumed epoch on). Received: --change-recipe with --predict-only",
+                                     param_hint="--change-recipe")
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")

@@ -89,11 +89,16 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         if not ensemble:
             raise ConfigError("Invalid `ensemble`. Expected the names of one or more trained runs. Received: "
                               "ensemble=[]")
-        repeated = sorted({name for name in ensemble if ensemble.count(name) > 1})
+        # members compared by the folder they name (m_a, ./m_a, m_a/ and ../results/m_a are one model)
+        where = [_beside(folder, name).path.resolve() for name in ensemble]
+        repeated = [list(dict.fromkeys(name for name, other in zip(ensemble, where) if other == path))
+                    for path in dict.fromkeys(path for path in where if where.count(path) > 1)]
         if repeated:
-            raise ConfigError(f"Invalid `ensemble`. Expected each member once ({', '.join(repeated)} would weigh "
-                              f"more than the others). Received: ensemble={','.join(ensemble)!r}")
-        if folder.name in ensemble:
+            said = "; ".join(names[0] if len(names) == 1 else f"{' and '.join(names)} name one model"
+                             for names in repeated)
+            raise ConfigError(f"Invalid `ensemble`. Expected each member once ({said}: it would weigh more than the "
+                              f"others). Received: ensemble={','.join(ensemble)!r}")
+        if folder.path.resolve() in where:
             raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
                               f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
                               f"Received: model_name={folder.name!r}")
@@ -103,8 +108,8 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
             raise member.missing_model()
     with contextlib.ExitStack() as locks:
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
-        for name in ensemble or []:
-            locks.enter_context(_beside(folder, name).lock(f"read by the ensemble {folder.name!r}", shared=True))
+        for member in members if ensemble else []:
+            locks.enter_context(member.lock(f"read by the ensemble {folder.name!r}", shared=True))
         model_site = _members_site(members, site)  # under the locks: a config being written is not read
         tidy_folder(folder.predictions(stage))  # left by a killed run
         stage_dir = split_dir(data_dir, stage)

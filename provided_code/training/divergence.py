@@ -1,12 +1,18 @@
 """A run that diverges stops before it writes anything of the diverged state.
 
 The rule, on each epoch's mean training loss (the figure of ``training_log.csv``'s ``loss``
-column): the run stops if it is not finite, or if it exceeds ``DIVERGENCE_FACTOR`` (100) times the
-lowest epoch loss so far in this run: its log's rows from earlier processes (a resume) and this
-process's epochs, counted from the epoch that started today's loss (a ``--change-recipe`` of
-``loss`` or ``dvh_weight`` starts a new comparison, since the figures of two losses differ). A
-loss that falls by orders of magnitude is what training does; one that rises by two is a rate far
-too high (a resume with ``--learning-rate 2e4`` for 2e-4 reached 5e9 in one epoch) or a broken
+column): the run stops if it is not finite, if it exceeds ``DIVERGENCE_FACTOR`` (100) times the
+lowest epoch loss so far in this run (its log's rows from earlier processes, a resume, and this
+process's epochs, counted from the epoch that started today's loss: a ``--change-recipe`` of
+``loss`` or ``dvh_weight`` starts a new comparison, since the figures of two losses differ), or
+if it exceeds a ceiling that holds whatever the loss and its history: ``DIVERGENCE_FACTOR`` times
+the site's highest prescription times (1 + the DVH term's weight). Every loss here is in Gy and
+bounded by the doses compared (a mean absolute error, and the DVH term's moments, are at most the
+higher of the two doses), so a loss 100 times the highest prescription is a model that predicts
+nothing like a dose; the ceiling is what the first epochs of a changed loss, or of a new run, are
+held to before they have a history. A loss that falls by orders of magnitude is what training
+does; one that rises by two is a rate far too high (a resume with ``--learning-rate 2e4`` for 2e-4
+reached 5e9 in one epoch; ``--change-recipe --loss mae --learning-rate 1e5``, 2.3e9) or a broken
 setting. The check runs before the epoch's validation, scores, log row and checkpoint.
 
 Under loss scaling (mixed precision) a step whose loss or gradients are not finite is skipped by
@@ -52,12 +58,15 @@ class DivergenceGuard:
     (see the module); otherwise it joins the history.
 
     ``history``: ``(epoch, loss)`` of the run's earlier epochs (1-based). ``newest_checkpoint``:
-    a function giving the path the run would resume from, for the message.
+    a function giving the path the run would resume from, for the message. ``highest_dose_gy``:
+    the site's highest prescription times (1 + the DVH term's weight), whose ``factor`` times is
+    the ceiling (None: no ceiling).
     """
 
     def __init__(self, history: list[tuple[int, float]], factor: float = DIVERGENCE_FACTOR,
-                 newest_checkpoint=lambda: None):
+                 newest_checkpoint=lambda: None, highest_dose_gy: float | None = None):
         self.factor = factor
+        self.ceiling = None if highest_dose_gy is None else factor * highest_dose_gy
         self.lowest = None  # (epoch, loss)
         self.newest_checkpoint = newest_checkpoint
         for epoch, loss in history:
@@ -75,6 +84,9 @@ class DivergenceGuard:
         elif self.lowest is not None and loss > self.factor * self.lowest[1]:
             why = (f"its mean training loss {loss:.4g} is more than {self.factor:g} × the lowest of this run "
                    f"({self.lowest[1]:.4g} at epoch {self.lowest[0]})")
+        elif self.ceiling is not None and loss > self.ceiling:
+            why = (f"its mean training loss {loss:.4g} Gy is more than {self.factor:g} × the highest dose it compares "
+                   f"({self.ceiling:.4g} Gy: an error no model of doses makes)")
         else:
             self._note(done, loss)
             return

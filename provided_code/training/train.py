@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import logging
+import math
 from pathlib import Path
 
 import keras
@@ -115,6 +116,12 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
     initial_epoch, model = _new_or_resumed_model(config, spec, folder, hardware, updates)  # 4. newest that loads, or new
+    if initial_epoch >= config.epochs:  # config.json stays as it is: nothing was trained with these settings
+        logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do%s",
+                    config.model_name, initial_epoch, config.epochs,
+                    f"; the recipe change ({', '.join(name for name, _, _ in changes)}) is not recorded" if changes
+                    else "")
+        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
     if changes:
         config = config.with_changes_recorded(changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
@@ -124,10 +131,6 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     placement = hardware.placement
     if placement.is_chief:
         folder.write_config(config)
-    if initial_epoch >= config.epochs:
-        logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do",
-                    config.model_name, initial_epoch, config.epochs)
-        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
 
     # 5. The loop: one schedule over the remaining epochs (training/feeds.py). Only the chief writes.
     strategy = placement.strategy
@@ -143,7 +146,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     if placement.is_chief:  # rows of epochs trained but not checkpointed are trained again: dropped
         repair_log(folder.log, initial_epoch)
     guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
-                            newest_checkpoint=folder.newest_checkpoint)
+                            newest_checkpoint=folder.newest_checkpoint,
+                            highest_dose_gy=spec.site.max_prescription_gy * (1 + config.dvh_weight))
     try:
         run_epochs(step, callback_list, train_data, updates, initial_epoch, config.epochs, validation_data,
                    batch_logs=show_bar, measures=measures, guard=guard)
@@ -186,6 +190,9 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
     elif folder.checkpoints():
         raise ConfigError(f"{folder.models} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
                           f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
+    elif change_recipe:
+        logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe given",
+                       config.model_name, config.run_dir)
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
                           "(or pip install tensorboard)")
@@ -330,7 +337,8 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
     callbacks += [
         EpochCSVLogger(folder.log),
         EpochLine(config.epochs),
-        RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs),
+        RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs,
+                           kept_until_scored=_before_an_unscored_change(config, folder)),
     ]
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
@@ -341,6 +349,17 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
     measures.append(EpochTimer(samples_per_epoch=patients))
     return callbacks, measures
+
+
+def _before_an_unscored_change(config: TrainConfig, folder: RunFolder) -> int | None:
+    """The epochs done before the run's last recipe change, while no epoch since has been scored
+    (its log), else None: the newest checkpoint of those epochs is kept until one is."""
+    changed_at = config.recipe_changed_at()
+    if changed_at <= 1:
+        return None
+    scored = any(int(row["epoch"]) >= changed_at and row["val_dose_score"] and math.isfinite(float(row["val_dose_score"]))
+                 for row in read_log(folder.log))
+    return None if scored else changed_at - 1
 
 
 def _warn_schedule_change(config: TrainConfig, saved: TrainConfig) -> None:
