@@ -25,7 +25,7 @@ from provided_code.training.inputs import fit_patient_inputs
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
-from tests.conftest import network_config
+from tests.kit.runs import network_config
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
 SIZE = 16

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
-from tests.conftest import REPO
+from tests.kit.repo import REPO
 
 
 def _write(tmp_path, site: dict):
