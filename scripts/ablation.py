@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The comparisons behind the defaults (README, "Training recipe"): prints JSON and a Markdown table.
+"""The comparisons behind the defaults (docs/recipe.md): prints JSON and a Markdown table.
 
 Trains each row's recipe with the CLI (``runpod_train.py``), the same settings and epochs for
 each, over several seeds, and reads each run's validation scores from its ``training_log.csv``

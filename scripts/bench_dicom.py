@@ -2,7 +2,7 @@
 
     python scripts/bench_dicom.py [--factor 4] [--extra-slices 20] [--repeats 2]
 
-A phantom written as a clinic exports it (``provided_code/dicom/synthetic.py``: needs the dev
+A phantom written as a clinic exports it (``tests/kit/synthetic.py``: needs the dev
 extra for scikit-image): a CT of 128·factor pixels square, 128 + 2 × extra slices, 15 ROIs (the
 11 the import reads and 4 it leaves), an RT Plan and an RT Dose referencing it; then
 ``openkbp-dicom import`` and ``export`` as functions, timed, and ``openkbp-dicom import-cohort``
@@ -17,11 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -30,12 +33,13 @@ def main() -> None:
     parser.add_argument("--extra-slices", type=int, default=20, help="air slices above and below the 128")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each import, alternating")
     args = parser.parse_args()
+    sys.path.insert(0, str(REPO))  # the tests' kit (tests/kit/): not installed with the package
     from provided_code.sites import openkbp
     from provided_code.data.phantoms import make_phantom
     from provided_code.dicom.cohort import import_cohort
     from provided_code.dicom.exporter import export_dose
     from provided_code.dicom.importer import import_patient
-    from provided_code.dicom.synthetic import write_dose, write_patient, write_plan
+    from tests.kit.synthetic import write_dose, write_patient, write_plan
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-dicom-"))
     try:

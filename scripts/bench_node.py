@@ -4,7 +4,7 @@
 
 Without ``--model-dir`` a small model is trained first on phantoms (4 filters, 32³, 1 epoch, as the
 tests train). Everything runs in this process on 127.0.0.1; the listener is a pynetdicom Storage
-SCP standing in for the planning system (``tests/node_kit.py``; needs the dev extra).
+SCP standing in for the planning system (``tests/kit/node.py``; needs the dev extra).
 
 - ``node_s_received_to_sent``: one phantom patient (CT, RTSTRUCT naming its images, the clinic's
   RT Dose; ``--step 1``: a 128 × 128 CT of 128 slices, 4 a 32 × 32 CT of 32) sent by one client to
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--patients", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO))  # the tests' kit (tests/kit/): not installed with the package
     from provided_code.infra.environment import configure_tensorflow, cpu_flags
 
     configure_tensorflow()
@@ -83,7 +83,7 @@ def main() -> None:
     from provided_code.apps.node.predictor import ModelPredictor
     from provided_code.apps.node.sender import parse_destination
     from provided_code.apps.node.server import Node, NodeSettings
-    from tests.node_kit import (Listener, client_ae, clone_patient, ct_of, read_patient_files, send, small_patient,
+    from tests.kit.node import (Listener, client_ae, clone_patient, ct_of, read_patient_files, send, small_patient,
                                 structure_set_of, wait_until, write_files)
 
     def export(patient, folder: Path) -> tuple[Path, Path, Path]:

@@ -6,7 +6,7 @@ Predictions are the reference doses perturbed (×U(0.9, 1.1) + 0.5 Gy inside the
 mask), written as CSVs to a temporary folder. Side by side in one run: the scoring cold (a fresh
 cache: parses every reference CSV, then scores); warm (reference patients in the cache, prediction
 CSVs parsed); and in memory (predictions already in memory, as --predict-only scores). (The plain
-pandas loop the scores are tested against, ``tests/score_loop.py``, is the tests' oracle: a
+pandas loop the scores are tested against, ``tests/kit/score_loop.py``, is the tests' oracle: a
 benchmark does not import the tests.)
 """
 

@@ -1,9 +1,13 @@
-"""The package's layers run one way: a module imports only modules of its own layer or below."""
+"""The package's layers run one way: a module imports only modules of its own layer or below; the
+tests' kit stays outside the package."""
 
 import ast
+import configparser
+from fnmatch import fnmatch
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "provided_code"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "provided_code"
 
 # Lowest first. data, networks, losses and metrics are peers below training; prediction, the
 # clinic's path and the folder scoring stand beside training (none imports another, tested
@@ -98,3 +102,52 @@ def test_only_the_sites_module_knows_openkbps_structure_list():
                     spelled.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {named}")
     assert not import_of_a_tuple, "imports of a structure tuple:\n" + "\n".join(import_of_a_tuple)
     assert not spelled, "OpenKBP's structures spelled out outside provided_code/sites:\n" + "\n".join(spelled)
+
+
+def _modules_named(path: Path):
+    """Every module an import of ``path`` names, absolute, with its line (``from a import b`` names
+    ``a.b`` when ``a`` is a top-level package: ``from tests import conftest``)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            if "." in node.module:
+                yield node.module, node.lineno
+            else:
+                for alias in node.names:
+                    yield f"{node.module}.{alias.name}", node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_package_imports_nothing_of_the_tests():
+    """The tests and their kit (``tests/kit/``) are outside the product's import graph."""
+    found = [f"{path.relative_to(REPO)}:{line} imports {module}" for path in sorted(PACKAGE.rglob("*.py"))
+             for module, line in _modules_named(path) if _under(module, "tests")]
+    assert not found, "the package imports test code:\n" + "\n".join(found)
+
+
+def test_the_scripts_and_the_kit_import_of_the_tests_only_the_kit():
+    """What the benchmarks share with the tests is the kit: no script imports a test module
+    (``tests.test_*``, ``tests.conftest``) or anything else of ``tests/``, and neither does the kit."""
+    found = [f"{path.relative_to(REPO)}:{line} imports {module}"
+             for path in sorted([*(REPO / "scripts").glob("*.py"), *(REPO / "tests" / "kit").glob("*.py")])
+             for module, line in _modules_named(path) if _under(module, "tests") and not _under(module, "tests.kit")]
+    assert not found, "imports of tests/ outside tests/kit/:\n" + "\n".join(found)
+
+
+def test_the_package_ships_no_test_code_and_needs_none_of_its_dependencies():
+    """setup.cfg's packages are found by a pattern that leaves ``tests`` and ``tests.kit`` out, and
+    scikit-image (the kit's DICOM writer traces contours with it) is in the dev extra only."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    assert setup["options"]["packages"].strip() == "find:", "setup.cfg lists its packages: check it ships no tests"
+    include = setup["options.packages.find"]["include"].split()
+    assert not [package for package in ("tests", "tests.kit") if any(fnmatch(package, rule) for rule in include)], include
+    requirements = {"install_requires": setup["options"]["install_requires"],
+                    **{f"extra {name}": text for name, text in setup["options.extras_require"].items()}}
+    assert "scikit-image" in requirements.pop("extra dev")
+    assert not [where for where, text in requirements.items() if "scikit-image" in text]

@@ -11,7 +11,7 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 from provided_code.dicom import archive  # noqa: E402
 from provided_code.dicom.archive import DicomObject, _choose_dose, scan_archive  # noqa: E402
 from provided_code.dicom.rtplan import PlanInfo  # noqa: E402
-from provided_code.dicom.synthetic import write_dicomdir  # noqa: E402
+from tests.kit.synthetic import write_dicomdir  # noqa: E402
 
 DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
 

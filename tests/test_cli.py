@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, console_script, linked_cache
+from tests.kit.cache_files import linked_cache
+from tests.kit.repo import REPO, console_script
 
 
 def run(*args, **kwargs):

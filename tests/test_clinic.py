@@ -15,7 +15,7 @@ from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
-from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
+from tests.kit.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
@@ -236,7 +236,7 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
 @pytest.mark.slow
 def test_predict_from_dicom_with_a_prostate_model_imports_by_its_site(prostate_model, tmp_path):
     from provided_code.data.phantoms import make_prostate_phantom
-    from provided_code.dicom.synthetic import PROSTATE_CLINICAL_NAMES
+    from tests.kit.synthetic import PROSTATE_CLINICAL_NAMES
     from provided_code.sites import load_site
 
     site = load_site("prostate")

@@ -26,9 +26,10 @@ from provided_code.sites import Arc, Beams, load_site, site_from_dict  # noqa: E
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom import cohort  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
-from provided_code.dicom.synthetic import (  # noqa: E402
+from tests.kit.synthetic import (  # noqa: E402
     PROSTATE_CLINICAL_NAMES, scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
-from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+from tests.kit.repo import SAMPLE_DIR  # noqa: E402
+from tests.kit.skips import requires_sample  # noqa: E402
 
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 STRUCTURES = openkbp().names  # OpenKBP's channel order

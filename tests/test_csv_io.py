@@ -14,7 +14,8 @@ from provided_code.data.csv_io import (
     read_sparse_csv,
     write_dose_csv,
 )
-from tests.conftest import SAMPLE_DIR, requires_sample
+from tests.kit.repo import SAMPLE_DIR
+from tests.kit.skips import requires_sample
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 

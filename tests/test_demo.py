@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from provided_code.apps.demo import main
-from tests.conftest import linked_cache
+from tests.kit.cache_files import linked_cache
 
 
 @pytest.mark.slow

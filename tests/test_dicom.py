@@ -25,8 +25,9 @@ from provided_code.dicom.importer import import_patient  # noqa: E402
 from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
 from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
-from provided_code.dicom.synthetic import write_patient  # noqa: E402
-from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+from tests.kit.synthetic import write_patient  # noqa: E402
+from tests.kit.repo import SAMPLE_DIR  # noqa: E402
+from tests.kit.skips import requires_sample  # noqa: E402
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
@@ -547,7 +548,7 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
 
 # -- the prostate site ------------------------------------------------------------------------------
 from provided_code.data.phantoms import make_prostate_phantom  # noqa: E402
-from provided_code.dicom.synthetic import PROSTATE_CLINICAL_NAMES  # noqa: E402
+from tests.kit.synthetic import PROSTATE_CLINICAL_NAMES  # noqa: E402
 from provided_code.sites import load_site  # noqa: E402
 
 PROSTATE = load_site("prostate")

@@ -4,7 +4,7 @@ import pytest
 from provided_code.data.cache import CacheError, cache_path_for, load_split
 from provided_code.data.mapped import VOLUME_NAMES, derived_path, downsampled
 from provided_code.data.resample import downsample_split
-from tests.conftest import flip_a_byte
+from tests.kit.cache_files import flip_a_byte
 
 
 def test_mapped_volumes_equal_the_arrays_in_memory(phantom_split, tmp_path):

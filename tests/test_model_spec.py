@@ -25,7 +25,7 @@ from provided_code.training.feeds import fit_patient_inputs
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
-from tests.conftest import model_spec
+from tests.kit.runs import model_spec
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
 SIZE = 16

@@ -1,7 +1,7 @@
 """``openkbp-dicom serve``: the DICOM node, with real clients on real sockets (127.0.0.1).
 
 pynetdicom is the client of most tests, DCMTK's ``echoscu`` and ``storescu`` of a few (skipped
-with the reason when DCMTK is not installed); a pynetdicom Storage SCP (``tests/node_kit.py``)
+with the reason when DCMTK is not installed); a pynetdicom Storage SCP (``tests/kit/node.py``)
 stands in for the planning system and keeps what the node sends. One small model (trained once per
 test run) predicts, and one small phantom patient is written; every patient is a copy of it under new UIDs.
 Every wait is bounded.
@@ -32,8 +32,8 @@ from provided_code.apps.node.journal import FAILED, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
 from provided_code.apps.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
-from tests.node_kit import (  # noqa: E402
+from tests.kit.repo import REPO  # noqa: E402
+from tests.kit.node import (  # noqa: E402
     LOCALHOST,
     Listener,
     client_ae,

@@ -25,7 +25,8 @@ from provided_code.inference import PredictionError, mirror_left_right, predict_
 from provided_code.run_folder import RunFolder
 from provided_code.sites import load_site
 from provided_code.training.train import train
-from tests.conftest import console_script, copy_of_run, predict, trained_once
+from tests.kit.repo import console_script
+from tests.kit.runs import copy_of_run, predict, trained_once
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 MIRROR_BITS = load_site("openkbp").mirror_bits  # the parotids

@@ -10,7 +10,8 @@ import pytest
 
 from provided_code.errors import ConfigError
 from provided_code.infra.preflight import check_writable
-from tests.conftest import REPO, linked_cache
+from tests.kit.cache_files import linked_cache
+from tests.kit.repo import REPO
 
 
 

@@ -57,7 +57,7 @@ def test_dicompyler_cores_example_as_an_archive_links_and_is_refused_as_unapprov
 
 def test_arcs_static_beams_and_a_plan_without_dose_references(tmp_path):
     from provided_code.data.phantoms import make_phantom
-    from provided_code.dicom.synthetic import write_patient, write_plan
+    from tests.kit.synthetic import write_patient, write_plan
 
     volumes = make_phantom(2)
     keep = slice(60, 64)

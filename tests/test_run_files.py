@@ -11,7 +11,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.training.epoch_log import LogError, read_log
 from provided_code.training.train import train
-from tests.conftest import copy_of_run, trained_once
+from tests.kit.runs import copy_of_run, trained_once
 
 
 pytestmark = [pytest.mark.usefixtures("reset_keras"), pytest.mark.slow]

@@ -10,7 +10,7 @@ import pytest
 from provided_code.config import TrainConfig
 from provided_code.errors import RunLockedError
 from provided_code.run_folder import LOCK_FILE, RunFolder
-from tests.conftest import predict
+from tests.kit.runs import predict
 
 HOLD = ("import sys, time\nfrom provided_code.run_folder import RunFolder\n"
         "with RunFolder(sys.argv[1]).lock('training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")

@@ -10,8 +10,9 @@ from provided_code.data.cache import exact_dose, load_split
 from provided_code.data.csv_io import PatientDataError, write_dose_csv
 from provided_code.metrics.scoring import score_split
 from provided_code.sites import openkbp
-from tests.conftest import SAMPLE_DIR, requires_sample
-from tests.score_loop import score_folders_loop
+from tests.kit.repo import SAMPLE_DIR
+from tests.kit.skips import requires_sample
+from tests.kit.score_loop import score_folders_loop
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 

@@ -14,7 +14,7 @@ from provided_code.apps.node.sender import (  # noqa: E402
     parse_destination,
     send_file,
 )
-from tests.node_kit import LOCALHOST, Listener, free_port  # noqa: E402
+from tests.kit.node import LOCALHOST, Listener, free_port  # noqa: E402
 
 
 def test_destinations_are_ae_at_host_colon_port():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
-from tests.conftest import REPO
+from tests.kit.repo import REPO
 
 
 def _write(tmp_path, site: dict):
@@ -112,10 +112,10 @@ def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
         load_site(tmp_path / "bad.json")
 
 
-def test_the_readmes_complete_example_is_the_shipped_prostate_file():
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r'```json\n(\{\n  "format": 1,\n  "name": "prostate".*?\n\})\n```', readme, re.S)
-    assert block is not None, "README.md lost the prostate site's example"
+def test_the_sites_pages_complete_example_is_the_shipped_prostate_file():
+    page = (REPO / "docs" / "sites.md").read_text()
+    block = re.search(r'```json\n(\{\n  "format": 1,\n  "name": "prostate".*?\n\})\n```', page, re.S)
+    assert block is not None, "docs/sites.md lost the prostate site's example"
     assert json.loads(block.group(1)) == json.loads((HERE / "prostate.json").read_text())
 
 

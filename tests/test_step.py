@@ -16,7 +16,8 @@ from provided_code.sites import load_site
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
-from tests.conftest import model_spec, requires_float16_convolutions
+from tests.kit.runs import model_spec
+from tests.kit.skips import requires_float16_convolutions
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 

@@ -22,7 +22,10 @@ from provided_code.config import ConfigError, read_tf_config
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights
-from tests.conftest import REPO, _made_once, forget_models, linked_cache, log_epochs
+from tests.kit.cache_files import linked_cache
+from tests.kit.made_once import made_once
+from tests.kit.repo import REPO
+from tests.kit.runs import forget_models, log_epochs
 
 
 def cli_command(phantom_data, tmp_path, *args):
@@ -298,7 +301,7 @@ from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import replicas_agree
-from tests.conftest import model_spec
+from tests.kit.runs import model_spec
 
 # 1. Replicas agree on a large epoch and see a difference. float32 squares were exact only while
 # v² < 2²⁴: at epoch 4097 two replicas disagreed with themselves.
@@ -376,7 +379,7 @@ def two_device_probe(phantom_data, phantom_cache, tmp_path_factory):
         (folder / "stdout.txt").write_text(result.stdout)
         (folder / "stderr.txt").write_text(result.stderr)
 
-    folder = _made_once(tmp_path_factory, "two-device-probe", make)
+    folder = made_once(tmp_path_factory, "two-device-probe", make)
     stdout, stderr = (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
     return subprocess.CompletedProcess([], 0, stdout, stderr), folder / "results"
 

@@ -21,7 +21,10 @@ from provided_code.run_folder import RunFolder
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights, train, weights_fingerprint
-from tests.conftest import REPO, linked_cache, log_epochs, predict, requires_float16_convolutions, trained_once
+from tests.kit.cache_files import linked_cache
+from tests.kit.repo import REPO
+from tests.kit.runs import log_epochs, predict, trained_once
+from tests.kit.skips import requires_float16_convolutions
 
 
 
@@ -318,7 +321,7 @@ def test_training_from_the_memory_mapped_cache_gives_the_weights_of_training_fro
 def test_a_corrupt_mapped_chunk_stops_training_naming_file_patient_and_volume(config, phantom_data):
     from provided_code.data.cache import load_split
     from provided_code.data.mapped import CorruptChunkError, downsampled
-    from tests.conftest import flip_a_byte
+    from tests.kit.cache_files import flip_a_byte
 
     low = downsampled(load_split(phantom_data / "train-pats", cache_dir=config.cache_dir, memory_map=True), 32)
     path = low.ct.path

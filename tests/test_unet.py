@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from provided_code.networks.unet import build_unet, num_levels
-from tests.conftest import model_spec, requires_float16_convolutions
+from tests.kit.runs import model_spec
+from tests.kit.skips import requires_float16_convolutions
 
 
 def test_levels_follow_the_input_size():

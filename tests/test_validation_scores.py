@@ -14,7 +14,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
-from tests.conftest import copy_of_run, predict, trained_once
+from tests.kit.runs import copy_of_run, predict, trained_once
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")

@@ -19,7 +19,7 @@ from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate
 
 from provided_code.sites import openkbp
 from provided_code.data.phantoms import make_phantom
-from provided_code.dicom.synthetic import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, write_patient
+from tests.kit.synthetic import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, write_patient
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
