@@ -65,7 +65,7 @@ class TrainConfig:
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
     dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, the dose's
     #                          moments predicted against reference, Gy) added to the loss; 0: off (0.2 and 1
-    #                          did not lower either score in the 64³ comparison, README)
+    #                          did not lower either score in the 64³ comparison, docs/recipe.md)
     augment: str = "flip"  # none, or a comma list of flip, rotate, shift (see data/augment.py); each draw
     #                        depends only on (seed, epoch, step)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
@@ -74,7 +74,7 @@ class TrainConfig:
     precision: str = "auto"  # auto: mixed_float16 on a GPU with compute capability >= 7.0, else float32;
     #                          saved resolved, and a resume with auto keeps the saved policy
     xla: str = "auto"  # XLA-compile each replica's forward and backward: auto = on with a GPU, off on a CPU
-    #                    (XLA:CPU measured 40x slower per step than TensorFlow's oneDNN kernels: README)
+    #                    (XLA:CPU measured 40x slower per step than TensorFlow's oneDNN kernels: docs/performance.md)
     devices: str = "1"  # "N" or "all": MirroredStrategy over N GPUs (no GPU: N logical CPU devices)
     multi_worker: bool = False  # MultiWorkerMirroredStrategy over the machines in TF_CONFIG (worker 0 is chief)
     collective_timeout: float = 600.0  # seconds a cross-worker collective may wait before the run stops
@@ -402,7 +402,7 @@ def read_tf_config(environ=os.environ) -> Cluster:
     if not text:
         raise ConfigError("--multi-worker needs TF_CONFIG, e.g. TF_CONFIG='{\"cluster\": {\"worker\": "
                           "[\"hostA:12345\", \"hostB:12345\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}' "
-                          "(see the README)")
+                          "(see docs/distributed.md)")
     try:
         spec = json.loads(text)
     except ValueError as error:

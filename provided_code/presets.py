@@ -2,9 +2,9 @@
 
 - ``starter``: the OpenKBP 2020 starter recipe: plain MAE over the whole volume, no
   augmentation, constant rate, batch norm, CT and masks only.
-- ``v1``: this project's first recipe (the README's 30-epoch comparison): masked MAE, flips,
+- ``v1``: this project's first recipe (docs/recipe.md's 30-epoch comparison): masked MAE, flips,
   constant rate, batch norm, CT and masks only.
-- ``default``: ``TrainConfig``'s defaults, chosen by the README's longer comparison: ``v1`` with
+- ``default``: ``TrainConfig``'s defaults, chosen by docs/recipe.md's longer comparison: ``v1`` with
   instance norm, the prescription channel, the nine beams' channel and a cosine schedule.
 
 ``models/config.json`` records the resolved values, so a resume or a ``--predict-only`` needs no

@@ -1,6 +1,6 @@
 """A run's folder, ``results/<model-name>/``: where each of its files lives, reading and writing
 them, and loading the model trained in it. The one module that knows the layout; training writes
-the folder, prediction and the clinic's path read it (README, "Everything lands in
+the folder, prediction and the clinic's path read it (docs/training.md, "Everything lands in
 results/<model-name>/")::
 
     .lock                        the run lock (infra/run_lock.py): one writer, or readers

@@ -34,7 +34,7 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--site", default="openkbp",
-              help="The treatment site: openkbp, prostate, or a site file (README, 'Treatment sites'). A resume, "
+              help="The treatment site: openkbp, prostate, or a site file (docs/sites.md). A resume, "
                    "--predict-only and --ensemble use the model's own.")
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")

@@ -17,7 +17,7 @@ EMA_MOMENTUM = 0.999  # Keras's setting until the run sets its own (ema_momentum
 def ema_momentum(updates_per_epoch: int) -> float:
     """The per-update momentum whose average spans about ``EMA_EPOCHS`` epochs. A fixed 0.999
     (1,000 updates, 36 epochs of 55 patients at batch 2) lagged far behind at 64³: a dose score of
-    8.5 Gy at epoch 90 where the raw weights scored 5.5 (README, "The longer comparison")."""
+    8.5 Gy at epoch 90 where the raw weights scored 5.5 (docs/recipe.md, "The longer comparison")."""
     return 1.0 - 1.0 / (EMA_EPOCHS * max(1, updates_per_epoch))
 
 

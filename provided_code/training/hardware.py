@@ -22,7 +22,7 @@ def describe_devices() -> tuple[str, list[tuple[int, int]]]:
 
 def resolve_precision(precision: str, gpu_capabilities: list[tuple[int, int]]) -> str:
     """``auto`` → ``mixed_float16`` when every GPU has tensor cores (compute capability >= 7.0),
-    else ``float32`` (on this project's CPUs mixed_float16 measured 34× slower per step: README)."""
+    else ``float32`` (on this project's CPUs mixed_float16 measured 34× slower per step: docs/performance.md)."""
     if precision != "auto":
         return precision
     if gpu_capabilities and all(capability >= (7, 0) for capability in gpu_capabilities):
