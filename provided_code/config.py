@@ -53,6 +53,10 @@ class TrainConfig:
     beam_slots: int = 0  # > 0: the beam channels from each patient's own gantry angles (beams.csv), at most
     #                      this many per patient (a model input, turned with the patient by augmentation);
     #                      0: the run-wide angles above. Set by training when its data has them
+    # -- the patients: fixed for the life of a model, like its architecture --
+    folds: int = 0  # 0: no cross-validation; N >= 2: N-fold cross-validation over train-pats/ (provided_code/folds.py)
+    fold: int = 0  # with folds: the fold this run trains, 1..N (its held-out patients validate it); its run folder
+    #                is results/<model_name>/fold-<fold>/
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
@@ -69,7 +73,10 @@ class TrainConfig:
     augment: str = "flip"  # none, or a comma list of flip, rotate, shift (see data/augment.py); each draw
     #                        depends only on (seed, epoch, step)
     scale_lr: bool = False  # multiply the learning rate by the number of replicas (linear scaling)
-    seed: int = 0  # weights, dropout and the per-epoch shuffle
+    seed: int = 0  # weights, dropout and the per-epoch shuffle (and the dealing of --folds)
+    excluded: tuple = ()  # training patients left out (--exclude FILE): each {"patient": id, "reason": text}
+    excluded_by: dict = dataclasses.field(default_factory=dict)  # where the list came from: {"file": path,
+    #                                                               "command": the command line that gave it}
     # -- hardware --
     precision: str = "auto"  # auto: mixed_float16 on a GPU with compute capability >= 7.0, else float32;
     #                          saved resolved, and a resume with auto keeps the saved policy
@@ -115,10 +122,10 @@ class TrainConfig:
     #   replicas × accumulate, the patients per update, stays the same.
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
     ARCHITECTURE = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
-                    "beam_channels", "patient_prescriptions", "beam_slots")
+                    "beam_channels", "patient_prescriptions", "beam_slots", "folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
-              "seed")
-    KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate")
+              "seed", "excluded")
+    KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate", "excluded_by")
     FROM_DATA = ("patient_prescriptions", "beam_slots")  # architecture that training sets from its data
 
     def __post_init__(self):
@@ -159,6 +166,15 @@ class TrainConfig:
         self._check("history", isinstance(self.history, (list, tuple))
                     and all(isinstance(entry, dict) for entry in self.history), "a list of recipe changes")
         self.history = tuple(self.history)
+        self._check("folds", _is_integer(self.folds, 0) and self.folds != 1, "0 (no cross-validation) or 2 or more")
+        self._check("fold", _is_integer(self.fold, 0) and (1 <= self.fold <= self.folds if self.folds else
+                                                            self.fold == 0),
+                    f"1 to {self.folds} (--folds {self.folds})" if self.folds else "--folds with --fold")
+        self._check("excluded", isinstance(self.excluded, (list, tuple)) and all(
+            isinstance(entry, dict) and set(entry) == {"patient", "reason"} for entry in self.excluded),
+            "a list of {\"patient\", \"reason\"}")
+        self.excluded = tuple(dict(entry) for entry in self.excluded)
+        self._check("excluded_by", isinstance(self.excluded_by, dict), "{\"file\", \"command\"}")
 
     def _check(self, name: str, valid: bool, expected: str) -> None:
         """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
@@ -169,9 +185,15 @@ class TrainConfig:
         self._check(name, getattr(self, name) in choices, f"one of {choices}")
 
     @property
-    def run_dir(self) -> Path:
-        """``results/<model-name>``: the run's folder (its layout: :mod:`provided_code.run_folder`)."""
+    def model_dir(self) -> Path:
+        """``results/<model-name>``: the model's folder (with ``--folds``, its folds' folders and their dealing)."""
         return Path(self.results_dir) / self.model_name
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder (its layout: :mod:`provided_code.run_folder`): ``results/<model-name>``, or
+        with ``--folds``, ``results/<model-name>/fold-<K>``."""
+        return self.model_dir / f"fold-{self.fold}" if self.folds else self.model_dir
 
     @functools.cached_property
     def spec(self) -> ModelSpec:
@@ -256,7 +278,8 @@ class TrainConfig:
         if changes and not change_recipe:
             raise ConfigError(
                 f"Cannot resume model {self.model_name!r} in {self.run_dir} with another recipe ("
-                + "; ".join(f"{name}: saved {old!r}, requested {new!r}" for name, old, new in changes)
+                + "; ".join(f"{name}: saved {_as_text(name, old)}, requested {_as_text(name, new)}"
+                            for name, old, new in changes)
                 + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
                   "it from the resumed epoch on (recorded in config.json's history).")
         return config, changes
@@ -301,6 +324,13 @@ ABSENT_MEANS = {"site": "openkbp", "norm": "batch", "prescription_channel": Fals
 def _same(name: str, saved, requested) -> bool:
     """Whether a saved and a requested setting agree (a site: the same file's contents)."""
     return saved.same_as(requested) if name == "site" else saved == requested
+
+
+def _as_text(name: str, value) -> str:
+    """A setting's value for a message: the patients of an exclusion list, else its repr."""
+    if name == "excluded":
+        return ", ".join(entry["patient"] for entry in value) or "none"
+    return repr(value)
 
 
 def _shown(config: TrainConfig, name: str) -> str:

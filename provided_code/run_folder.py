@@ -35,6 +35,7 @@ from pathlib import Path
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data_folder import STAGES
+from provided_code.folds import HELD_OUT_STAGE, fold_of_folder
 from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
@@ -81,7 +82,9 @@ class RunFolder:
 
     def __init__(self, path: os.PathLike | str):
         self.path = Path(path)
-        self.name = self.path.name  # the model's name (--model-name)
+        # the model's name (--model-name); a fold's run folder, <model>/fold-<K>, is called <model>-fold-<K>
+        self.name = (f"{self.path.parent.name}-{self.path.name}" if fold_of_folder(self.path) is not None
+                     else self.path.name)
         self.models = self.path / MODELS_FOLDER
         self.config_file = self.models / CONFIG_FILE
         self.best_checkpoint = self.models / BEST_FILE
@@ -292,7 +295,7 @@ class RunFolder:
         (None: there was nothing to move)."""
         names = [path for _, path in self.checkpoints()]
         names += [self.config_file, self.best_checkpoint, self.best_record, self.log, self.curves]
-        for stage in STAGES:
+        for stage in (*STAGES, HELD_OUT_STAGE):
             names += [self.predictions(stage), self.plots(stage), *self._earlier_scores(stage)]
             names += folder_temporaries(self.predictions(stage))
         names.append(self.path / "submissions")

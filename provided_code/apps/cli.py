@@ -110,6 +110,15 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="On a resume: train on with the recipe flags given (loss, augmentation, rate, schedule, seed, "
                    "...) where they differ from the saved ones, recorded in config.json's history; without "
                    "it such a resume is refused.")
+@click.option("--folds", type=int, default=DEFAULTS.folds,
+              help="N-fold cross-validation over train-pats/ (N >= 2; 0: none): the patients are dealt into N folds "
+                   "once (results/<model-name>/splits.json), and each --fold K is a run of its own.")
+@click.option("--fold", type=int, default=DEFAULTS.fold,
+              help="With --folds: the fold this command trains, 1..N, in results/<model-name>/fold-<K>/: on the other "
+                   "folds' patients, validated on its own, then its out-of-fold predictions written.")
+@click.option("--exclude", "exclude_file", default=None,
+              help="CSV of patient,reason: training patients left out of training (of every fold), recorded with the "
+                   "model; a resume with another list needs --change-recipe.")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
               help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
@@ -138,6 +147,13 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         options = apply_preset(preset, options, given)
         if no_xla:
             options["xla"] = "off"
+        exclude_file = options.pop("exclude_file")
+        if exclude_file is not None:
+            from provided_code.exclusions import read_exclusions
+
+            options["excluded"] = read_exclusions(exclude_file)
+            options["excluded_by"] = {"file": str(Path(exclude_file).resolve()), "command": " ".join(sys.argv)}
+            given |= {"excluded", "excluded_by"}
         config = TrainConfig(resolution=int(resolution), **options)
         # What this command asks for on purpose (a resume takes the saved value of everything else):
         # the flags given, and every field of a preset given.
@@ -175,15 +191,25 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         # A progress bar on a terminal; under nohup, tee or a pod's log, one plain line per epoch.
         result = train(config, progress=click_progress, verbose=1 if sys.stdout.isatty() else 0,
                        start_over=start_over, given=given, change_recipe=change_recipe, cluster=cluster)
+        held_out = None
+        if config.folds and result.is_chief:  # the fold's out-of-fold predictions, once it is trained
+            from provided_code.apps.predict import predict_held_out
+
+            held_out = predict_held_out(config.run_dir, config.data_dir, progress=click_progress,
+                                        batch_size=config.batch_size, cache_dir=config.cache_dir,
+                                        skip_incomplete=config.skip_incomplete)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
+    name = RunFolder(config.run_dir).name
     if result.first_epoch >= result.last_epoch:
-        click.echo(f"Model {config.model_name} is already trained to epoch {result.first_epoch}; nothing to do.")
+        click.echo(f"Model {name} is already trained to epoch {result.first_epoch}; nothing to do.")
     else:
-        click.echo(f"Trained {config.model_name} from epoch {result.first_epoch} to {result.last_epoch} "
+        click.echo(f"Trained {name} from epoch {result.first_epoch} to {result.last_epoch} "
                    f"({result.policy} on {result.device}).")
     click.echo(f"Checkpoint: {result.checkpoint}")
     click.echo(f"Log: {RunFolder(config.run_dir).log}")
+    if held_out is not None:
+        click.echo(held_out.summary())
 
 
 def _check_folders(config, predict_only: bool, stage: str, default_cache: Path) -> None:

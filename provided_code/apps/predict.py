@@ -19,6 +19,8 @@ from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.data_folder import split_dir
+from provided_code.exclusions import excluded_patients
+from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_folders, read_dealing
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
@@ -85,24 +87,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         from provided_code.plots import require_matplotlib
 
         require_matplotlib()
-    if ensemble is not None:
-        if not ensemble:
-            raise ConfigError("Invalid `ensemble`. Expected the names of one or more trained runs. Received: "
-                              "ensemble=[]")
-        # members compared by the folder they name (m_a, ./m_a, m_a/ and ../results/m_a are one model)
-        where = [_beside(folder, name).path.resolve() for name in ensemble]
-        repeated = [list(dict.fromkeys(name for name, other in zip(ensemble, where) if other == path))
-                    for path in dict.fromkeys(path for path in where if where.count(path) > 1)]
-        if repeated:
-            said = "; ".join(names[0] if len(names) == 1 else f"{' and '.join(names)} name one model"
-                             for names in repeated)
-            raise ConfigError(f"Invalid `ensemble`. Expected each member once ({said}: it would weigh more than the "
-                              f"others). Received: ensemble={','.join(ensemble)!r}")
-        if folder.path.resolve() in where:
-            raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
-                              f"({', '.join(ensemble)}): the ensemble's outputs go to results/<model-name>/. "
-                              f"Received: model_name={folder.name!r}")
-    members = [_beside(folder, name) for name in ensemble] if ensemble else [folder]
+    members = ensemble_members(folder, ensemble) if ensemble is not None else [folder]
     for member in members:
         if not member.models.is_dir():  # before the lock is taken and the stage's patients are loaded
             raise member.missing_model()
@@ -115,7 +100,73 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         stage_dir = split_dir(data_dir, stage)
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
                             progress=progress, site=model_site)
-        return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress, ensemble, batch_size)
+        return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress,
+                              members if ensemble is not None else None, batch_size)
+
+
+def ensemble_members(folder: RunFolder, names: list[str]) -> list[RunFolder]:
+    """The run folders of an ensemble's ``names`` (trained runs beside ``folder``, which receives
+    the ensemble's outputs): a cross-validated model (``--folds``: its ``splits.json``) stands for
+    its folds, the folds serving as the deployed ensemble (``--ensemble cv``, even with
+    ``--model-name cv``). Each member once, compared by the folder it names (``m``, ``./m``, ``m/``
+    and ``../results/m`` are one model); ``folder`` must not be one of them."""
+    if not names:
+        raise ConfigError("Invalid `ensemble`. Expected the names of one or more trained runs. Received: ensemble=[]")
+    named = []  # (the name given, its run folder)
+    for name in names:
+        member = _beside(folder, name)
+        dealing = read_dealing(member.path)
+        if dealing is None:
+            named.append((name, member))
+            continue
+        folds = fold_folders(member.path)
+        missing = [k for k in range(1, dealing.folds + 1) if k not in folds]
+        if missing:
+            raise FoldsError(f"Invalid `ensemble`. Expected the {dealing.folds} folds of the cross-validated model "
+                             f"{name!r}. Received: fold {', '.join(map(str, missing))} missing from {member.path}")
+        named += [(f"{name} fold {k}", RunFolder(path)) for k, path in folds.items() if k <= dealing.folds]
+    where = [member.path.resolve() for _, member in named]
+    groups: dict[Path, list[str]] = {}
+    for (name, _), path in zip(named, where):
+        groups.setdefault(path, []).append(name)
+    repeated = [list(dict.fromkeys(given)) for given in groups.values() if len(given) > 1]
+    if repeated:
+        said = "; ".join(given[0] if len(given) == 1 else f"{' and '.join(given)} name one model" for given in repeated)
+        raise ConfigError(f"Invalid `ensemble`. Expected each member once ({said}: it would weigh more than the "
+                          f"others). Received: ensemble={','.join(names)!r}")
+    if folder.path.resolve() in where:
+        raise ConfigError(f"Invalid `model_name` for an ensemble. Expected a name other than its members "
+                          f"({', '.join(names)}): the ensemble's outputs go to results/<model-name>/. "
+                          f"Received: model_name={folder.name!r}")
+    return [member for _, member in named]
+
+
+def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, progress: Progress = no_progress,
+                     batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
+                     skip_incomplete: bool = False) -> PredictionReport:
+    """A trained fold's out-of-fold predictions (``--folds``): its held-out patients (of the
+    model's dealing, the excluded left out) predicted with its best checkpoint (its newest without
+    one), written and scored as ``--predict-only`` writes a stage, into
+    ``fold-<K>/held-out-predictions/`` (replaced whole). Each patient of the training split is
+    predicted so by the one fold that never saw it; ``openkbp-commission`` reads them."""
+    folder = RunFolder(run_dir)
+    with folder.lock("predicting its held-out patients"):
+        saved = folder.read_config()
+        if saved is None or not saved.folds:
+            raise ConfigError(f"Invalid `run_dir`. Expected a fold of a cross-validated model (--folds). Received: "
+                              f"{folder.path}")
+        dealing = read_dealing(folder.path.parent)
+        if dealing is None:
+            raise FoldsError(f"{folder.path.parent / SPLITS_FILE} is missing: the dealing of the folds")
+        held_out = set(dealing.held_out_of(saved.fold)) - excluded_patients(saved.excluded)
+        tidy_folder(folder.predictions(HELD_OUT_STAGE))
+        stage_dir = split_dir(data_dir, "train")
+        arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=True, skip_incomplete=skip_incomplete,
+                            progress=progress, site=saved.site)
+        arrays = arrays.select([row for row, pid in enumerate(arrays.patient_ids) if pid in held_out])
+        epoch = "best" if folder.read_best() is not None else None
+        return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, epoch, False, False, progress, None,
+                              batch_size)
 
 
 def _members_site(members: list[RunFolder], requested: Site | str | None) -> Site:
@@ -136,12 +187,13 @@ def _beside(folder: RunFolder, name: str) -> RunFolder:
 
 
 def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
-                   plots: bool, progress: Progress, ensemble: list[str] | None, batch_size: int) -> PredictionReport:
+                   plots: bool, progress: Progress, ensemble: list[RunFolder] | None,
+                   batch_size: int) -> PredictionReport:
     members = []  # {"model": name, "epoch": epoch} of each model predicted with
     predictions = None
     member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
-    for name in ensemble or [folder.name]:
-        member = _beside(folder, name)
+    for member in ensemble or [folder]:
+        name = member.name
         trained = member.load_trained_model(member_epoch)
         warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {name!r}")
         try:

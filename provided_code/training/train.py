@@ -21,6 +21,8 @@ from provided_code.data.csv_io import discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.data_folder import require_split, split_dir
+from provided_code.exclusions import excluded_patients
+from provided_code.folds import SPLITS_FILE, dealing_for
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
@@ -63,6 +65,7 @@ class TrainResult:
     policy: str
     device: str
     checkpoint: Path | None  # the newest checkpoint
+    is_chief: bool = True  # this process wrote the run (the one worker of a run, or a multi-worker run's chief)
 
 
 def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | str = 0,
@@ -121,7 +124,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
                     config.model_name, initial_epoch, config.epochs,
                     f"; the recipe change ({', '.join(name for name, _, _ in changes)}) is not recorded" if changes
                     else "")
-        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint())
+        return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint(),
+                           hardware.placement.is_chief)
     if changes:
         config = config.with_changes_recorded(changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
@@ -174,7 +178,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         _raise_corrupt_chunk(train_arrays, validation)
         raise
     logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
-    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint())
+    return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint(),
+                       placement.is_chief)
 
 
 def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
@@ -204,14 +209,23 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
 def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
     """The training patients, and the validation patients with doses (None without any): parsed
     once into the cache, stacked in memory (or mapped from the cache file: :func:`_memory_map`),
-    brought to the training resolution."""
+    brought to the training resolution. The patients of ``--exclude`` are left out of training;
+    with ``--folds``, the training split is dealt into folds and this fold's held-out patients
+    are its validation patients (:func:`_fold_data`)."""
     train_dir = require_split(config.data_dir, "train")
     validation_dir = split_dir(config.data_dir, "validation")
     memory_map = _memory_map(config, train_dir, validation_dir)
     downsample = mapped.downsampled if memory_map else downsample_split
-    train_arrays = downsample(load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
-                                         skip_incomplete=config.skip_incomplete, progress=progress,
-                                         memory_map=memory_map, site=config.site), config.resolution)
+    full = load_split(train_dir, cache_dir=config.cache_dir, require_dose=True, skip_incomplete=config.skip_incomplete,
+                      progress=progress, memory_map=memory_map, site=config.site)
+    excluded = _check_excluded(config, full, train_dir)
+    if config.folds:
+        return _fold_data(config, full, downsample(full, config.resolution), excluded, train_dir)
+    train_arrays = downsample(full, config.resolution)
+    del full
+    if excluded:
+        train_arrays = train_arrays.select([row for row, pid in enumerate(train_arrays.patient_ids)
+                                            if pid not in excluded])
     validation = None
     if validation_dir.is_dir():
         patients = load_split(validation_dir, cache_dir=config.cache_dir, require_dose=False,
@@ -225,6 +239,42 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     logger.info("Training on %d patients at %d³%s", len(train_arrays), config.resolution,
                 f", validating on {len(validation.full)}" if validation is not None else "")
     return train_arrays, validation
+
+
+def _check_excluded(config: TrainConfig, full: SplitArrays, train_dir: Path) -> set[str]:
+    """The patients of ``--exclude``, each one of the training split (a name that is not is a
+    typo: refused, naming it), said in the log with their reasons."""
+    excluded = excluded_patients(config.excluded)
+    unknown = sorted(excluded - set(full.patient_ids))
+    if unknown:
+        raise ConfigError(f"Invalid `exclude`. Expected patients of {train_dir} ({config.excluded_by.get('file', '')}). "
+                          f"Received: {', '.join(unknown)}, not among them")
+    if len(excluded) >= len(full.patient_ids):
+        raise ConfigError(f"Invalid `exclude`. Expected some of the {len(full.patient_ids)} training patients of "
+                          f"{train_dir} left to train on. Received: all of them excluded")
+    for entry in config.excluded:
+        logger.info("Excluded from training: %s (%s)", entry["patient"], entry["reason"])
+    return excluded
+
+
+def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, excluded: set[str],
+               train_dir: Path) -> tuple[SplitArrays, Validation]:
+    """Fold ``config.fold``'s patients: the training split dealt into ``config.folds`` folds once
+    (:func:`provided_code.folds.dealing_for`, checked against the model's ``splits.json``); this
+    fold trains on the others' and is validated (its loss, scores and best checkpoint) on its own
+    held-out ones; excluded patients are in neither."""
+    dealing = dealing_for(config.model_dir, full.patient_ids, config.folds, config.seed, source=str(train_dir))
+    held_out = set(dealing.held_out_of(config.fold))
+    validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out and pid not in excluded]
+    training = [row for row, pid in enumerate(full.patient_ids) if pid not in held_out and pid not in excluded]
+    if not validating or not training:
+        raise ConfigError(f"Fold {config.fold} of {config.folds} has {len(training)} patients to train on and "
+                          f"{len(validating)} held out once the excluded are left out: too few for a fold")
+    logger.info("Fold %d of %d (%s): training on %d patients of the other folds, validating on its %d held-out "
+                "patients (%s); %s is not used by a fold", config.fold, config.folds, config.model_dir / SPLITS_FILE,
+                len(training), len(validating), ", ".join(full.patient_ids[row] for row in validating),
+                split_dir(config.data_dir, "validation"))
+    return low.select(training), Validation(low.select(validating), full.select(validating))
 
 
 def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> bool:
