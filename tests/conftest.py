@@ -117,6 +117,33 @@ def prostate_model(prostate_data, tmp_path_factory) -> Path:
     return made_once(tmp_path_factory, "prostate-model", make) / "results" / "p"
 
 
+# A cross-validated model: 2 folds of phantom_data's 4 training phantoms, one epoch each, scored
+CV_RUN = ("--folds", "2", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "1", "--score-every", "1",
+          "--model-name", "cv")
+
+
+@pytest.fixture(scope="session")
+def cv_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
+    """The model folder (``results/cv``) of a cross-validated model trained once per test run by
+    the command line (``CV_RUN`` on ``phantom_data``, ``--fold 1`` then ``--fold 2``): its
+    ``splits.json``, ``fold-1/`` and ``fold-2/`` with their out-of-fold predictions. To read, not
+    to change (copy it)."""
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    def make(root):
+        for fold in ("1", "2"):
+            result = CliRunner().invoke(cli.main, [*CV_RUN, "--fold", fold, "--data-dir", str(phantom_data),
+                                                   "--results-dir", str(root / "results"), "--cache-dir",
+                                                   str(phantom_cache)])
+            forget_models()
+            if result.exit_code != 0:
+                raise RuntimeError(f"fold {fold} failed:\n{result.output}")
+
+    return made_once(tmp_path_factory, "cv-model", make) / "results" / "cv"
+
+
 @pytest.fixture
 def phantom_split(tmp_path, phantom_data) -> Path:
     """A writable split of 3 phantoms (pt_1, pt_2, pt_3: copies of ``phantom_data``'s first three

@@ -152,7 +152,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
             from provided_code.exclusions import read_exclusions
 
             options["excluded"] = read_exclusions(exclude_file)
-            options["excluded_by"] = {"file": str(Path(exclude_file).resolve()), "command": " ".join(sys.argv)}
+            options["excluded_by"] = {"file": str(Path(exclude_file).resolve()), "command": _command_line(ctx, given)}
             given |= {"excluded", "excluded_by"}
         config = TrainConfig(resolution=int(resolution), **options)
         # What this command asks for on purpose (a resume takes the saved value of everything else):
@@ -210,6 +210,21 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     click.echo(f"Log: {RunFolder(config.run_dir).log}")
     if held_out is not None:
         click.echo(held_out.summary())
+
+
+def _command_line(ctx: click.Context, given: set[str]) -> str:
+    """The command as given: its name and the flags the user set, with their values (what a
+    model's ``config.json`` records of who asked for an exclusion list)."""
+    words = [ctx.command_path]
+    for param in ctx.command.params:
+        if param.name not in given or not param.opts:
+            continue
+        value = ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            words.append(param.opts[0] if value else (param.secondary_opts or param.opts)[0])
+        else:
+            words += [param.opts[0], str(value)]
+    return " ".join(words)
 
 
 def _check_folders(config, predict_only: bool, stage: str, default_cache: Path) -> None:

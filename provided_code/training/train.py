@@ -22,7 +22,7 @@ from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.data_folder import require_split, split_dir
 from provided_code.exclusions import excluded_patients
-from provided_code.folds import SPLITS_FILE, dealing_for
+from provided_code.folds import SPLITS_FILE, dealing_for, fold_folders
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
@@ -198,12 +198,31 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
     elif change_recipe:
         logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe given",
                        config.model_name, config.run_dir)
+    if config.folds:
+        _check_other_folds(config, change_recipe)
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
                           "(or pip install tensorboard)")
     for concern in config.concerns():
         logger.warning("%s", concern)
     return config, saved, changes
+
+
+def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
+    """The folds of one model leave the same patients out: a fold whose exclusion list is not
+    the other folds' is refused, naming the fold and both lists, unless ``change_recipe``."""
+    for fold, path in fold_folders(config.model_dir).items():
+        other = RunFolder(path).read_config() if fold != config.fold else None
+        if other is not None and excluded_patients(other.excluded) != excluded_patients(config.excluded):
+            said = ", ".join(entry["patient"] for entry in other.excluded) or "none"
+            if not change_recipe:
+                raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with another "
+                                  f"exclusion list than fold {fold}'s (excluded there: {said}; here: "
+                                  f"{', '.join(e['patient'] for e in config.excluded) or 'none'}): every fold of a "
+                                  f"model leaves the same patients out. Pass --exclude "
+                                  f"{other.excluded_by.get('file', 'FILE')}, or --change-recipe to train it so.")
+            logger.warning("Fold %d leaves other patients out than fold %d (there: %s) (--change-recipe)",
+                           config.fold, fold, said)
 
 
 def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
