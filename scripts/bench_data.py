@@ -48,9 +48,9 @@ from provided_code.constants import (
     CT_FILE, DOSE_FILE, NUM_VOXELS, POSSIBLE_DOSE_MASK_FILE, VOLUME_SHAPE,
 )
 from provided_code.data.batches import epoch_batches, take_batch
-from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint, stacked_nbytes
+from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint
 from provided_code.data.csv_io import discover_patients, read_patient
-from provided_code.data.mapped import VOLUME_NAMES
+from provided_code.data.split_arrays import VOLUME_NAMES, stacked_nbytes
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,8 @@ import pytest
 
 from provided_code.constants import CT_MAX
 from provided_code.sites import openkbp
-from provided_code.data.cache import CacheError, cache_path_for, load_cache, load_split
+from provided_code.data.cache import cache_path_for, load_cache, load_split
+from provided_code.data.chunks import CacheError
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
 from tests.conftest import SAMPLE_DIR, flip_a_byte, requires_sample
 

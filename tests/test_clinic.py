@@ -12,7 +12,8 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.config import TrainConfig  # noqa: E402
-from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
+from provided_code.data.csv_io import exact_dose  # noqa: E402
+from provided_code.data.split_arrays import SplitArrays  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402

@@ -1,9 +1,11 @@
 import numpy as np
 import pytest
 
-from provided_code.data.cache import CacheError, cache_path_for, load_split
-from provided_code.data.mapped import VOLUME_NAMES, derived_path, downsampled
+from provided_code.data.cache import cache_path_for, load_split
+from provided_code.data.chunks import CacheError
+from provided_code.data.mapped import derived_path, downsampled
 from provided_code.data.resample import downsample_split
+from provided_code.data.split_arrays import VOLUME_NAMES
 from tests.conftest import flip_a_byte
 
 

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data.cache import load_split
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.resample import block_mean, block_or, downsample_split, upsample_dose
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
-from provided_code.data.cache import exact_dose, load_split
-from provided_code.data.csv_io import PatientDataError, write_dose_csv
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import PatientDataError, exact_dose, write_dose_csv
 from provided_code.metrics.scoring import score_split
 from provided_code.sites import openkbp
 from tests.conftest import SAMPLE_DIR, requires_sample

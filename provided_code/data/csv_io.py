@@ -299,6 +299,13 @@ def decimals_of(values: np.ndarray, most: int = 5) -> int:
     return -1
 
 
+def exact_dose(dose: np.ndarray, decimals: int) -> np.ndarray:
+    """Float64 dose as its CSV gave it: float32 values rounded back to their decimal grid
+    (``decimals``: :func:`decimals_of` the CSV's values; -1: as they are)."""
+    dose = np.asarray(dose, dtype=np.float64)
+    return np.round(dose, decimals) if decimals >= 0 else dose
+
+
 def write_dose_csv(path: os.PathLike | str, dose: np.ndarray,
                    possible_dose_mask: np.ndarray | None = None) -> np.ndarray:
     """Write a 128³ dose (Gy) as a sparse OpenKBP CSV, atomically; return the listed values' text

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from provided_code.data.cache import exact_dose
+from provided_code.data.csv_io import exact_dose
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.sites import Site, openkbp, parse_metric
 
@@ -156,7 +156,7 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
                 rows: Sequence[int] | None = None) -> Scores:
     """Scores of ``predicted(row)`` (a 128³ dose, any float dtype) against each reference of ``arrays``.
 
-    ``arrays`` is a 128³ :class:`~provided_code.data.cache.SplitArrays` with reference doses; they
+    ``arrays`` is a 128³ :class:`~provided_code.data.split_arrays.SplitArrays` with reference doses; they
     are restored to the CSV's exact float64 values before scoring. One patient at a time.
     ``rows``: score only these patients (e.g. those with reference doses); the others are listed
     in ``Scores.without_reference``. A prediction that is non-zero outside the possible-dose mask

@@ -15,7 +15,8 @@ import tensorflow as tf
 from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data import mapped
-from provided_code.data.cache import SplitArrays, load_split, stacked_nbytes
+from provided_code.data.cache import load_split
+from provided_code.data.split_arrays import SplitArrays, stacked_nbytes
 from provided_code.data.csv_io import discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
