@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from provided_code.constants import CT_MAX
+from provided_code.errors import UserError
 from provided_code.sites import openkbp
 from provided_code.data.cache import cache_path_for, load_cache, load_split
 from provided_code.data.chunks import CacheError
@@ -147,9 +148,12 @@ def test_skip_incomplete_reports_what_it_skipped(phantom_split, tmp_path, caplog
     assert "possible_dose_mask.csv: file is missing" in caplog.text and "dose.csv is missing" in caplog.text
 
 
-def test_cache_dir_inside_the_data_is_refused(phantom_split):
-    with pytest.raises(ValueError, match="outside the data"):
+def test_cache_dir_inside_the_data_is_refused_in_one_line_leaving_nothing(phantom_split):
+    with pytest.raises(UserError, match="outside the data") as caught:  # a user's mistake: no traceback
         load_split(phantom_split, cache_dir=phantom_split / "cache", workers=1)
+    assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
+    assert f"cache_dir={phantom_split / 'cache'}" in str(caught.value)
+    assert _files(phantom_split) == ["pt_1", "pt_2", "pt_3"]  # the refused folder was not made
 
 
 @requires_sample

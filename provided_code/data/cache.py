@@ -67,6 +67,7 @@ from provided_code.data.split_arrays import (
     present_structures,
     volume_dtypes,
 )
+from provided_code.errors import ConfigError
 from provided_code.sites import Site, load_site, openkbp
 from provided_code.infra.atomic import atomic_path
 from provided_code.infra.progress import Progress, no_progress
@@ -194,9 +195,10 @@ def build_cache(
     """Parse every patient folder of ``site`` and write the cache atomically to ``path``: in
     ``workers`` processes (default: one per core from ``POOL_MIN_PATIENTS`` patients, else this one)."""
     site = load_site(site)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
-        raise ValueError(f"Invalid `cache_dir`. Expected a folder outside the data. Received: {path.parent}")
+        raise ConfigError(f"Invalid `cache_dir`. Expected a folder outside the data folder {split_dir}. "
+                          f"Received: cache_dir={path.parent}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not workers:
         workers = (os.cpu_count() or 1) if len(folders) >= POOL_MIN_PATIENTS else 1
     workers = max(1, min(workers, len(folders)))
