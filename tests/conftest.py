@@ -28,6 +28,7 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 
 from provided_code.data.phantoms import write_phantom_split, write_prostate_phantom_split  # noqa: E402
+from provided_code.sites import load_site, openkbp  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_DIR = Path(os.environ.get("OPENKBP_SAMPLE_DIR", Path(__file__).resolve().parents[2] / "shared" / "openkbp-sample"))
@@ -213,7 +214,7 @@ def phantom_cache(phantom_data, tmp_path_factory) -> Path:
 
     def make(folder):
         for split in ("train-pats", "validation-pats"):
-            load_split(phantom_data / split, cache_dir=folder, require_dose=False, workers=1)
+            load_split(phantom_data / split, cache_dir=folder, require_dose=False, workers=1, site=openkbp())
 
     return _made_once(tmp_path_factory, "phantom-cache", make)
 
@@ -270,7 +271,8 @@ def prostate_data(tmp_path_factory) -> Path:
     patients = [("train-pats", number) for number in range(1, 5)] + [("validation-pats", number) for number in (201, 202)]
     return _made_once_in_parts(tmp_path_factory, "prostate-data", {
         f"{split}/pt_{number}": functools.partial(lambda number, folder: write_prostate_phantom_split(
-            folder.parent, 1, first_number=number, own_plan_every=4), number) for split, number in patients})
+            folder.parent, 1, first_number=number, own_plan_every=4, site=load_site("prostate")), number)
+        for split, number in patients})
 
 
 # 5 epochs of 4 steps: on these phantoms the masked loss fell by a quarter (3.62 to 2.73) before sites existed

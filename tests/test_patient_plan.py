@@ -76,16 +76,16 @@ def test_the_cache_carries_only_what_the_patients_files_say(phantom_split, tmp_p
     split = phantom_split
     write_prescriptions(split / "pt_2", {"PTV70": 66.0})
     write_beams(split / "pt_3", [{"type": "static", "gantry_start": a} for a in (0.0, 90.0, 270.0)])
-    arrays = load_split(split, cache_dir=tmp_path / "cache")
+    arrays = load_split(split, cache_dir=tmp_path / "cache", site=openkbp())
     np.testing.assert_array_equal(arrays.prescriptions, [[np.nan] * 3, [56, 63, 66], [np.nan] * 3])
     np.testing.assert_array_equal(arrays.beam_angles, [[np.nan] * 3, [np.nan] * 3, [0, 90, 270]])
-    again = load_split(split, cache_dir=tmp_path / "cache")  # from the cache file this time
+    again = load_split(split, cache_dir=tmp_path / "cache", site=openkbp())  # from the cache file this time
     assert np.array_equal(again.prescriptions, arrays.prescriptions, equal_nan=True)
     assert np.array_equal(again.beam_angles, arrays.beam_angles, equal_nan=True)
 
 
 def test_a_split_without_plan_files_has_no_plan_tables(phantom_data, tmp_path):
-    arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "cache")
+    arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "cache", site=openkbp())
     assert arrays.prescriptions is None and arrays.beam_angles is None
 
 
@@ -96,10 +96,11 @@ def test_each_site_keeps_its_cache_and_one_recording_another_site_is_rebuilt_say
     for name in ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible"):
         (split / "pt_1" / f"{name}.csv").unlink(missing_ok=True)
     site = load_site(_targets_only(tmp_path))  # the targets alone: a site of its own
-    load_split(split, cache_dir=tmp_path / "cache")
+    load_split(split, cache_dir=tmp_path / "cache", site=openkbp())
     arrays = load_split(split, cache_dir=tmp_path / "cache", site=site)
     assert arrays.site.name == "targets" and arrays.structure_present.shape == (1, 3)
-    openkbp_cache, site_cache = cache_path_for(split, tmp_path / "cache"), cache_path_for(split, tmp_path / "cache", site)
+    openkbp_cache = cache_path_for(split, tmp_path / "cache", site=openkbp())
+    site_cache = cache_path_for(split, tmp_path / "cache", site=site)
     assert openkbp_cache != site_cache and openkbp_cache.is_file() and site_cache.is_file()  # no rebuilds in turn
     shutil.copy(openkbp_cache, site_cache)  # a cache file that records another site
     with caplog.at_level(logging.WARNING):
@@ -117,7 +118,7 @@ def _targets_only(folder):
 
 def test_a_structure_file_the_site_does_not_have_is_refused_in_one_line(phantom_data):
     with pytest.raises(PatientDataError) as caught:
-        read_patient(phantom_data / "train-pats" / "pt_1", site="prostate")
+        read_patient(phantom_data / "train-pats" / "pt_1", site=load_site("prostate"))
     message = str(caught.value)
     assert "\n" not in message and "pt_1" in message and "not a structure of site prostate" in message
 
@@ -126,12 +127,13 @@ def test_a_cache_written_before_sites_loads_as_openkbps_without_a_rebuild(phanto
     import h5py
 
     split = phantom_data / "train-pats"
-    load_split(split, cache_dir=tmp_path / "cache")  # a cache file of this test's own: changed in place below
-    path = cache_path_for(split, tmp_path / "cache")
+    # a cache file of this test's own: changed in place below
+    load_split(split, cache_dir=tmp_path / "cache", site=openkbp())
+    path = cache_path_for(split, tmp_path / "cache", site=openkbp())
     with h5py.File(path, "r+") as h5:
         del h5.attrs["site"]  # as the caches of the previous version were written
     built = path.stat().st_mtime_ns
     with caplog.at_level(logging.INFO):
-        arrays = load_split(split, cache_dir=tmp_path / "cache")
+        arrays = load_split(split, cache_dir=tmp_path / "cache", site=openkbp())
     assert arrays.site.same_as(openkbp()) and path.stat().st_mtime_ns == built
     assert not any("Rebuilding" in r.getMessage() for r in caplog.records)

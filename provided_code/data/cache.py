@@ -91,15 +91,14 @@ def default_cache_dir() -> Path:
     return Path(base) / "provided_code"
 
 
-def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None,
-                   site: Site | None = None) -> Path:
+def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | None = None, *, site: Site) -> Path:
     """Where the cache of ``split_dir`` lives: named after the split, keyed by its absolute path
     and, for a site other than OpenKBP, by the site (so that models of two sites, or two versions
     of one, on the same folder each keep their cache instead of rebuilding it in turn)."""
     split_dir = Path(split_dir).resolve()
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     text = str(split_dir)
-    if site is not None and not site.same_as(openkbp()):  # OpenKBP's keep the name they had before sites
+    if not site.same_as(openkbp()):  # OpenKBP's keep the name they had before sites
         text += "\n" + json.dumps(site.to_dict(), sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
     return cache_dir / f"{split_dir.name}-{key}.h5"
@@ -125,12 +124,13 @@ def load_split(
     skip_incomplete: bool = False,
     progress: Progress = no_progress,
     workers: int | None = None,
-    site: Site | str | None = None,
+    *,
+    site: Site,
     memory_map: bool = False,
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
-    ``site``: the data's site (default openkbp); each site has its cache (:func:`cache_path_for`),
-    and one that records another site is rebuilt.
+    ``site``: the data's site; each site has its cache (:func:`cache_path_for`), and one that
+    records another site is rebuilt.
 
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
@@ -140,8 +140,7 @@ def load_split(
     """
     split_dir = Path(split_dir)
     folders = discover_patients(split_dir)
-    site = load_site(site)
-    path = cache_path_for(split_dir, cache_dir, site)
+    path = cache_path_for(split_dir, cache_dir, site=site)
     fingerprint = source_fingerprint(folders)
     try:
         arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
@@ -151,7 +150,7 @@ def load_split(
     except CacheError as error:
         if path.exists():
             logger.warning("Rebuilding cache %s: %s", path, error)
-        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site)
+        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site=site)
         arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
                             mapped=memory_map)
 
@@ -175,7 +174,7 @@ def load_split(
     return arrays
 
 
-def _read_or_error(folder: Path, site: Site | None = None) -> Patient | PatientDataError:
+def _read_or_error(folder: Path, site: Site) -> Patient | PatientDataError:
     try:
         return read_patient(folder, require_dose=False, site=site)
     except PatientDataError as error:
@@ -190,11 +189,11 @@ def build_cache(
     skip_incomplete: bool,
     progress: Progress = no_progress,
     workers: int | None = None,
-    site: Site | None = None,
+    *,
+    site: Site,
 ) -> None:
     """Parse every patient folder of ``site`` and write the cache atomically to ``path``: in
     ``workers`` processes (default: one per core from ``POOL_MIN_PATIENTS`` patients, else this one)."""
-    site = load_site(site)
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ConfigError(f"Invalid `cache_dir`. Expected a folder outside the data folder {split_dir}. "
                           f"Received: cache_dir={path.parent}")
@@ -270,7 +269,7 @@ def build_cache(
 class PatientReader:
     """Context manager yielding ``read(folders) -> iterator of Patient | PatientDataError``, in order."""
 
-    def __init__(self, workers: int, site: Site | None = None):
+    def __init__(self, workers: int, site: Site):
         self.workers = workers
         self.site = site
         self.pool = None
@@ -291,10 +290,11 @@ class PatientReader:
 
 
 def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
-               verify: bool = True, site: Site | None = None, mapped: bool = False) -> SplitArrays:
+               verify: bool = True, *, site: Site, mapped: bool = False) -> SplitArrays:
     """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale, broken or
-    of another site than ``site`` (None: any; ``verify``: every chunk against its checksum; off only
-    to measure what checking costs). ``mapped``: map the volumes instead
+    of another site than ``site`` (a file without a site, written before sites existed, is
+    OpenKBP's). ``verify``: every chunk against its checksum (off only to measure what checking
+    costs). ``mapped``: map the volumes instead
     (:class:`~provided_code.data.mapped.MappedVolumes`): each patient's chunk is read, and checked
     once, when first touched."""
     if not path.is_file():
@@ -311,7 +311,7 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
             if skip_incomplete is not None and bool(attrs["skip_incomplete"]) != skip_incomplete:
                 raise CacheError(f"{path} was built with skip_incomplete={bool(attrs['skip_incomplete'])}")
             built_for = load_site(json.loads(attrs["site"])) if "site" in attrs else openkbp()  # before sites: openkbp
-            if site is not None and not built_for.same_as(site):
+            if not built_for.same_as(site):
                 raise CacheError(f"{path} was built for site {built_for.name}, this run's site is {site.name}"
                                  + ("" if built_for.name != site.name else " (another version of it)"))
             patient_ids = [p.decode() if isinstance(p, bytes) else p for p in h5["patient_ids"][()]]

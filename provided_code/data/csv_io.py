@@ -37,7 +37,7 @@ from provided_code.constants import (
 from provided_code.data import patient_plan
 from provided_code.data.errors import PatientDataError  # noqa: F401  (raised here; importers take it from here too)
 from provided_code.errors import UserError
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
 
@@ -204,13 +204,11 @@ def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:
     return values
 
 
-def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Site | str | None = None) -> Patient:
-    """Read one patient folder of ``site`` (default ``openkbp``). Raises :class:`PatientDataError`
-    for missing or malformed files, and for a structure file the site does not have (a folder
-    of another site)."""
+def read_patient(folder: os.PathLike | str, require_dose: bool = True, *, site: Site) -> Patient:
+    """Read one patient folder of ``site``. Raises :class:`PatientDataError` for missing or
+    malformed files, and for a structure file the site does not have (a folder of another site)."""
     folder = Path(folder)
     patient_id = folder.name
-    site = load_site(site)
     _check_files_belong(folder, site)
 
     ct_indices, ct_values = read_sparse_csv(folder / CT_FILE, patient_id, with_values=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from provided_code.constants import VOLUME_SHAPE
 from provided_code.data.csv_io import Patient
-from provided_code.sites import Site, load_site, openkbp
+from provided_code.sites import Site
 
 VOLUMES = {"ct": np.uint16, "structure_masks": np.uint16, "possible_dose_mask": bool, "dose": np.float32}
 VOLUME_NAMES = tuple(VOLUMES)  # the per-patient volumes, in the order of the cache's checksum columns
@@ -28,10 +28,9 @@ def volume_dtypes(site: Site) -> dict[str, np.dtype]:
     return {**VOLUMES, "structure_masks": site.mask_dtype}
 
 
-def stacked_nbytes(patients: int, resolution: int = VOLUME_SHAPE[0], site: Site | None = None) -> int:
-    """The bytes ``patients`` patients' volumes of ``site`` (default openkbp) take stacked in
-    memory at ``resolution``³."""
-    dtypes = volume_dtypes(load_site(site)).values()
+def stacked_nbytes(patients: int, resolution: int = VOLUME_SHAPE[0], *, site: Site) -> int:
+    """The bytes ``patients`` patients' volumes of ``site`` take stacked in memory at ``resolution``³."""
+    dtypes = volume_dtypes(site).values()
     return patients * sum(np.dtype(dtype).itemsize for dtype in dtypes) * resolution ** 3
 
 
@@ -80,8 +79,8 @@ class SplitArrays:
     dose_decimals: np.ndarray
     voxel_dimensions: np.ndarray  # mm, of the 128³ grid whatever the resolution
     structure_present: np.ndarray
+    site: Site  # what bit k of structure_masks is
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # patient id -> reason
-    site: Site = dataclasses.field(default_factory=openkbp)  # what bit k of structure_masks is
     prescriptions: np.ndarray | None = None  # (N, len(site.targets)) float32 Gy; None: the site's for all
     beam_angles: np.ndarray | None = None  # (N, slots) float32 degrees, NaN unused; None: the run's for all
     # (both as the files say: NaN rows for patients without the file; see plan_tables)
@@ -102,10 +101,8 @@ class SplitArrays:
                    if getattr(self, name) is not None)
 
     @classmethod
-    def from_patients(cls, patients: list[Patient], site: Site | None = None) -> "SplitArrays":
-        """Patients of ``site`` (default openkbp) read from their folders, stacked (no cache; for
-        a handful of patients)."""
-        site = load_site(site)
+    def from_patients(cls, patients: list[Patient], *, site: Site) -> "SplitArrays":
+        """Patients of ``site`` read from their folders, stacked (no cache; for a handful of patients)."""
         def dose(patient):
             return patient.dose if patient.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
 

@@ -27,7 +27,7 @@ import pandas as pd
 
 from provided_code.data.csv_io import exact_dose
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.sites import Site, openkbp, parse_metric
+from provided_code.sites import Site, parse_metric
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +102,8 @@ class Scores:
     dose_errors: np.ndarray  # (P,) Gy
     reference: np.ndarray  # (P, structures, metrics) Gy, NaN where absent
     predicted: np.ndarray  # same
+    site: Site  # the structures and metrics of the tables
     without_reference: list[str] = dataclasses.field(default_factory=list)  # the split's patients left out: no dose
-    site: Site = dataclasses.field(default_factory=openkbp)  # the structures and metrics of the tables
 
     @property
     def dose_score(self) -> float:
@@ -199,5 +199,5 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
         predicted_tables[slot] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
                                              arrays.voxel_dimensions[row], site, columns)
     chosen = set(rows)
-    return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables,
-                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen], site=site)
+    return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables, site=site,
+                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen])

@@ -224,7 +224,7 @@ def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> b
     patients = len(discover_patients(train_dir)) + (len(discover_patients(validation_dir))
                                                     if validation_dir.is_dir() else 0)
     need = stacked_nbytes(patients, site=config.site_obj) + (
-        stacked_nbytes(patients, config.resolution, config.site_obj) if config.resolution != 128 else 0)
+        stacked_nbytes(patients, config.resolution, site=config.site_obj) if config.resolution != 128 else 0)
     available, source = available_memory()
     sizes = (f"{patients} patients stacked would take {need / 1e9:.1f} GB; "
              + (f"{available / 1e9:.1f} GB available ({source})" if available is not None else source))
