@@ -3,12 +3,13 @@ import logging
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
 from provided_code.data.cache import load_split
-from provided_code.data.csv_io import PatientDataError, exact_dose, write_dose_csv
-from provided_code.metrics.scoring import score_split
+from provided_code.data.csv_io import PatientDataError, exact_dose, write_dose_csv, write_sparse_csv
+from provided_code.metrics.scoring import dvh_metrics, score_split
 from provided_code.sites import openkbp
 from tests.conftest import SAMPLE_DIR, requires_sample
 from tests.score_loop import score_folders_loop
@@ -140,3 +141,31 @@ def test_a_split_where_only_some_patients_have_reference_doses_scores_those(phan
         (phantom_split / pid / "dose.csv").unlink()
     with pytest.raises(PatientDataError, match="no patient has a reference dose.csv: nothing to score against"):
         score_prediction_folder(phantom_split, tmp_path / "pred", cache_dir=tmp_path / "c", site=openkbp())
+
+
+def test_a_structure_no_larger_than_its_dvh_volume_has_its_least_dose_as_that_metric():
+    """D_0.1_cc of an organ of 1 or 2 voxels (under 0.1 cc: 3 voxels of 3.9 x 3.9 x 2.5 mm) is its
+    least dose: the hottest 0.1 cc hold all of it. The formula asked numpy for a negative percentile."""
+    site = openkbp()
+    larynx, d01 = site.names.index("Larynx"), site.metric_names.index("D_0.1_cc")
+    doses = np.array([30.0, 20.0, 25.0, 40.0])
+    for voxels in (1, 2, 3):
+        indices = [np.arange(voxels) if name == "Larynx" else np.arange(0) for name in site.names]
+        table = dvh_metrics(lambda v: doses[v], indices, np.array([3.9, 3.9, 2.5]), site)
+        assert table[larynx, d01] == doses[:voxels].min()
+        assert table[larynx, site.metric_names.index("mean")] == doses[:voxels].mean()
+    indices = [np.arange(4) if name == "Larynx" else np.arange(0) for name in site.names]  # 4 voxels: as before
+    table = dvh_metrics(lambda v: doses[v], indices, np.array([3.9, 3.9, 2.5]), site)
+    assert table[larynx, d01] == np.percentile(doses, 100 - 3 / 4 * 100)
+
+
+def test_a_patient_with_a_one_voxel_organ_is_scored(phantom_split, tmp_path):
+    larynx = pd.read_csv(phantom_split / "pt_2" / "Larynx.csv", index_col=0).index.to_numpy()
+    write_sparse_csv(phantom_split / "pt_2" / "Larynx.csv", larynx[len(larynx) // 2:][:1], None)  # about 0.04 cc
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    scores = score_split(arrays, lambda row: reference(arrays, row) * 1.1)
+    row, column = openkbp().names.index("Larynx"), openkbp().metric_names.index("D_0.1_cc")
+    voxel = reference(arrays, 1).reshape(-1)[larynx[len(larynx) // 2]]
+    assert voxel > 0 and scores.reference[1, row, column] == voxel and scores.predicted[1, row, column] == voxel * 1.1
+    assert np.isfinite(scores.dvh_score)
+

@@ -6,7 +6,17 @@ import re
 import numpy as np
 import pytest
 
-from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
+from provided_code.sites import (
+    HERE,
+    MAX_METRIC_CC,
+    MAX_STRUCTURES,
+    Arc,
+    SiteError,
+    load_site,
+    openkbp,
+    parse_metric,
+    site_from_dict,
+)
 from tests.conftest import REPO
 
 
@@ -53,6 +63,12 @@ def test_a_site_file_loads_by_path(tmp_path):
     site = load_site(_write(tmp_path, _minimal()))
     assert site.name == "lung" and site.targets == ("PTV60",) and site.mirror_pairs == (("LungR", "LungL"),)
     assert site.structures[1].dicom_names == ("LungR",)  # the structure's own name by default
+
+
+def test_a_metric_of_up_to_the_largest_volume_a_structure_may_hold_is_accepted(tmp_path):
+    site = _minimal()
+    site["metrics"] = {"oar": ["D_2_cc", f"D_{MAX_METRIC_CC:g}_cc"], "target": ["D_95"]}
+    assert load_site(_write(tmp_path, site)).metric_names == ("D_2_cc", "D_10000_cc", "D_95")
 
 
 def test_the_prostate_site_has_two_dose_levels_and_arcs():
@@ -132,6 +148,8 @@ def test_a_site_file_under_a_shipped_name_must_be_that_site(tmp_path):
     (lambda s: s.pop("beams"), "beams", 'missing (say {"type": "none"}'),
     (lambda s: s["structures"][1].update(dicom_names=["heart"]), "dicom_names", "'heart' matches both Heart and LungR"),
     (lambda s: s.update(mirror_pairs=[["LungR", "LungR"]]), "mirror_pairs[0]", "a structure cannot mirror itself"),
+    (lambda s: s.update(metrics={"oar": ["D_100000_cc", "mean"], "target": ["D_95"]}), "metrics.oar",
+     "'D_100000_cc': 100000 cc is more than any structure holds (at most 10000 cc, MAX_METRIC_CC)"),
 ])
 def test_what_a_site_must_say_and_what_cannot_be(tmp_path, change, field, problem):
     site = _minimal()

@@ -11,6 +11,15 @@ doses, v = max(1, round(100 / voxel volume in mm³)), n its voxel count; D99, D9
 file, ``D_<v>_cc`` is the dose to the hottest v cc (v/n·100 read as above with v × 1000 mm³),
 ``D_<p>`` the dose that p % of the volume receives (the percentile 100 − p), ``mean`` the mean.
 
+A structure no larger than its ``D_<v>_cc`` volume (n ≤ v voxels: 1 or 2 voxels for D_0.1cc at
+OpenKBP's 3.9 × 3.9 × 2.5 mm) has the percentile 0, its least dose: the hottest v cc then hold
+the whole structure, and the dose they all receive at least is its minimum. The challenge's own
+evaluator (``provided_code/dose_evaluation_class.py`` of github.com/ababier/open-kbp, to its
+2024 version) computes the same formula unclipped and so asks numpy for a negative percentile,
+which raises: it defines no value there (no challenge patient had such a structure), and the
+percentile 0 is the one that continues its formula (at n = v it gives 0). Every value it does
+define is unchanged.
+
 A patient's metrics are a ``(len(site.names), len(site.metric_names))`` table, NaN where a metric
 does not apply to the structure or the structure is absent.
 """
@@ -90,7 +99,8 @@ def dvh_metrics(dose_at: Callable[[np.ndarray], np.ndarray], indices: list[np.nd
             table[k, column] = roi.mean()
         for column, amount in kind.cc:
             voxels_in_volume = max(1.0, float(np.round(amount * 1000.0 / voxel_volume)))
-            table[k, column] = np.percentile(roi, 100.0 - voxels_in_volume / roi.size * 100.0)
+            # a structure of at most that many voxels: its least dose (see the module docstring)
+            table[k, column] = np.percentile(roi, max(0.0, 100.0 - voxels_in_volume / roi.size * 100.0))
         if kind.percent:  # one np.percentile call for the kind's volume-percent metrics
             table[k, list(kind.percent)] = np.percentile(roi, list(kind.percentiles))
     return table

@@ -33,6 +33,11 @@ ARC_STEP_DEGREES = 10.0  # an arc is sampled at the gantry angles that are multi
 GRID_SHAPES = ((128, 128, 128),)  # the grid every layer of this version works on
 SLICE_PLACEMENTS = ("targets",)  # how the DICOM import places the box along the slice axis
 DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles increase), counter-clockwise
+# The largest volume a D_<cc>_cc metric may name: 10 litres, more than any organ or target a plan
+# is scored on holds (both lungs together hold about 6 L at a full breath), and an eighth of the
+# whole 128³ grid at OpenKBP's 3.9 × 3.9 × 2.5 mm voxels (80 L). A larger one is a slip of units
+# (mm³ written for cc) that would score every structure by its least dose.
+MAX_METRIC_CC = 10_000.0
 _METRIC = re.compile(r"^(mean|D_(\d+(?:\.\d+)?)(_cc)?)$")
 
 
@@ -356,6 +361,9 @@ def site_from_dict(data, source) -> Site:
                                         f"D_<cc>_cc (D_0.1_cc)")
             if measure == "percent" and not 0 <= amount <= 100:
                 fail(f"metrics.{kind}", f"{metric!r}: a percentage of the volume is between 0 and 100")
+            if measure == "cc" and amount > MAX_METRIC_CC:
+                fail(f"metrics.{kind}", f"{metric!r}: {amount:g} cc is more than any structure holds (at most "
+                                        f"{MAX_METRIC_CC:g} cc, MAX_METRIC_CC); a volume in mm³?")
     metrics = {kind: tuple(metrics[kind]) for kind in KINDS}
 
     grid = data.get("grid", {"shape": [128, 128, 128], "slices": "targets"})
