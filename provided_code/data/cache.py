@@ -30,8 +30,11 @@ the challenge's data; -1 if none do): :func:`~provided_code.data.csv_io.exact_do
 exactly, since the float32 error is far below half a step of that grid.
 
 The cache is trusted only if its format version, its build options and the size and modification
-time of every source file match, and every chunk's bytes match its checksum; otherwise, or if it
-is truncated or unreadable, it is rebuilt (with a warning naming the file). The checksum is the
+time of every source file match, every chunk's bytes match its checksum and every per-patient table
+(``patient_ids``, ``checksums``, ``has_dose`` ... ``beam_angles``) matches its own (attribute
+``table_checksums``: :func:`~provided_code.data.chunks.table_checksum`, checked whenever the file is
+loaded, mapped or not); otherwise, or if it is truncated or unreadable, it is rebuilt (with a
+warning naming the file). A cache of an earlier format is rebuilt, not read. The checksum is the
 project's own (:func:`~provided_code.data.chunks.chunk_checksum`), not HDF5's fletcher32 filter: chunks are loaded with
 parallel raw reads at the offsets HDF5 reports, which bypass HDF5's filters, and are checked in
 the reading threads (``bench_data.py``: ``cache_load_checksum_over_plain``).
@@ -55,7 +58,7 @@ import h5py
 import numpy as np
 
 from provided_code.constants import VOLUME_SHAPE
-from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets, read_chunks
+from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets, read_chunks, table_checksum
 from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
 from provided_code.data.mapped import map_volumes
 from provided_code.data.split_arrays import (
@@ -75,8 +78,12 @@ from provided_code.infra.progress import Progress, no_progress
 logger = logging.getLogger(__name__)
 
 # 3: per-chunk checksums; 4: doses checked when read (no header-only or negative dose.csv, none
-# outside the possible-dose mask), so a cache built before the check is rebuilt and checked
-CACHE_FORMAT_VERSION = 4
+# outside the possible-dose mask), so a cache built before the check is rebuilt and checked;
+# 5: the per-patient tables checksummed too (a cache of 4 cannot have its tables checked: rebuilt)
+CACHE_FORMAT_VERSION = 5
+# The per-patient tables beside the volumes, each checked against its checksum when read
+# (attribute ``table_checksums``); the plan tables only where the file has them.
+_CHECKED_TABLES = ("patient_ids", "checksums", *TABLES, *PLAN_TABLES)
 # A pool of reader processes pays for its start (each spawned worker imports the readers: about half a
 # second, once TensorFlow runs here) only on a larger split: on 2 cores, 20 real OpenKBP patients
 # were cached in 1.3 s by this process and in 1.7 s with a pool of two.
@@ -256,6 +263,8 @@ def build_cache(
             for name, table in plan_tables(plans, site).items():
                 if table is not None:
                     h5.create_dataset(name, data=table)
+            h5.attrs["table_checksums"] = json.dumps({name: table_checksum(h5[name][()])  # as a reader reads them
+                                                      for name in _CHECKED_TABLES if name in h5}, sort_keys=True)
             h5.attrs["site"] = json.dumps(site.to_dict(), sort_keys=True)
             h5.attrs["format_version"] = CACHE_FORMAT_VERSION
             h5.attrs["source_dir"] = str(split_dir.resolve())
@@ -314,9 +323,10 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
             if not built_for.same_as(site):
                 raise CacheError(f"{path} was built for site {built_for.name}, this run's site is {site.name}"
                                  + ("" if built_for.name != site.name else " (another version of it)"))
-            patient_ids = [p.decode() if isinstance(p, bytes) else p for p in h5["patient_ids"][()]]
+            tables = _checked_tables(path, h5)
+            patient_ids = [p.decode() if isinstance(p, bytes) else p for p in tables["patient_ids"]]
             count = len(patient_ids)
-            checksums = h5["checksums"][()]
+            checksums = tables["checksums"]
             if checksums.shape != (count, len(VOLUMES)):
                 raise CacheError(f"{path}: checksums do not match {count} patients")
             arrays, reads, layout = {}, [], {}
@@ -332,8 +342,7 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                 arrays[name] = np.empty(dataset.shape, dataset.dtype)
                 reads += [(arrays[name][row], offsets[row], checksums[row, column] if verify else None,
                            f"patient {patient_ids[row]}'s {name} chunk") for row in range(count)]
-            small = {name: h5[name][()] for name in TABLES}
-            small.update({name: h5[name][()] if name in h5 else None for name in PLAN_TABLES})
+            small = {name: tables.get(name) for name in (*TABLES, *PLAN_TABLES)}  # a plan table may be absent
             skipped = json.loads(attrs["skipped"])
         if mapped:
             arrays = map_volumes(path, layout, patient_ids, VOLUME_SHAPE)
@@ -346,3 +355,22 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
     if small["voxel_dimensions"].shape != (count, 3) or small["has_dose"].shape != (count,):
         raise CacheError(f"{path}: per-patient tables do not match {count} patients")
     return SplitArrays(patient_ids=patient_ids, skipped=skipped, site=built_for, **arrays, **small)
+
+
+def _checked_tables(path: Path, h5: h5py.File) -> dict[str, np.ndarray]:
+    """The per-patient tables of an open cache file, each checked against the checksum the file
+    records for it: a :class:`CacheError` naming the file and the table for one that fails (a flipped
+    byte in a voxel spacing would change a DVH score silently, in ``has_dose`` drop a patient)."""
+    try:
+        recorded = json.loads(h5.attrs["table_checksums"])
+    except (KeyError, ValueError, TypeError) as error:
+        raise CacheError(f"{path}: its per-patient tables' checksums are missing or unreadable ({error})") from None
+    tables = {name: h5[name][()] for name in _CHECKED_TABLES if name in h5}
+    for name in _CHECKED_TABLES:
+        if (name in tables) != (name in recorded):
+            raise CacheError(f"{path}: the {name} table is {'not ' if name in recorded else ''}in the file, "
+                             f"its checksums say otherwise")
+        if name in tables and table_checksum(tables[name]) != recorded[name]:
+            raise CacheError(f"{path}: the {name} table fails its checksum (the file changed on disk)")
+    return tables
+

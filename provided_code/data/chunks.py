@@ -1,15 +1,18 @@
-"""The chunk layout of the cache files: one raw HDF5 chunk per patient and volume, and its checksum.
+"""The chunk layout of the cache files: one raw HDF5 chunk per patient and volume, and the checksums.
 
 Both the 128³ cache (:mod:`provided_code.data.cache`) and the files that memory-map it or hold it
 at a lower resolution (:mod:`provided_code.data.mapped`) store each patient's volume as one
 uncompressed, unfiltered chunk, so that it can be read (or mapped) at the byte offset HDF5 reports,
 with plain parallel reads that bypass HDF5's filters; and each chunk carries the project's own
-checksum (:func:`chunk_checksum`), checked where the bytes are read.
+checksum (:func:`chunk_checksum`), checked where the bytes are read. The small per-patient tables
+beside the volumes (patient ids, voxel spacings, ...) are read whole through HDF5 and carry a
+digest of their own (:func:`table_checksum`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import os
 from pathlib import Path
 
@@ -26,6 +29,19 @@ def chunk_checksum(array: np.ndarray) -> np.uint64:
     2⁶⁴. Any change inside one word (a flipped bit or byte) changes it; one pass at memory speed,
     where HDF5's fletcher32 filter would need HDF5's own read path (see the module docstring)."""
     return np.add.reduce(np.ascontiguousarray(array).reshape(-1).view(np.uint64), dtype=np.uint64)
+
+
+def table_checksum(table: np.ndarray) -> str:
+    """The checksum of a small per-patient table as read back (its dtype, shape and bytes; text
+    as fixed-width unicode): a BLAKE2b digest, in hex. A table is a few hundred bytes per patient,
+    read whole: the digest's cost does not matter, and it sees any change, not only one in a word."""
+    table = np.asarray(table)
+    if table.dtype == object:  # HDF5 variable-length strings: bytes or str
+        table = np.array([v.decode() if isinstance(v, bytes) else v for v in table.reshape(-1)], np.str_)
+    table = np.ascontiguousarray(table)
+    digest = hashlib.blake2b(f"{table.dtype.str} {table.shape}".encode(), digest_size=16)
+    digest.update(table.tobytes())
+    return digest.hexdigest()
 
 
 def chunk_offsets(path: Path, dataset: h5py.Dataset, count: int) -> list[int]:
