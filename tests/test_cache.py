@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pandas as pd
@@ -176,6 +177,41 @@ def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_pa
     assert any(name.endswith(".tmp") for name in _files(cache_dir))  # the half-written temp file
     arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert len(arrays) == 3 and path.exists()
+    assert _files(cache_dir) == [path.name]  # the next build removed what the killed one left
+
+
+def test_a_build_still_running_keeps_its_temporary_file_while_another_builds(phantom_split, tmp_path):
+    """Two builds of one cache at once (two runs started together): the second tidies what dead
+    builds left, never the first's temporary file, and both end with the cache in place."""
+    cache_dir, paused, go = tmp_path / "c", tmp_path / "paused", tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import pathlib, time
+        from provided_code.data.cache import load_split
+        from provided_code.sites import openkbp
+        def progress(items, length, label):
+            for done, item in enumerate(items):
+                if done == 1:
+                    pathlib.Path({str(paused)!r}).touch()
+                    deadline = time.monotonic() + 120
+                    while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                yield item
+        load_split({str(phantom_split)!r}, cache_dir={str(cache_dir)!r}, workers=1, progress=progress, site=openkbp())
+    """)
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not paused.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert paused.exists(), first.communicate()[0].decode(errors="replace")
+        (writing,) = [name for name in _files(cache_dir) if name.endswith(".tmp")]
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())  # builds meanwhile
+        assert len(arrays) == 3 and writing in _files(cache_dir)  # the live build's file is left alone
+    finally:
+        go.touch()
+        output = first.communicate(timeout=120)[0].decode(errors="replace")
+    assert first.returncode == 0, output
+    assert _files(cache_dir) == [cache_path_for(phantom_split, cache_dir, site=openkbp()).name]
 
 
 def test_bad_patient_leaves_no_cache_behind(phantom_split, tmp_path):

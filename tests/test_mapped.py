@@ -1,3 +1,8 @@
+import signal
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -81,3 +86,30 @@ def test_the_downsampled_file_holds_what_memory_holds_and_is_written_once(phanto
     mapped = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True, site=openkbp())
     fewer = downsampled(mapped.select([2]), 32)
     assert np.array_equal(fewer.ct[[0]], in_memory.ct[[2]])
+
+
+def test_a_killed_write_of_the_downsampled_file_leaves_a_temporary_the_next_write_removes(phantom_split, tmp_path):
+    load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    script = textwrap.dedent(f"""
+        import os, signal
+        import provided_code.data.mapped as mapped
+        from provided_code.data.cache import load_split
+        from provided_code.sites import openkbp
+        written = []
+        def downsample_patient(*volumes):
+            if len(written) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            written.append(1)
+            return downsample(*volumes)
+        downsample, mapped.downsample_patient = mapped.downsample_patient, downsample_patient
+        mapped.downsampled(load_split({str(phantom_split)!r}, cache_dir={str(tmp_path / "c")!r}, memory_map=True,
+                                      site=openkbp()), 32)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode(errors="replace")
+    source = cache_path_for(phantom_split, tmp_path / "c", site=openkbp())
+    path = derived_path(source, 32)
+    assert not path.exists() and [p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")]
+    downsampled(load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True, site=openkbp()), 32)
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted([source.name, path.name])
+

@@ -39,7 +39,8 @@ project's own (:func:`~provided_code.data.chunks.chunk_checksum`), not HDF5's fl
 parallel raw reads at the offsets HDF5 reports, which bypass HDF5's filters, and are checked in
 the reading threads (``bench_data.py``: ``cache_load_checksum_over_plain``).
 It is written to a temporary file beside its final name and moved into place, so a build killed
-midway leaves nothing that looks valid. It never lives beside the CSVs.
+midway leaves nothing that looks valid; the next build removes the temporary file it left
+(:func:`~provided_code.data.chunks.new_cache_file`). It never lives beside the CSVs.
 """
 
 from __future__ import annotations
@@ -58,7 +59,14 @@ import h5py
 import numpy as np
 
 from provided_code.constants import VOLUME_SHAPE
-from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets, read_chunks, table_checksum
+from provided_code.data.chunks import (
+    CacheError,
+    chunk_checksum,
+    chunk_offsets,
+    new_cache_file,
+    read_chunks,
+    table_checksum,
+)
 from provided_code.data.csv_io import Patient, PatientDataError, discover_patients, read_patient
 from provided_code.data.mapped import map_volumes
 from provided_code.data.split_arrays import (
@@ -72,7 +80,6 @@ from provided_code.data.split_arrays import (
 )
 from provided_code.errors import ConfigError
 from provided_code.sites import Site, load_site, openkbp
-from provided_code.infra.atomic import atomic_path
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
@@ -210,68 +217,67 @@ def build_cache(
     workers = max(1, min(workers, len(folders)))
     count = len(folders)
     skipped: dict[str, str] = {}
-    with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w") as h5:
-            volumes = {
-                name: h5.create_dataset(name, (count, *VOLUME_SHAPE), dtype=dtype,
-                                        maxshape=(None, *VOLUME_SHAPE), chunks=(1, *VOLUME_SHAPE))
-                for name, dtype in volume_dtypes(site).items()
-            }
-            has_dose = np.zeros(count, bool)
-            dose_decimals = np.full(count, -1, np.int8)
-            voxel_dimensions = np.zeros((count, 3))
-            structure_present = np.zeros((count, len(site.names)), bool)
-            checksums = np.zeros((count, len(VOLUMES)), np.uint64)
-            patient_ids: list[str] = []
-            plans = []  # (prescriptions, gantry_angles) of each kept patient
-            with PatientReader(workers, site) as read:
-                for result in progress(read(folders), count, f"Caching {split_dir.name}"):
-                    if isinstance(result, PatientDataError):
-                        if not skip_incomplete:
-                            raise result
-                        skipped[result.patient_id] = f"{Path(result.path).name}: {result.problem}"
-                        continue
-                    row = len(patient_ids)
-                    patient_ids.append(result.patient_id)
-                    volumes["ct"][row] = result.ct
-                    volumes["structure_masks"][row] = result.structure_masks
-                    volumes["possible_dose_mask"][row] = result.possible_dose_mask
-                    # written even when absent (zeros), so that every patient's chunk exists on disk
-                    dose = result.dose if result.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
-                    volumes["dose"][row] = dose
-                    checksums[row] = [chunk_checksum(np.asarray(volume, dtype))
-                                      for volume, dtype in zip((result.ct, result.structure_masks,
-                                                                result.possible_dose_mask, dose),
-                                                               volume_dtypes(site).values())]
-                    if result.dose is not None:
-                        has_dose[row] = True
-                        dose_decimals[row] = result.dose_decimals
-                    voxel_dimensions[row] = result.voxel_dimensions
-                    structure_present[row] = present_structures(result.structure_masks, len(site.names))
-                    plans.append(dataclasses.replace(result, ct=None, structure_masks=None, possible_dose_mask=None,
-                                                     dose=None))
-            kept = len(patient_ids)
-            for dataset in volumes.values():
-                dataset.resize(kept, axis=0)
-            h5.create_dataset("has_dose", data=has_dose[:kept])
-            h5.create_dataset("dose_decimals", data=dose_decimals[:kept])
-            h5.create_dataset("voxel_dimensions", data=voxel_dimensions[:kept])
-            h5.create_dataset("structure_present", data=structure_present[:kept])
-            h5.create_dataset("checksums", data=checksums[:kept])
-            h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
-                              dtype=h5py.string_dtype())
-            for name, table in plan_tables(plans, site).items():
-                if table is not None:
-                    h5.create_dataset(name, data=table)
-            h5.attrs["table_checksums"] = json.dumps({name: table_checksum(h5[name][()])  # as a reader reads them
-                                                      for name in _CHECKED_TABLES if name in h5}, sort_keys=True)
-            h5.attrs["site"] = json.dumps(site.to_dict(), sort_keys=True)
-            h5.attrs["format_version"] = CACHE_FORMAT_VERSION
-            h5.attrs["source_dir"] = str(split_dir.resolve())
-            h5.attrs["fingerprint"] = fingerprint
-            h5.attrs["skip_incomplete"] = skip_incomplete
-            h5.attrs["skipped"] = json.dumps(skipped)
-            h5.attrs["complete"] = True  # written last
+    with new_cache_file(path) as h5:
+        volumes = {
+            name: h5.create_dataset(name, (count, *VOLUME_SHAPE), dtype=dtype,
+                                    maxshape=(None, *VOLUME_SHAPE), chunks=(1, *VOLUME_SHAPE))
+            for name, dtype in volume_dtypes(site).items()
+        }
+        has_dose = np.zeros(count, bool)
+        dose_decimals = np.full(count, -1, np.int8)
+        voxel_dimensions = np.zeros((count, 3))
+        structure_present = np.zeros((count, len(site.names)), bool)
+        checksums = np.zeros((count, len(VOLUMES)), np.uint64)
+        patient_ids: list[str] = []
+        plans = []  # (prescriptions, gantry_angles) of each kept patient
+        with PatientReader(workers, site) as read:
+            for result in progress(read(folders), count, f"Caching {split_dir.name}"):
+                if isinstance(result, PatientDataError):
+                    if not skip_incomplete:
+                        raise result
+                    skipped[result.patient_id] = f"{Path(result.path).name}: {result.problem}"
+                    continue
+                row = len(patient_ids)
+                patient_ids.append(result.patient_id)
+                volumes["ct"][row] = result.ct
+                volumes["structure_masks"][row] = result.structure_masks
+                volumes["possible_dose_mask"][row] = result.possible_dose_mask
+                # written even when absent (zeros), so that every patient's chunk exists on disk
+                dose = result.dose if result.dose is not None else np.zeros(VOLUME_SHAPE, np.float32)
+                volumes["dose"][row] = dose
+                checksums[row] = [chunk_checksum(np.asarray(volume, dtype))
+                                  for volume, dtype in zip((result.ct, result.structure_masks,
+                                                            result.possible_dose_mask, dose),
+                                                           volume_dtypes(site).values())]
+                if result.dose is not None:
+                    has_dose[row] = True
+                    dose_decimals[row] = result.dose_decimals
+                voxel_dimensions[row] = result.voxel_dimensions
+                structure_present[row] = present_structures(result.structure_masks, len(site.names))
+                plans.append(dataclasses.replace(result, ct=None, structure_masks=None, possible_dose_mask=None,
+                                                 dose=None))
+        kept = len(patient_ids)
+        for dataset in volumes.values():
+            dataset.resize(kept, axis=0)
+        h5.create_dataset("has_dose", data=has_dose[:kept])
+        h5.create_dataset("dose_decimals", data=dose_decimals[:kept])
+        h5.create_dataset("voxel_dimensions", data=voxel_dimensions[:kept])
+        h5.create_dataset("structure_present", data=structure_present[:kept])
+        h5.create_dataset("checksums", data=checksums[:kept])
+        h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
+                          dtype=h5py.string_dtype())
+        for name, table in plan_tables(plans, site).items():
+            if table is not None:
+                h5.create_dataset(name, data=table)
+        h5.attrs["table_checksums"] = json.dumps({name: table_checksum(h5[name][()])  # as a reader reads them
+                                                  for name in _CHECKED_TABLES if name in h5}, sort_keys=True)
+        h5.attrs["site"] = json.dumps(site.to_dict(), sort_keys=True)
+        h5.attrs["format_version"] = CACHE_FORMAT_VERSION
+        h5.attrs["source_dir"] = str(split_dir.resolve())
+        h5.attrs["fingerprint"] = fingerprint
+        h5.attrs["skip_incomplete"] = skip_incomplete
+        h5.attrs["skipped"] = json.dumps(skipped)
+        h5.attrs["complete"] = True  # written last
     logger.info("Cached %d patients of %s in %s (%d skipped)", kept, split_dir, path, len(skipped))
 
 

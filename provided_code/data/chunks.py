@@ -7,17 +7,30 @@ with plain parallel reads that bypass HDF5's filters; and each chunk carries the
 checksum (:func:`chunk_checksum`), checked where the bytes are read. The small per-patient tables
 beside the volumes (patient ids, voxel spacings, ...) are read whole through HDF5 and carry a
 digest of their own (:func:`table_checksum`).
+
+Each file is written whole (:func:`new_cache_file`): into a hidden temporary beside it, moved into
+place when complete. A writer killed midway (SIGKILL, a lost machine) leaves its temporary, as big
+as the file; the next writer of that file removes it, and never a live writer's, whose temporary
+is locked while it writes (:func:`~provided_code.infra.atomic.held_atomic_path`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import glob
 import hashlib
+import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import numpy as np
+
+from provided_code.infra.atomic import held_atomic_path, remove_dead_temporaries
+
+logger = logging.getLogger(__name__)
 
 
 class CacheError(RuntimeError):
@@ -80,3 +93,18 @@ def read_chunks(path: Path, reads: list[tuple[np.ndarray, int, np.uint64 | None,
             list(pool.map(read, reads))
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def new_cache_file(path: Path) -> Iterator[h5py.File]:
+    """``path`` written whole: an HDF5 file open for writing on a temporary beside it, moved into
+    place when the block ends (removed if it raises). First, the temporaries that writers of
+    ``path`` killed midway left are removed (said in the log); a live writer's is kept."""
+    removed = remove_dead_temporaries(path.parent, glob.escape(path.name))
+    if removed:
+        logger.info("Removed %d temporary file(s) left beside %s by writers killed midway: %s", len(removed), path,
+                    ", ".join(p.name for p in removed))
+    # HDF5's own file lock is off: the temporary's holder has the lock it would take
+    with held_atomic_path(path) as tmp, h5py.File(tmp, "w", locking=False) as h5:
+        yield h5
+

@@ -32,11 +32,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets
+from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets, new_cache_file
 from provided_code.data.resample import check_resolution, downsample_patient
 from provided_code.data.split_arrays import VOLUME_NAMES, SplitArrays
 from provided_code.errors import UserError
-from provided_code.infra.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +278,7 @@ def downsampled(arrays: SplitArrays, resolution: int) -> SplitArrays:
 def _write_derived(path: Path, key: str, arrays: SplitArrays, resolution: int, factor: int) -> None:
     count, shape = len(arrays), (resolution,) * 3
     logger.info("Writing the %d³ volumes of %d patients into %s (once)", resolution, count, path)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+    with new_cache_file(path) as h5:
         datasets = {name: h5.create_dataset(name, (count, *shape), dtype=getattr(arrays, name).dtype,
                                             chunks=(1, *shape)) for name in VOLUME_NAMES}
         checksums = np.zeros((count, len(VOLUME_NAMES)), np.uint64)
