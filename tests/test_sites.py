@@ -118,6 +118,19 @@ def test_a_bad_site_file_is_one_line_naming_the_file_and_the_field(tmp_path, cha
     assert "\n" not in message and str(path) in message and f"`{field}`" in message
 
 
+@pytest.mark.parametrize("name", ["dose", "ct", "possible_dose_mask", "prescriptions", "beams", "voxel_dimensions",
+                                  "Dose"])
+def test_a_structure_named_after_a_file_of_the_patient_folder_is_refused(tmp_path, name):
+    site = _minimal()
+    site["structures"][0]["name"] = name
+    site["mirror_pairs"] = []
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError, match=rf"`structures\[0\]\.name`: '{name}' would be stored as {name.lower()}\.csv, "
+                                        r"a file every patient folder has") as caught:
+        load_site(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
 def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
     with pytest.raises(SiteError, match="openkbp, prostate or a site file"):
         load_site("lung")

@@ -30,6 +30,7 @@ from provided_code.constants import (
     CT_MAX,
     DOSE_FILE,
     NUM_VOXELS,
+    PATIENT_FILES,
     POSSIBLE_DOSE_MASK_FILE,
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
@@ -248,14 +249,11 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, *, site: 
     )
 
 
-FORMAT_FILES = (CT_FILE, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE)
-
-
 def _check_files_belong(folder: Path, site: Site) -> None:
     """Every CSV of the folder is a file of the format, of the site's structures or of the
     patient's plan: a structure file the site does not know means data of another site, which
     would otherwise train without it."""
-    known = {*FORMAT_FILES, *site.structure_files(), *patient_plan.PLAN_FILES}
+    known = {*PATIENT_FILES, *site.structure_files()}
     try:
         names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".csv"))
     except OSError:

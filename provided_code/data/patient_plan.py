@@ -21,15 +21,13 @@ import math
 import os
 from pathlib import Path
 
+from provided_code.constants import BEAMS_FILE, PRESCRIPTIONS_FILE  # noqa: F401  (importers take them from here too)
 from provided_code.data.errors import PatientDataError
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.sites import DIRECTIONS, Arc, Beams, Site
 
-PRESCRIPTIONS_FILE = "prescriptions.csv"
-BEAMS_FILE = "beams.csv"
 PRESCRIPTION_COLUMNS = ("structure", "dose_gy")
 BEAM_COLUMNS = ("type", "gantry_start", "gantry_stop", "direction", "couch")
-PLAN_FILES = (PRESCRIPTIONS_FILE, BEAMS_FILE)
 
 
 def read_plan(folder: os.PathLike | str, site: Site) -> tuple[dict[str, float] | None, tuple[float, ...] | None]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.constants import PATIENT_FILES
 from provided_code.errors import UserError
 
 SITE_FORMAT = 1
@@ -298,6 +299,10 @@ def site_from_dict(data, source) -> Site:
         sname = entry["name"]
         if not isinstance(sname, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", sname):
             fail(f"{field}.name", f"expected letters, digits, '_', '.' or '-' (it names a CSV file). Received: {sname!r}")
+        taken = {name.lower(): name for name in PATIENT_FILES}.get(f"{sname}.csv".lower())
+        if taken is not None:  # (compared without case: Dose.csv is dose.csv where file names are, macOS, Windows)
+            fail(f"{field}.name", f"{sname!r} would be stored as {taken}, a file every patient folder has for "
+                                  f"itself; name the structure otherwise")
         if sname in seen:
             fail(f"{field}.name", f"duplicate structure {sname!r}")
         seen.add(sname)
