@@ -131,6 +131,23 @@ def test_a_structure_named_after_a_file_of_the_patient_folder_is_refused(tmp_pat
     assert "\n" not in str(caught.value) and str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize("pair, problem", [
+    (["PTV60", "PTV54"], "'PTV60' (a target of 60 Gy) and 'PTV54' (a target of 54 Gy)"),
+    (["LungR", "PTV60"], "'LungR' (an organ at risk) and 'PTV60' (a target of 60 Gy)"),
+    (["PTV54", "Heart"], "'PTV54' (a target of 54 Gy) and 'Heart' (an organ at risk)"),
+])
+def test_a_mirror_pair_is_two_organs_or_two_targets_of_one_prescription(tmp_path, pair, problem):
+    site = _minimal()
+    site["structures"].append({"name": "PTV54", "kind": "target", "prescription_gy": 54})
+    site["mirror_pairs"] = [pair]
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError, match=re.escape(f"`mirror_pairs[0]`: {problem}: a left-right flip swaps the two")):
+        load_site(path)
+    site["structures"][-1]["prescription_gy"] = 60  # two targets of one prescription: a pair
+    site["mirror_pairs"] = [["PTV60", "PTV54"]]
+    assert load_site(_write(tmp_path, site)).mirror_pairs == (("PTV60", "PTV54"),)
+
+
 def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
     with pytest.raises(SiteError, match="openkbp, prostate or a site file"):
         load_site("lung")

@@ -339,6 +339,11 @@ def site_from_dict(data, source) -> Site:
             if member in paired:
                 fail(f"mirror_pairs[{k}]", f"{member!r} is in two pairs")
             paired.add(member)
+        right, left = (next(s for s in structures if s.name == member) for member in pair)
+        if not (right.kind == left.kind == "oar" or (right.kind == left.kind == "target"
+                                                     and right.prescription_gy == left.prescription_gy)):
+            fail(f"mirror_pairs[{k}]", f"{_described(right)} and {_described(left)}: a left-right flip swaps the "
+                                       f"two, so a pair is two organs at risk or two targets of one prescription")
         mirror_pairs.append((pair[0], pair[1]))
 
     body = data.get("body", {"dicom_names": ["BODY", "External"]})
@@ -425,6 +430,13 @@ def beams_from_dict(beams, source) -> Beams:
             parsed.append(Arc(float(arc["start"]) % 360.0, float(arc["stop"]) % 360.0, arc["direction"]))
         return Beams("arcs", arcs=tuple(parsed))
     fail("beams.type", f"expected static, arcs or none. Received: {kind!r}")
+
+
+def _described(structure: Structure) -> str:
+    """``'PTV70' (a target of 70 Gy)``, ``'Parotid_R' (an organ at risk)``."""
+    if structure.kind == "target":
+        return f"{structure.name!r} (a target of {_plain(structure.prescription_gy)} Gy)"
+    return f"{structure.name!r} (an organ at risk)"
 
 
 def _is_angle(value) -> bool:
