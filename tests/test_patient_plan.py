@@ -51,6 +51,9 @@ def test_a_patients_plan_is_what_its_files_say_and_none_without_them(tmp_path):
     ("structure,dose_gy\nPTV70,abc\n", "not a finite number"),
     ("name,gy\nPTV70,70\n", "header must be structure,dose_gy"),
     ("structure,dose_gy\nPTV70,70\nPTV70,71\n", "listed twice"),
+    ("structure,dose_gy\nPTV70,6600\n", r"line 2: dose_gy 6600 is above 150 Gy \(MAX_DOSE_GY\): a dose in cGy\?"),
+    ("structure,dose_gy\nPTV70,70,56\n", r"line 2 has 3 fields; expected 2 \(structure,dose_gy\)"),
+    ("structure,dose_gy\nPTV70\n", r"line 2 has 1 fields; expected 2"),
 ])
 def test_a_bad_prescriptions_file_names_the_patient_the_file_and_the_line(tmp_path, text, problem):
     folder = tmp_path / "pt_7"
@@ -67,6 +70,45 @@ def test_a_bad_beams_file_names_the_line(tmp_path):
     (folder / "beams.csv").write_text("type,gantry_start,gantry_stop,direction,couch\narc,0,90,left,0\n")
     with pytest.raises(PatientDataError, match="pt_3.*line 2: direction must be CW or CC"):
         read_beams(folder)
+
+
+@pytest.mark.parametrize("row, problem", [
+    ("static,361,,,0", "line 2: gantry_start 361 is not a gantry angle in [0, 360) degrees"),
+    ("static,-10,,,0", "line 2: gantry_start -10 is not a gantry angle in [0, 360) degrees"),
+    ("arc,0,720,CW,0", "line 2: gantry_stop 720 is not a gantry angle in [0, 360) degrees"),
+    ("static,0,,,360", "line 2: couch 360 is not a gantry angle in [0, 360) degrees"),
+    ("static,0,,,0,90", "line 2 has 6 fields; expected 5 (type,gantry_start,gantry_stop,direction,couch)"),
+])
+def test_an_angle_outside_a_turn_or_a_row_of_other_fields_is_refused_naming_the_line(tmp_path, row, problem):
+    folder = tmp_path / "pt_5"
+    folder.mkdir()
+    (folder / "beams.csv").write_text(f"type,gantry_start,gantry_stop,direction,couch\n{row}\n")
+    with pytest.raises(PatientDataError) as caught:
+        read_beams(folder)
+    assert str(caught.value) == f"Patient pt_5: {folder / 'beams.csv'}: {problem}"
+
+
+def test_a_byte_order_mark_before_the_header_is_accepted(tmp_path):
+    (tmp_path / "prescriptions.csv").write_text("\ufeffstructure,dose_gy\nPTV70,66\n", encoding="utf-8")
+    (tmp_path / "beams.csv").write_text("\ufefftype,gantry_start,gantry_stop,direction,couch\nstatic,30,,,0\n",
+                                        encoding="utf-8")
+    assert read_plan(tmp_path, openkbp()) == ({"PTV56": 56.0, "PTV63": 63.0, "PTV70": 66.0}, (30.0,))
+
+
+def test_an_angle_written_just_under_a_turn_reads_back(tmp_path):
+    write_beams(tmp_path, [{"type": "static", "gantry_start": 359.9999999, "couch": 0.0}])
+    assert read_beams(tmp_path)[0].gantry_angles() == (0.0,)
+
+
+def test_a_patient_with_as_many_beams_as_a_run_is_warned_about_gets_that_warning(phantom_split, tmp_path, caplog):
+    """40 beams in a patient's beams.csv: the warning 40 run-wide beams (--beam-angles) get."""
+    write_beams(phantom_split / "pt_2", [{"type": "static", "gantry_start": 9.0 * k} for k in range(40)])
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=tmp_path / "cache", site=openkbp())
+    assert np.count_nonzero(~np.isnan(arrays.beam_angles[1])) == 40
+    warnings = [r.getMessage() for r in caplog.records if "beams.csv" in r.getMessage()]
+    assert len(warnings) == 1 and "pt_2" in warnings[0] and str(phantom_split / "pt_2" / "beams.csv") in warnings[0]
+    assert "40 beams: more than 36 make the first layer slow" in warnings[0]
 
 
 def test_the_cache_carries_only_what_the_patients_files_say(phantom_split, tmp_path):

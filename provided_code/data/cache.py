@@ -58,7 +58,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from provided_code.constants import VOLUME_SHAPE
+from provided_code.constants import BEAMS_FILE, VOLUME_SHAPE
 from provided_code.data.chunks import (
     CacheError,
     chunk_checksum,
@@ -79,6 +79,7 @@ from provided_code.data.split_arrays import (
     volume_dtypes,
 )
 from provided_code.errors import ConfigError
+from provided_code.networks.beams import beam_concerns
 from provided_code.sites import Site, load_site, openkbp
 from provided_code.infra.progress import Progress, no_progress
 
@@ -185,7 +186,27 @@ def load_split(
     if len(arrays) == 0:
         raise PatientDataError("(all)", split_dir, "no complete patient is left after skipping")
     arrays.folder = split_dir
+    _warn_of_patients_beams(arrays)
     return arrays
+
+
+def _warn_of_patients_beams(arrays: SplitArrays) -> None:
+    """The warning a run's own beams get (:func:`~provided_code.networks.beams.beam_concerns`: too
+    many, or closer than the grid resolves), for the patients' own ``beams.csv``: one line per
+    split, naming the first such patient's file and how many others. At the 128³ grid the angles
+    are kept at; a run at a coarser resolution resolves fewer (its own beams are checked at it)."""
+    if arrays.beam_angles is None:
+        return
+    concerned = []
+    for patient_id, angles in zip(arrays.patient_ids, arrays.beam_angles):
+        concerns = beam_concerns(tuple(float(a) for a in angles[~np.isnan(angles)]), VOLUME_SHAPE[0])
+        if concerns:
+            concerned.append((patient_id, concerns))
+    if concerned:
+        patient_id, concerns = concerned[0]
+        others = f" ({len(concerned) - 1} other patient(s) of the split too)" if len(concerned) > 1 else ""
+        logger.warning("Patient %s: %s: %s%s", patient_id, arrays.folder / patient_id / BEAMS_FILE, "; ".join(concerns),
+                       others)
 
 
 def _read_or_error(folder: Path, site: Site) -> Patient | PatientDataError:

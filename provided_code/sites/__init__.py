@@ -39,6 +39,16 @@ DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles in
 # whole 128³ grid at OpenKBP's 3.9 × 3.9 × 2.5 mm voxels (80 L). A larger one is a slip of units
 # (mm³ written for cc) that would score every structure by its least dose.
 MAX_METRIC_CC = 10_000.0
+# The highest dose a prescription may state, in a site file or a patient's prescriptions.csv:
+# above any course of external-beam radiotherapy (the escalated prostate arms stop near 80 Gy) and
+# far below the same dose in cGy (7000 for 70 Gy), the slip it is there to catch.
+MAX_DOSE_GY = 150.0
+
+
+def is_gantry_angle(value: float) -> bool:
+    """A gantry (or couch) angle as DICOM and the plan files state it: degrees in [0, 360). 361 is
+    not 1°, and an arc of 0 to 720 is not a turn: such a figure is a slip, refused where it is read."""
+    return 0.0 <= value < 360.0
 _METRIC = re.compile(r"^(mean|D_(\d+(?:\.\d+)?)(_cc)?)$")
 
 
@@ -316,6 +326,9 @@ def site_from_dict(data, source) -> Site:
             if isinstance(prescription, bool) or not isinstance(prescription, (int, float)) \
                     or not math.isfinite(prescription) or prescription <= 0:
                 fail(f"{field}.prescription_gy", f"expected a positive number of Gy. Received: {prescription!r}")
+            if prescription > MAX_DOSE_GY:
+                fail(f"{field}.prescription_gy", f"expected at most {MAX_DOSE_GY:g} Gy (MAX_DOSE_GY; a dose in cGy?). "
+                                                 f"Received: {prescription!r}")
             prescription = float(prescription)
         elif prescription is not None:
             fail(f"{field}.prescription_gy", f"organ at risk {sname!r} has a prescription; only targets do")
@@ -410,7 +423,10 @@ def beams_from_dict(beams, source) -> Beams:
         angles = beams["angles"]
         if not isinstance(angles, list) or not angles or not all(_is_angle(a) for a in angles):
             fail("beams.angles", f"expected a non-empty list of gantry angles in degrees. Received: {angles!r}")
-        if len({float(a) % 360.0 for a in angles}) != len(angles):
+        outside = [a for a in angles if not is_gantry_angle(a)]
+        if outside:
+            fail("beams.angles", f"expected gantry angles in [0, 360) degrees. Received: {outside[0]!r}")
+        if len({float(a) for a in angles}) != len(angles):
             fail("beams.angles", f"two beams at the same gantry angle: {angles!r}")
         return Beams("static", angles=tuple(float(a) for a in angles))
     if kind == "arcs":
@@ -425,9 +441,12 @@ def beams_from_dict(beams, source) -> Beams:
                 fail(f"beams.arcs[{k}]", 'expected {"start": degrees, "stop": degrees, "direction": "CW" | "CC"}')
             if not (_is_angle(arc["start"]) and _is_angle(arc["stop"])):
                 fail(f"beams.arcs[{k}]", "start and stop must be gantry angles in degrees")
+            for end in ("start", "stop"):
+                if not is_gantry_angle(arc[end]):
+                    fail(f"beams.arcs[{k}].{end}", f"expected a gantry angle in [0, 360) degrees. Received: {arc[end]!r}")
             if arc["direction"] not in DIRECTIONS:
                 fail(f"beams.arcs[{k}].direction", f"expected CW or CC. Received: {arc['direction']!r}")
-            parsed.append(Arc(float(arc["start"]) % 360.0, float(arc["stop"]) % 360.0, arc["direction"]))
+            parsed.append(Arc(float(arc["start"]), float(arc["stop"]), arc["direction"]))
         return Beams("arcs", arcs=tuple(parsed))
     fail("beams.type", f"expected static, arcs or none. Received: {kind!r}")
 
