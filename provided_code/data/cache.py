@@ -1,4 +1,5 @@
-"""A compact HDF5 cache of a dataset split, loaded into its stacked arrays (:class:`~provided_code.data.split_arrays.SplitArrays`).
+"""A compact HDF5 cache of a dataset split, loaded into its stacked arrays
+(:class:`~provided_code.data.split_arrays.SplitArrays`).
 
 Parsing the CSVs of a patient takes tens of milliseconds; loading its cached record takes a few.
 One cache file holds one split (``train-pats/``, ...), every array stacked patients first, one
@@ -26,18 +27,18 @@ sites existed and is ``openkbp``'s. A cache of another site is rebuilt, and the 
 
 Dose is stored as float32, within 2**-18 Gy of the CSV below 128 Gy. ``dose_decimals`` records
 the fewest decimals (0 to 5) that write every value of the patient's ``dose.csv`` exactly (3 for
-the challenge's data; -1 if none do): :func:`~provided_code.data.csv_io.exact_dose` rounds back to the CSV's float64 values,
-exactly, since the float32 error is far below half a step of that grid.
+the challenge's data; -1 if none do): :func:`~provided_code.data.csv_io.exact_dose` rounds back to
+the CSV's float64 values, exactly, since the float32 error is far below half a step of that grid.
 
 The cache is trusted only if its format version, its build options and the size and modification
 time of every source file match, every chunk's bytes match its checksum and every per-patient table
 (``patient_ids``, ``checksums``, ``has_dose`` ... ``beam_angles``) matches its own (attribute
 ``table_checksums``: :func:`~provided_code.data.chunks.table_checksum`, checked whenever the file is
 loaded, mapped or not); otherwise, or if it is truncated or unreadable, it is rebuilt (with a
-warning naming the file). A cache of an earlier format is rebuilt, not read. The checksum is the
-project's own (:func:`~provided_code.data.chunks.chunk_checksum`), not HDF5's fletcher32 filter: chunks are loaded with
-parallel raw reads at the offsets HDF5 reports, which bypass HDF5's filters, and are checked in
-the reading threads (``bench_data.py``: ``cache_load_checksum_over_plain``).
+warning naming the file). A cache of an earlier format is rebuilt, not read. The chunks'
+checksum is the project's own (:func:`~provided_code.data.chunks.chunk_checksum`), not HDF5's
+fletcher32 filter: chunks are loaded with parallel raw reads at the offsets HDF5 reports, which
+bypass HDF5's filters, and are checked in the reading threads (``bench_data.py``: ``cache_load_checksum_over_plain``).
 It is written to a temporary file beside its final name and moved into place, so a build killed
 midway leaves nothing that looks valid; the next build removes the temporary file it left
 (:func:`~provided_code.data.chunks.new_cache_file`). It never lives beside the CSVs.

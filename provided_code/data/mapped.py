@@ -1,8 +1,8 @@
 """A split's volumes as views into its cache file, for cohorts larger than memory (``--memory-map``).
 
 The cache (:mod:`provided_code.data.cache`) stores every volume uncompressed, one HDF5 chunk per
-patient, each with its checksum (:mod:`provided_code.data.chunks`). :class:`MappedVolumes` maps the file into memory and finds each
-patient's bytes at the offset HDF5 reports, so that:
+patient, each with its checksum (:mod:`provided_code.data.chunks`). :class:`MappedVolumes` maps
+the file into memory and finds each patient's bytes at the offset HDF5 reports, so that:
 
 - ``volumes[rows]`` (a batch's fancy index) copies only those patients' bytes out of the mapping:
   the operating system reads them from disk on first use and keeps what is hot in its page cache,

@@ -443,7 +443,8 @@ def beams_from_dict(beams, source) -> Beams:
                 fail(f"beams.arcs[{k}]", "start and stop must be gantry angles in degrees")
             for end in ("start", "stop"):
                 if not is_gantry_angle(arc[end]):
-                    fail(f"beams.arcs[{k}].{end}", f"expected a gantry angle in [0, 360) degrees. Received: {arc[end]!r}")
+                    fail(f"beams.arcs[{k}].{end}",
+                         f"expected a gantry angle in [0, 360) degrees. Received: {arc[end]!r}")
             if arc["direction"] not in DIRECTIONS:
                 fail(f"beams.arcs[{k}].direction", f"expected CW or CC. Received: {arc['direction']!r}")
             parsed.append(Arc(float(arc["start"]), float(arc["stop"]), arc["direction"]))
