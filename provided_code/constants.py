@@ -18,4 +18,8 @@ CT_FILE = "ct.csv"
 DOSE_FILE = "dose.csv"
 POSSIBLE_DOSE_MASK_FILE = "possible_dose_mask.csv"
 VOXEL_DIMENSIONS_FILE = "voxel_dimensions.csv"
+PRESCRIPTIONS_FILE = "prescriptions.csv"  # a patient's own plan, each optional (provided_code/data/patient_plan.py)
+BEAMS_FILE = "beams.csv"
+# Every file of a patient folder but its structures' (one <structure name>.csv per contoured structure).
+PATIENT_FILES = (CT_FILE, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE, PRESCRIPTIONS_FILE, BEAMS_FILE)
 

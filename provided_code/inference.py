@@ -9,7 +9,7 @@ import numpy as np
 
 from provided_code.constants import LEFT_RIGHT_AXIS
 from provided_code.data.batches import fit_vectors, in_batches, take_inputs
-from provided_code.data.cache import SplitArrays
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import UserError
 from provided_code.infra.progress import Progress, no_progress

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.data.cache import exact_dose
+from provided_code.data.csv_io import exact_dose
 from provided_code.errors import ConfigError
 from provided_code.infra.atomic import atomic_path
 from provided_code.metrics.scoring import structure_indices

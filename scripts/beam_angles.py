@@ -55,7 +55,7 @@ def main() -> None:
     per_patient = {}
     profiles = []  # per patient, the correlation at each phase
     for folder in patients:
-        patient = read_patient(folder)
+        patient = read_patient(folder, site=openkbp())
         size = patient.dose.shape[0]
         if not tables:
             i, j = np.meshgrid(np.arange(size) - size / 2, np.arange(size) - size / 2, indexing="ij")

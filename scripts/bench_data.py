@@ -49,9 +49,9 @@ from provided_code.constants import (
 )
 from provided_code.data.batches import epoch_batches, take_batch
 from provided_code.model_spec import model_inputs
-from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint, stacked_nbytes
+from provided_code.data.cache import build_cache, cache_path_for, load_cache, load_split, source_fingerprint
 from provided_code.data.csv_io import discover_patients, read_patient
-from provided_code.data.mapped import VOLUME_NAMES
+from provided_code.data.split_arrays import VOLUME_NAMES, stacked_nbytes
 
 VOLUMES = model_inputs(openkbp())  # what an OpenKBP model eats: the CT and the packed structures
 
@@ -128,7 +128,7 @@ def drop_from_page_cache(path: Path) -> None:
 def memory_map_batches(path: Path, arrays, rows, repeats: int) -> dict:
     """A batch from the mapped cache file, warm and cold, against the same batch from ``arrays``
     (in memory): warm and in memory alternating, the median of each."""
-    mapped = load_cache(path, mapped=True)
+    mapped = load_cache(path, mapped=True, site=openkbp())
     take_batch(mapped, rows, VOLUMES)  # first touch: read and verified
     warm, in_memory = [], []
     for _ in range(max(9, repeats)):
@@ -140,7 +140,7 @@ def memory_map_batches(path: Path, arrays, rows, repeats: int) -> dict:
         del mapped
         gc.collect()  # unmapped: the kernel drops only pages no process maps
         drop_from_page_cache(path)
-        mapped = load_cache(path, mapped=True)
+        mapped = load_cache(path, mapped=True, site=openkbp())
         cold.append(timed(lambda: take_batch(mapped, rows, VOLUMES), 1))
     return {"batch_s_in_memory": in_memory_s, "batch_s_memory_map_warm": warm_s,
             "batch_s_memory_map_cold": float(np.median(cold)),
@@ -167,7 +167,7 @@ def child_train_rss(spec: dict) -> dict:
 
     tf.config.experimental.enable_op_determinism()  # as training on a CPU without XLA: the same losses
     strategy = tf.distribute.get_strategy()
-    cohort = load_cache(Path(spec["cache"]), mapped=True)
+    cohort = load_cache(Path(spec["cache"]), mapped=True, site=openkbp())
     config = TrainConfig(resolution=128, filters=spec["filters"], batch_size=1, augment="none", xla="off")
     schedule = update_schedule(len(cohort), 1, 1, 1, seed=0, first_epoch=0, epochs=1)[:spec["steps"]]
     arrays = cohort
@@ -209,13 +209,14 @@ def train_peak_rss(workdir: Path, patients: int, distinct: int, filters: int, st
     for number in range(1, patients + 1):
         (cohort / f"pt_{number}").symlink_to(originals[number % distinct].resolve())
     start = time.perf_counter()
-    load_split(cohort, cache_dir=workdir / "cohort-cache", memory_map=True)  # built (in a pool from 32 patients), not read
+    # built (in a pool from 32 patients), not read
+    load_split(cohort, cache_dir=workdir / "cohort-cache", memory_map=True, site=openkbp())
     build_s = time.perf_counter() - start
-    path = cache_path_for(cohort, workdir / "cohort-cache")
+    path = cache_path_for(cohort, workdir / "cohort-cache", site=openkbp())
     spec = {"kind": "train_rss", "cache": str(path), "filters": filters, "steps": steps}
     mapped = measure({**spec, "mapped": True})
     in_memory = measure({**spec, "mapped": False})
-    stacked_mb = stacked_nbytes(patients) / 2**20
+    stacked_mb = stacked_nbytes(patients, site=openkbp()) / 2**20
     return {"cohort_patients": patients, "cohort_stacked_mb": stacked_mb, "cohort_cache_build_s": build_s,
             "train_peak_rss_mb_memory_map": mapped["peak_rss_mb"],
             "cohort_stacked_over_peak_rss": stacked_mb / mapped["peak_rss_mb"],
@@ -254,23 +255,23 @@ def main() -> None:
 
         start = time.perf_counter()
         for folder in folders:
-            read_patient(folder)
+            read_patient(folder, site=openkbp())
         parse_s = (time.perf_counter() - start) / count
 
-        path = cache_path_for(split, workdir / "cache")
+        path = cache_path_for(split, workdir / "cache", site=openkbp())
         start = time.perf_counter()
-        build_cache(split, path, folders, source_fingerprint(folders), skip_incomplete=False)
+        build_cache(split, path, folders, source_fingerprint(folders), skip_incomplete=False, site=openkbp())
         build_s = (time.perf_counter() - start) / count
 
-        load_cache(path)  # warm the page cache, as a second epoch or run would see it
+        load_cache(path, site=openkbp())  # warm the page cache, as a second epoch or run would see it
         # with and without the per-chunk checksums, alternating, median of each
         checked, plain = [], []
         for _ in range(9):
-            checked.append(timed(lambda: load_cache(path), repeats=1))
-            plain.append(timed(lambda: load_cache(path, verify=False), repeats=1))
+            checked.append(timed(lambda: load_cache(path, site=openkbp()), repeats=1))
+            plain.append(timed(lambda: load_cache(path, verify=False, site=openkbp()), repeats=1))
         load_s = float(np.median(checked)) / count
         load_plain_s = float(np.median(plain)) / count
-        arrays = load_cache(path)
+        arrays = load_cache(path, site=openkbp())
         ram_mb = arrays.nbytes / count / 1e6
 
         rows = epoch_batches(count, 2, seed=0, epoch=0)[0]

@@ -25,6 +25,7 @@ from provided_code.apps.score_folder import read_prediction, score_prediction_fo
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import discover_patients, write_dose_csv
 from provided_code.metrics.scoring import score_split
+from provided_code.sites import openkbp
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
         split.mkdir()
         for folder in discover_patients(args.data_dir)[: args.patients]:
             (split / folder.name).symlink_to(folder.resolve())
-        arrays = load_split(split, cache_dir=workdir / "setup-cache")
+        arrays = load_split(split, cache_dir=workdir / "setup-cache", site=openkbp())
         count = len(arrays)
         rng = np.random.default_rng(0)
         predictions_dir = workdir / "predictions"
@@ -48,11 +49,11 @@ def main() -> None:
             write_dose_csv(predictions_dir / f"{pid}.csv", arrays.dose[row] * noise + 0.5, arrays.possible_dose_mask[row])
 
         start = time.perf_counter()
-        score_prediction_folder(split, predictions_dir, cache_dir=workdir / "cold-cache")
+        score_prediction_folder(split, predictions_dir, cache_dir=workdir / "cold-cache", site=openkbp())
         cold_s = (time.perf_counter() - start) / count
 
         start = time.perf_counter()
-        warm = score_prediction_folder(split, predictions_dir, cache_dir=workdir / "cold-cache")
+        warm = score_prediction_folder(split, predictions_dir, cache_dir=workdir / "cold-cache", site=openkbp())
         warm_s = (time.perf_counter() - start) / count
 
         in_memory_doses = [read_prediction(predictions_dir, pid) for pid in arrays.patient_ids]

@@ -83,11 +83,12 @@ def _phantoms(spec: dict):
     from provided_code.data.cache import load_split
     from provided_code.data.phantoms import write_phantom_split
     from provided_code.data.resample import downsample_split
+    from provided_code.sites import openkbp
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-train-"))
     try:
         write_phantom_split(workdir / "train-pats", 4)
-        full = load_split(workdir / "train-pats", cache_dir=workdir / "cache", workers=1)
+        full = load_split(workdir / "train-pats", cache_dir=workdir / "cache", workers=1, site=openkbp())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return full, downsample_split(full, spec["resolution"])

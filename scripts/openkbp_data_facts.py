@@ -32,7 +32,7 @@ def main() -> None:
     patients = sorted(p for folder in args.folders for p in Path(folder).glob("*-pats/pt_*") if p.is_dir())
     fat, soft, low_peak, zero, target_centre, spacing = [], [], [], [], [], []
     for folder in patients:
-        patient = read_patient(folder, require_dose=False)
+        patient = read_patient(folder, require_dose=False, site=openkbp())
         ct = patient.ct.astype(np.int64)
         body = _smoothed(np.bincount(ct[patient.possible_dose_mask], minlength=4096))
         peak = 800 + int(np.argmax(body[800:990]))

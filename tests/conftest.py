@@ -31,6 +31,7 @@ from provided_code.data.phantoms import write_phantom_split, write_prostate_phan
 from tests.kit.made_once import made_once, made_once_in_parts  # noqa: E402
 from tests.kit.ordering import slow_first  # noqa: E402
 from tests.kit.runs import forget_models, trained_once  # noqa: E402
+from provided_code.sites import load_site, openkbp  # noqa: E402
 
 # The phantom patients of phantom_data and prostate_data: (split, patient number)
 PHANTOM_PATIENTS = [("train-pats", number) for number in range(1, 5)] + [("validation-pats", number) for number in (201, 202)]
@@ -72,7 +73,7 @@ def phantom_cache(phantom_data, tmp_path_factory) -> Path:
 
     def make(folder):
         for split in ("train-pats", "validation-pats"):
-            load_split(phantom_data / split, cache_dir=folder, require_dose=False, workers=1)
+            load_split(phantom_data / split, cache_dir=folder, require_dose=False, workers=1, site=openkbp())
 
     return made_once(tmp_path_factory, "phantom-cache", make)
 
@@ -95,7 +96,8 @@ def prostate_data(tmp_path_factory) -> Path:
     ``write_prostate_phantom_split`` writes them; the workers write them together."""
     return made_once_in_parts(tmp_path_factory, "prostate-data", {
         f"{split}/pt_{number}": functools.partial(lambda number, folder: write_prostate_phantom_split(
-            folder.parent, 1, first_number=number, own_plan_every=4), number) for split, number in PHANTOM_PATIENTS})
+            folder.parent, 1, first_number=number, own_plan_every=4, site=load_site("prostate")), number)
+        for split, number in PHANTOM_PATIENTS})
 
 
 @pytest.fixture(scope="session")

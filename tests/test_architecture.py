@@ -151,3 +151,76 @@ def test_the_package_ships_no_test_code_and_needs_none_of_its_dependencies():
                     **{f"extra {name}": text for name, text in setup["options.extras_require"].items()}}
     assert "scikit-image" in requirements.pop("extra dev")
     assert not [where for where, text in requirements.items() if "scikit-image" in text]
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, modules: set[str]):
+    """The package's modules ``path`` imports (at its top or inside a function): ``from a.b import c``
+    is the module ``a.b.c`` when there is one, else ``a.b``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("provided_code"):
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if submodule in modules else node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("provided_code"))
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """Imports run one way inside a layer too: no module reaches itself through the modules it
+    imports (a circle, even through an import inside a function, means two modules that are one)."""
+    paths = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    graph = {name: {other for other in _imported_modules(path, set(paths)) if other in paths and other != name}
+             for name, path in paths.items()}
+
+    def reaches(start):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += graph[name]
+        return seen
+
+    circles = sorted(f"{name} <-> {other}" for name in graph for other in graph[name]
+                     if name < other and name in reaches(other))
+    assert not circles, "modules that import each other (through a chain):\n" + "\n".join(circles)
+
+
+# Where a site is never defaulted: the data, its scoring, the sites themselves and what a model is
+# made of. The caller (a command line, a model's config) says which site; a default would make
+# OpenKBP's (or the prostate's) the answer of every caller that forgot to ask.
+# Only a reader of files written before sites existed (which record none) may take one for OpenKBP's,
+# and does so in its body, not as a default (the cache: a file without a `site` attribute).
+SITE_IS_REQUIRED_IN = ("data", "metrics", "sites", "networks", "losses", "inputs", "inference")
+
+
+def _site_defaults(tree: ast.AST):
+    """``(line, where)`` of each parameter named ``site`` with a default, and each class attribute
+    ``site`` given one (a dataclass field's default)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+            for arg, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+                if arg.arg == "site" and default is not None:
+                    yield node.lineno, f"{getattr(node, 'name', 'lambda')}(site={ast.unparse(default)})"
+        elif isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                        and statement.target.id == "site" and statement.value is not None):
+                    yield statement.lineno, f"{node.name}.site = {ast.unparse(statement.value)}"
+
+
+def test_no_site_is_defaulted_below_the_command_lines():
+    defaulted = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = "provided_code." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        if _top(module) not in SITE_IS_REQUIRED_IN:
+            continue
+        defaulted += [f"{path.relative_to(PACKAGE.parent)}:{line} {where}"
+                      for line, where in _site_defaults(ast.parse(path.read_text()))]
+    assert not defaulted, "a site defaulted (say which site at the call):\n" + "\n".join(defaulted)

@@ -7,7 +7,15 @@ import pytest
 
 import provided_code.infra.atomic as atomic
 from provided_code.errors import ConfigError
-from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
+from provided_code.infra.atomic import (
+    atomic_path,
+    held_atomic_path,
+    new_folder_beside,
+    remove_dead_temporaries,
+    replace_folder,
+    tidy_folder,
+    write_text_atomic,
+)
 
 
 def _fill(folder, text):
@@ -57,3 +65,20 @@ def test_a_full_disk_deep_inside_a_writer_names_the_file_being_written(tmp_path)
             raise ConfigError("bad")
     write_text_atomic(target, "fine")
     assert target.read_text() == "fine"
+
+
+def test_only_temporaries_nobody_holds_are_removed(tmp_path):
+    """A temporary that a killed writer left (no holder) is removed; one being written (held) is
+    kept, and so is anything that is not a temporary of that name."""
+    dead = tmp_path / ".cache.h5.4242.0123abcd.tmp"  # as a writer killed before this change left it
+    dead.write_bytes(b"half")
+    (tmp_path / ".other.h5.4242.0123abcd.tmp").write_bytes(b"another file's")
+    (tmp_path / "cache.h5.notes").write_text("not a temporary")
+    with held_atomic_path(tmp_path / "cache.h5") as tmp:
+        tmp.write_bytes(b"being written")  # the same file: the holder's lock is on it
+        assert remove_dead_temporaries(tmp_path, "cache.h5") == [dead]
+        assert tmp.exists()
+    assert (tmp_path / "cache.h5").read_bytes() == b"being written"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".other.h5.4242.0123abcd.tmp", "cache.h5",
+                                                                  "cache.h5.notes"]
+

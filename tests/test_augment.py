@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from provided_code.data.augment import Augmenter, max_shift, parse_augment, plane_sources
+from provided_code.sites import openkbp
 
 
 def phantom_masks(count=3, size=16):
@@ -87,7 +88,7 @@ def test_shifts_keep_the_possible_dose_mask_whole():
 def test_a_worker_reads_only_the_masks_of_the_patients_it_draws_for(phantom_split, tmp_path):
     from provided_code.data.cache import load_split
 
-    masks = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True).possible_dose_mask
+    masks = load_split(phantom_split, cache_dir=tmp_path / "c", memory_map=True, site=openkbp()).possible_dose_mask
     rows = np.array([2, 0, 1, 0])
     needed = np.array([False, True, False, True])  # this worker's replicas: the 2nd and 4th patients
     mine = Augmenter(("flip", "rotate", "shift"), masks, seed=3).draw(rows, epoch=1, index=4, needed=needed)

@@ -24,7 +24,7 @@ def test_bad_batch_size():
 
 
 def test_take_batch_is_compact_fancy_indexing(phantom_data, tmp_path):
-    arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1)
+    arrays = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1, site=openkbp())
     inputs, dose = take_batch(arrays, np.array([2, 0]), model_inputs(openkbp()))
     assert inputs["ct"].dtype == np.uint16 and inputs["structure_masks"].dtype == np.uint16
     assert np.array_equal(inputs["ct"][0], arrays.ct[2]) and np.array_equal(dose[1, ..., 0], arrays.dose[0])

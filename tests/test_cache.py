@@ -5,14 +5,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from provided_code.constants import CT_MAX
+from provided_code.errors import UserError
 from provided_code.sites import openkbp
-from provided_code.data.cache import CacheError, cache_path_for, load_cache, load_split
+from provided_code.data.cache import cache_path_for, load_cache, load_split
+from provided_code.data.chunks import CacheError
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
 from tests.kit.cache_files import flip_a_byte
 from tests.kit.repo import SAMPLE_DIR
@@ -26,10 +29,10 @@ def _files(folder):
 
 
 def test_cache_matches_csvs_and_is_compact(phantom_split, tmp_path):
-    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=2)
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=2, site=openkbp())
     assert arrays.patient_ids == ["pt_1", "pt_2", "pt_3"]
     for row, pid in enumerate(arrays.patient_ids):
-        patient = read_patient(phantom_split / pid)
+        patient = read_patient(phantom_split / pid, site=openkbp())
         assert np.array_equal(arrays.ct[row], patient.ct)
         assert np.array_equal(arrays.structure_masks[row], patient.structure_masks)
         assert np.array_equal(arrays.possible_dose_mask[row], patient.possible_dose_mask)
@@ -40,24 +43,24 @@ def test_cache_matches_csvs_and_is_compact(phantom_split, tmp_path):
         assert getattr(arrays, name).flags["C_CONTIGUOUS"]
     assert arrays.nbytes / len(arrays) <= 40e6  # the issue's RAM budget per patient at 128³
     # The cache lives in the cache folder, never beside the CSVs.
-    assert cache_path_for(phantom_split, tmp_path / "c").parent == tmp_path / "c"
+    assert cache_path_for(phantom_split, tmp_path / "c", site=openkbp()).parent == tmp_path / "c"
     assert _files(phantom_split) == ["pt_1", "pt_2", "pt_3"]
 
 
 def test_cache_is_reused_then_rebuilt_when_a_source_changes(phantom_split, tmp_path, caplog):
     cache_dir = tmp_path / "c"
-    load_split(phantom_split, cache_dir=cache_dir, workers=1)
-    path = cache_path_for(phantom_split, cache_dir)
+    load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
     built = path.stat().st_mtime_ns
-    load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert path.stat().st_mtime_ns == built  # reused
 
     dose_path = phantom_split / "pt_2" / "dose.csv"
-    dose = read_patient(phantom_split / "pt_2").dose
+    dose = read_patient(phantom_split / "pt_2", site=openkbp()).dose
     dose[dose > 0] += 1.0
     write_dose_csv(dose_path, dose)
     with caplog.at_level(logging.WARNING):
-        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert "is stale" in caplog.text
     assert np.array_equal(arrays.dose[1], dose)
 
@@ -65,8 +68,8 @@ def test_cache_is_reused_then_rebuilt_when_a_source_changes(phantom_split, tmp_p
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, damage):
     cache_dir = tmp_path / "c"
-    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1)
-    path = cache_path_for(phantom_split, cache_dir)
+    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
     size = path.stat().st_size
     if damage == "truncate":
         with open(path, "r+b") as handle:
@@ -76,9 +79,9 @@ def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, 
     else:
         path.write_bytes(b"")
     with pytest.raises(CacheError):
-        load_cache(path)
+        load_cache(path, site=openkbp())
     with caplog.at_level(logging.WARNING):
-        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert "Rebuilding cache" in caplog.text
     assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
 
@@ -87,16 +90,73 @@ def test_corrupt_cache_is_detected_and_rebuilt(phantom_split, tmp_path, caplog, 
 def test_a_flipped_byte_inside_a_chunk_fails_its_checksum_and_the_cache_is_rebuilt(phantom_split, tmp_path, caplog,
                                                                                     volume):
     cache_dir = tmp_path / "c"
-    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1)
-    path = cache_path_for(phantom_split, cache_dir)
+    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
     flip_a_byte(path, volume, 1)  # in the middle of patient 2's chunk; size and time unchanged: only the bytes tell
     with pytest.raises(CacheError, match=f"patient pt_2's {volume} chunk fails its checksum"):
-        load_cache(path)
-    assert load_cache(path, verify=False).patient_ids  # the bytes still load without the check
+        load_cache(path, site=openkbp())
+    assert load_cache(path, verify=False, site=openkbp()).patient_ids  # the bytes still load without the check
     with caplog.at_level(logging.WARNING):
-        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert "Rebuilding cache" in caplog.text and str(path) in caplog.text and "fails its checksum" in caplog.text
     assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
+
+
+def _flip_a_table_byte(path, table: str, row: int) -> None:
+    """Flip the lowest bit of the first byte of patient ``row``'s entry in a per-patient table
+    (has_dose 1 -> 0, dose_decimals 3 -> 2, a voxel spacing by an ulp), size and time kept."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        dataset = h5[table]
+        position = dataset.id.get_offset() + row * dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
+    stat = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)
+        handle.seek(position)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("table", ["voxel_dimensions", "has_dose", "dose_decimals"])
+def test_a_flipped_byte_in_a_per_patient_table_fails_its_checksum_and_the_cache_is_rebuilt(phantom_split, tmp_path,
+                                                                                           caplog, table):
+    cache_dir = tmp_path / "c"
+    expected = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
+    _flip_a_table_byte(path, table, 1)
+    with pytest.raises(CacheError, match=f"{path}: the {table} table fails its checksum"):
+        load_cache(path, site=openkbp())
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    assert "Rebuilding cache" in caplog.text and f"the {table} table fails its checksum" in caplog.text
+    assert np.array_equal(getattr(arrays, table), getattr(expected, table))
+
+
+def test_a_flipped_table_byte_is_found_before_the_volumes_are_mapped(phantom_split, tmp_path, caplog):
+    load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, tmp_path / "c", site=openkbp())
+    _flip_a_table_byte(path, "has_dose", 2)  # would leave pt_3 out of scoring
+    with caplog.at_level(logging.WARNING):
+        mapped = load_split(phantom_split, cache_dir=tmp_path / "c", require_dose=False, memory_map=True,
+                            site=openkbp())
+    assert "the has_dose table fails its checksum" in caplog.text and mapped.has_dose.all()
+
+
+def test_a_cache_written_before_its_tables_were_checksummed_is_rebuilt(phantom_split, tmp_path, caplog):
+    import h5py
+
+    expected = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, tmp_path / "c", site=openkbp())
+    with h5py.File(path, "r+") as h5:  # as the previous version wrote it
+        del h5.attrs["table_checksums"]
+        h5.attrs["format_version"] = 4
+    with caplog.at_level(logging.WARNING):
+        arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    assert "Rebuilding cache" in caplog.text and "has format 4, expected 5" in caplog.text
+    assert np.array_equal(arrays.voxel_dimensions, expected.voxel_dimensions)
+    assert np.array_equal(arrays.dose, expected.dose)
 
 
 def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_path):
@@ -104,35 +164,71 @@ def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_pa
     script = textwrap.dedent(f"""
         import os, signal
         from provided_code.data.cache import load_split
+        from provided_code.sites import openkbp
         def progress(items, length, label):
             for done, item in enumerate(items):
                 if done == 2:
                     os.kill(os.getpid(), signal.SIGKILL)
                 yield item
-        load_split({str(phantom_split)!r}, cache_dir={str(cache_dir)!r}, workers=1, progress=progress)
+        load_split({str(phantom_split)!r}, cache_dir={str(cache_dir)!r}, workers=1, progress=progress, site=openkbp())
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True)
     assert result.returncode == -signal.SIGKILL
-    path = cache_path_for(phantom_split, cache_dir)
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
     assert not path.exists()
     assert any(name.endswith(".tmp") for name in _files(cache_dir))  # the half-written temp file
-    arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1)
+    arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     assert len(arrays) == 3 and path.exists()
+    assert _files(cache_dir) == [path.name]  # the next build removed what the killed one left
+
+
+def test_a_build_still_running_keeps_its_temporary_file_while_another_builds(phantom_split, tmp_path):
+    """Two builds of one cache at once (two runs started together): the second tidies what dead
+    builds left, never the first's temporary file, and both end with the cache in place."""
+    cache_dir, paused, go = tmp_path / "c", tmp_path / "paused", tmp_path / "go"
+    script = textwrap.dedent(f"""
+        import pathlib, time
+        from provided_code.data.cache import load_split
+        from provided_code.sites import openkbp
+        def progress(items, length, label):
+            for done, item in enumerate(items):
+                if done == 1:
+                    pathlib.Path({str(paused)!r}).touch()
+                    deadline = time.monotonic() + 120
+                    while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                yield item
+        load_split({str(phantom_split)!r}, cache_dir={str(cache_dir)!r}, workers=1, progress=progress, site=openkbp())
+    """)
+    first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not paused.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert paused.exists(), first.communicate()[0].decode(errors="replace")
+        (writing,) = [name for name in _files(cache_dir) if name.endswith(".tmp")]
+        arrays = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())  # builds meanwhile
+        assert len(arrays) == 3 and writing in _files(cache_dir)  # the live build's file is left alone
+    finally:
+        go.touch()
+        output = first.communicate(timeout=120)[0].decode(errors="replace")
+    assert first.returncode == 0, output
+    assert _files(cache_dir) == [cache_path_for(phantom_split, cache_dir, site=openkbp()).name]
 
 
 def test_bad_patient_leaves_no_cache_behind(phantom_split, tmp_path):
     (phantom_split / "pt_3" / "ct.csv").unlink()
     cache_dir = tmp_path / "c"
     with pytest.raises(PatientDataError, match=r"Patient pt_3: .*ct\.csv: file is missing"):
-        load_split(phantom_split, cache_dir=cache_dir, workers=2)
+        load_split(phantom_split, cache_dir=cache_dir, workers=2, site=openkbp())
     assert _files(cache_dir) == []
 
 
 def test_missing_dose_is_an_error_when_training_only(phantom_split, tmp_path):
     (phantom_split / "pt_1" / "dose.csv").unlink()
     with pytest.raises(PatientDataError, match=r"Patient pt_1: .*dose\.csv: file is missing"):
-        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
-    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", require_dose=False, workers=1)
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", require_dose=False, workers=1, site=openkbp())
     assert arrays.has_dose.tolist() == [False, True, True]
     assert not arrays.dose[0].any()
 
@@ -141,28 +237,31 @@ def test_skip_incomplete_reports_what_it_skipped(phantom_split, tmp_path, caplog
     (phantom_split / "pt_1" / "possible_dose_mask.csv").unlink()
     (phantom_split / "pt_3" / "dose.csv").unlink()
     with caplog.at_level(logging.WARNING):
-        arrays = load_split(phantom_split, cache_dir=tmp_path / "c", skip_incomplete=True, workers=1)
+        arrays = load_split(phantom_split, cache_dir=tmp_path / "c", skip_incomplete=True, workers=1, site=openkbp())
     assert arrays.patient_ids == ["pt_2"]
     assert set(arrays.skipped) == {"pt_1", "pt_3"}
     assert "Skipped 2 incomplete patient(s)" in caplog.text
     assert "possible_dose_mask.csv: file is missing" in caplog.text and "dose.csv is missing" in caplog.text
 
 
-def test_cache_dir_inside_the_data_is_refused(phantom_split):
-    with pytest.raises(ValueError, match="outside the data"):
-        load_split(phantom_split, cache_dir=phantom_split / "cache", workers=1)
+def test_cache_dir_inside_the_data_is_refused_in_one_line_leaving_nothing(phantom_split):
+    with pytest.raises(UserError, match="outside the data") as caught:  # a user's mistake: no traceback
+        load_split(phantom_split, cache_dir=phantom_split / "cache", workers=1, site=openkbp())
+    assert isinstance(caught.value, ValueError) and "\n" not in str(caught.value)
+    assert f"cache_dir={phantom_split / 'cache'}" in str(caught.value)
+    assert _files(phantom_split) == ["pt_1", "pt_2", "pt_3"]  # the refused folder was not made
 
 
 @requires_sample
 def test_skip_incomplete_on_the_real_broken_patients(tmp_path):
     # pt_8 lacks ct.csv, pt_38 lacks possible_dose_mask.csv and dose.csv: nothing is left.
     with pytest.raises(PatientDataError, match="no complete patient"):
-        load_split(SAMPLE_DIR / "broken", cache_dir=tmp_path / "c", skip_incomplete=True, workers=1)
+        load_split(SAMPLE_DIR / "broken", cache_dir=tmp_path / "c", skip_incomplete=True, workers=1, site=openkbp())
     # Beside complete patients, the broken ones are skipped and named.
     mixed = tmp_path / "mixed"
     for source in [SAMPLE_DIR / "broken" / "pt_8", SAMPLE_DIR / "train-pats" / "pt_9", SAMPLE_DIR / "broken" / "pt_38"]:
         shutil.copytree(source, mixed / source.name)
-    arrays = load_split(mixed, cache_dir=tmp_path / "c", skip_incomplete=True, workers=2)
+    arrays = load_split(mixed, cache_dir=tmp_path / "c", skip_incomplete=True, workers=2, site=openkbp())
     assert arrays.patient_ids == ["pt_9"]
     assert arrays.skipped == {"pt_8": "ct.csv: file is missing",
                               "pt_38": "possible_dose_mask.csv: file is missing"}
@@ -172,7 +271,7 @@ def test_skip_incomplete_on_the_real_broken_patients(tmp_path):
 @pytest.mark.parametrize("split", ["train-pats", "validation-pats"])
 def test_real_round_trip_csv_cache_arrays_csv(tmp_path, split):
     """CSV -> cache -> arrays -> CSV gives the same sparse entries (CT after clipping)."""
-    arrays = load_split(SAMPLE_DIR / split, cache_dir=tmp_path / "c")
+    arrays = load_split(SAMPLE_DIR / split, cache_dir=tmp_path / "c", site=openkbp())
     assert len(arrays) == {"train-pats": 20, "validation-pats": 6}[split]
     out = tmp_path / "out"
     for row, pid in enumerate(arrays.patient_ids):
@@ -213,8 +312,8 @@ def test_a_cache_built_before_doses_were_checked_is_rebuilt_and_the_bad_dose_ref
     with monkeypatch.context() as earlier:  # the cache as the version before the check built it
         earlier.setattr(cache, "CACHE_FORMAT_VERSION", 3)
         earlier.setattr(csv_io, "_check_dose", lambda *args: None, raising=False)
-        assert load_split(phantom_split, cache_dir=tmp_path / "c", workers=1).has_dose.all()
+        assert load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp()).has_dose.all()
     with caplog.at_level(logging.WARNING), pytest.raises(
             PatientDataError, match=r"Patient pt_2: .*pt_2/dose\.csv: lists no voxel \(a header only\)"):
-        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1)
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
     assert "has format 3, expected" in caplog.text

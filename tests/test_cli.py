@@ -70,9 +70,10 @@ def test_openkbp_score_prints_the_scores_before_a_json_that_cannot_be_written(ph
 
     from provided_code.apps.cli import score_command
     from provided_code.data.csv_io import read_patient, write_dose_csv
+    from provided_code.sites import openkbp
 
     for pid in ("pt_1", "pt_2", "pt_3"):
-        write_dose_csv(tmp_path / "pred" / f"{pid}.csv", read_patient(phantom_split / pid).dose)
+        write_dose_csv(tmp_path / "pred" / f"{pid}.csv", read_patient(phantom_split / pid, site=openkbp()).dose)
     result = CliRunner().invoke(score_command, ["--reference", str(phantom_split), "--predictions",
                                                 str(tmp_path / "pred"), "--json", "/proc/nope/s.json",
                                                 "--cache-dir", str(tmp_path / "c")])

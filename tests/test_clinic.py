@@ -12,7 +12,8 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.config import TrainConfig  # noqa: E402
-from provided_code.data.cache import SplitArrays, exact_dose  # noqa: E402
+from provided_code.data.csv_io import exact_dose  # noqa: E402
+from provided_code.data.split_arrays import SplitArrays  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from tests.kit.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
@@ -50,8 +51,8 @@ def test_predict_from_dicom_writes_rtdose_nifti_dvh_and_plots(tiny_model, tmp_pa
                  "patient/dose.csv", "dose_dvh.png", "dose_slices.png"):
         assert (out / name).is_file(), name
 
-    patient = read_patient(out / "patient")
-    arrays = SplitArrays.from_patients([patient])
+    patient = read_patient(out / "patient", site=openkbp())
+    arrays = SplitArrays.from_patients([patient], site=openkbp())
     predicted = read_dose_csv(out / "prediction.csv")
     assert not predicted[~patient.possible_dose_mask].any() and predicted[patient.possible_dose_mask].max() > 0
     report = json.loads((out / "dvh.json").read_text())
@@ -162,7 +163,7 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
                 assert ours == pytest.approx(value, abs=tolerance), (source, structure, metric)
 
     # The challenge's scores stay on the 128³ grid they are defined on.
-    arrays = SplitArrays.from_patients([read_patient(out / "patient")])
+    arrays = SplitArrays.from_patients([read_patient(out / "patient", site=openkbp())], site=openkbp())
     # the same float32 prediction scored in memory and from its CSV decimals (half an ulp each): under 1e-6
     assert table["scores"]["dose_score"] == pytest.approx(score_split(arrays, lambda row: predictions[0]).dose_score,
                                                           rel=1e-6)
@@ -174,7 +175,7 @@ def test_plots_of_a_patient_without_a_reference_show_the_prediction_alone(tmp_pa
 
     volumes = make_phantom(2)
     patient = read_patient_like(volumes)
-    arrays = SplitArrays.from_patients([patient])
+    arrays = SplitArrays.from_patients([patient], site=openkbp())
     assert not arrays.has_dose[0]
     paths = plot_patient(tmp_path, "patient", arrays, 0, volumes["dose"], stem="dose")
     assert [p.name for p in paths] == ["dose_dvh.png", "dose_slices.png"] and all(p.stat().st_size > 0 for p in paths)
@@ -205,7 +206,7 @@ def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_mo
 
     def import_then_remove_the_csvs(*args, **kwargs):
         report = import_patient(*args, **kwargs)
-        read_back["patient"] = read_patient(report.folder)
+        read_back["patient"] = read_patient(report.folder, site=openkbp())
         for path in report.folder.glob("*.csv"):
             path.unlink()
         return report
@@ -214,7 +215,7 @@ def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_mo
     report = clinic_module.predict_dicom_patient(tiny_model, clinic.ct_dir, clinic.rtstruct, tmp_path / "out",
                                                  rtdose=clinic.rtdose, plots=False)
     predicted = read_dose_csv(tmp_path / "out" / "prediction.csv")  # the float32 prediction, exactly
-    arrays = SplitArrays.from_patients([read_back["patient"]])
+    arrays = SplitArrays.from_patients([read_back["patient"]], site=openkbp())
     assert not predicted[~arrays.possible_dose_mask[0]].any()
     expected = score_split(arrays, lambda row: predicted).summary()
     assert report.dvh["scores"] == {key: expected[key] for key in ("dose_score", "dvh_score")}
@@ -240,7 +241,7 @@ def test_predict_from_dicom_with_a_prostate_model_imports_by_its_site(prostate_m
     from provided_code.sites import load_site
 
     site = load_site("prostate")
-    volumes = make_prostate_phantom(21)
+    volumes = make_prostate_phantom(21, site=load_site("prostate"))
     masks = {name: volumes[name] for name in site.names}
     masks["BODY"] = volumes["possible_dose_mask"]
     clinic = write_patient(tmp_path / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],

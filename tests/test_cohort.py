@@ -172,7 +172,7 @@ def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_arch
     names = identity(out)
     for patient_id in ("PAT-A", "PAT-B", "PAT-C"):
         folder = folder_of(out, names[patient_id])
-        dose = read_patient(folder).dose
+        dose = read_patient(folder, site=openkbp()).dose
         # 16-bit RT Doses (steps of 1.2 mg at 70 Gy; × 35 for the fraction dose), 3 decimals, 9 summed
         assert np.abs(dose - patients[patient_id]["dose"]).max() <= (0.05 if patient_id == "PAT-C" else 0.01), patient_id
     b = folder_of(out, names["PAT-B"])
@@ -364,7 +364,7 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe
     # the earlier import is no longer in the training set, moved whole out of it
     assert not folder.exists() and not list(data.glob("*-pats/pt_*"))
     [withdrawn] = (data / "withdrawn").iterdir()
-    assert withdrawn.name.startswith("pt_1-") and read_patient(withdrawn).dose is not None
+    assert withdrawn.name.startswith("pt_1-") and read_patient(withdrawn, site=openkbp()).dose is not None
     moved = f"{folder.parent.name}/pt_1 moved to withdrawn/{withdrawn.name}"
     assert all(r["reason"].endswith(f"; its earlier import was taken out of the training set: {moved}")
                for r in refused)
@@ -386,7 +386,7 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
     staging, archive = tmp_path / "staging", tmp_path / "archive"
     sources = {}
     for name in ("pt_1", "pt_2"):
-        source = read_patient(SAMPLE_DIR / "train-pats" / name)
+        source = read_patient(SAMPLE_DIR / "train-pats" / name, site=openkbp())
         sources[name] = source
         masks = {s: (source.structure_masks >> bit) & 1 == 1 for bit, s in enumerate(STRUCTURES)}
         masks = {s: m for s, m in masks.items() if m.any()}
@@ -402,7 +402,7 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
     names = identity(out)
     for name, source in sources.items():
         folder = out / "train-pats" / names[f"OPENKBP-{name}"]
-        imported = read_patient(folder)
+        imported = read_patient(folder, site=openkbp())
         assert np.abs(imported.ct.astype(int) - source.ct.astype(int)).max() <= 1  # within 1 HU
         for bit, structure in enumerate(STRUCTURES):
             a, b = (imported.structure_masks >> bit) & 1 == 1, (source.structure_masks >> bit) & 1 == 1
@@ -441,7 +441,7 @@ def write_prostate_archive(root: Path, seeds=(31, 32, 33)) -> Path:
 
     keep = slice(32, 96)
     for seed in seeds:
-        volumes = make_prostate_phantom(seed, prescriptions={"PTV78": 74.0, "PTV60": 59.2})
+        volumes = make_prostate_phantom(seed, prescriptions={"PTV78": 74.0, "PTV60": 59.2}, site=PROSTATE)
         masks = {name: volumes[name][:, :, keep] for name in PROSTATE.names}
         masks["BODY"] = volumes["possible_dose_mask"][:, :, keep]
         folder = root / "staging" / f"PROS-{seed}"

@@ -41,11 +41,11 @@ def test_folders_not_named_pt_n_are_named_in_a_warning_once_per_split(tmp_path, 
 
 def test_a_byte_order_mark_is_read_in_voxel_dimensions_as_in_the_other_csvs(phantom_split):
     folder = phantom_split / "pt_1"
-    expected = read_patient(folder)
+    expected = read_patient(folder, site=openkbp())
     for name in ("voxel_dimensions.csv", "ct.csv"):
         path = folder / name
         path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as Excel's "CSV UTF-8" writes
-    patient = read_patient(folder)
+    patient = read_patient(folder, site=openkbp())
     assert np.array_equal(patient.voxel_dimensions, expected.voxel_dimensions)
     assert np.array_equal(patient.ct, expected.ct)
 
@@ -58,7 +58,7 @@ def test_empty_or_missing_split_is_an_error(tmp_path):
 
 
 def test_phantom_patient_reads_back(phantom_split):
-    patient = read_patient(phantom_split / "pt_1")
+    patient = read_patient(phantom_split / "pt_1", site=openkbp())
     assert patient.patient_id == "pt_1"
     assert patient.ct.shape == VOLUME_SHAPE and patient.ct.dtype == np.uint16
     assert patient.structure_masks.dtype == np.uint16
@@ -105,7 +105,7 @@ def test_bad_input_names_patient_file_and_problem(phantom_split, filename, break
     else:
         path.write_text(breakage)
     with pytest.raises(PatientDataError) as caught:
-        read_patient(phantom_split / "pt_2", require_dose=True)
+        read_patient(phantom_split / "pt_2", require_dose=True, site=openkbp())
     message = str(caught.value)
     assert message.startswith("Patient pt_2: ")
     assert str(path) in message
@@ -114,12 +114,12 @@ def test_bad_input_names_patient_file_and_problem(phantom_split, filename, break
 
 def test_dose_is_optional_when_not_required(phantom_split):
     (phantom_split / "pt_1" / "dose.csv").unlink()
-    assert read_patient(phantom_split / "pt_1", require_dose=False).dose is None
+    assert read_patient(phantom_split / "pt_1", require_dose=False, site=openkbp()).dose is None
 
 
 def test_missing_structure_is_an_empty_channel(phantom_split):
     (phantom_split / "pt_1" / "Larynx.csv").unlink()
-    patient = read_patient(phantom_split / "pt_1")
+    patient = read_patient(phantom_split / "pt_1", site=openkbp())
     bit = STRUCTURES.index("Larynx")
     assert not np.any(patient.structure_masks & (1 << bit))
 
@@ -164,15 +164,15 @@ def test_write_dose_rejects_bad_shape_and_nan(tmp_path):
 @requires_sample
 def test_real_broken_patients_are_rejected_with_the_file_named():
     with pytest.raises(PatientDataError, match=r"Patient pt_8: .*pt_8/ct\.csv: file is missing"):
-        read_patient(SAMPLE_DIR / "broken" / "pt_8")
+        read_patient(SAMPLE_DIR / "broken" / "pt_8", site=openkbp())
     with pytest.raises(PatientDataError, match=r"Patient pt_38: .*pt_38/possible_dose_mask\.csv: file is missing"):
-        read_patient(SAMPLE_DIR / "broken" / "pt_38")
+        read_patient(SAMPLE_DIR / "broken" / "pt_38", site=openkbp())
 
 
 @requires_sample
 def test_real_patient_ct_is_clipped_and_float32_dose_is_exact_enough():
     folder = SAMPLE_DIR / "train-pats" / "pt_6"  # its CT reaches 19798
-    patient = read_patient(folder)
+    patient = read_patient(folder, site=openkbp())
     raw = pd.read_csv(folder / "ct.csv", index_col=0)
     assert raw["data"].max() > CT_MAX
     assert patient.ct.max() == CT_MAX

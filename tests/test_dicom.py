@@ -58,7 +58,7 @@ def written(tmp_path_factory):
 
 def test_round_trip_gives_back_the_phantom(written):
     volumes, patient, report = written
-    imported = read_patient(report.folder)
+    imported = read_patient(report.folder, site=openkbp())
     assert np.allclose(imported.voxel_dimensions, volumes["voxel_dimensions"])
     assert np.abs(imported.ct.astype(int) - volumes["ct"].astype(int)).max() <= 1  # within 1 HU
     for bit, name in enumerate(STRUCTURES):
@@ -86,11 +86,11 @@ def assert_same_patient(kept, read):
 
 def test_the_import_returns_the_patient_it_wrote_as_read_patient_reads_it(written, small_clinic, tmp_path):
     _, _, report = written
-    assert_same_patient(report.patient, read_patient(report.folder))
+    assert_same_patient(report.patient, read_patient(report.folder, site=openkbp()))
     assert report.patient.dose_decimals == 3 and report.patient.prescriptions is None  # the challenge's decimals
     without_dose = import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_2")
     assert without_dose.patient.dose is None
-    assert_same_patient(without_dose.patient, read_patient(without_dose.folder, require_dose=False))
+    assert_same_patient(without_dose.patient, read_patient(without_dose.folder, require_dose=False, site=openkbp()))
 
 
 def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path):
@@ -129,14 +129,14 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
 
 @requires_sample
 def test_real_openkbp_patient_round_trip_with_more_slices_than_the_box(tmp_path):
-    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_1")
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_1", site=openkbp())
     masks = {name: (source.structure_masks >> bit) & 1 == 1 for bit, name in enumerate(STRUCTURES)}
     masks = {name: mask for name, mask in masks.items() if mask.any()}
     masks["BODY"] = source.possible_dose_mask
     patient = write_patient(tmp_path / "clinic", source.ct, masks, source.voxel_dimensions, source.dose,
                             extra_slices=(12, 5), origin=(-248.0, -310.5), top_z=-40.0)
     report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose)
-    imported = read_patient(report.folder)
+    imported = read_patient(report.folder, site=openkbp())
     # The box is centred on the targets within the 145 written slices; compare where both have the slice.
     targets = np.flatnonzero(((source.structure_masks >> 7) != 0).any(axis=(0, 1)))
     first = choose_first_slice(145, 12 + (targets.min() + targets.max()) / 2)
@@ -157,7 +157,7 @@ def test_fewer_slices_than_the_box_are_padded_with_air(tmp_path):
     patient = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
                             volumes["voxel_dimensions"], factor=1)
     report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1")
-    imported = read_patient(report.folder, require_dose=False)
+    imported = read_patient(report.folder, require_dose=False, site=openkbp())
     first = report.geometry.first_slice
     assert -28 <= first <= 0
     inside = slice(-first, -first + 100)
@@ -335,7 +335,8 @@ def test_without_a_body_contour_the_mask_comes_from_the_ct(small_clinic, tmp_pat
     report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
     assert "possible-dose mask: CT above -400 HU (no BODY/External ROI)" in report.lines
     volumes, _ = phantom_volumes(seed=9)
-    assert dice(read_patient(report.folder, require_dose=False).possible_dose_mask, volumes["possible_dose_mask"]) >= 0.95
+    assert dice(read_patient(report.folder, require_dose=False, site=openkbp()).possible_dose_mask,
+                volumes["possible_dose_mask"]) >= 0.95
 
 
 def test_command_line_import_and_export_and_a_one_line_error(small_clinic, tmp_path):
@@ -418,7 +419,7 @@ def _contour(points_mm) -> "pydicom.Dataset":
 def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clinic, tmp_path, caplog):
     clinic = _copy(small_clinic, tmp_path)
     expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "clean").folder,
-                            require_dose=False)
+                            require_dose=False, site=openkbp())
     rs = pydicom.dcmread(clinic / "RS.dcm")
     number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
     ptv70 = next(item for item in rs.ROIContourSequence if item.ReferencedROINumber == number["PTV_7000"])
@@ -436,7 +437,7 @@ def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clin
     rs.save_as(clinic / "RS.dcm")
     with caplog.at_level("INFO", logger="provided_code.dicom.rtstruct"):
         report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
-    imported = read_patient(report.folder, require_dose=False)
+    imported = read_patient(report.folder, require_dose=False, site=openkbp())
     assert np.array_equal(imported.structure_masks, expected.structure_masks)
     assert "unused ROIs: 'Couch'" in report.lines
     assert "ROI 'PTV_7000': left out 2 contours of fewer than 3 points" in caplog.text and "Couch" not in caplog.text
@@ -479,7 +480,7 @@ def test_a_jpeg_2000_ct_imports_and_without_a_decoder_is_refused_in_one_line(sma
 
     clinic = _copy(small_clinic, tmp_path)
     expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "plain").folder,
-                            require_dose=False)
+                            require_dose=False, site=openkbp())
     files = sorted((clinic / "ct").iterdir())
     for path in files[:3]:
         dataset = pydicom.dcmread(path)
@@ -487,7 +488,7 @@ def test_a_jpeg_2000_ct_imports_and_without_a_decoder_is_refused_in_one_line(sma
         dataset.save_as(path)
     assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID == JPEG2000Lossless
     imported = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1").folder,
-                            require_dose=False)
+                            require_dose=False, site=openkbp())
     assert np.array_equal(imported.ct, expected.ct)  # lossless
 
     decoder = get_decoder(JPEG2000Lossless)  # as if neither pylibjpeg-openjpeg nor Pillow nor GDCM were installed
@@ -563,7 +564,7 @@ def prostate_written(tmp_path_factory):
     """A prostate phantom written as a clinic's DICOM (256 × 256 CT at half the voxel size, shuffled
     files, ROIs under clinical names, RTDOSE), and its import for the prostate site."""
     root = tmp_path_factory.mktemp("prostate-dicom")
-    volumes = make_prostate_phantom(3)
+    volumes = make_prostate_phantom(3, site=PROSTATE)
     masks = {name: volumes[name] for name in PROSTATE.names}
     masks["BODY"] = volumes["possible_dose_mask"]
     patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],

@@ -73,11 +73,12 @@ def test_each_patients_out_of_fold_prediction_comes_from_the_fold_that_never_saw
     from provided_code.data.csv_io import read_sparse_csv
     from provided_code.folds import read_dealing
     from provided_code.inference import predict_full_resolution
+    from provided_code.sites import openkbp
     from provided_code.run_folder import RunFolder
 
     dealing = read_dealing(cv_model)
     assert dealing.folds == 2 and sorted(dealing.patients) == ["pt_1", "pt_2", "pt_3", "pt_4"]
-    arrays = load_split(phantom_data / "train-pats", cache_dir=phantom_cache)
+    arrays = load_split(phantom_data / "train-pats", cache_dir=phantom_cache, site=openkbp())
     folds = {k: RunFolder(cv_model / f"fold-{k}").load_trained_model("best") for k in (1, 2)}
     for k, fold in folds.items():
         held_out = dealing.held_out_of(k)

@@ -20,7 +20,7 @@ from provided_code.data.tf_dataset import element_spec, take_element
 from provided_code.inference import predict_arrays
 from provided_code.model_spec import ANGLES, STRUCTURE_BITS, UNCHANGED, VOLUME, model_inputs
 from provided_code.losses import loss_function
-from provided_code.sites import load_site, site_from_dict
+from provided_code.sites import load_site, openkbp, site_from_dict
 from provided_code.training.feeds import fit_patient_inputs
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
@@ -113,9 +113,9 @@ def test_a_patient_without_beams_csv_takes_the_runs_angles_whether_or_not_anothe
     nine) are given in one place, so pt_1's beams do not depend on pt_2's beams.csv."""
     split = phantom_split
     specs = model_inputs(OPENKBP, beam_slots=9, beam_angles=(0.0, 120.0, 240.0))
-    alone = take_inputs(fit_vectors(load_split(split, cache_dir=tmp_path / "cache"), specs), [0], specs)
+    alone = take_inputs(fit_vectors(load_split(split, cache_dir=tmp_path / "cache", site=openkbp()), specs), [0], specs)
     write_beams(split / "pt_2", [{"type": "static", "gantry_start": a} for a in (10.0, 20.0)])
-    arrays = load_split(split, cache_dir=tmp_path / "cache")
+    arrays = load_split(split, cache_dir=tmp_path / "cache", site=openkbp())
     assert np.isnan(arrays.beam_angles[0]).all() and arrays.beam_angles[1].tolist() == [10.0, 20.0]
     beside = take_inputs(fit_vectors(arrays, specs), [0, 1], specs)["beam_angles"]
     np.testing.assert_array_equal(beside[0], alone["beam_angles"][0])

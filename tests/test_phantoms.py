@@ -35,7 +35,7 @@ def test_phantom_dose_is_plausible():
 
 def test_phantom_reads_as_an_openkbp_patient(tmp_path):
     folder = write_phantom_patient(tmp_path / "pt_3", seed=3, with_dose=False)
-    patient = read_patient(folder, require_dose=False)
+    patient = read_patient(folder, require_dose=False, site=openkbp())
     assert patient.dose is None and patient.ct.max() > 1000
     assert len(list(folder.glob("*.csv"))) == 13
 
@@ -61,7 +61,7 @@ PROSTATE = load_site("prostate")
 @pytest.fixture(scope="module")
 def seven_fields():
     """A prostate phantom treated with seven static fields (its own plan)."""
-    return make_prostate_phantom(4, gantry_angles=SEVEN_FIELDS)
+    return make_prostate_phantom(4, gantry_angles=SEVEN_FIELDS, site=PROSTATE)
 
 
 def centroid(mask):
@@ -69,7 +69,7 @@ def centroid(mask):
 
 
 def test_prostate_phantom_anatomy_and_dose_at_the_prescriptions():
-    volumes = make_prostate_phantom(12)  # the site's two arcs, every 10°
+    volumes = make_prostate_phantom(12, site=PROSTATE)  # the site's two arcs, every 10°
     dose, body = volumes["dose"], volumes["possible_dose_mask"]
     assert all(volumes[name].any() for name in PROSTATE.names) and np.all(dose[~body] == 0)
     assert not (volumes["PTV78"] & volumes["PTV60"]).any()  # stored disjoint: a voxel of both is PTV78's
@@ -92,7 +92,7 @@ def test_prostate_dose_follows_its_beams():
     a beam's path get many times the dose of those off every path (three fields: with seven or an
     arc, the paths of a pelvis-sized target leave no voxel near it off every path)."""
     angles = (0.0, 120.0, 240.0)
-    volumes = make_prostate_phantom(4, gantry_angles=angles)
+    volumes = make_prostate_phantom(4, gantry_angles=angles, site=PROSTATE)
     targets = volumes["PTV78"] | volumes["PTV60"]
     on_path = np.zeros_like(targets)
     for angle in angles:
@@ -113,8 +113,8 @@ def test_prostate_dose_follows_its_beams():
 
 
 def test_a_patient_with_its_own_beams_and_prescriptions_gets_their_dose(tmp_path, seven_fields):
-    own = write_prostate_phantom(tmp_path / "own" / "pt_4", seed=4, own_plan=True)
-    site = write_prostate_phantom(tmp_path / "site" / "pt_4", seed=4)
+    own = write_prostate_phantom(tmp_path / "own" / "pt_4", seed=4, own_plan=True, site=PROSTATE)
+    site = write_prostate_phantom(tmp_path / "site" / "pt_4", seed=4, site=PROSTATE)
     beams, couches = read_beams(own)
     assert beams.gantry_angles() == SEVEN_FIELDS and couches == (0.0,) * 7
     assert read_prescriptions(own, PROSTATE) == OWN_PRESCRIPTIONS_GY
@@ -122,7 +122,7 @@ def test_a_patient_with_its_own_beams_and_prescriptions_gets_their_dose(tmp_path
     for name in ("ct.csv", "possible_dose_mask.csv", *PROSTATE.structure_files()):  # one anatomy, by seed
         assert filecmp.cmp(own / name, site / name, shallow=False), name
     assert not filecmp.cmp(own / "dose.csv", site / "dose.csv", shallow=False)
-    volumes = make_prostate_phantom(4, gantry_angles=SEVEN_FIELDS, prescriptions=OWN_PRESCRIPTIONS_GY)
+    volumes = make_prostate_phantom(4, gantry_angles=SEVEN_FIELDS, prescriptions=OWN_PRESCRIPTIONS_GY, site=PROSTATE)
     assert volumes["dose"][volumes["PTV78"]].mean() == pytest.approx(74.0, abs=0.01)
     # the dose of its own plan is that of seven fields: scaled from 78 Gy to 74 Gy near enough
     assert np.abs(volumes["dose"] - seven_fields["dose"] * 74 / 78).max() < 0.15 * 74
@@ -135,5 +135,5 @@ def test_phantoms_only_for_the_sites_they_model(tmp_path):
     path = tmp_path / "pelvis.json"
     path.write_text(__import__("json").dumps(site))
     with pytest.raises(PhantomSiteError, match="No phantoms for site pelvis: .*Rectum, Bladder") as caught:
-        write_site_phantom(tmp_path / "pt_1", seed=1, site=str(path))
+        write_site_phantom(tmp_path / "pt_1", seed=1, site=load_site(path))
     assert "\n" not in str(caught.value) and not (tmp_path / "pt_1").exists()

@@ -23,7 +23,7 @@ from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
 from provided_code.run_folder import RunFolder
-from provided_code.sites import load_site
+from provided_code.sites import load_site, openkbp
 from provided_code.training.train import train
 from tests.kit.repo import console_script
 from tests.kit.runs import copy_of_run, predict, trained_once
@@ -48,7 +48,7 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
             shutil.copytree(phantom_data / "validation-pats" / source, root / "data" / "test-pats" / f"pt_{number}",
                             copy_function=os.link, ignore=lambda folder, names: ["dose.csv"])
         for split in ("train-pats", "validation-pats", "test-pats"):
-            load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1)
+            load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1, site=openkbp())
 
     def write_predictions(config):
         for stage in ("validation", "test"):
@@ -76,7 +76,8 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(run):
         "m_validation_epoch_2.zip", *files, "scores.csv", "scores.json"]
     with zipfile.ZipFile(report.submission) as archive:
         assert sorted(archive.namelist()) == files
-    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False)
+    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False,
+                        site=openkbp())
     for row, pid in enumerate(arrays.patient_ids):
         indices, values = read_sparse_csv(report.predictions_dir / f"{pid}.csv", pid, with_values=True)
         assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[row]))  # 128³, inside the mask
@@ -121,7 +122,8 @@ def test_mirror_swaps_the_parotids():
 
 def test_tta_prediction_is_left_right_equivariant(trained):
     _, model = RunFolder(trained.run_dir).load_newest(compile=False)
-    arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir), 32)
+    arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir,
+                                         site=openkbp()), 32)
     masks = mirror_left_right(arrays.structure_masks, 2, MIRROR_BITS)
     mirrored = dataclasses.replace(arrays, ct=np.ascontiguousarray(np.flip(arrays.ct, 2)),
                                    structure_masks=np.ascontiguousarray(masks))
@@ -153,7 +155,8 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
     _, plain_values = read_sparse_csv(plain, "pt_201", with_values=True)
     report = predict(run, stage="validation", tta=True)
     indices, values = read_sparse_csv(report.predictions_dir / "pt_201.csv", "pt_201", with_values=True)
-    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False)
+    arrays = load_split(Path(run.data_dir) / "validation-pats", cache_dir=run.cache_dir, require_dose=False,
+                        site=openkbp())
     assert np.array_equal(indices, np.flatnonzero(arrays.possible_dose_mask[0]))  # every mask voxel of 128³
     # By hand: the model on the 32³ patient and on its mirror (parotids swapped), mirrored back, averaged.
     low = downsample_split(arrays, 32)
@@ -198,7 +201,7 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     from provided_code.apps.score_folder import score_prediction_folder
 
     standalone = score_prediction_folder(Path(run.data_dir) / "validation-pats", report.predictions_dir,
-                                         cache_dir=run.cache_dir)
+                                         cache_dir=run.cache_dir, site=openkbp())
     # Both score the written CSVs through the same reader and arithmetic: exact.
     assert standalone.dose_score == report.scores.dose_score and standalone.dvh_score == report.scores.dvh_score
     with pytest.raises(ConfigError, match="Expected a name other than its members"):
@@ -230,7 +233,8 @@ def _files(folder: Path) -> dict[str, bytes]:
 def _assert_scores_describe_the_csvs(config, folder: Path, epoch: int) -> None:
     """The folder's scores.json is its own CSVs' scores (openkbp-score's, exactly) and names its epoch."""
     summary = json.loads((folder / "scores.json").read_text())
-    standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", folder, cache_dir=config.cache_dir)
+    standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", folder, cache_dir=config.cache_dir,
+                                         site=openkbp())
     assert summary["epoch"] == epoch and (folder / f"m_validation_epoch_{epoch}.zip").is_file()
     assert (summary["dose_score"], summary["dvh_score"]) == (standalone.dose_score, standalone.dvh_score)
 
@@ -318,7 +322,8 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
                                                  f"DVH score {report.scores.dvh_score:.4f} Gy")
     summary = json.loads(report.scores_path.read_text())
     assert summary["patients"] == 1 and summary["patients_without_reference_dose"] == ["pt_202"]
-    standalone = score_prediction_folder(data / "validation-pats", report.predictions_dir, cache_dir=config.cache_dir)
+    standalone = score_prediction_folder(data / "validation-pats", report.predictions_dir, cache_dir=config.cache_dir,
+                                         site=openkbp())
     assert standalone.dose_score == report.scores.dose_score and standalone.patient_ids == ["pt_201"]
 
 

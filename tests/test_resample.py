@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from provided_code.data.cache import SplitArrays, load_split
+from provided_code.data.cache import load_split
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.resample import block_mean, block_or, downsample_split, upsample_dose
+from provided_code.sites import openkbp
 
 
 def test_block_mean_and_block_or():
@@ -19,7 +21,7 @@ def test_block_mean_and_block_or():
 
 
 def test_downsample_split_keeps_every_structure(phantom_data, tmp_path):
-    full = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1)
+    full = load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1, site=openkbp())
     small = downsample_split(full, 32)
     assert small.ct.shape == (4, 32, 32, 32) and small.ct.dtype == np.uint16
     assert small.dose.dtype == np.float32 and small.structure_masks.dtype == np.uint16
@@ -51,7 +53,7 @@ def test_downsampling_keeps_a_wide_sites_uint32_bits():
                        structure_masks=np.zeros((1, 128, 128, 128), np.uint32),
                        possible_dose_mask=np.zeros((1, 128, 128, 128), bool), dose=np.zeros((1, 128, 128, 128), np.float32),
                        has_dose=np.ones(1, bool), dose_decimals=np.zeros(1, np.int8), voxel_dimensions=np.ones((1, 3)),
-                       structure_present=np.ones((1, 20), bool))
+                       structure_present=np.ones((1, 20), bool), site=openkbp())  # (the site is not read here)
     full.structure_masks[0, 5, 6, 7] = (1 << 19) | 1
     full.structure_masks[0, 100, 3, 64] = 1 << 17
     small = downsample_split(full, 32)

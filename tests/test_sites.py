@@ -6,7 +6,17 @@ import re
 import numpy as np
 import pytest
 
-from provided_code.sites import HERE, MAX_STRUCTURES, Arc, SiteError, load_site, openkbp, parse_metric, site_from_dict
+from provided_code.sites import (
+    HERE,
+    MAX_METRIC_CC,
+    MAX_STRUCTURES,
+    Arc,
+    SiteError,
+    load_site,
+    openkbp,
+    parse_metric,
+    site_from_dict,
+)
 from tests.kit.repo import REPO
 
 
@@ -53,6 +63,12 @@ def test_a_site_file_loads_by_path(tmp_path):
     site = load_site(_write(tmp_path, _minimal()))
     assert site.name == "lung" and site.targets == ("PTV60",) and site.mirror_pairs == (("LungR", "LungL"),)
     assert site.structures[1].dicom_names == ("LungR",)  # the structure's own name by default
+
+
+def test_a_metric_of_up_to_the_largest_volume_a_structure_may_hold_is_accepted(tmp_path):
+    site = _minimal()
+    site["metrics"] = {"oar": ["D_2_cc", f"D_{MAX_METRIC_CC:g}_cc"], "target": ["D_95"]}
+    assert load_site(_write(tmp_path, site)).metric_names == ("D_2_cc", "D_10000_cc", "D_95")
 
 
 def test_the_prostate_site_has_two_dose_levels_and_arcs():
@@ -102,6 +118,36 @@ def test_a_bad_site_file_is_one_line_naming_the_file_and_the_field(tmp_path, cha
     assert "\n" not in message and str(path) in message and f"`{field}`" in message
 
 
+@pytest.mark.parametrize("name", ["dose", "ct", "possible_dose_mask", "prescriptions", "beams", "voxel_dimensions",
+                                  "Dose"])
+def test_a_structure_named_after_a_file_of_the_patient_folder_is_refused(tmp_path, name):
+    site = _minimal()
+    site["structures"][0]["name"] = name
+    site["mirror_pairs"] = []
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError, match=rf"`structures\[0\]\.name`: '{name}' would be stored as {name.lower()}\.csv, "
+                                        r"a file every patient folder has") as caught:
+        load_site(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize("pair, problem", [
+    (["PTV60", "PTV54"], "'PTV60' (a target of 60 Gy) and 'PTV54' (a target of 54 Gy)"),
+    (["LungR", "PTV60"], "'LungR' (an organ at risk) and 'PTV60' (a target of 60 Gy)"),
+    (["PTV54", "Heart"], "'PTV54' (a target of 54 Gy) and 'Heart' (an organ at risk)"),
+])
+def test_a_mirror_pair_is_two_organs_or_two_targets_of_one_prescription(tmp_path, pair, problem):
+    site = _minimal()
+    site["structures"].append({"name": "PTV54", "kind": "target", "prescription_gy": 54})
+    site["mirror_pairs"] = [pair]
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError, match=re.escape(f"`mirror_pairs[0]`: {problem}: a left-right flip swaps the two")):
+        load_site(path)
+    site["structures"][-1]["prescription_gy"] = 60  # two targets of one prescription: a pair
+    site["mirror_pairs"] = [["PTV60", "PTV54"]]
+    assert load_site(_write(tmp_path, site)).mirror_pairs == (("PTV60", "PTV54"),)
+
+
 def test_an_unknown_site_name_or_a_missing_file_is_refused(tmp_path):
     with pytest.raises(SiteError, match="openkbp, prostate or a site file"):
         load_site("lung")
@@ -132,6 +178,18 @@ def test_a_site_file_under_a_shipped_name_must_be_that_site(tmp_path):
     (lambda s: s.pop("beams"), "beams", 'missing (say {"type": "none"}'),
     (lambda s: s["structures"][1].update(dicom_names=["heart"]), "dicom_names", "'heart' matches both Heart and LungR"),
     (lambda s: s.update(mirror_pairs=[["LungR", "LungR"]]), "mirror_pairs[0]", "a structure cannot mirror itself"),
+    (lambda s: s["structures"][3].update(prescription_gy=7000), "structures[3].prescription_gy",
+     "expected at most 150 Gy (MAX_DOSE_GY; a dose in cGy?). Received: 7000"),
+    (lambda s: s.update(beams={"type": "static", "angles": [0, 361]}), "beams.angles",
+     "expected gantry angles in [0, 360) degrees. Received: 361"),
+    (lambda s: s.update(beams={"type": "arcs", "arcs": [{"start": 400, "stop": 10, "direction": "CW"}]}),
+     "beams.arcs[0].start", "expected a gantry angle in [0, 360) degrees. Received: 400"),
+    (lambda s: s.update(beams={"type": "arcs", "arcs": [{"start": -10, "stop": 10, "direction": "CW"}]}),
+     "beams.arcs[0].start", "expected a gantry angle in [0, 360) degrees. Received: -10"),
+    (lambda s: s.update(beams={"type": "arcs", "arcs": [{"start": 0, "stop": 720, "direction": "CW"}]}),
+     "beams.arcs[0].stop", "expected a gantry angle in [0, 360) degrees. Received: 720"),
+    (lambda s: s.update(metrics={"oar": ["D_100000_cc", "mean"], "target": ["D_95"]}), "metrics.oar",
+     "'D_100000_cc': 100000 cc is more than any structure holds (at most 10000 cc, MAX_METRIC_CC)"),
 ])
 def test_what_a_site_must_say_and_what_cannot_be(tmp_path, change, field, problem):
     site = _minimal()

@@ -7,6 +7,7 @@ from provided_code.data.batches import epoch_batches
 from provided_code.data.cache import load_split
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule, updates_per_epoch
+from provided_code.sites import openkbp
 
 SPEC = TrainConfig().spec  # OpenKBP's default model: it eats the CT and the packed structures
 
@@ -34,7 +35,8 @@ def test_one_update_spans_replicas_and_micro_batches():
 
 
 def test_distributed_dataset_gives_each_replica_its_rows(phantom_data, tmp_path):
-    arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1), 32)
+    arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1,
+                                         site=openkbp()), 32)
     schedule = update_schedule(4, batch_size=1, replicas=1, accumulate=2, seed=2, first_epoch=0, epochs=1)
     elements = list(distributed_dataset(tf.distribute.get_strategy(), arrays, schedule, SPEC))
     assert len(elements) == len(schedule) == 2
@@ -49,7 +51,8 @@ def test_elements_carry_the_masks_and_the_updates_draws(phantom_data, tmp_path):
     """(Split between replicas like the patients: test_strategy's 2 devices × 1 = 1 device × 2.)"""
     from provided_code.data.augment import Augmenter
 
-    arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1), 32)
+    arrays = downsample_split(load_split(phantom_data / "train-pats", cache_dir=tmp_path / "c", workers=1,
+                                         site=openkbp()), 32)
     augmenter = Augmenter(("flip", "rotate", "shift"), arrays.possible_dose_mask, seed=4)
     schedule = update_schedule(4, batch_size=2, replicas=1, accumulate=1, seed=2, first_epoch=0, epochs=1)
     whole = list(distributed_dataset(tf.distribute.get_strategy(), arrays, schedule, SPEC, with_mask=True,

@@ -18,6 +18,7 @@ import pytest
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data_folder import DataNotFoundError
 from provided_code.run_folder import RunFolder
+from provided_code.sites import openkbp
 from provided_code.training.divergence import DivergenceError
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights, train, weights_fingerprint
@@ -323,7 +324,8 @@ def test_a_corrupt_mapped_chunk_stops_training_naming_file_patient_and_volume(co
     from provided_code.data.mapped import CorruptChunkError, downsampled
     from tests.kit.cache_files import flip_a_byte
 
-    low = downsampled(load_split(phantom_data / "train-pats", cache_dir=config.cache_dir, memory_map=True), 32)
+    low = downsampled(load_split(phantom_data / "train-pats", cache_dir=config.cache_dir, memory_map=True,
+                                 site=openkbp()), 32)
     path = low.ct.path
     flip_a_byte(path, "structure_masks", 2)
     with pytest.raises(CorruptChunkError, match=f"{path}: patient pt_3's structure_masks chunk fails its checksum"):

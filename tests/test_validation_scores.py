@@ -11,6 +11,7 @@ from provided_code.apps.score_folder import score_prediction_folder
 from provided_code.config import TrainConfig
 from provided_code.data.csv_io import PatientDataError
 from provided_code.run_folder import RunFolder
+from provided_code.sites import openkbp
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
@@ -71,7 +72,7 @@ def test_the_logged_scores_are_openkbp_scores_of_that_epochs_predictions(copy_of
     # The log's scores of an epoch are openkbp-score's on that epoch's --predict-only output.
     report = predict(config, stage="validation", epoch=2)
     standalone = score_prediction_folder(Path(config.data_dir) / "validation-pats", report.predictions_dir,
-                                         cache_dir=config.cache_dir)
+                                         cache_dir=config.cache_dir, site=openkbp())
     # the log scores in-memory float32 predictions; openkbp-score reads their CSV decimals (within half an ulp,
     # 6e-8 relative per voxel) predicted again in another process path: a few ulps of a score, under 1e-6.
     assert standalone.dose_score == pytest.approx(rows[2][0], rel=1e-6)

@@ -257,10 +257,11 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
 
     setup_logging()
     from provided_code.apps.score_folder import score_prediction_folder, write_score_reports
+    from provided_code.sites import load_site
 
     try:
         scores = score_prediction_folder(reference_dir, prediction_dir, cache_dir=cache_dir, progress=click_progress,
-                                         site=site)
+                                         site=load_site(site))
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(json.dumps(scores.summary(), indent=2))  # first: a file that cannot be written loses nothing

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.data.batches import warn_plan_files_not_taken
-from provided_code.data.cache import SplitArrays
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient

@@ -16,6 +16,7 @@ from provided_code.data.csv_io import PatientDataError, as_volume, read_sparse_c
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.scoring import Scores, score_split
+from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +80,10 @@ def reference_rows(arrays, split: os.PathLike | str) -> np.ndarray:
 
 
 def score_prediction_folder(reference_dir: os.PathLike | str, prediction_dir: os.PathLike | str,
-                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
-                            site=None) -> Scores:
+                            cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress, *,
+                            site: Site) -> Scores:
     """Score every ``prediction_dir/pt_<N>.csv`` against the patients of ``reference_dir`` (data of
-    ``site``, default openkbp) that have a reference dose (when only some have one, those, with a
-    warning)."""
+    ``site``) that have a reference dose (when only some have one, those, with a warning)."""
     arrays = load_split(reference_dir, cache_dir=cache_dir, require_dose=False, progress=progress, site=site)
     rows = reference_rows(arrays, reference_dir)
     scored = [arrays.patient_ids[row] for row in rows]

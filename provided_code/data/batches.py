@@ -81,7 +81,7 @@ def fit_vectors(arrays, inputs: tuple[InputSpec, ...]):
 def patient_vectors(arrays, spec: InputSpec) -> np.ndarray:
     """``(patients, spec.length)`` float32: the per-patient vector input ``spec`` of every patient
     of ``arrays``, from what their plan files say (``arrays``' field of the input's
-    name, NaN for a patient without the file; see :func:`provided_code.data.cache.plan_tables`).
+    name, NaN for a patient without the file; see :func:`provided_code.data.split_arrays.plan_tables`).
 
     The one place a patient without its own file is given the run-wide value, ``spec.default``
     (the site's prescriptions, the run's gantry angles), as is every patient when ``arrays`` has

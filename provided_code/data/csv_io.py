@@ -30,6 +30,7 @@ from provided_code.constants import (
     CT_MAX,
     DOSE_FILE,
     NUM_VOXELS,
+    PATIENT_FILES,
     POSSIBLE_DOSE_MASK_FILE,
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
@@ -37,7 +38,7 @@ from provided_code.constants import (
 from provided_code.data import patient_plan
 from provided_code.data.errors import PatientDataError  # noqa: F401  (raised here; importers take it from here too)
 from provided_code.errors import UserError
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site
 
 logger = logging.getLogger(__name__)
 
@@ -204,13 +205,11 @@ def read_voxel_dimensions(path: Path, patient_id: str) -> np.ndarray:
     return values
 
 
-def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Site | str | None = None) -> Patient:
-    """Read one patient folder of ``site`` (default ``openkbp``). Raises :class:`PatientDataError`
-    for missing or malformed files, and for a structure file the site does not have (a folder
-    of another site)."""
+def read_patient(folder: os.PathLike | str, require_dose: bool = True, *, site: Site) -> Patient:
+    """Read one patient folder of ``site``. Raises :class:`PatientDataError` for missing or
+    malformed files, and for a structure file the site does not have (a folder of another site)."""
     folder = Path(folder)
     patient_id = folder.name
-    site = load_site(site)
     _check_files_belong(folder, site)
 
     ct_indices, ct_values = read_sparse_csv(folder / CT_FILE, patient_id, with_values=True)
@@ -250,14 +249,11 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, site: Sit
     )
 
 
-FORMAT_FILES = (CT_FILE, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE)
-
-
 def _check_files_belong(folder: Path, site: Site) -> None:
     """Every CSV of the folder is a file of the format, of the site's structures or of the
     patient's plan: a structure file the site does not know means data of another site, which
     would otherwise train without it."""
-    known = {*FORMAT_FILES, *site.structure_files(), *patient_plan.PLAN_FILES}
+    known = {*PATIENT_FILES, *site.structure_files()}
     try:
         names = sorted(entry.name for entry in os.scandir(folder) if entry.name.endswith(".csv"))
     except OSError:
@@ -297,6 +293,13 @@ def decimals_of(values: np.ndarray, most: int = 5) -> int:
         if np.array_equal(np.round(values, decimals), values):
             return decimals
     return -1
+
+
+def exact_dose(dose: np.ndarray, decimals: int) -> np.ndarray:
+    """Float64 dose as its CSV gave it: float32 values rounded back to their decimal grid
+    (``decimals``: :func:`decimals_of` the CSV's values; -1: as they are)."""
+    dose = np.asarray(dose, dtype=np.float64)
+    return np.round(dose, decimals) if decimals >= 0 else dose
 
 
 def write_dose_csv(path: os.PathLike | str, dose: np.ndarray,

@@ -1,15 +1,15 @@
 """A split's volumes as views into its cache file, for cohorts larger than memory (``--memory-map``).
 
 The cache (:mod:`provided_code.data.cache`) stores every volume uncompressed, one HDF5 chunk per
-patient, each with its checksum. :class:`MappedVolumes` maps the file into memory and finds each
-patient's bytes at the offset HDF5 reports, so that:
+patient, each with its checksum (:mod:`provided_code.data.chunks`). :class:`MappedVolumes` maps
+the file into memory and finds each patient's bytes at the offset HDF5 reports, so that:
 
 - ``volumes[rows]`` (a batch's fancy index) copies only those patients' bytes out of the mapping:
   the operating system reads them from disk on first use and keeps what is hot in its page cache,
   which it gives back under memory pressure (the process holds no copy of the split);
 - ``volumes[row]`` is a read-only view of one patient, nothing copied;
 - each chunk's checksum is verified once per process, on its first touch; a chunk that fails is a
-  :class:`~provided_code.data.cache.CacheError` naming the file, the patient and the volume, and
+  :class:`~provided_code.data.chunks.CacheError` naming the file, the patient and the volume, and
   the file is removed so that the next run rebuilds it;
 - ``volumes.subset(rows)`` maps fewer patients (``SplitArrays.select``), reading nothing.
 
@@ -32,14 +32,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from provided_code.data.cache import CacheError, SplitArrays, chunk_checksum, chunk_offsets
+from provided_code.data.chunks import CacheError, chunk_checksum, chunk_offsets, new_cache_file
 from provided_code.data.resample import check_resolution, downsample_patient
+from provided_code.data.split_arrays import VOLUME_NAMES, SplitArrays
 from provided_code.errors import UserError
-from provided_code.infra.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
-VOLUME_NAMES = ("ct", "structure_masks", "possible_dose_mask", "dose")
 DERIVED_FORMAT_VERSION = 1
 
 _lock = threading.Lock()
@@ -279,7 +278,7 @@ def downsampled(arrays: SplitArrays, resolution: int) -> SplitArrays:
 def _write_derived(path: Path, key: str, arrays: SplitArrays, resolution: int, factor: int) -> None:
     count, shape = len(arrays), (resolution,) * 3
     logger.info("Writing the %d³ volumes of %d patients into %s (once)", resolution, count, path)
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+    with new_cache_file(path) as h5:
         datasets = {name: h5.create_dataset(name, (count, *shape), dtype=getattr(arrays, name).dtype,
                                             chunks=(1, *shape)) for name in VOLUME_NAMES}
         checksums = np.zeros((count, len(VOLUME_NAMES)), np.uint64)

@@ -21,15 +21,13 @@ import math
 import os
 from pathlib import Path
 
+from provided_code.constants import BEAMS_FILE, PRESCRIPTIONS_FILE  # noqa: F401  (importers take them from here too)
 from provided_code.data.errors import PatientDataError
 from provided_code.infra.atomic import write_text_atomic
-from provided_code.sites import DIRECTIONS, Arc, Beams, Site
+from provided_code.sites import DIRECTIONS, MAX_DOSE_GY, Arc, Beams, Site, is_gantry_angle
 
-PRESCRIPTIONS_FILE = "prescriptions.csv"
-BEAMS_FILE = "beams.csv"
 PRESCRIPTION_COLUMNS = ("structure", "dose_gy")
 BEAM_COLUMNS = ("type", "gantry_start", "gantry_stop", "direction", "couch")
-PLAN_FILES = (PRESCRIPTIONS_FILE, BEAMS_FILE)
 
 
 def read_plan(folder: os.PathLike | str, site: Site) -> tuple[dict[str, float] | None, tuple[float, ...] | None]:
@@ -42,15 +40,26 @@ def read_plan(folder: os.PathLike | str, site: Site) -> tuple[dict[str, float] |
     return prescriptions, None if beams is None else beams[0].gantry_angles()
 
 
-def _rows(path: Path, columns: tuple[str, ...]) -> list[dict]:
+def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
+    """``(line number, {column: text})`` of each row under the header ``columns`` (a byte-order
+    mark before it is fine, as in every CSV the package reads); a row of more or fewer fields than
+    the header is refused, naming its line (an extra field would otherwise be dropped unread)."""
     try:
-        reader = csv.DictReader(io.StringIO(path.read_text()))
-        header = tuple(reader.fieldnames or ())
-        rows = list(reader)
+        reader = csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig")))
+        lines = [(reader.line_num, fields) for fields in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise PatientDataError(path.parent.name, path, f"unreadable ({error})") from None
+    header = tuple(lines[0][1]) if lines else ()
     if header != columns:
         raise PatientDataError(path.parent.name, path, f"header must be {','.join(columns)}; found {','.join(header)}")
+    rows = []
+    for line, fields in lines[1:]:
+        if not fields:  # an empty line
+            continue
+        if len(fields) != len(columns):
+            raise PatientDataError(path.parent.name, path, f"line {line} has {len(fields)} fields; expected "
+                                                           f"{len(columns)} ({','.join(columns)})")
+        rows.append((line, dict(zip(columns, fields))))
     return rows
 
 
@@ -64,6 +73,15 @@ def _number(path: Path, line: int, column: str, text) -> float:
     return value
 
 
+def _angle(path: Path, line: int, column: str, text) -> float:
+    """A gantry or couch angle of ``beams.csv``: degrees in [0, 360) (:func:`~provided_code.sites.is_gantry_angle`)."""
+    value = _number(path, line, column, text)
+    if not is_gantry_angle(value):
+        raise PatientDataError(path.parent.name, path, f"line {line}: {column} {text} is not a gantry angle in "
+                                                       f"[0, 360) degrees")
+    return value
+
+
 def read_prescriptions(folder: os.PathLike | str, site: Site) -> dict[str, float]:
     """The patient's prescriptions (target → Gy): the site's, with those of ``prescriptions.csv``
     (if the folder has one) in their place."""
@@ -72,7 +90,7 @@ def read_prescriptions(folder: os.PathLike | str, site: Site) -> dict[str, float
     if not path.exists():
         return prescriptions
     seen = set()
-    for line, row in enumerate(_rows(path, PRESCRIPTION_COLUMNS), start=2):
+    for line, row in _rows(path, PRESCRIPTION_COLUMNS):
         name = row["structure"]
         if name not in prescriptions:
             raise PatientDataError(path.parent.name, path, f"line {line}: {name!r} is not a target of site {site.name} "
@@ -83,6 +101,9 @@ def read_prescriptions(folder: os.PathLike | str, site: Site) -> dict[str, float
         dose = _number(path, line, "dose_gy", row["dose_gy"])
         if dose <= 0:
             raise PatientDataError(path.parent.name, path, f"line {line}: dose_gy must be positive; found {dose:g}")
+        if dose > MAX_DOSE_GY:
+            raise PatientDataError(path.parent.name, path, f"line {line}: dose_gy {dose:g} is above {MAX_DOSE_GY:g} Gy "
+                                                           f"(MAX_DOSE_GY): a dose in cGy?")
         prescriptions[name] = dose
     return prescriptions
 
@@ -91,7 +112,7 @@ def read_beams(folder: os.PathLike | str) -> tuple[Beams, tuple[float, ...]] | N
     """``(beams, couch angles)`` from the folder's ``beams.csv``, None without one: of kind
     ``static`` for static beams only, ``arcs`` for arcs only. Static beams and arcs may be mixed:
     the result is then of kind ``static``, its angles the static beams' then the arcs' samples
-    (duplicates dropped, order kept)."""
+    (duplicates dropped, order kept). Every angle is in [0, 360) degrees."""
     path = Path(folder) / BEAMS_FILE
     if not path.exists():
         return None
@@ -99,20 +120,19 @@ def read_beams(folder: os.PathLike | str) -> tuple[Beams, tuple[float, ...]] | N
     rows = _rows(path, BEAM_COLUMNS)
     if not rows:
         raise PatientDataError(path.parent.name, path, "no beams (a header only)")
-    for line, row in enumerate(rows, start=2):
+    for line, row in rows:
         kind = row["type"]
-        start = _number(path, line, "gantry_start", row["gantry_start"])
-        couches.append(_number(path, line, "couch", row["couch"] or 0))
+        start = _angle(path, line, "gantry_start", row["gantry_start"])
+        couches.append(_angle(path, line, "couch", row["couch"] or 0))
         if kind == "static":
             if row["gantry_stop"] or row["direction"]:
                 raise PatientDataError(path.parent.name, path, f"line {line}: a static beam has no gantry_stop or direction")
-            static.append(start % 360.0)
+            static.append(start)
         elif kind == "arc":
             if row["direction"] not in DIRECTIONS:
                 raise PatientDataError(path.parent.name, path,
                                        f"line {line}: direction must be CW or CC; found {row['direction']!r}")
-            arcs.append(Arc(start % 360.0, _number(path, line, "gantry_stop", row["gantry_stop"]) % 360.0,
-                            row["direction"]))
+            arcs.append(Arc(start, _angle(path, line, "gantry_stop", row["gantry_stop"]), row["direction"]))
         else:
             raise PatientDataError(path.parent.name, path, f"line {line}: type must be static or arc; found {kind!r}")
     beams = Beams("static", angles=tuple(static)) if not arcs else Beams("arcs", arcs=tuple(arcs))
@@ -131,11 +151,17 @@ def write_prescriptions(folder: os.PathLike | str, prescriptions: dict[str, floa
 def write_beams(folder: os.PathLike | str, beams: list[dict]) -> Path:
     """``beams``: dicts with the keys of ``BEAM_COLUMNS`` (``gantry_stop``, ``direction`` and
     ``couch`` may be left out of a static beam)."""
+    def text(value) -> str:
+        if not isinstance(value, float):
+            return "" if value is None else str(value)
+        written = f"{value:.6g}"
+        return "0" if written == "360" else written  # an angle just under 360 (359.9999999) rounds to 360, which is 0
+
     lines = [",".join(BEAM_COLUMNS)]
     for beam in beams:
         values = [beam.get(column, "") for column in BEAM_COLUMNS]
         values[4] = beam.get("couch", 0)
-        lines.append(",".join("" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v)) for v in values))
+        lines.append(",".join(text(v) for v in values))
     path = Path(folder) / BEAMS_FILE
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -27,7 +27,7 @@ from provided_code.data.patient_plan import read_beams, read_prescriptions, writ
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.beams import ray_bins, ray_count
-from provided_code.sites import load_site, openkbp
+from provided_code.sites import Site, openkbp
 
 
 def _ellipsoid(grid, centre, radii) -> np.ndarray:
@@ -172,16 +172,15 @@ def _gaussian(size: int, sigma: float) -> np.ndarray:
     return np.exp(-0.5 * (offsets / sigma) ** 2) / (np.sqrt(2 * np.pi) * sigma)
 
 
-def make_prostate_phantom(seed: int, gantry_angles=None, prescriptions: dict[str, float] | None = None,
-                          site=None) -> dict[str, np.ndarray]:
+def make_prostate_phantom(seed: int, gantry_angles=None, prescriptions: dict[str, float] | None = None, *,
+                          site: Site) -> dict[str, np.ndarray]:
     """The volumes of one prostate phantom, as :func:`make_phantom` returns them, for ``site``'s
-    structures (``prostate``'s by default; a site file with the same structure names works too).
+    structures (``load_site("prostate")``, or a site file with the same structure names).
 
     ``gantry_angles``: the beams the dose is delivered from (degrees; default the site's, its two
     arcs sampled every 10°); ``prescriptions``: target → Gy (default the site's). The anatomy
     depends on ``seed`` only, so one seed with two plans gives one patient with two doses.
     """
-    site = load_site("prostate" if site is None else site)
     if set(site.names) != set(PROSTATE_STRUCTURES):
         raise PhantomSiteError(f"No prostate phantoms for site {site.name}: its structures are "
                                f"{', '.join(site.names)}; the phantoms have {', '.join(PROSTATE_STRUCTURES)}")
@@ -321,13 +320,12 @@ def beam_dose(body: np.ndarray, targets: dict[str, np.ndarray], prescriptions: d
     return volume.reshape(body.shape)
 
 
-def write_prostate_phantom(folder: os.PathLike | str, seed: int, with_dose: bool = True, own_plan: bool = False,
-                           site=None) -> Path:
+def write_prostate_phantom(folder: os.PathLike | str, seed: int, with_dose: bool = True, own_plan: bool = False, *,
+                           site: Site) -> Path:
     """Write one prostate phantom as a patient folder and return it. ``own_plan``: the patient has
     a plan of its own, ``beams.csv`` (the seven ``SEVEN_FIELDS``) and ``prescriptions.csv``
     (``OWN_PRESCRIPTIONS_GY``), and its dose follows them; else the site's arcs and prescriptions."""
     folder = Path(folder)
-    site = load_site("prostate" if site is None else site)
     gantry_angles = prescriptions = None
     if own_plan:
         folder.mkdir(parents=True, exist_ok=True)
@@ -339,7 +337,7 @@ def write_prostate_phantom(folder: os.PathLike | str, seed: int, with_dose: bool
 
 
 def write_prostate_phantom_split(split_dir: os.PathLike | str, count: int, first_number: int = 1, seed: int = 0,
-                                 with_dose: bool = True, own_plan_every: int = 0, site=None) -> list[Path]:
+                                 with_dose: bool = True, own_plan_every: int = 0, *, site: Site) -> list[Path]:
     """Write ``count`` prostate phantoms ``pt_<first_number>``, ... into ``split_dir``; with
     ``own_plan_every`` n > 0, the patients whose number is a multiple of n have a plan of their own
     (:func:`write_prostate_phantom`)."""
@@ -352,15 +350,14 @@ def write_prostate_phantom_split(split_dir: os.PathLike | str, count: int, first
     return folders
 
 
-def write_site_phantom(folder: os.PathLike | str, seed: int, site=None, with_dose: bool = True,
+def write_site_phantom(folder: os.PathLike | str, seed: int, site: Site, with_dose: bool = True,
                        own_plan: bool = False) -> Path:
     """A phantom of ``site``'s structures: OpenKBP's head and neck, or a prostate
     (:func:`write_prostate_phantom`); any other site is refused in one line. ``own_plan`` only for
     a prostate."""
-    site = load_site(site)
     if set(site.names) == set(PROSTATE_STRUCTURES):
         return write_prostate_phantom(folder, seed, with_dose=with_dose, own_plan=own_plan, site=site)
-    if site.same_as(load_site("openkbp")):
+    if site.same_as(openkbp()):
         return write_phantom_patient(folder, seed, with_dose=with_dose)
     raise PhantomSiteError(f"No phantoms for site {site.name}: synthetic patients exist for the openkbp site and for "
                            f"sites with the prostate's structures ({', '.join(PROSTATE_STRUCTURES)})")

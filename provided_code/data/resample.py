@@ -53,7 +53,7 @@ def downsample_patient(ct: np.ndarray, structure_masks: np.ndarray, possible_dos
 
 
 def downsample_split(arrays, resolution: int):
-    """A :class:`~provided_code.data.cache.SplitArrays` at ``resolution``³ (patient by patient)."""
+    """A :class:`~provided_code.data.split_arrays.SplitArrays` at ``resolution``³ (patient by patient)."""
     factor = check_resolution(resolution)
     if factor == 1:
         return arrays

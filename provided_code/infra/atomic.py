@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import glob
 import os
 import re
 import secrets
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 from provided_code.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock tells a live writer's temporary file from a dead one's
+    fcntl = None
 
 
 @contextlib.contextmanager
@@ -55,6 +62,74 @@ def remove_temporaries(folder: os.PathLike | str, final_names: str) -> list[Path
     for path in left:
         path.unlink()
     return left
+
+
+@contextlib.contextmanager
+def held_atomic_path(path: os.PathLike | str, suffix: str = ".tmp") -> Iterator[Path]:
+    """:func:`atomic_path`, for a writer whose temporary file may outlive it where no lock keeps
+    the folder (a shared cache folder): the temporary file is created here and held under an
+    operating-system lock (``flock``, which dies with its process, on every machine that shares
+    the folder) until it is in place, so that :func:`remove_dead_temporaries` can tell a writer
+    that was killed from one still writing. Open it without the writer's own file locking (h5py:
+    ``locking=False``), which would collide with this lock."""
+    fd = None
+    try:
+        with atomic_path(path, suffix) as tmp:
+            fd = _create_held(tmp)
+            yield tmp
+    finally:
+        if fd is not None:
+            os.close(fd)  # after the move into place: the lock ends with the file at its final name
+
+
+def _create_held(tmp: Path) -> int | None:
+    """Create ``tmp`` and lock it; the open descriptor that holds the lock (None without ``flock``).
+    A tidier that took the new file in the instant before the lock (it saw no holder) removes it:
+    then it is made again."""
+    for _ in range(100):
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o666)
+        except FileExistsError:  # the previous attempt's file, which a tidier is removing
+            time.sleep(0.01)
+            continue
+        if fcntl is None:
+            os.close(fd)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.stat(tmp), os.fstat(fd)):
+                return fd  # locked, and still the file at that name
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "could not create and lock a temporary file", str(tmp))
+
+
+def remove_dead_temporaries(folder: os.PathLike | str, final_names: str) -> list[Path]:
+    """Remove the temporary files that writers of ``final_names`` (a glob pattern) left in
+    ``folder`` when they were killed, and return them: those nobody holds (:func:`held_atomic_path`;
+    a live writer's is locked, and kept). Without ``flock`` (not POSIX) nothing is removed."""
+    folder = Path(folder)
+    if fcntl is None or not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.glob(f".{final_names}.*")):
+        if not _TEMPORARY_FILE.match(path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:  # gone meanwhile (moved into place), or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.stat(path), os.fstat(fd)):  # not moved into place meanwhile
+                path.unlink()
+                removed.append(path)
+        except (BlockingIOError, FileNotFoundError):  # held by a live writer, or moved into place
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 @contextlib.contextmanager

@@ -11,6 +11,15 @@ doses, v = max(1, round(100 / voxel volume in mm³)), n its voxel count; D99, D9
 file, ``D_<v>_cc`` is the dose to the hottest v cc (v/n·100 read as above with v × 1000 mm³),
 ``D_<p>`` the dose that p % of the volume receives (the percentile 100 − p), ``mean`` the mean.
 
+A structure no larger than its ``D_<v>_cc`` volume (n ≤ v voxels: 1 or 2 voxels for D_0.1cc at
+OpenKBP's 3.9 × 3.9 × 2.5 mm) has the percentile 0, its least dose: the hottest v cc then hold
+the whole structure, and the dose they all receive at least is its minimum. The challenge's own
+evaluator (``provided_code/dose_evaluation_class.py`` of github.com/ababier/open-kbp, to its
+2024 version) computes the same formula unclipped and so asks numpy for a negative percentile,
+which raises: it defines no value there (no challenge patient had such a structure), and the
+percentile 0 is the one that continues its formula (at n = v it gives 0). Every value it does
+define is unchanged.
+
 A patient's metrics are a ``(len(site.names), len(site.metric_names))`` table, NaN where a metric
 does not apply to the structure or the structure is absent.
 """
@@ -25,9 +34,9 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from provided_code.data.cache import exact_dose
+from provided_code.data.csv_io import exact_dose
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.sites import Site, openkbp, parse_metric
+from provided_code.sites import Site, parse_metric
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +99,8 @@ def dvh_metrics(dose_at: Callable[[np.ndarray], np.ndarray], indices: list[np.nd
             table[k, column] = roi.mean()
         for column, amount in kind.cc:
             voxels_in_volume = max(1.0, float(np.round(amount * 1000.0 / voxel_volume)))
-            table[k, column] = np.percentile(roi, 100.0 - voxels_in_volume / roi.size * 100.0)
+            # a structure of at most that many voxels: its least dose (see the module docstring)
+            table[k, column] = np.percentile(roi, max(0.0, 100.0 - voxels_in_volume / roi.size * 100.0))
         if kind.percent:  # one np.percentile call for the kind's volume-percent metrics
             table[k, list(kind.percent)] = np.percentile(roi, list(kind.percentiles))
     return table
@@ -102,8 +112,8 @@ class Scores:
     dose_errors: np.ndarray  # (P,) Gy
     reference: np.ndarray  # (P, structures, metrics) Gy, NaN where absent
     predicted: np.ndarray  # same
+    site: Site  # the structures and metrics of the tables
     without_reference: list[str] = dataclasses.field(default_factory=list)  # the split's patients left out: no dose
-    site: Site = dataclasses.field(default_factory=openkbp)  # the structures and metrics of the tables
 
     @property
     def dose_score(self) -> float:
@@ -156,7 +166,7 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
                 rows: Sequence[int] | None = None) -> Scores:
     """Scores of ``predicted(row)`` (a 128³ dose, any float dtype) against each reference of ``arrays``.
 
-    ``arrays`` is a 128³ :class:`~provided_code.data.cache.SplitArrays` with reference doses; they
+    ``arrays`` is a 128³ :class:`~provided_code.data.split_arrays.SplitArrays` with reference doses; they
     are restored to the CSV's exact float64 values before scoring. One patient at a time.
     ``rows``: score only these patients (e.g. those with reference doses); the others are listed
     in ``Scores.without_reference``. A prediction that is non-zero outside the possible-dose mask
@@ -199,5 +209,5 @@ def score_split(arrays, predicted: Callable[[int], np.ndarray], progress: Progre
         predicted_tables[slot] = dvh_metrics(lambda v: prediction[v].astype(np.float64), indices,
                                              arrays.voxel_dimensions[row], site, columns)
     chosen = set(rows)
-    return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables,
-                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen], site=site)
+    return Scores([arrays.patient_ids[row] for row in rows], errors, reference_tables, predicted_tables, site=site,
+                  without_reference=[pid for row, pid in enumerate(arrays.patient_ids) if row not in chosen])

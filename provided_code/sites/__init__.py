@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.constants import PATIENT_FILES
 from provided_code.errors import UserError
 
 SITE_FORMAT = 1
@@ -33,6 +34,21 @@ ARC_STEP_DEGREES = 10.0  # an arc is sampled at the gantry angles that are multi
 GRID_SHAPES = ((128, 128, 128),)  # the grid every layer of this version works on
 SLICE_PLACEMENTS = ("targets",)  # how the DICOM import places the box along the slice axis
 DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles increase), counter-clockwise
+# The largest volume a D_<cc>_cc metric may name: 10 litres, more than any organ or target a plan
+# is scored on holds (both lungs together hold about 6 L at a full breath), and an eighth of the
+# whole 128³ grid at OpenKBP's 3.9 × 3.9 × 2.5 mm voxels (80 L). A larger one is a slip of units
+# (mm³ written for cc) that would score every structure by its least dose.
+MAX_METRIC_CC = 10_000.0
+# The highest dose a prescription may state, in a site file or a patient's prescriptions.csv:
+# above any course of external-beam radiotherapy (the escalated prostate arms stop near 80 Gy) and
+# far below the same dose in cGy (7000 for 70 Gy), the slip it is there to catch.
+MAX_DOSE_GY = 150.0
+
+
+def is_gantry_angle(value: float) -> bool:
+    """A gantry (or couch) angle as DICOM and the plan files state it: degrees in [0, 360). 361 is
+    not 1°, and an arc of 0 to 720 is not a turn: such a figure is a slip, refused where it is read."""
+    return 0.0 <= value < 360.0
 _METRIC = re.compile(r"^(mean|D_(\d+(?:\.\d+)?)(_cc)?)$")
 
 
@@ -293,6 +309,10 @@ def site_from_dict(data, source) -> Site:
         sname = entry["name"]
         if not isinstance(sname, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", sname):
             fail(f"{field}.name", f"expected letters, digits, '_', '.' or '-' (it names a CSV file). Received: {sname!r}")
+        taken = {name.lower(): name for name in PATIENT_FILES}.get(f"{sname}.csv".lower())
+        if taken is not None:  # (compared without case: Dose.csv is dose.csv where file names are, macOS, Windows)
+            fail(f"{field}.name", f"{sname!r} would be stored as {taken}, a file every patient folder has for "
+                                  f"itself; name the structure otherwise")
         if sname in seen:
             fail(f"{field}.name", f"duplicate structure {sname!r}")
         seen.add(sname)
@@ -306,6 +326,9 @@ def site_from_dict(data, source) -> Site:
             if isinstance(prescription, bool) or not isinstance(prescription, (int, float)) \
                     or not math.isfinite(prescription) or prescription <= 0:
                 fail(f"{field}.prescription_gy", f"expected a positive number of Gy. Received: {prescription!r}")
+            if prescription > MAX_DOSE_GY:
+                fail(f"{field}.prescription_gy", f"expected at most {MAX_DOSE_GY:g} Gy (MAX_DOSE_GY; a dose in cGy?). "
+                                                 f"Received: {prescription!r}")
             prescription = float(prescription)
         elif prescription is not None:
             fail(f"{field}.prescription_gy", f"organ at risk {sname!r} has a prescription; only targets do")
@@ -329,6 +352,11 @@ def site_from_dict(data, source) -> Site:
             if member in paired:
                 fail(f"mirror_pairs[{k}]", f"{member!r} is in two pairs")
             paired.add(member)
+        right, left = (next(s for s in structures if s.name == member) for member in pair)
+        if not (right.kind == left.kind == "oar" or (right.kind == left.kind == "target"
+                                                     and right.prescription_gy == left.prescription_gy)):
+            fail(f"mirror_pairs[{k}]", f"{_described(right)} and {_described(left)}: a left-right flip swaps the "
+                                       f"two, so a pair is two organs at risk or two targets of one prescription")
         mirror_pairs.append((pair[0], pair[1]))
 
     body = data.get("body", {"dicom_names": ["BODY", "External"]})
@@ -356,6 +384,9 @@ def site_from_dict(data, source) -> Site:
                                         f"D_<cc>_cc (D_0.1_cc)")
             if measure == "percent" and not 0 <= amount <= 100:
                 fail(f"metrics.{kind}", f"{metric!r}: a percentage of the volume is between 0 and 100")
+            if measure == "cc" and amount > MAX_METRIC_CC:
+                fail(f"metrics.{kind}", f"{metric!r}: {amount:g} cc is more than any structure holds (at most "
+                                        f"{MAX_METRIC_CC:g} cc, MAX_METRIC_CC); a volume in mm³?")
     metrics = {kind: tuple(metrics[kind]) for kind in KINDS}
 
     grid = data.get("grid", {"shape": [128, 128, 128], "slices": "targets"})
@@ -392,7 +423,10 @@ def beams_from_dict(beams, source) -> Beams:
         angles = beams["angles"]
         if not isinstance(angles, list) or not angles or not all(_is_angle(a) for a in angles):
             fail("beams.angles", f"expected a non-empty list of gantry angles in degrees. Received: {angles!r}")
-        if len({float(a) % 360.0 for a in angles}) != len(angles):
+        outside = [a for a in angles if not is_gantry_angle(a)]
+        if outside:
+            fail("beams.angles", f"expected gantry angles in [0, 360) degrees. Received: {outside[0]!r}")
+        if len({float(a) for a in angles}) != len(angles):
             fail("beams.angles", f"two beams at the same gantry angle: {angles!r}")
         return Beams("static", angles=tuple(float(a) for a in angles))
     if kind == "arcs":
@@ -407,11 +441,22 @@ def beams_from_dict(beams, source) -> Beams:
                 fail(f"beams.arcs[{k}]", 'expected {"start": degrees, "stop": degrees, "direction": "CW" | "CC"}')
             if not (_is_angle(arc["start"]) and _is_angle(arc["stop"])):
                 fail(f"beams.arcs[{k}]", "start and stop must be gantry angles in degrees")
+            for end in ("start", "stop"):
+                if not is_gantry_angle(arc[end]):
+                    fail(f"beams.arcs[{k}].{end}",
+                         f"expected a gantry angle in [0, 360) degrees. Received: {arc[end]!r}")
             if arc["direction"] not in DIRECTIONS:
                 fail(f"beams.arcs[{k}].direction", f"expected CW or CC. Received: {arc['direction']!r}")
-            parsed.append(Arc(float(arc["start"]) % 360.0, float(arc["stop"]) % 360.0, arc["direction"]))
+            parsed.append(Arc(float(arc["start"]), float(arc["stop"]), arc["direction"]))
         return Beams("arcs", arcs=tuple(parsed))
     fail("beams.type", f"expected static, arcs or none. Received: {kind!r}")
+
+
+def _described(structure: Structure) -> str:
+    """``'PTV70' (a target of 70 Gy)``, ``'Parotid_R' (an organ at risk)``."""
+    if structure.kind == "target":
+        return f"{structure.name!r} (a target of {_plain(structure.prescription_gy)} Gy)"
+    return f"{structure.name!r} (an organ at risk)"
 
 
 def _is_angle(value) -> bool:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from provided_code.config import ConfigError
 from provided_code.data.augment import Augmenter
 from provided_code.data.batches import fit_vectors, plan_files_not_taken, warn_plan_files_not_taken
-from provided_code.data.cache import SplitArrays
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.tf_dataset import distributed_dataset, update_schedule
 from provided_code.model_spec import ModelSpec
 from provided_code.losses import needs_possible_dose_mask

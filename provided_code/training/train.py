@@ -16,7 +16,8 @@ import tensorflow as tf
 from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data import mapped
-from provided_code.data.cache import SplitArrays, load_split, stacked_nbytes
+from provided_code.data.cache import load_split
+from provided_code.data.split_arrays import SplitArrays, stacked_nbytes
 from provided_code.data.csv_io import discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
@@ -303,7 +304,7 @@ def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> b
     patients = len(discover_patients(train_dir)) + (len(discover_patients(validation_dir))
                                                     if validation_dir.is_dir() else 0)
     need = stacked_nbytes(patients, site=config.site) + (
-        stacked_nbytes(patients, config.resolution, config.site) if config.resolution != 128 else 0)
+        stacked_nbytes(patients, config.resolution, site=config.site) if config.resolution != 128 else 0)
     available, source = available_memory()
     sizes = (f"{patients} patients stacked would take {need / 1e9:.1f} GB; "
              + (f"{available / 1e9:.1f} GB available ({source})" if available is not None else source))

@@ -9,7 +9,7 @@ import time
 
 import keras
 
-from provided_code.data.cache import SplitArrays
+from provided_code.data.split_arrays import SplitArrays
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.metrics.scoring import score_split
 from provided_code.model_spec import ModelSpec
