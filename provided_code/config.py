@@ -395,7 +395,8 @@ def _known_values(saved) -> tuple[dict, list[str]]:
 def field_defaults() -> dict:
     """``TrainConfig``'s defaults as declared, before ``__post_init__`` resolves them (``beams``
     without its angles): what the command line and the presets start from."""
-    return {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+    return {field.name: field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
+            for field in dataclasses.fields(TrainConfig)}
 
 
 def check_beam_flags(beams: int, beam_angles: str) -> None:
