@@ -4,6 +4,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
@@ -106,3 +107,20 @@ def test_the_scan_does_not_read_a_structure_sets_contours(tmp_path):
         (int(roi.ROINumber), roi.ROIName) for roi in dataset.StructureSetROISequence)
     frame = dataset.ReferencedFrameOfReferenceSequence[0]
     assert item.referenced_series and item.frame_of_reference_uid == frame.FrameOfReferenceUID
+
+
+def test_a_structure_set_naming_its_frame_only_on_its_rois_is_in_that_frame(tmp_path):
+    """Its frame of reference as the import and the DICOM node read it (one reading of the references):
+    the ROIs' ``ReferencedFrameOfReferenceUID`` when the structure set has no frame of its own."""
+    pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
+    from provided_code.dicom.synthetic import write_patient
+
+    mask = np.zeros((16, 16, 4), bool)
+    mask[4:10, 5:11, 1:3] = True
+    written = write_patient(tmp_path / "clinic", np.full((16, 16, 4), 1000, np.uint16), {"PTV70": mask},
+                            (3.0, 3.0, 2.5), factor=1)
+    dataset = pydicom.dcmread(written.rtstruct)
+    del dataset.ReferencedFrameOfReferenceSequence, dataset.FrameOfReferenceUID
+    dataset.save_as(written.rtstruct)
+    [item] = [o for o in scan_archive(tmp_path).objects if o.modality == "RTSTRUCT"]
+    assert item.frame_of_reference_uid == written.frame_of_reference_uid

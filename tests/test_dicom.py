@@ -23,7 +23,7 @@ from provided_code.dicom.exporter import dose_on_ct_grid, export_dose  # noqa: E
 from provided_code.dicom.grid import PatientGeometry, area_weights, choose_first_slice, linear_weights  # noqa: E402
 from provided_code.dicom.importer import import_patient  # noqa: E402
 from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
-from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
+from provided_code.dicom.rtdose import MANUFACTURER, DoseGrid, read_rtdose, sample_dose, written_here  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
 from provided_code.dicom.synthetic import write_patient  # noqa: E402
 from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
@@ -124,6 +124,15 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     assert np.allclose(world[:3], [-(patient.origin_xy[0] + 2 * j * patient.pixel_spacing[1]),
                                    -(patient.origin_xy[1] + 2 * i * patient.pixel_spacing[0]), patient.slice_z[k]])
     assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)  # NIfTI stores float32 Gy
+
+
+def test_an_exported_rt_dose_is_told_from_the_clinics_by_its_manufacturer(written, tmp_path):
+    volumes, patient, report = written
+    export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm")
+    exported, clinics = pydicom.dcmread(tmp_path / "RD.dcm"), pydicom.dcmread(patient.rtdose)
+    assert exported.Manufacturer == MANUFACTURER and written_here(exported)
+    assert exported.SOPClassUID == pydicom.uid.RTDoseStorage
+    assert not written_here(clinics) and clinics.SOPClassUID == pydicom.uid.RTDoseStorage
 
 
 @requires_sample

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from provided_code.dicom.files import read_dataset
 from provided_code.dicom.rtplan import PlanInfo, read_plan
+from provided_code.dicom.rtstruct import structure_set_references
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-MEDIA_DIRECTORY_STORAGE = "1.2.840.10008.1.3.10"
 IMAGE_MODALITIES = ("CT", "MR", "PT", "NM", "US", "CR", "DX", "MG", "RTIMAGE", "OT", "SC", "XA")
 DEFAULT_WORKERS = 8  # header reads wait on the disk more than on the processor
 
@@ -109,9 +109,11 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
         return None, f"unreadable DICOM ({type(error).__name__}: {' '.join(str(error).split())})"
     if header is None:
         return None, "not DICOM"
+    from pydicom.uid import MediaStorageDirectoryStorage  # (pydicom is there: it read the header)
+
     meta = getattr(header, "file_meta", None)
     sop_class = _text(header.get("SOPClassUID")) or _text(meta.get("MediaStorageSOPClassUID") if meta else "")
-    if sop_class == MEDIA_DIRECTORY_STORAGE or "DirectoryRecordSequence" in header:
+    if sop_class == MediaStorageDirectoryStorage or "DirectoryRecordSequence" in header:
         return None, "DICOMDIR (a media directory, not an object)"
     modality = _text(header.get("Modality")).upper()
     fields = dict(path=path, size=stat.st_size, mtime_ns=stat.st_mtime_ns, modality=modality or "?",
@@ -132,13 +134,9 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
                           plan_uid=_text(plan.get("ReferencedSOPInstanceUID")) if plan else "",
                           beam_numbers=tuple(beams))
         elif modality == "RTSTRUCT":
-            series = []
-            for frame in header.get("ReferencedFrameOfReferenceSequence") or []:
-                if not fields["frame_of_reference_uid"]:
-                    fields["frame_of_reference_uid"] = _text(frame.get("FrameOfReferenceUID"))
-                for study in frame.get("RTReferencedStudySequence") or []:
-                    series += [_text(s.get("SeriesInstanceUID")) for s in study.get("RTReferencedSeriesSequence") or []]
-            fields.update(referenced_series=tuple(s for s in series if s),
+            references = structure_set_references(header)  # (read without its contours)
+            fields["frame_of_reference_uid"] = fields["frame_of_reference_uid"] or references.frame_uid
+            fields.update(referenced_series=references.series_uids,
                           roi_names=tuple((int(roi.ROINumber), _text(roi.get("ROIName")))
                                           for roi in header.get("StructureSetROISequence") or []
                                           if roi.get("ROINumber") is not None),
