@@ -6,21 +6,13 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
 ``beams.csv`` (:mod:`provided_code.data.patient_plan`), into ``DATA_DIR/train-pats/pt_<N>`` or
 ``DATA_DIR/validation-pats/pt_<N>``.
 
-- Pseudonyms: ``pt_<N>``, numbered in the order of a hash of the PatientID, after those an earlier
-  run gave; the identity map (``pseudonym,patient_id``, by default ``DATA_DIR/identity-map.csv``,
-  readable by its owner only) is the only place that links them. The patient folders carry the
-  pseudonym where the CT had the patient's name and ID, and none of the other identifying tags
-  (:data:`~provided_code.dicom.ct_series.IDENTIFYING_TAGS`: birth date, sex, study date and time,
-  ID, description, accession number, referring physician).
-- Split: a patient is in validation when a hash of its PatientID and the seed falls below the
-  fraction (``validation`` < 1), or, for a count, among the new patients of lowest hash until the
-  count is reached; a patient keeps the split an earlier run gave it, so adding patients never
-  moves one.
-- ``DATA_DIR/manifest.csv``: one row per patient and plan (and per left series, object and skipped
-  file), its status (imported, skipped, failed) and reason, the source UIDs and what was chosen. It
-  holds no path in the archive (PACS exports name folders after patients): it numbers them
-  (``#<N>``), and the sources file beside the identity map (``identity-map.sources.csv``, as
-  private) says which path each number is.
+- Pseudonyms, splits and the archive's paths by number: :mod:`provided_code.dicom.pseudonyms`.
+  The patient folders carry the pseudonym where the CT had the patient's name and ID, and none of
+  the other identifying tags (:data:`~provided_code.dicom.ct_series.IDENTIFYING_TAGS`: birth date,
+  sex, study date and time, ID, description, accession number, referring physician).
+- ``DATA_DIR/manifest.csv`` (:mod:`provided_code.dicom.ledger`): one row per patient and plan (and
+  per left series, object and skipped file), its status (imported, skipped, failed) and reason, the
+  source UIDs and what was chosen; no path in the archive, only its number (``#<N>``).
 - One patient's failure is a row and a count (``strict`` raises it instead, naming the pseudonym).
   An earlier import of a patient that now fails or has no plan chosen is moved out of its split,
   whole, to ``DATA_DIR/withdrawn/pt_<N>-<time>`` (never deleted), and its row says so.
@@ -31,45 +23,33 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import os
-import re
-import time
 from pathlib import Path
 from typing import Callable
 
 from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
 from provided_code.dicom.ct_series import IDENTIFYING_TAGS
+from provided_code.dicom.errors import CohortError
+from provided_code.dicom.ledger import JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, Ledger, csv_text
 from provided_code.dicom.names import load_names
+from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, parse_validation,
+                                            pseudonym_number, source_number)
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
 from provided_code.sites import Site, load_site
-from provided_code.infra.atomic import fsync_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.csv"
-IDENTITY_FILE = "identity-map.csv"
-SOURCES_SUFFIX = ".sources.csv"  # the archive paths the manifest numbers: beside the identity map, named after it
-JOURNAL_FILE = ".import-cohort.journal"
-WITHDRAWN_DIR = "withdrawn"  # earlier imports of patients that now fail or have no plan chosen, moved out of the splits
-SPLITS = {"train": "train-pats", "validation": "validation-pats"}
-MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
-                   "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
-                   "frame_of_reference_uid", "prescriptions_gy", "beams", "modality", "uid", "source", "fingerprint")
+__all__ = ["CohortError", "CohortReport", "import_cohort", "JOURNAL_FILE", "MANIFEST_FILE", "IDENTITY_FILE"]
+
 IMPORT_VERSION = 2  # part of each fingerprint: a change of what an import writes re-imports everyone
 # (2: dicom.json keeps none of the CT's IDENTIFYING_TAGS)
-
-
-class CohortError(UserError, ValueError):
-    """A cohort-wide problem: the archive, the output folder, the identity map."""
 
 
 @dataclasses.dataclass
@@ -99,215 +79,11 @@ class CohortReport:
         return "\n".join(lines)
 
 
-def _unit_hash(*parts: str) -> float:
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
-    return int(digest[:15], 16) / 16**15
-
-
-def parse_validation(text: str | float | int) -> float | int:
-    """``--validation``: a fraction in [0, 1) or a count of patients (an integer ≥ 1)."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if isinstance(text, str) and text.strip().isdigit() and int(text) >= 1:
-        return int(text)
-    if isinstance(text, int) and text >= 1:
-        return text
-    if not 0 <= value < 1:
-        raise CohortError(f"Invalid `validation`. Expected a fraction in [0, 1) or a count of patients. "
-                          f"Received: validation={text!r}")
-    return value
-
-
-def _read_csv(path: Path, columns: tuple[str, ...] | None = None, what: str = "") -> list[dict[str, str]]:
-    """The rows of ``path`` ([] when absent); with ``columns``, a :class:`CohortError` naming the file
-    as not ``what`` unless its header is those columns."""
-    if not path.is_file():
-        return []
-    with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    if columns is not None and rows and set(rows[0]) != set(columns):
-        raise CohortError(f"{path}: not {what} (header {','.join(columns)})")
-    return rows
-
-
-def _csv_text(fields, rows) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
-def _number(pseudonym: str) -> int:
-    return int(pseudonym[3:]) if pseudonym.startswith("pt_") and pseudonym[3:].isdigit() else 0
-
-
-class _Sources:
-    """The archive paths the manifest refers to, by number (``#<N>``): PACS exports name folders
-    after their patients, so the paths are kept apart from the manifest, beside the identity map
-    and as private (``source,path``, the path relative to the archive, a folder's ending in ``/``).
-    A path keeps its number on every later run."""
-
-    def __init__(self, path: Path, archive: Path):
-        self.path, self.archive = path, archive
-        rows = _read_csv(path, ("source", "path"), "a sources file of an import")
-        self.numbers = {row["path"]: row["source"] for row in rows}
-        self.next = 1 + max(map(_source_number, self.numbers.values()), default=0)
-
-    def ref(self, path: Path, folder: bool = False) -> str:
-        try:
-            key = Path(path).relative_to(self.archive).as_posix()
-        except ValueError:
-            key = str(path)
-        key += "/" if folder else ""
-        if key not in self.numbers:
-            self.numbers[key] = f"#{self.next}"
-            self.next += 1
-        return self.numbers[key]
-
-    def scrub(self, text: str, paths) -> str:
-        """``text`` with each of ``paths`` (absolute, relative to the archive, or its file name when
-        that holds a letter and a digit, ``.``, ``_``, ``^``, ``-`` or a space: not a mere word, as
-        ``DICOMDIR`` is) and the folders between it and the archive replaced by its number; what is
-        left of a path in the archive by ``<archive>``."""
-        spellings: dict[str, tuple[Path, bool]] = {}  # as written in text -> (path, is a folder)
-
-        def add(spelling: str, path: Path, folder: bool) -> None:
-            if os.sep in spelling or "/" in spelling or (re.search(r"[^\W\d_]", spelling) and
-                                                         re.search(r"[\d._^ -]", spelling)):  # not a mere word
-                spellings.setdefault(spelling, (path, folder))
-
-        for path in (Path(p) for p in paths if p is not None):
-            try:
-                relative = path.relative_to(self.archive)
-            except ValueError:
-                continue
-            for spelling in (str(path), str(relative), relative.as_posix(), path.name):
-                add(spelling, path, False)
-            for parent in list(relative.parents)[:-1]:  # the folders between it and the archive
-                for spelling in (str(self.archive / parent), str(parent), parent.as_posix()):
-                    add(spelling, self.archive / parent, True)
-        if spellings:
-            alternatives = "|".join(re.escape(t) for t in sorted(spellings, key=len, reverse=True))
-            pattern = re.compile(rf"(?<![\w/\\.^-])(?:{alternatives})(?![\w\\^-]|\.\w)")
-            text = pattern.sub(lambda match: self.ref(*spellings[match.group(0)]), text)
-        return re.sub(re.escape(str(self.archive)) + r"[^\s:;,()'\"]*", "<archive>", text)
-
-    def write(self) -> None:
-        rows = sorted(({"source": n, "path": p} for p, n in self.numbers.items()),
-                      key=lambda row: _source_number(row["source"]))
-        write_text_atomic(self.path, _csv_text(("source", "path"), rows), mode=0o600)
-
-
-def _source_number(source: str) -> int:
-    return int(source[1:]) if source[:1] == "#" and source[1:].isdigit() else 0
-
-
 def _message(error: BaseException) -> str:
     """An error's message in one line."""
     if isinstance(error, OSError) and not isinstance(error, UserError) and error.filename is not None:
         return f"{error.filename}: {error.strerror or error}"
     return " ".join(str(error).split()) or type(error).__name__
-
-
-class _State:
-    """What earlier runs left in ``out``: pseudonyms, splits, imports and their fingerprints."""
-
-    def __init__(self, out: Path, identity_path: Path):
-        self.out, self.identity_path = out, identity_path
-        identity = _read_csv(identity_path, ("pseudonym", "patient_id"), "an identity map")
-        self.pseudonyms = {row["patient_id"]: row["pseudonym"] for row in identity}
-        self.rows = _read_csv(out / MANIFEST_FILE)
-        if (out / MANIFEST_FILE).is_file() and not identity_path.is_file():
-            raise CohortError(f"{identity_path}: missing, while {out / MANIFEST_FILE} holds an earlier import; pass "
-                              f"--identity-map with the map of that import (pseudonyms must stay the same)")
-        self.splits = {row["pseudonym"]: row["split"] for row in self.rows if row.get("split")}
-        self.imports = {row["pseudonym"]: row["fingerprint"] for row in self.rows
-                        if row.get("kind") == "plan" and row.get("status") == "imported"}
-        self.withdrawn: dict[str, str] = {}  # pseudonym -> where its earlier import went, this run
-        for entry in self._journal():
-            self.splits[entry["pseudonym"]] = entry["split"]
-            if entry.get("withdrawn"):
-                self.withdrawn[entry["pseudonym"]] = entry["withdrawn"]
-            if entry["status"] == "imported":
-                self.imports[entry["pseudonym"]] = entry["fingerprint"]
-            else:
-                self.imports.pop(entry["pseudonym"], None)
-        for split, folder in SPLITS.items():  # folders without a record (a run killed before its journal line)
-            for path in (out / folder).glob("pt_*"):
-                self.splits.setdefault(path.name, split)
-
-    def _journal(self) -> list[dict]:
-        path = self.out / JOURNAL_FILE
-        if not path.is_file():
-            return []
-        entries = []
-        for line in path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut off by a kill: the entries before it hold
-        return entries
-
-    def assign_pseudonyms(self, patient_ids: list[str]) -> None:
-        """Pseudonyms for new patients (after the highest given), written before anything is imported."""
-        new = sorted((p for p in patient_ids if p not in self.pseudonyms), key=lambda p: (_unit_hash("pseudonym", p), p))
-        if not new:
-            return
-        number = max((_number(p) for p in self.pseudonyms.values()), default=0)
-        for patient_id in new:
-            number += 1
-            self.pseudonyms[patient_id] = f"pt_{number}"
-        rows = sorted(({"pseudonym": p, "patient_id": i} for i, p in self.pseudonyms.items()),
-                      key=lambda r: _number(r["pseudonym"]))
-        # the map re-identifies the cohort: its owner's only, from the temporary file's creation on
-        write_text_atomic(self.identity_path, _csv_text(("pseudonym", "patient_id"), rows), mode=0o600)
-
-    def assign_splits(self, patient_ids: list[str], validation: float | int, seed: int) -> None:
-        new = [p for p in patient_ids if self.pseudonyms[p] not in self.splits]
-        if isinstance(validation, int):
-            have = sum(split == "validation" for split in self.splits.values())
-            ranked = sorted(new, key=lambda p: (_unit_hash(str(seed), p), p))
-            chosen = set(ranked[:max(0, validation - have)])
-            for patient_id in new:
-                self.splits[self.pseudonyms[patient_id]] = "validation" if patient_id in chosen else "train"
-        else:
-            for patient_id in new:
-                low = _unit_hash(str(seed), patient_id) < validation
-                self.splits[self.pseudonyms[patient_id]] = "validation" if low else "train"
-
-    def withdraw(self, pseudonym: str) -> None:
-        """Move the earlier import of a patient that now fails or has no plan chosen out of its split,
-        whole, to ``withdrawn/<pseudonym>-<time>`` (never deleted): a training run takes only the
-        patients the manifest says are imported."""
-        for split, name in SPLITS.items():
-            folder = self.out / name / pseudonym
-            if not folder.is_dir():
-                continue
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            target, k = self.out / WITHDRAWN_DIR / f"{pseudonym}-{stamp}", 1
-            while target.exists():
-                k += 1
-                target = self.out / WITHDRAWN_DIR / f"{pseudonym}-{stamp}-{k}"
-            target.parent.mkdir(exist_ok=True)
-            os.replace(folder, target)
-            fsync_folder(folder.parent)
-            fsync_folder(target.parent)
-            where = f"{name}/{pseudonym} moved to {target.relative_to(self.out).as_posix()}"
-            self.withdrawn[pseudonym] = where
-            self.imports.pop(pseudonym, None)
-            self.record({"pseudonym": pseudonym, "split": split, "status": "withdrawn", "fingerprint": "",
-                         "withdrawn": where})
-            logger.warning("%s: its earlier import is taken out of the training set (%s)", pseudonym, where)
-
-    def record(self, entry: dict) -> None:
-        """Append one patient's outcome to the journal, durably, before the next patient."""
-        with open(self.out / JOURNAL_FILE, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
 
 
 def _settings(site: Site, table: dict[str, tuple[str, ...]], allow_missing_targets: bool) -> str:
@@ -368,8 +144,11 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     site = load_site(site)
     table = load_names(names_file, site)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
-    state = _State(out, identity_path)
-    sources = _Sources(identity_path.with_suffix(SOURCES_SUFFIX), archive)
+    identity, ledger = IdentityMap(identity_path), Ledger(out)
+    if ledger.has_manifest and not identity.exists:
+        raise CohortError(f"{identity_path}: missing, while {out / MANIFEST_FILE} holds an earlier import; pass "
+                          f"--identity-map with the map of that import (pseudonyms must stay the same)")
+    sources = Sources.beside(identity_path, archive)
 
     index = scan_archive(archive, progress, workers)
     patients = link_patients(index)
@@ -379,11 +158,11 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     if identity_path.resolve().is_relative_to(out.resolve()):
         logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
                        "--identity-map with a private path", identity_path, out)
-    state.assign_pseudonyms([p.patient_id for p in patients])
+    identity.assign([p.patient_id for p in patients])
     refused = [p for p in patients if p.refusal]
     if strict and refused:
-        raise CohortError(f"{state.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
-    state.assign_splits([p.patient_id for p in patients if p.chosen], validation, seed)
+        raise CohortError(f"{identity.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
+    assign_splits(ledger.splits, identity.pseudonyms, [p.patient_id for p in patients if p.chosen], validation, seed)
     settings = _settings(site, table, allow_missing_targets)
 
     counts = {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 0}
@@ -393,8 +172,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     todo = [p for p in patients if p.chosen]
     outcomes = {}
     for links in progress(todo, len(todo), "Importing patients"):
-        pseudonym = state.pseudonyms[links.patient_id]
-        split = state.splits[pseudonym]
+        pseudonym = identity.pseudonyms[links.patient_id]
+        split = ledger.splits[pseudonym]
         fingerprint = _fingerprint(links.chosen, settings)
         folder = out / SPLITS[split] / pseudonym
         info = links.chosen.info
@@ -402,7 +181,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             prescriptions, plan_lines = plan_prescriptions(info, site.prescriptions_gy, table,
                                                            dict(links.chosen.structure_set.roi_names))
             prescribed = " ".join(f"{k}={v:g}" for k, v in prescriptions.items())
-            if state.imports.get(pseudonym) == fingerprint and folder.is_dir():
+            if ledger.imports.get(pseudonym) == fingerprint and folder.is_dir():
                 outcomes[links.patient_id] = ("imported", "; ".join(info.warnings), fingerprint, prescribed)
                 counts["unchanged"] += 1
                 continue
@@ -422,7 +201,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
                 logger.warning("%s: %s", pseudonym, warning)
             outcomes[links.patient_id] = ("imported", "; ".join(info.warnings), fingerprint, prescribed)
             counts["imported"] += 1
-            state.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint})
+            ledger.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint})
             logger.info("%s: imported %s into %s (%s)", pseudonym, links.chosen.describe(), folder,
                         "; ".join(plan_lines))
         except Exception as error:  # noqa: BLE001 - one patient's problem never stops the cohort
@@ -438,19 +217,19 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             reason = sources.scrub(_message(error), [o.path for o in links.chosen.sources()])
             outcomes[links.patient_id] = ("failed", reason, "", "")
             counts["failed"] += 1
-            state.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
+            ledger.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
             logger.warning("%s: import failed: %s", pseudonym, message)
-            state.withdraw(pseudonym)
+            ledger.withdraw(pseudonym)
         if after_patient is not None:
             after_patient(pseudonym)
 
     for links in patients:
-        pseudonym = state.pseudonyms[links.patient_id]
+        pseudonym = identity.pseudonyms[links.patient_id]
         if not links.chosen:
-            state.withdraw(pseudonym)
-        rows += _patient_rows(links, pseudonym, state.splits.get(pseudonym, ""), outcomes.get(links.patient_id))
-        if pseudonym in state.withdrawn:
-            note = f"; its earlier import was taken out of the training set: {state.withdrawn[pseudonym]}"
+            ledger.withdraw(pseudonym)
+        rows += _patient_rows(links, pseudonym, ledger.splits.get(pseudonym, ""), outcomes.get(links.patient_id))
+        if pseudonym in ledger.withdrawn:
+            note = f"; its earlier import was taken out of the training set: {ledger.withdrawn[pseudonym]}"
             for row in rows:
                 if row["pseudonym"] == pseudonym and row["kind"] in ("plan", "patient") and row["status"] != "imported":
                     row["reason"] += note
@@ -462,15 +241,14 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
         rows.append({"pseudonym": "", "status": "skipped", "kind": "file", "source": sources.ref(path),
                      "reason": sources.scrub(why, [path, index.duplicate_of.get(path)])})
     # patients an earlier run imported and this archive no longer holds: their rows and folders stay
-    gone = {state.pseudonyms[p] for p in state.pseudonyms if p not in present}
-    rows += [row for row in state.rows if row.get("pseudonym") in gone]
-    rows.sort(key=lambda r: (r["pseudonym"] == "", _number(r["pseudonym"]), r.get("kind") != "plan",
-                             _source_number(r.get("source", "")), r.get("uid", "")))
+    gone = {identity.pseudonyms[p] for p in identity.pseudonyms if p not in present}
+    rows += [row for row in ledger.rows if row.get("pseudonym") in gone]
+    rows.sort(key=lambda r: (r["pseudonym"] == "", pseudonym_number(r["pseudonym"]), r.get("kind") != "plan",
+                             source_number(r.get("source", "")), r.get("uid", "")))
     sources.write()  # before the manifest: every number it holds is there
-    write_text_atomic(out / MANIFEST_FILE, _csv_text(MANIFEST_FIELDS, rows))
-    (out / JOURNAL_FILE).unlink(missing_ok=True)
-    back = {state.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
-    withdrawn = [state.withdrawn[p] for p in sorted(state.withdrawn, key=_number) if p not in back]
+    ledger.finish(csv_text(MANIFEST_FIELDS, rows))
+    back = {identity.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
+    withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]
     return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files))
 
 

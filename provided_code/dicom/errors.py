@@ -27,3 +27,7 @@ def require_pydicom():
     except ImportError:
         raise DicomInputError("pydicom", "not installed: pip install 'provided_code[dicom]'") from None
     return pydicom
+
+
+class CohortError(UserError, ValueError):
+    """A cohort-wide problem of ``openkbp-dicom import-cohort``: the archive, the output folder, the identity map."""
