@@ -133,7 +133,7 @@ def phantom_archive(tmp_path_factory):
 def imported(phantom_archive, tmp_path_factory):
     archive, _ = phantom_archive
     out = tmp_path_factory.mktemp("data")
-    report = import_cohort(archive, out, validation=0.5, seed=1)
+    report = import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
     return out, report
 
 
@@ -211,7 +211,7 @@ def test_a_second_run_imports_nothing(phantom_archive, imported, tmp_path):
     out, _ = imported
     copy = Path(shutil.copytree(out, tmp_path / "data"))
     before = snapshot(copy)
-    report = import_cohort(archive, copy, validation=0.5, seed=1)
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
     assert snapshot(copy) == before
 
@@ -226,7 +226,7 @@ def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, import
     dataset = pydicom.dcmread(plan)
     dataset.DoseReferenceSequence[0].TargetPrescriptionDose = 72
     dataset.save_as(plan)
-    report = import_cohort(copy_archive, copy, validation=0.5, seed=1)
+    report = import_cohort(copy_archive, copy, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts == {"imported": 1, "unchanged": 2, "skipped": 1, "failed": 0}
     assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
 
@@ -243,9 +243,9 @@ def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(ph
 
     killed = tmp_path / "data"
     with pytest.raises(Killed):
-        import_cohort(archive, killed, validation=0.5, seed=1, after_patient=kill)
+        import_cohort(archive, killed, validation=0.5, seed=1, after_patient=kill, site=OPENKBP)
     assert not (killed / "manifest.csv").exists() and (killed / cohort.JOURNAL_FILE).is_file()
-    report = import_cohort(archive, killed, validation=0.5, seed=1)
+    report = import_cohort(archive, killed, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts["unchanged"] == 1 and report.counts["imported"] == 2
     assert snapshot(killed) == snapshot(out)
 
@@ -281,7 +281,7 @@ def doe_archive(tmp_path_factory):
 def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path):
     archive, _, _ = doe_archive
     out = tmp_path / "data"
-    report = import_cohort(archive, out, site="prostate")  # no ROI for its targets: fails naming a file
+    report = import_cohort(archive, out, site=PROSTATE)  # no ROI for its targets: fails naming a file
     assert report.counts["failed"] == 1
     assert "DOE" not in (out / "manifest.csv").read_text() and "12345" not in (out / "manifest.csv").read_text()
     sources_file = out / "identity-map.sources.csv"
@@ -298,7 +298,7 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
     assert files[DOE + "/notes.txt"] == "not DICOM"
     assert files[DOE + "/RS.dcm"].startswith(f"duplicate of {copy} (SOP Instance UID ")
     with pytest.raises(cohort.CohortError, match=r"^pt_1: DOE\^JOHN_12345/RS copy.dcm: no ROI for PTV60, PTV78 \("):
-        import_cohort(archive, tmp_path / "strict", site="prostate", strict=True)
+        import_cohort(archive, tmp_path / "strict", site=PROSTATE, strict=True)
 
 
 def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path):
@@ -306,7 +306,7 @@ def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path)
     archive.mkdir(parents=True)
     (archive / "notes.txt").write_text("not DICOM")
     with pytest.raises(cohort.CohortError, match=r"no DICOM object among its 1 files"):
-        cohort.import_cohort(tmp_path / "archive", tmp_path / "data")
+        cohort.import_cohort(tmp_path / "archive", tmp_path / "data", site=OPENKBP)
     assert not (tmp_path / "data").exists()
 
 
@@ -314,7 +314,7 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe
     archive, written, dose = doe_archive
     archive = Path(shutil.copytree(archive, tmp_path / "archive"))
     data = tmp_path / "data"
-    assert import_cohort(archive, data).counts["imported"] == 1  # plan 'One' alone
+    assert import_cohort(archive, data, site=OPENKBP).counts["imported"] == 1  # plan 'One' alone
     [folder] = data.glob("*-pats/pt_1")
     add_plan(archive / DOE, written, dose, "Two")
     result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(archive), "--out", str(data)],
@@ -362,7 +362,7 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
         write_dose(staging / name / "RD.dcm", source.dose, written, plan)
     scatter_files(staging, archive, seed=2)
     out = tmp_path / "data"
-    report = import_cohort(archive, out, validation=0)
+    report = import_cohort(archive, out, validation=0, site=OPENKBP)
     assert report.counts["imported"] == 2
     names = identity(out)
     for name, source in sources.items():

@@ -45,10 +45,11 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
     """Import one patient into the OpenKBP layout."""
     setup_logging()
     from provided_code.dicom.importer import import_patient
+    from provided_code.sites import load_site
 
     try:
         report = import_patient(ct_dir, rtstruct, out, rtdose=rtdose, names=names,
-                                allow_missing_targets=allow_missing_targets, site=site)
+                                allow_missing_targets=allow_missing_targets, site=load_site(site))
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo("\n".join(report.lines))
@@ -77,9 +78,10 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
     setup_logging()
     from provided_code.dicom.cohort import import_cohort
+    from provided_code.sites import load_site
 
     try:
-        report = import_cohort(archive, out_dir, site=site, names_file=names,
+        report = import_cohort(archive, out_dir, site=load_site(site), names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
                                allow_missing_targets=allow_missing_targets, progress=click_progress)
     except USER_ERRORS as error:
@@ -98,16 +100,16 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
 @click.option("--site", default=None,
               help=f"The site the prediction is of ({_SITES}); a patient imported for another is refused "
-                   f"[default: the patient's, from its dicom.json].")
+                   f"[default: the patient's, from its dicom.json; a site file's must be given].")
 def export_command(patient_dir, prediction, out, nifti, site):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
     setup_logging()
     from provided_code.data.csv_io import read_dose_csv
-    from provided_code.dicom.exporter import export_dose
+    from provided_code.dicom.exporter import export_dose, site_of_patient
     from provided_code.sites import load_site
 
     try:
-        site = None if site is None else load_site(site).name
+        site = site_of_patient(patient_dir) if site is None else load_site(site)
         dose = read_dose_csv(prediction)
         export_dose(patient_dir, dose, out, nifti=nifti, site=site)
     except USER_ERRORS as error:

@@ -34,14 +34,14 @@ from typing import Callable
 from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
 from provided_code.dicom.ct_series import IDENTIFYING_TAGS
-from provided_code.dicom.errors import CohortError
+from provided_code.dicom.errors import CohortError, require_site
 from provided_code.dicom.ledger import JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, Ledger, csv_text
 from provided_code.dicom.names import load_names
 from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, parse_validation,
                                             pseudonym_number, source_number)
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site, openkbp
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def _settings(site: Site, table: dict[str, tuple[str, ...]], allow_missing_targe
     (the sidecar holds it) and grid, these two only when not OpenKBP's, so that the fingerprints
     of imports made before sites stay the same."""
     settings = [site.prescriptions_gy, {k: sorted(v) for k, v in table.items()}, allow_missing_targets]
-    if site.name != "openkbp" or site.grid != load_site("openkbp").grid:
+    if site.name != "openkbp" or site.grid != openkbp().grid:
         settings.append({"site": site.name, "grid": site.grid})
     return json.dumps(settings, sort_keys=True)
 
@@ -125,14 +125,13 @@ def _plan_row(candidate: Candidate, pseudonym: str, split: str) -> dict[str, str
             "beams": _beams_text(candidate), "modality": "RTPLAN", "uid": info.sop_instance_uid}
 
 
-def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site | str | None = None,
+def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site,
                   names_file: os.PathLike | str | None = None, validation: float | int = 0.2, seed: int = 0,
                   strict: bool = False, identity_map: os.PathLike | str | None = None,
                   allow_missing_targets: bool = False, progress: Progress = no_progress, workers: int | None = None,
                   after_patient: Callable[[str], None] | None = None) -> CohortReport:
     """Import every patient of the archive (see the module docstring) for ``site`` (a
-    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None:
-    OpenKBP): its structures matched from its DICOM names, with ``names_file``'s in their place
+    :class:`~provided_code.sites.Site`): its structures matched from its DICOM names, with ``names_file``'s in their place
     (:func:`provided_code.dicom.names.load_names`); its targets' prescriptions the defaults of each
     ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded."""
     from provided_code.dicom.importer import import_patient
@@ -141,7 +140,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     if not archive.is_dir():
         raise CohortError(f"{archive}: archive folder does not exist or is not a folder")
     validation = parse_validation(validation)
-    site = load_site(site)
+    site = require_site(site)
     table = load_names(names_file, site)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
     identity, ledger = IdentityMap(identity_path), Ledger(out)

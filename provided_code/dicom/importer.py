@@ -1,6 +1,6 @@
 """``openkbp-dicom import``: a CT series, an RTSTRUCT and optionally an RTDOSE to one patient folder
-in the OpenKBP layout, with the sidecar the export needs, for a site (OpenKBP's by default: its
-structures, the DICOM names they are matched from, its grid).
+in the OpenKBP layout, with the sidecar the export needs, for a site (its structures, the DICOM
+names they are matched from, its grid).
 
 - CT: Hounsfield units averaged onto the box's 128 × 128 in-plane grid, then stored as OpenKBP
   stores it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset
@@ -38,12 +38,12 @@ from provided_code.constants import CT_FILE, CT_MAX, DOSE_FILE, POSSIBLE_DOSE_MA
 from provided_code.data import patient_plan
 from provided_code.data.csv_io import Patient, as_volume, decimals_of, write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
-from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site, openkbp
 
 logger = logging.getLogger(__name__)
 
@@ -72,18 +72,18 @@ class ImportReport:
 
 def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
                    rtdose=None, names: os.PathLike | str | dict | None = None,
-                   allow_missing_targets: bool = False, site: Site | str | None = None, *, dose_scale: float = 1.0,
+                   allow_missing_targets: bool = False, *, site: Site, dose_scale: float = 1.0,
                    patient_tags: Mapping[str, str] | None = None,
                    also_write: Callable[[Path], None] | None = None) -> ImportReport:
     """Import one patient into the folder ``out`` (see the module docstring) for ``site`` (a
-    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None: OpenKBP).
+    :class:`~provided_code.sites.Site`).
 
     For the cohort import: ``ct_dir`` may be a list of the series' files; ``rtdose`` a list of RT
     Doses to sum (a plan's per-beam doses), times ``dose_scale`` (the fractions of a per-fraction
     dose); ``names`` a names table already loaded (of ``site``'s structures); ``patient_tags``
     replace the CT's patient tags in the sidecar (a pseudonym); ``also_write(folder)`` adds files to
     the patient folder before it is moved into place."""
-    site = load_site(site)
+    site = require_site(site)
     out = Path(out)
     if out.exists() and not (out / SIDECAR_FILE).is_file() and any(out.iterdir()):
         raise DicomInputError(out, "output folder exists and is not an earlier import; choose a new folder")
@@ -123,7 +123,7 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
         lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
                      f"{shape[2]} of the box; the slices beyond it are left out")
     lines += _check_slices(planes, mapping, ct.slice_z, site)
-    if site.same_as(load_site("openkbp")):  # the voxel sizes OpenKBP's patients have; other sites' are not known
+    if site.same_as(openkbp()):  # the voxel sizes OpenKBP's patients have; other sites' are not known
         lines += _check_voxel_size(geometry)
 
     # CT-grid planes to the box's 128 × 128 plane: the area average over the same field of view
