@@ -297,7 +297,7 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
     files = {sources[r["source"]]: r["reason"] for r in table if r["kind"] == "file"}
     assert files[DOE + "/notes.txt"] == "not DICOM"
     assert files[DOE + "/RS.dcm"].startswith(f"duplicate of {copy} (SOP Instance UID ")
-    with pytest.raises(cohort.CohortError, match=r"^pt_1: DOE\^JOHN_12345/RS copy.dcm: no ROI for PTV60, PTV78 \("):
+    with pytest.raises(cohort.CohortError, match=rf"^pt_1: {copy}: no ROI for PTV60, PTV78 \("):
         import_cohort(archive, tmp_path / "strict", site=PROSTATE, strict=True)
 
 
@@ -383,11 +383,11 @@ def test_the_import_settings_hold_the_site_and_openkbps_stay_as_before():
 
     table = load_names(None, OPENKBP)
     before_sites = json.dumps([SITE, {k: sorted(v) for k, v in table.items()}, False], sort_keys=True)
-    assert cohort._settings(OPENKBP, table, False) == before_sites  # earlier imports are not imported again
+    assert cohort._settings(OPENKBP, table) == before_sites  # earlier imports are not imported again
     renamed = site_from_dict({**OPENKBP.to_dict(), "name": "head-and-neck"}, "hn.json")  # the sidecar says its name
-    assert cohort._settings(renamed, table, False) != before_sites
+    assert cohort._settings(renamed, table) != before_sites
     prostate = load_site("prostate")
-    settings = json.loads(cohort._settings(prostate, load_names(None, prostate), False))
+    settings = json.loads(cohort._settings(prostate, load_names(None, prostate)))
     assert settings[0] == {"PTV60": 60.0, "PTV78": 78.0} and "Femur_Head_R" in settings[1]["FemoralHead_R"]
     assert settings[3]["site"] == "prostate"
 

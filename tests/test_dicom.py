@@ -603,7 +603,8 @@ def test_a_prostate_patient_with_its_own_plan_files_is_returned_as_read_patient_
 
     _, patient, _ = prostate_written
 
-    def plan_files(folder):  # as the cohort import adds them: the plan's prescriptions and beams
+    def plan_files(folder, targets):  # as the cohort import adds them: the plan's prescriptions and beams
+        assert targets == ("PTV60", "PTV78")  # the site's targets the patient has
         write_prescriptions(folder, {"PTV60": 59.2, "PTV78": 74.0 + 1e-9})  # the file holds 74
         write_beams(folder, [{"type": "static", "gantry_start": 0.1 + 0.2}, {"type": "arc", "gantry_start": 181.0,
                                                                            "gantry_stop": 179.0, "direction": "CW"}])

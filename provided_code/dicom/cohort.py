@@ -35,7 +35,8 @@ from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
 from provided_code.dicom.ct_series import IDENTIFYING_TAGS
 from provided_code.dicom.errors import CohortError, require_site
-from provided_code.dicom.ledger import JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, Ledger, csv_text
+from provided_code.dicom.ledger import (JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, EarlierImport, Ledger,
+                                       csv_text)
 from provided_code.dicom.names import load_names
 from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, parse_validation,
                                             pseudonym_number, source_number)
@@ -61,6 +62,7 @@ class CohortReport:
     withdrawn: list[str] = dataclasses.field(default_factory=list)  # "train-pats/pt_3 moved to withdrawn/pt_3-..."
     objects: dict[str, int] = dataclasses.field(default_factory=dict)  # the archive's DICOM objects by modality
     files_skipped: int = 0  # the archive's files that are no object: DICOMDIR, not DICOM, unreadable, duplicates
+    with_warnings: int = 0  # imported (this run or earlier) patients whose manifest reason holds warnings
 
     @property
     def failed(self) -> int:
@@ -76,6 +78,9 @@ class CohortReport:
         kinds = ", ".join(f"{modality} {count}" for modality, count in sorted(self.objects.items()))
         lines.append(f"The archive: {sum(self.objects.values())} DICOM objects ({kinds}), "
                      f"{self.files_skipped} other files skipped")
+        if self.with_warnings:
+            lines.append(f"{self.with_warnings} of the imported patients with warnings (missing structures, slices, "
+                         f"the plan; each in its manifest row's reason)")
         return "\n".join(lines)
 
 
@@ -86,20 +91,37 @@ def _message(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def _settings(site: Site, table: dict[str, tuple[str, ...]], allow_missing_targets: bool) -> str:
-    """What of the run an import depends on, for the fingerprint: the site's targets and
+def _settings(site: Site, table: dict[str, tuple[str, ...]]) -> str:
+    """What of the run an import's output depends on, for the fingerprint: the site's targets and
     prescriptions, the names table (every structure and BODY, its ROI names), and the site's name
     (the sidecar holds it) and grid, these two only when not OpenKBP's, so that the fingerprints
-    of imports made before sites stay the same."""
-    settings = [site.prescriptions_gy, {k: sorted(v) for k, v in table.items()}, allow_missing_targets]
+    of imports made before sites stay the same. ``--allow-missing-targets`` changes no import's
+    output, only whether a patient without a required target is imported (a patient that lacks
+    one is imported again when the flag is gone: :func:`_unchanged`); its place holds False, as
+    the imports made without the flag had it, so that their fingerprints stay the same."""
+    settings = [site.prescriptions_gy, {k: sorted(v) for k, v in table.items()}, False]
     if site.name != "openkbp" or site.grid != openkbp().grid:
         settings.append({"site": site.name, "grid": site.grid})
     return json.dumps(settings, sort_keys=True)
 
 
+def _unchanged(earlier: EarlierImport | None, fingerprint: str, folder: Path, site: Site,
+               allow_missing_targets: bool) -> bool:
+    """Whether the earlier import of a patient stands: of the same sources and settings, its folder
+    there, and not lacking a required target unless that is still allowed."""
+    if earlier is None or earlier.fingerprint != fingerprint or not folder.is_dir():
+        return False
+    return allow_missing_targets or not set(earlier.missing_targets) & set(site.required_targets)
+
+
 def _fingerprint(candidate: Candidate, settings: str) -> str:
     sources = sorted(o.fingerprint for o in candidate.sources())
     return hashlib.sha256(json.dumps([IMPORT_VERSION, settings, sources]).encode()).hexdigest()[:32]
+
+
+def _prescribed(prescriptions: dict[str, float], missing: tuple[str, ...]) -> str:
+    """The manifest's ``prescriptions_gy``: those written, of the targets the patient has."""
+    return " ".join(f"{k}={v:g}" for k, v in prescriptions.items() if k not in missing)
 
 
 def _beams_text(candidate: Candidate) -> str:
@@ -162,7 +184,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     if strict and refused:
         raise CohortError(f"{identity.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
     assign_splits(ledger.splits, identity.pseudonyms, [p.patient_id for p in patients if p.chosen], validation, seed)
-    settings = _settings(site, table, allow_missing_targets)
+    settings = _settings(site, table)
 
     counts = {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 0}
     rows: list[dict[str, str]] = []
@@ -176,48 +198,53 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
         fingerprint = _fingerprint(links.chosen, settings)
         folder = out / SPLITS[split] / pseudonym
         info = links.chosen.info
+        paths = [o.path for o in links.chosen.sources()]
         try:
             prescriptions, plan_lines = plan_prescriptions(info, site.prescriptions_gy, table,
                                                            dict(links.chosen.structure_set.roi_names))
-            prescribed = " ".join(f"{k}={v:g}" for k, v in prescriptions.items())
-            if ledger.imports.get(pseudonym) == fingerprint and folder.is_dir():
-                outcomes[links.patient_id] = ("imported", "; ".join(info.warnings), fingerprint, prescribed)
+            earlier = ledger.imports.get(pseudonym)
+            if _unchanged(earlier, fingerprint, folder, site, allow_missing_targets):
+                outcomes[links.patient_id] = ("imported", earlier.warnings, fingerprint,
+                                              _prescribed(prescriptions, earlier.missing_targets), earlier.missing_targets)
                 counts["unchanged"] += 1
                 continue
 
-            def extra(staging: Path, prescriptions=prescriptions, beams=info.beams) -> None:
-                write_prescriptions(staging, prescriptions)
+            def extra(staging: Path, targets: tuple[str, ...], prescriptions=prescriptions, beams=info.beams) -> None:
+                write_prescriptions(staging, {t: gy for t, gy in prescriptions.items() if t in targets})
                 if beams:
                     write_beams(staging, [beam.as_row() for beam in beams])
 
-            import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
-                           rtdose=[d.path for d in links.chosen.doses], names=table, site=site,
-                           allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
-                           patient_tags={**dict.fromkeys(IDENTIFYING_TAGS, ""), "PatientName": pseudonym,
-                                         "PatientID": pseudonym},
-                           also_write=extra)
-            for warning in info.warnings:
-                logger.warning("%s: %s", pseudonym, warning)
-            outcomes[links.patient_id] = ("imported", "; ".join(info.warnings), fingerprint, prescribed)
+            report = import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
+                                    rtdose=[d.path for d in links.chosen.doses], names=table, site=site,
+                                    allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
+                                    patient_tags={**dict.fromkeys(IDENTIFYING_TAGS, ""), "PatientName": pseudonym,
+                                                  "PatientID": pseudonym},
+                                    also_write=extra)
+            warnings = sources.scrub("; ".join([*info.warnings, *report.warnings]), paths)
+            missing = tuple(report.missing_targets)
+            if warnings:
+                logger.warning("%s: %s", pseudonym, warnings)
+                lines.append(f"{pseudonym}: imported with warnings: {warnings}")
+            outcomes[links.patient_id] = ("imported", warnings, fingerprint, _prescribed(prescriptions, missing), missing)
             counts["imported"] += 1
-            ledger.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint})
+            ledger.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint,
+                           "missing_targets": list(missing), "warnings": warnings})
             logger.info("%s: imported %s into %s (%s)", pseudonym, links.chosen.describe(), folder,
                         "; ".join(plan_lines))
         except Exception as error:  # noqa: BLE001 - one patient's problem never stops the cohort
             user_error = isinstance(error, (UserError, OSError))
-            message = _message(error).replace(str(archive) + os.sep, "")
+            # the archive's paths by their numbers (folders named after the patient); the sources file holds them
+            reason = sources.scrub(_message(error), paths)
             if strict:
                 if user_error:
-                    raise CohortError(f"{pseudonym}: {message}") from error
+                    raise CohortError(f"{pseudonym}: {reason}") from error
                 raise
             if not user_error:
                 logger.exception("%s: import failed", pseudonym)  # a bug, not the data: the traceback too
-            # the manifest numbers the archive's paths (folders named after the patient); the sources file holds them
-            reason = sources.scrub(_message(error), [o.path for o in links.chosen.sources()])
-            outcomes[links.patient_id] = ("failed", reason, "", "")
+            outcomes[links.patient_id] = ("failed", reason, "", "", ())
             counts["failed"] += 1
             ledger.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
-            logger.warning("%s: import failed: %s", pseudonym, message)
+            logger.warning("%s: import failed: %s", pseudonym, reason)
             ledger.withdraw(pseudonym)
         if after_patient is not None:
             after_patient(pseudonym)
@@ -248,7 +275,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     ledger.finish(csv_text(MANIFEST_FIELDS, rows))
     back = {identity.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
     withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]
-    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files))
+    warned = sum(outcome[0] == "imported" and bool(outcome[1]) for outcome in outcomes.values())
+    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned)
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
@@ -259,10 +287,11 @@ def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> l
     for candidate in links.candidates:
         row = _plan_row(candidate, pseudonym, split if candidate is links.chosen else "")
         if candidate is links.chosen:
-            status, reason, fingerprint, prescribed = outcome
+            status, reason, fingerprint, prescribed, missing = outcome
             if status == "imported":
                 reason = "; ".join(["chosen", *([reason] if reason else [])])
-            row.update(status=status, reason=reason, fingerprint=fingerprint, prescriptions_gy=prescribed)
+            row.update(status=status, reason=reason, fingerprint=fingerprint, prescriptions_gy=prescribed,
+                       missing_targets=" ".join(missing))
         elif candidate.reason:
             row.update(status="skipped", reason=candidate.reason)
         elif links.refusal:

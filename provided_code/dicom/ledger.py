@@ -12,6 +12,7 @@ out of its split. The CSV files of an import are read and written here (:func:`r
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -30,7 +31,23 @@ WITHDRAWN_DIR = "withdrawn"  # earlier imports of patients that now fail or have
 SPLITS = {"train": "train-pats", "validation": "validation-pats"}
 MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
-                   "frame_of_reference_uid", "prescriptions_gy", "beams", "modality", "uid", "source", "fingerprint")
+                   "frame_of_reference_uid", "prescriptions_gy", "missing_targets", "beams", "modality", "uid", "source",
+                   "fingerprint")
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlierImport:
+    """A patient's import that an earlier run (or this one, before a kill) made."""
+
+    fingerprint: str
+    missing_targets: tuple[str, ...] = ()  # the site's targets it lacks (their masks empty)
+    warnings: str = ""  # what its manifest row's reason says after "chosen"
+
+    @classmethod
+    def of_row(cls, row: dict[str, str]) -> "EarlierImport":
+        reason = row.get("reason") or ""
+        warnings = reason[len("chosen; "):] if reason.startswith("chosen; ") else ""
+        return cls(row.get("fingerprint") or "", tuple((row.get("missing_targets") or "").split()), warnings)
 
 
 def read_csv(path: Path, columns: tuple[str, ...] | None = None, what: str = "") -> list[dict[str, str]]:
@@ -55,14 +72,14 @@ def csv_text(fields, rows) -> str:
 
 class Ledger:
     """What earlier runs left in ``out``: the manifest's rows, each patient's split, the imports and
-    their fingerprints (the journal of a killed run over the manifest), and the earlier imports
+    what each was (:class:`EarlierImport`; the journal of a killed run over the manifest), and the earlier imports
     moved to ``withdrawn/`` by this run."""
 
     def __init__(self, out: Path):
         self.out = out
         self.rows = read_csv(out / MANIFEST_FILE)
         self.splits = {row["pseudonym"]: row["split"] for row in self.rows if row.get("split")}
-        self.imports = {row["pseudonym"]: row["fingerprint"] for row in self.rows
+        self.imports = {row["pseudonym"]: EarlierImport.of_row(row) for row in self.rows
                         if row.get("kind") == "plan" and row.get("status") == "imported"}
         self.withdrawn: dict[str, str] = {}  # pseudonym -> where its earlier import went, this run
         for entry in self._journal():
@@ -70,7 +87,9 @@ class Ledger:
             if entry.get("withdrawn"):
                 self.withdrawn[entry["pseudonym"]] = entry["withdrawn"]
             if entry["status"] == "imported":
-                self.imports[entry["pseudonym"]] = entry["fingerprint"]
+                self.imports[entry["pseudonym"]] = EarlierImport(entry["fingerprint"],
+                                                                 tuple(entry.get("missing_targets", ())),
+                                                                 entry.get("warnings", ""))
             else:
                 self.imports.pop(entry["pseudonym"], None)
         for split, folder in SPLITS.items():  # folders without a record (a run killed before its journal line)
