@@ -278,10 +278,11 @@ def doe_archive(tmp_path_factory):
     return archive, written, dose
 
 
-def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path):
+def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path, caplog):
     archive, _, _ = doe_archive
     out = tmp_path / "data"
-    report = import_cohort(archive, out, site=PROSTATE)  # no ROI for its targets: fails naming a file
+    with caplog.at_level("WARNING", logger="provided_code.dicom"):
+        report = import_cohort(archive, out, site=PROSTATE)  # no ROI for its targets: fails naming a file
     assert report.counts["failed"] == 1
     assert "DOE" not in (out / "manifest.csv").read_text() and "12345" not in (out / "manifest.csv").read_text()
     sources_file = out / "identity-map.sources.csv"
@@ -294,6 +295,8 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
     assert plan["status"] == "failed"
     copy = source_of[DOE + "/RS copy.dcm"]
     assert plan["reason"].startswith(f"{copy}: no ROI for PTV60, PTV78 (ROIs: "), plan["reason"]
+    [failure] = [r.getMessage() for r in caplog.records if "import failed" in r.getMessage()]  # the console's line
+    assert failure.startswith(f"pt_1: import failed: {copy}: no ROI for PTV60, PTV78") and "DOE" not in failure
     files = {sources[r["source"]]: r["reason"] for r in table if r["kind"] == "file"}
     assert files[DOE + "/notes.txt"] == "not DICOM"
     assert files[DOE + "/RS.dcm"].startswith(f"duplicate of {copy} (SOP Instance UID ")
@@ -456,3 +459,70 @@ def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp
     scores = json.loads((predictions / "scores.json").read_text())
     assert scores["patients"] == 1
     assert np.isfinite(scores["dose_score"]) and np.isfinite(scores["dvh_score"]) and scores["dose_score"] > 0
+
+
+# -- targets a patient lacks, warnings, and the flag that allows a required one to be missing ------
+@pytest.fixture(scope="module")
+def lacking_archive(tmp_path_factory):
+    """Two phantom patients with approved plans: LACK-63 without PTV63 and without a Brainstem
+    (head and neck with two dose levels: OpenKBP's PTV63 is optional), LACK-70 without PTV70
+    (required) and PTV63."""
+    root = tmp_path_factory.mktemp("lacking")
+    for seed, patient_id, left_out in ((41, "LACK-63", ("PTV63", "Brainstem")), (42, "LACK-70", ("PTV70", "PTV63"))):
+        volumes, masks = volumes_of(seed)
+        masks = {name: mask for name, mask in masks.items() if name not in left_out}
+        folder = root / "staging" / patient_id
+        written = write_clinic(folder, volumes, masks, patient_id, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS,
+                          {roi: gy for roi, gy in PRESCRIBED.items() if roi != "PTV63"})
+        write_dose(folder / "RD.dcm", volumes["dose"], written, plan)
+    scatter_files(root / "staging", root / "archive", seed=4)
+    return root / "archive"
+
+
+def plan_row(out, patient_id):
+    [row] = [r for r in rows(out) if r["kind"] == "plan" and r["pseudonym"] == identity(out)[patient_id]]
+    return row
+
+
+def test_a_patient_without_an_optional_target_is_imported_saying_so(lacking_archive, tmp_path):
+    out = tmp_path / "data"
+    report = import_cohort(lacking_archive, out, site=OPENKBP, validation=0)
+    assert report.counts == {"imported": 1, "unchanged": 0, "skipped": 0, "failed": 1}
+    row = plan_row(out, "LACK-63")
+    assert row["status"] == "imported" and row["missing_targets"] == "PTV63"
+    assert row["reason"] == ("chosen; missing: Brainstem, PTV63; PTV63: no ROI (optional for site openkbp): its mask "
+                             "is empty")
+    assert row["prescriptions_gy"] == "PTV56=56 PTV70=70"
+    folder = folder_of(out, row["pseudonym"])
+    assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV70,70\n"
+    assert not (folder / "PTV63.csv").exists() and (folder / "PTV70.csv").exists()
+    assert f"{row['pseudonym']}: imported with warnings: missing: Brainstem, PTV63; PTV63: no ROI" in report.lines[0]
+    assert report.summary().splitlines()[-1].startswith("1 of the imported patients with warnings")
+    refused = plan_row(out, "LACK-70")
+    assert refused["status"] == "failed" and "no ROI for PTV63, PTV70 (ROIs: " in refused["reason"]
+    assert "of site openkbp, which requires PTV70 (optional: PTV63); pass --names" in refused["reason"]
+
+
+def test_the_flag_for_missing_targets_reimports_only_whom_it_concerns(lacking_archive, tmp_path):
+    out = tmp_path / "data"
+    import_cohort(lacking_archive, out, site=OPENKBP, validation=0)
+    allowed = import_cohort(lacking_archive, out, site=OPENKBP, validation=0, allow_missing_targets=True)
+    assert allowed.counts == {"imported": 1, "unchanged": 1, "skipped": 0, "failed": 0}  # LACK-70 alone
+    row = plan_row(out, "LACK-70")
+    assert row["status"] == "imported" and row["missing_targets"] == "PTV63 PTV70"
+    assert "PTV70: no ROI (required by site openkbp): its mask is empty" in row["reason"]
+    assert plan_row(out, "LACK-63")["reason"].startswith("chosen; missing: Brainstem, PTV63; ")  # kept as it was
+    again = import_cohort(lacking_archive, out, site=OPENKBP, validation=0)  # without the flag: LACK-70 refused again
+    assert again.counts == {"imported": 0, "unchanged": 1, "skipped": 0, "failed": 1}
+    assert plan_row(out, "LACK-70")["status"] == "failed" and len(again.withdrawn) == 1
+
+
+def test_adding_the_flag_for_missing_targets_imports_nothing_again(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, allow_missing_targets=True)
+    assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
+    assert snapshot(copy) == before

@@ -645,6 +645,18 @@ def test_the_dicom_layer_takes_a_site_and_assumes_none(small_clinic, tmp_path):
     assert not (tmp_path / "pt_1").exists()
 
 
+def test_a_site_structure_named_as_a_patient_file_is_refused_before_it_overwrites_it(small_clinic, tmp_path):
+    import dataclasses
+
+    from provided_code.sites import SiteError, Structure
+
+    for name in ("ct", "Dose", "possible_dose_mask", "prescriptions"):  # (Dose.csv is dose.csv where case is not told)
+        site = dataclasses.replace(OPENKBP, structures=(*OPENKBP.structures, Structure(name, "oar", None, ("External",))))
+        with pytest.raises(SiteError, match=rf"structure '{name}' would be written as {name}.csv, over the patient's own"):
+            import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_1", site=site)
+        assert not (tmp_path / "pt_1").exists()
+
+
 def test_exporting_a_patient_of_a_site_file_needs_that_file(prostate_written, tmp_path):
     from click.testing import CliRunner
 
