@@ -78,8 +78,13 @@ def folder_of(out, pseudonym):
 
 
 def snapshot(out):
-    """Every file under a data folder (but the journal) and its bytes."""
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*")) if p.is_file()}
+    """Every file under a data folder (but the journal) and its bytes; the cohort's identifier, drawn
+    at random once per data folder, as <cohort> (two folders of one archive have two)."""
+    with open(Path(out) / "identity-map.csv", newline="") as handle:
+        cohort = next(csv.DictReader(handle))["cohort"].encode()
+    assert len(cohort) == 32
+    return {str(p.relative_to(out)): p.read_bytes().replace(cohort, b"<cohort>")
+            for p in sorted(Path(out).rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -526,3 +531,51 @@ def test_adding_the_flag_for_missing_targets_imports_nothing_again(phantom_archi
     report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, allow_missing_targets=True)
     assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
     assert snapshot(copy) == before
+
+
+def test_another_data_folders_identity_map_is_refused(phantom_archive, imported, doe_archive, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    other = tmp_path / "other"
+    import_cohort(doe_archive[0], other, site=OPENKBP)  # another cohort: its pt_1 is another patient
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=rf"^Invalid `identity_map`. Expected the map of {re.escape(str(copy))} "
+                                                 rf"\(cohort \w+, .*manifest.csv\). Received: identity_map="):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, identity_map=other / "identity-map.csv")
+    assert snapshot(copy) == before
+
+
+def test_a_rerun_for_another_site_is_refused_unless_asked_for(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `site`. Expected the data folder's site, openkbp \(.*"
+                                                 r"dicom.json\), or --change-site to import every patient again for "
+                                                 r"prostate. Received: site='prostate'$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=PROSTATE)
+    assert snapshot(copy) == before
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=PROSTATE, change_site=True)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 3} and len(report.withdrawn) == 3
+
+
+def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
+    staging = tmp_path / "staging"
+    for seed, name, birth, date in ((51, "Doe^Jane", "19600101", "20260102"), (52, "Roe^Richard", "19700707", "20260105")):
+        volumes, masks = volumes_of(seed)
+        keep = slice(40, 100)
+        folder = staging / name
+        written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                                volumes["voxel_dimensions"], factor=1, patient_id="ANON", patient_name=name,
+                                birth_date=birth, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED, date=date)
+        write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+    out = tmp_path / "data"
+    report = import_cohort(staging, out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 1}
+    plans = [r for r in rows(out) if r["kind"] == "plan"]
+    assert [r["status"] for r in plans] == ["failed", "failed"]
+    assert all(r["reason"] == "one PatientID for 2 patients of different names and birth dates; none of them is "
+                              "imported: export each with an ID of its own" for r in plans)
+    assert report.lines == [f"pt_1: {plans[0]['reason']}"] and not list(out.glob("*-pats/pt_*"))

@@ -22,7 +22,8 @@ def _import_options(command):
         click.option("--names", default=None,
                      help='JSON mapping structures to ROI names, e.g. {"PTV70": ["PTV_High"]} (see the README).'),
         click.option("--allow-missing-targets", is_flag=True,
-                     help="Import without ROIs for the site's targets (OpenKBP's: PTV70/PTV63/PTV56)."),
+                     help="Import without ROIs for the site's required targets (OpenKBP's: PTV70; a missing optional "
+                          "one, PTV63 or PTV56, is imported with a warning without it)."),
     )):
         command = option(command)
     return command
@@ -73,8 +74,12 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
 @click.option("--strict", is_flag=True, help="Stop at the first patient that fails.")
 @click.option("--identity-map", default=None,
               help="The pseudonym -> PatientID file [default: OUT/identity-map.csv]; keep it off shared storage.")
-@click.option("--allow-missing-targets", is_flag=True, help="Import patients without some target ROIs.")
-def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets):
+@click.option("--allow-missing-targets", is_flag=True,
+              help="Import patients without some of the site's required targets (optional ones never need it).")
+@click.option("--change-site", is_flag=True,
+              help="Import every patient again for --site when the data folder was imported for another site.")
+def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets,
+                          change_site):
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
     setup_logging()
     from provided_code.dicom.cohort import import_cohort
@@ -83,7 +88,8 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
     try:
         report = import_cohort(archive, out_dir, site=load_site(site), names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
-                               allow_missing_targets=allow_missing_targets, progress=click_progress)
+                               allow_missing_targets=allow_missing_targets, change_site=change_site,
+                               progress=click_progress)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     for line in report.lines:
@@ -175,7 +181,7 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
 @click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
 @click.option("--allow-missing-targets", is_flag=True,
-              help="Predict without ROIs for the model's targets (OpenKBP's: PTV70/PTV63/PTV56).")
+              help="Predict without ROIs for the model's required targets (OpenKBP's: PTV70).")
 @click.option("--verbose", is_flag=True, help="Also pynetdicom's own log (every association and message).")
 def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
                   completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,

@@ -14,13 +14,16 @@ objects linked by their references, and one plan chosen per patient.
   FRACTION dose times the fractions planned, DICOM's FRACTION taken as one fraction's dose), its
   structure set and CT series in the archive; among several, the newest (``RTPlanDate`` and
   ``RTPlanTime``, else the instance's creation); two equally new are refused for that patient,
-  naming both.
+  naming both. The objects of a patient are those of one PatientID; an ID whose objects name
+  different patients (their names or birth dates differ: two patients exported as ``ANON``), or
+  an empty one, is refused rather than merged into one patient.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -50,6 +53,9 @@ class DicomObject:
     patient_id: str
     frame_of_reference_uid: str
     date_time: str = ""  # content (or creation) date and time, for ordering
+    # who the PatientID is: digests of the normalised PatientName and PatientBirthDate ('' where absent),
+    # to tell two patients under one ID apart without keeping their names
+    person: tuple[str, str] = ("", "")
     # RT Dose
     summation: str = ""  # DoseSummationType
     plan_uid: str = ""  # ReferencedRTPlanSequence
@@ -88,6 +94,10 @@ def _first(sequence):
     return sequence[0] if sequence else None
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
+
+
 def _date_time(header, *pairs) -> str:
     for date, time in pairs:
         if _text(header.get(date)):
@@ -120,6 +130,8 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
                   sop_class_uid=sop_class, sop_instance_uid=_text(header.get("SOPInstanceUID")),
                   series_instance_uid=_text(header.get("SeriesInstanceUID")),
                   patient_id=_text(header.get("PatientID")),
+                  person=(_digest(" ".join(_text(header.get("PatientName")).upper().replace("^", " ").split())),
+                          _digest(_text(header.get("PatientBirthDate")))),
                   frame_of_reference_uid=_text(header.get("FrameOfReferenceUID")),
                   date_time=_date_time(header, ("ContentDate", "ContentTime"),
                                        ("InstanceCreationDate", "InstanceCreationTime")))
@@ -295,8 +307,8 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
         candidates.append(candidate)
 
     usable = [c for c in candidates if not c.reason]
-    chosen, refusal = None, ""
-    if usable:
+    chosen, refusal = None, _shared_id(patient_id, objects) if usable else ""
+    if usable and not refusal:
         newest = max(c.info.date_time for c in usable)
         tied = [c for c in usable if c.info.date_time == newest]
         if len(tied) > 1:
@@ -331,6 +343,21 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
             why = f"{item.modality} object: not used"
         left.append(("object", item.modality, item.sop_instance_uid, why))
     return PatientLinks(patient_id, candidates, chosen, refusal, left)
+
+
+def _shared_id(patient_id: str, objects: list[DicomObject]) -> str:
+    """Why the objects under one PatientID cannot be taken as one patient's: no PatientID, or
+    several patient names or birth dates under it (two patients exported as ``ANON``); '' when
+    they can."""
+    if not patient_id:
+        return "no PatientID: objects without one cannot be told apart as patients; export them with their IDs"
+    names = {o.person[0] for o in objects if o.person[0]}
+    births = {o.person[1] for o in objects if o.person[1]}
+    if len(names) > 1 or len(births) > 1:
+        differ = " and ".join(what for what, values in (("names", names), ("birth dates", births)) if len(values) > 1)
+        return (f"one PatientID for {max(len(names), len(births))} patients of different {differ}; none of them is "
+                f"imported: export each with an ID of its own")
+    return ""
 
 
 def _ct_of(structure_set: DicomObject, ct_series: dict[str, list[DicomObject]]) -> tuple[str, str]:

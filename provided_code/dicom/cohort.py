@@ -34,7 +34,8 @@ from typing import Callable
 from provided_code.data.patient_plan import write_beams, write_prescriptions
 from provided_code.dicom.archive import Candidate, PatientLinks, link_patients, scan_archive
 from provided_code.dicom.ct_series import IDENTIFYING_TAGS
-from provided_code.dicom.errors import CohortError, require_site
+from provided_code.dicom.errors import CohortError, DicomInputError, require_site
+from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry
 from provided_code.dicom.ledger import (JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, EarlierImport, Ledger,
                                        csv_text)
 from provided_code.dicom.names import load_names
@@ -105,6 +106,22 @@ def _settings(site: Site, table: dict[str, tuple[str, ...]]) -> str:
     return json.dumps(settings, sort_keys=True)
 
 
+def _check_site(out: Path, site: Site, change_site: bool) -> None:
+    """Refuse a run for another site than the one the data folder's patients were imported for (their
+    ``dicom.json``), unless ``change_site``: it would import every patient again, and withdraw those
+    that fail for the new site."""
+    for folder in sorted(p for split in SPLITS.values() for p in (out / split).glob("pt_*")):
+        try:
+            earlier = PatientGeometry.read(folder).site
+        except DicomInputError:
+            continue
+        if earlier != site.name and not change_site:
+            raise CohortError(f"Invalid `site`. Expected the data folder's site, {earlier} ({folder / SIDECAR_FILE}), "
+                              f"or --change-site to import every patient again for {site.name}. "
+                              f"Received: site={site.name!r}")
+        return
+
+
 def _unchanged(earlier: EarlierImport | None, fingerprint: str, folder: Path, site: Site,
                allow_missing_targets: bool) -> bool:
     """Whether the earlier import of a patient stands: of the same sources and settings, its folder
@@ -150,12 +167,15 @@ def _plan_row(candidate: Candidate, pseudonym: str, split: str) -> dict[str, str
 def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site,
                   names_file: os.PathLike | str | None = None, validation: float | int = 0.2, seed: int = 0,
                   strict: bool = False, identity_map: os.PathLike | str | None = None,
-                  allow_missing_targets: bool = False, progress: Progress = no_progress, workers: int | None = None,
-                  after_patient: Callable[[str], None] | None = None) -> CohortReport:
+                  allow_missing_targets: bool = False, change_site: bool = False, progress: Progress = no_progress,
+                  workers: int | None = None, after_patient: Callable[[str], None] | None = None) -> CohortReport:
     """Import every patient of the archive (see the module docstring) for ``site`` (a
     :class:`~provided_code.sites.Site`): its structures matched from its DICOM names, with ``names_file``'s in their place
     (:func:`provided_code.dicom.names.load_names`); its targets' prescriptions the defaults of each
-    ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded."""
+    ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded.
+
+    A data folder imported for another site is refused unless ``change_site`` (every patient is
+    then imported again for ``site``), and an identity map of another data folder always."""
     from provided_code.dicom.importer import import_patient
 
     archive, out = Path(archive), Path(out)
@@ -169,6 +189,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     if ledger.has_manifest and not identity.exists:
         raise CohortError(f"{identity_path}: missing, while {out / MANIFEST_FILE} holds an earlier import; pass "
                           f"--identity-map with the map of that import (pseudonyms must stay the same)")
+    identity.check_belongs_to(out, ledger.rows)
+    _check_site(out, site, change_site)
     sources = Sources.beside(identity_path, archive)
 
     index = scan_archive(archive, progress, workers)
@@ -272,6 +294,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     rows.sort(key=lambda r: (r["pseudonym"] == "", pseudonym_number(r["pseudonym"]), r.get("kind") != "plan",
                              source_number(r.get("source", "")), r.get("uid", "")))
     sources.write()  # before the manifest: every number it holds is there
+    for row in rows:
+        row["cohort"] = identity.cohort
     ledger.finish(csv_text(MANIFEST_FIELDS, rows))
     back = {identity.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
     withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]

@@ -32,7 +32,7 @@ SPLITS = {"train": "train-pats", "validation": "validation-pats"}
 MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
                    "frame_of_reference_uid", "prescriptions_gy", "missing_targets", "beams", "modality", "uid", "source",
-                   "fingerprint")
+                   "fingerprint", "cohort")  # cohort: the data folder's identifier, which its identity map holds too
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import uuid
 from pathlib import Path
 
 from provided_code.dicom.errors import CohortError
@@ -59,30 +60,61 @@ def source_number(source: str) -> int:
 
 
 class IdentityMap:
-    """The identity map at ``path``: ``pseudonyms`` maps each PatientID to its pseudonym."""
+    """The identity map at ``path``: ``pseudonyms`` maps each PatientID to its pseudonym;
+    ``cohort`` is the identifier of the data folder it belongs to (its manifest holds the same;
+    '' in a map written before there was one: ``pseudonym,patient_id`` without the column)."""
+
+    FIELDS = ("pseudonym", "patient_id", "cohort")
 
     def __init__(self, path: Path):
         self.path = path
-        rows = read_csv(path, ("pseudonym", "patient_id"), "an identity map")
+        rows = read_csv(path)
+        if rows and set(rows[0]) not in (set(self.FIELDS), set(self.FIELDS[:2])):
+            raise CohortError(f"{path}: not an identity map (header {','.join(self.FIELDS)})")
         self.pseudonyms = {row["patient_id"]: row["pseudonym"] for row in rows}
+        self.cohort = next((row["cohort"] for row in rows if row.get("cohort")), "")
+        self._written_cohort = self.cohort
 
     @property
     def exists(self) -> bool:
         return self.path.is_file()
 
     def assign(self, patient_ids: list[str]) -> None:
-        """Pseudonyms for new patients (after the highest given), written before anything is imported."""
+        """Pseudonyms for new patients (after the highest given), written before anything is imported
+        (with the cohort's identifier, :attr:`cohort`, a new one if it has none)."""
         new = sorted((p for p in patient_ids if p not in self.pseudonyms), key=lambda p: (unit_hash("pseudonym", p), p))
-        if not new:
+        self.cohort = self.cohort or uuid.uuid4().hex
+        if not new and self.cohort == self._written_cohort:
             return
         number = max((pseudonym_number(p) for p in self.pseudonyms.values()), default=0)
         for patient_id in new:
             number += 1
             self.pseudonyms[patient_id] = f"pt_{number}"
-        rows = sorted(({"pseudonym": p, "patient_id": i} for i, p in self.pseudonyms.items()),
+        rows = sorted(({"pseudonym": p, "patient_id": i, "cohort": self.cohort} for i, p in self.pseudonyms.items()),
                       key=lambda r: pseudonym_number(r["pseudonym"]))
         # the map re-identifies the cohort: its owner's only, from the temporary file's creation on
-        write_text_atomic(self.path, csv_text(("pseudonym", "patient_id"), rows), mode=0o600)
+        write_text_atomic(self.path, csv_text(self.FIELDS, rows), mode=0o600)
+        self._written_cohort = self.cohort
+
+    def check_belongs_to(self, out: Path, manifest_rows: list[dict[str, str]]) -> None:
+        """Refuse, in one line, a map that is not the one of the data folder ``out`` whose manifest
+        has ``manifest_rows``: another cohort's identifier, or (a map or manifest from before
+        identifiers) a pseudonym of the manifest the map does not have. A map of this folder
+        without an identifier takes the manifest's."""
+        cohort = next((row["cohort"] for row in manifest_rows if row.get("cohort")), "")
+        where = f"{out / 'manifest.csv'}"
+        if cohort and cohort != self.cohort:
+            theirs = f"of cohort {self.cohort}" if self.cohort else "without a cohort"
+            raise CohortError(f"Invalid `identity_map`. Expected the map of {out} (cohort {cohort}, {where}). "
+                              f"Received: identity_map={str(self.path)!r}, {theirs}")
+        if not self.cohort:
+            unknown = sorted({row["pseudonym"] for row in manifest_rows if row.get("pseudonym")}
+                             - set(self.pseudonyms.values()), key=pseudonym_number)
+            if unknown:
+                raise CohortError(f"Invalid `identity_map`. Expected the map of {out}, which has every pseudonym of "
+                                  f"{where}. Received: identity_map={str(self.path)!r}, without {', '.join(unknown[:3])}"
+                                  + (" ..." if len(unknown) > 3 else ""))
+            self.cohort = cohort
 
 
 def assign_splits(splits: dict[str, str], pseudonyms: dict[str, str], patient_ids: list[str],
