@@ -579,3 +579,27 @@ def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
     assert all(r["reason"] == "one PatientID for 2 patients of different names and birth dates; none of them is "
                               "imported: export each with an ID of its own" for r in plans)
     assert report.lines == [f"pt_1: {plans[0]['reason']}"] and not list(out.glob("*-pats/pt_*"))
+
+
+@requires_sample
+def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
+    """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the 200 training patients),
+    written as a clinic exports it with a plan of its two dose levels."""
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10")
+    masks = {s: (source.structure_masks >> bit) & 1 == 1 for bit, s in enumerate(STRUCTURES)}
+    masks = {s: m for s, m in masks.items() if m.any()}
+    assert "PTV63" not in masks and {"PTV56", "PTV70"} <= set(masks)
+    masks["BODY"] = source.possible_dose_mask
+    written = write_patient(tmp_path / "staging", source.ct, masks, source.voxel_dimensions, factor=1,
+                            patient_id="OPENKBP-pt_10")
+    plan = write_plan(tmp_path / "staging" / "RP.dcm", written, OPENKBP_BEAMS, {"PTV_7000": 70.0, "PTV_56": 56.0})
+    write_dose(tmp_path / "staging" / "RD.dcm", source.dose, written, plan)
+    out = tmp_path / "data"
+    report = import_cohort(tmp_path / "staging", out, site=OPENKBP, validation=0)
+    assert report.counts["imported"] == 1, report.lines
+    folder = out / "train-pats" / "pt_1"
+    imported = read_patient(folder)
+    assert not ((imported.structure_masks >> STRUCTURES.index("PTV63")) & 1).any()
+    assert np.abs(imported.dose - source.dose).max() <= 0.003
+    assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV70,70\n"
+    assert plan_row(out, "OPENKBP-pt_10")["missing_targets"] == "PTV63"
