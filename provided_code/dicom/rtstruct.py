@@ -31,14 +31,10 @@ class References:
     """What a structure set names of the images it was drawn on, each in the order first named,
     each once."""
 
-    frame_uids: tuple[str, ...]  # the frames of reference of its contours (usually one)
+    frame_uid: str  # the frame of reference the contours are in, the first named ('' when it names none)
     series_uids: tuple[str, ...]  # the image series it names (usually one)
     images: tuple[str, ...]  # SOP Instance UIDs of the images it names
-
-    @property
-    def frame_uid(self) -> str:
-        """The frame of reference the contours are in ('' when it names none)."""
-        return self.frame_uids[0] if self.frame_uids else ""
+    frame_uids: tuple[str, ...] = ()  # every frame of reference it names (usually one: frame_uid)
 
 
 def _text(value) -> str:
@@ -71,7 +67,8 @@ def structure_set_references(dataset, contour_images: bool = True) -> References
     def once(values):
         return tuple(dict.fromkeys(v for v in values if v))
 
-    return References(once(frames), once(series), once(images))
+    frames = once(frames)
+    return References(frames[0] if frames else "", once(series), once(images), frames)
 
 
 @dataclasses.dataclass
