@@ -151,3 +151,27 @@ def test_large_files_that_are_not_dicom_are_skipped_from_their_first_bytes(tmp_p
     index = scan_archive(tmp_path, workers=2)
     assert time.perf_counter() - start < 5  # well under a second here; the files' whole length would take minutes
     assert not index.objects and {why for _, why in index.skipped_files} == {"not DICOM"}
+
+
+def test_one_patients_objects_whose_names_differ_only_past_the_given_name_are_one_patient(tmp_path):
+    """Planning systems keep or drop the middle name, prefix and suffix: the family and given names
+    (and the birth date) tell two patients under one PatientID apart, not those."""
+    pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
+    from provided_code.dicom.archive import link_patients
+    from provided_code.dicom.synthetic import write_dose, write_patient, write_plan
+
+    mask = np.zeros((16, 16, 4), bool)
+    mask[4:10, 5:11, 1:3] = True
+    written = write_patient(tmp_path, np.full((16, 16, 4), 1000, np.uint16), {"PTV70": mask}, (3.0, 3.0, 2.5),
+                            factor=1, patient_id="ANON", patient_name="Doe^Jane")
+    plan = write_plan(tmp_path / "RP.dcm", written, [("static", 0.0)], {"PTV70": 70.0})
+    write_dose(tmp_path / "RD.dcm", np.full((16, 16, 4), 2.0, np.float32), written, plan)
+    dataset = pydicom.dcmread(tmp_path / "RP.dcm")
+    dataset.PatientName = "DOE^JANE^Marie^Dr"
+    dataset.save_as(tmp_path / "RP.dcm")
+    [patient] = link_patients(scan_archive(tmp_path))
+    assert patient.chosen is not None and not patient.refusal
+    dataset.PatientName = "Roe^Jane"
+    dataset.save_as(tmp_path / "RP.dcm")
+    [patient] = link_patients(scan_archive(tmp_path))
+    assert patient.chosen is None and patient.refusal.startswith("one PatientID for 2 patients of different names;")

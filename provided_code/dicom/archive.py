@@ -94,6 +94,13 @@ def _first(sequence):
     return sequence[0] if sequence else None
 
 
+def _name_key(name) -> str:
+    """A PatientName as compared between the objects of one PatientID: its family and given names
+    (systems differ in the middle name, prefix and suffix they keep), upper case, spaces collapsed."""
+    parts = [" ".join(part.split()).upper() for part in _text(name).split("=")[0].split("^")[:2]]
+    return "^".join(parts).strip("^")
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
 
@@ -130,8 +137,7 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
                   sop_class_uid=sop_class, sop_instance_uid=_text(header.get("SOPInstanceUID")),
                   series_instance_uid=_text(header.get("SeriesInstanceUID")),
                   patient_id=_text(header.get("PatientID")),
-                  person=(_digest(" ".join(_text(header.get("PatientName")).upper().replace("^", " ").split())),
-                          _digest(_text(header.get("PatientBirthDate")))),
+                  person=(_digest(_name_key(header.get("PatientName"))), _digest(_text(header.get("PatientBirthDate")))),
                   frame_of_reference_uid=_text(header.get("FrameOfReferenceUID")),
                   date_time=_date_time(header, ("ContentDate", "ContentTime"),
                                        ("InstanceCreationDate", "InstanceCreationTime")))
