@@ -57,17 +57,17 @@ def main() -> None:
         import_runs, cohort_runs = [], []
         for run in range(args.repeats):
             start = time.perf_counter()
-            import_patient(written.ct_dir, written.rtstruct, workdir / "pt_1", rtdose=rtdose)
+            import_patient(written.ct_dir, written.rtstruct, workdir / "pt_1", rtdose=rtdose, site=openkbp())
             import_runs.append(time.perf_counter() - start)
             start = time.perf_counter()
-            report = import_cohort(workdir / "clinic", workdir / f"cohort-{run}", site="openkbp",
+            report = import_cohort(workdir / "clinic", workdir / f"cohort-{run}", site=openkbp(),
                                    validation=0)
             cohort_runs.append(time.perf_counter() - start)
             if report.counts["imported"] != 1:
                 raise SystemExit(f"the cohort import did not import the patient: {report.counts}")
         import_s, cohort_s = min(import_runs), min(cohort_runs)
         start = time.perf_counter()
-        export_dose(workdir / "pt_1", volumes["dose"], workdir / "RD.dcm", nifti=workdir / "dose.nii.gz")
+        export_dose(workdir / "pt_1", volumes["dose"], workdir / "RD.dcm", site=openkbp(), nifti=workdir / "dose.nii.gz")
         export_s = time.perf_counter() - start
         print(json.dumps({
             "ct_shape": [128 * args.factor, 128 * args.factor, 128 + 2 * args.extra_slices], "rois": len(masks),

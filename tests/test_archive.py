@@ -4,6 +4,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
@@ -106,3 +107,71 @@ def test_the_scan_does_not_read_a_structure_sets_contours(tmp_path):
         (int(roi.ROINumber), roi.ROIName) for roi in dataset.StructureSetROISequence)
     frame = dataset.ReferencedFrameOfReferenceSequence[0]
     assert item.referenced_series and item.frame_of_reference_uid == frame.FrameOfReferenceUID
+
+
+def test_a_structure_set_naming_its_frame_only_on_its_rois_is_in_that_frame(tmp_path):
+    """Its frame of reference as the import and the DICOM node read it (one reading of the references):
+    the ROIs' ``ReferencedFrameOfReferenceUID`` when the structure set has no frame of its own."""
+    pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
+    from tests.kit.synthetic import write_patient
+
+    mask = np.zeros((16, 16, 4), bool)
+    mask[4:10, 5:11, 1:3] = True
+    written = write_patient(tmp_path / "clinic", np.full((16, 16, 4), 1000, np.uint16), {"PTV70": mask},
+                            (3.0, 3.0, 2.5), factor=1)
+    dataset = pydicom.dcmread(written.rtstruct)
+    del dataset.ReferencedFrameOfReferenceSequence, dataset.FrameOfReferenceUID
+    dataset.save_as(written.rtstruct)
+    [item] = [o for o in scan_archive(tmp_path).objects if o.modality == "RTSTRUCT"]
+    assert item.frame_of_reference_uid == written.frame_of_reference_uid
+
+
+def test_garbage_after_a_dicom_preamble_is_a_skipped_file_not_a_patient(tmp_path):
+    rng = np.random.default_rng(7)
+    (tmp_path / "garbage").write_bytes(b"\0" * 128 + b"DICM" + rng.bytes(4000))
+    shutil.copy(DICOMPYLER / "rtplan.dcm", tmp_path / "plan")
+    index = scan_archive(tmp_path, workers=2)
+    assert [o.path.name for o in index.objects] == ["plan"]
+    assert {p.name: why for p, why in index.skipped_files} == {"garbage": "not DICOM"}
+
+
+def test_large_files_that_are_not_dicom_are_skipped_from_their_first_bytes(tmp_path):
+    size = 64 << 20  # a sparse file: no disk; pydicom alone walks zeros 8 bytes at a time (35 s at this size)
+    with open(tmp_path / "zeros", "wb") as handle:
+        handle.truncate(size)
+    with open(tmp_path / "preamble-then-zeros", "wb") as handle:
+        handle.write(b"\0" * 128 + b"DICM")
+        handle.truncate(size)
+    meta = (DICOMPYLER / "rtplan.dcm").read_bytes()
+    meta = meta[:132 + 12 + int.from_bytes(meta[140:144], "little")]  # the preamble and the file meta, as written
+    with open(tmp_path / "meta-then-zeros", "wb") as handle:
+        handle.write(meta)
+        handle.truncate(size)
+    start = time.perf_counter()
+    index = scan_archive(tmp_path, workers=2)
+    assert time.perf_counter() - start < 5  # well under a second here; the files' whole length would take minutes
+    assert not index.objects and {why for _, why in index.skipped_files} == {"not DICOM"}
+
+
+def test_one_patients_objects_whose_names_differ_only_past_the_given_name_are_one_patient(tmp_path):
+    """Planning systems keep or drop the middle name, prefix and suffix: the family and given names
+    (and the birth date) tell two patients under one PatientID apart, not those."""
+    pytest.importorskip("skimage", reason="the tests' DICOM writer traces contours with scikit-image (the dev extra)")
+    from provided_code.dicom.archive import link_patients
+    from tests.kit.synthetic import write_dose, write_patient, write_plan
+
+    mask = np.zeros((16, 16, 4), bool)
+    mask[4:10, 5:11, 1:3] = True
+    written = write_patient(tmp_path, np.full((16, 16, 4), 1000, np.uint16), {"PTV70": mask}, (3.0, 3.0, 2.5),
+                            factor=1, patient_id="ANON", patient_name="Doe^Jane")
+    plan = write_plan(tmp_path / "RP.dcm", written, [("static", 0.0)], {"PTV70": 70.0})
+    write_dose(tmp_path / "RD.dcm", np.full((16, 16, 4), 2.0, np.float32), written, plan)
+    dataset = pydicom.dcmread(tmp_path / "RP.dcm")
+    dataset.PatientName = "DOE^JANE^Marie^Dr"
+    dataset.save_as(tmp_path / "RP.dcm")
+    [patient] = link_patients(scan_archive(tmp_path))
+    assert patient.chosen is not None and not patient.refusal
+    dataset.PatientName = "Roe^Jane"
+    dataset.save_as(tmp_path / "RP.dcm")
+    [patient] = link_patients(scan_archive(tmp_path))
+    assert patient.chosen is None and patient.refusal.startswith("one PatientID for 2 patients of different names;")

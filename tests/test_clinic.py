@@ -20,6 +20,7 @@ from tests.kit.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
+from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
@@ -235,6 +236,26 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
 
 
 @pytest.mark.slow
+@requires_sample
+def test_a_real_patient_without_ptv63_is_predicted_with_default_flags(tiny_model, tmp_path):
+    """OpenKBP's pt_10 (PTV70 and PTV56, no PTV63, as 109 of the 200 training patients) written as a
+    clinic exports it: the OpenKBP model's site says PTV63 is optional, so no flag is needed."""
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10")
+    masks = {name: (source.structure_masks >> bit) & 1 == 1 for bit, name in enumerate(STRUCTURES)}
+    masks = {name: mask for name, mask in masks.items() if mask.any()}
+    assert "PTV63" not in masks
+    masks["BODY"] = source.possible_dose_mask
+    clinic = write_patient(tmp_path / "clinic", source.ct, masks, source.voxel_dimensions, source.dose, factor=1)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(tiny_model), "--ct", str(clinic.ct_dir),
+                                       "--rtstruct", str(clinic.rtstruct), "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "PTV63: no ROI (optional for site openkbp): its mask is empty" in result.output
+    rd = pydicom.dcmread(out / "RD.dcm")
+    assert rd.Modality == "RTDOSE" and rd.FrameOfReferenceUID == clinic.frame_of_reference_uid
+    assert (rd.pixel_array * float(rd.DoseGridScaling)).max() > 0
+
+
 def test_predict_from_dicom_with_a_prostate_model_imports_by_its_site(prostate_model, tmp_path):
     from provided_code.data.phantoms import make_prostate_phantom
     from tests.kit.synthetic import PROSTATE_CLINICAL_NAMES

@@ -79,8 +79,13 @@ def folder_of(out, pseudonym):
 
 
 def snapshot(out):
-    """Every file under a data folder (but the journal) and its bytes."""
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(Path(out).rglob("*")) if p.is_file()}
+    """Every file under a data folder (but the journal) and its bytes; the cohort's identifier, drawn
+    at random once per data folder, as <cohort> (two folders of one archive have two)."""
+    with open(Path(out) / "identity-map.csv", newline="") as handle:
+        cohort = next(csv.DictReader(handle))["cohort"].encode()
+    assert len(cohort) == 32
+    return {str(p.relative_to(out)): p.read_bytes().replace(cohort, b"<cohort>")
+            for p in sorted(Path(out).rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +139,7 @@ def phantom_archive(tmp_path_factory):
 def imported(phantom_archive, tmp_path_factory):
     archive, _ = phantom_archive
     out = tmp_path_factory.mktemp("data")
-    report = import_cohort(archive, out, validation=0.5, seed=1)
+    report = import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
     return out, report
 
 
@@ -207,23 +212,12 @@ def test_patient_folders_carry_no_name_id_birth_date_or_other_identifying_tag(im
     assert (out / "identity-map.csv").stat().st_mode & 0o077 == 0
 
 
-def test_the_identity_map_is_its_owners_alone_from_its_creation(tmp_path, monkeypatch):
-    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)  # a mode set once written does not count
-    umask = os.umask(0)  # what the process would give a new file: everyone may read and write it
-    try:
-        state = cohort._State(tmp_path, tmp_path / "identity-map.csv")
-        state.assign_pseudonyms(["PAT-1"])
-    finally:
-        os.umask(umask)
-    assert (tmp_path / "identity-map.csv").stat().st_mode & 0o777 == 0o600
-
-
 def test_a_second_run_imports_nothing(phantom_archive, imported, tmp_path):
     archive, _ = phantom_archive
     out, _ = imported
     copy = Path(shutil.copytree(out, tmp_path / "data"))
     before = snapshot(copy)
-    report = import_cohort(archive, copy, validation=0.5, seed=1)
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
     assert snapshot(copy) == before
 
@@ -238,7 +232,7 @@ def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, import
     dataset = pydicom.dcmread(plan)
     dataset.DoseReferenceSequence[0].TargetPrescriptionDose = 72
     dataset.save_as(plan)
-    report = import_cohort(copy_archive, copy, validation=0.5, seed=1)
+    report = import_cohort(copy_archive, copy, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts == {"imported": 1, "unchanged": 2, "skipped": 1, "failed": 0}
     assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
 
@@ -255,34 +249,11 @@ def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(ph
 
     killed = tmp_path / "data"
     with pytest.raises(Killed):
-        import_cohort(archive, killed, validation=0.5, seed=1, after_patient=kill)
+        import_cohort(archive, killed, validation=0.5, seed=1, after_patient=kill, site=OPENKBP)
     assert not (killed / "manifest.csv").exists() and (killed / cohort.JOURNAL_FILE).is_file()
-    report = import_cohort(archive, killed, validation=0.5, seed=1)
+    report = import_cohort(archive, killed, validation=0.5, seed=1, site=OPENKBP)
     assert report.counts["unchanged"] == 1 and report.counts["imported"] == 2
     assert snapshot(killed) == snapshot(out)
-
-
-def test_adding_patients_never_moves_one_between_splits(tmp_path):
-    for validation in (0.3, 4):
-        out = tmp_path / f"v{validation}"
-        out.mkdir()
-        first = [f"P{k:03d}" for k in range(12)]
-        state = cohort._State(out, out / "identity-map.csv")
-        state.assign_pseudonyms(first)
-        state.assign_splits(first, validation, seed=3)
-        before = dict(state.splits)
-        assert sum(s == "validation" for s in before.values()) == (4 if validation == 4 else
-                                                                   sum(s == "validation" for s in before.values()))
-        for pseudonym, split in before.items():  # what the run leaves: the journal of its imports
-            state.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": "x"})
-        later = cohort._State(out, out / "identity-map.csv")
-        more = first + [f"Q{k:03d}" for k in range(30)]
-        later.assign_pseudonyms(more)
-        later.assign_splits(more, validation, seed=3)
-        assert {p: later.splits[p] for p in before} == before
-        assert {later.pseudonyms[p] for p in first} == set(before)  # the same pseudonyms
-        if validation == 4:
-            assert sum(s == "validation" for s in later.splits.values()) == 4
 
 
 DOE = "DOE^JOHN_12345"  # PACS exports name folders after their patients
@@ -313,10 +284,11 @@ def doe_archive(tmp_path_factory):
     return archive, written, dose
 
 
-def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path):
+def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_archive, tmp_path, caplog):
     archive, _, _ = doe_archive
     out = tmp_path / "data"
-    report = import_cohort(archive, out, site="prostate")  # no ROI for its targets: fails naming a file
+    with caplog.at_level("WARNING", logger="provided_code.dicom"):
+        report = import_cohort(archive, out, site=PROSTATE)  # no ROI for its targets: fails naming a file
     assert report.counts["failed"] == 1
     assert "DOE" not in (out / "manifest.csv").read_text() and "12345" not in (out / "manifest.csv").read_text()
     sources_file = out / "identity-map.sources.csv"
@@ -329,11 +301,13 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
     assert plan["status"] == "failed"
     copy = source_of[DOE + "/RS copy.dcm"]
     assert plan["reason"].startswith(f"{copy}: no ROI for PTV60, PTV78 (ROIs: "), plan["reason"]
+    [failure] = [r.getMessage() for r in caplog.records if "import failed" in r.getMessage()]  # the console's line
+    assert failure.startswith(f"pt_1: import failed: {copy}: no ROI for PTV60, PTV78") and "DOE" not in failure
     files = {sources[r["source"]]: r["reason"] for r in table if r["kind"] == "file"}
     assert files[DOE + "/notes.txt"] == "not DICOM"
     assert files[DOE + "/RS.dcm"].startswith(f"duplicate of {copy} (SOP Instance UID ")
-    with pytest.raises(cohort.CohortError, match=r"^pt_1: DOE\^JOHN_12345/RS copy.dcm: no ROI for PTV60, PTV78 \("):
-        import_cohort(archive, tmp_path / "strict", site="prostate", strict=True)
+    with pytest.raises(cohort.CohortError, match=rf"^pt_1: {copy}: no ROI for PTV60, PTV78 \("):
+        import_cohort(archive, tmp_path / "strict", site=PROSTATE, strict=True)
 
 
 def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path):
@@ -341,7 +315,7 @@ def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path)
     archive.mkdir(parents=True)
     (archive / "notes.txt").write_text("not DICOM")
     with pytest.raises(cohort.CohortError, match=r"no DICOM object among its 1 files"):
-        cohort.import_cohort(tmp_path / "archive", tmp_path / "data")
+        cohort.import_cohort(tmp_path / "archive", tmp_path / "data", site=OPENKBP)
     assert not (tmp_path / "data").exists()
 
 
@@ -349,7 +323,7 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe
     archive, written, dose = doe_archive
     archive = Path(shutil.copytree(archive, tmp_path / "archive"))
     data = tmp_path / "data"
-    assert import_cohort(archive, data).counts["imported"] == 1  # plan 'One' alone
+    assert import_cohort(archive, data, site=OPENKBP).counts["imported"] == 1  # plan 'One' alone
     [folder] = data.glob("*-pats/pt_1")
     add_plan(archive / DOE, written, dose, "Two")
     result = subprocess.run([*OPENKBP_DICOM, "import-cohort", str(archive), "--out", str(data)],
@@ -397,7 +371,7 @@ def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
         write_dose(staging / name / "RD.dcm", source.dose, written, plan)
     scatter_files(staging, archive, seed=2)
     out = tmp_path / "data"
-    report = import_cohort(archive, out, validation=0)
+    report = import_cohort(archive, out, validation=0, site=OPENKBP)
     assert report.counts["imported"] == 2
     names = identity(out)
     for name, source in sources.items():
@@ -418,11 +392,11 @@ def test_the_import_settings_hold_the_site_and_openkbps_stay_as_before():
 
     table = load_names(None, OPENKBP)
     before_sites = json.dumps([SITE, {k: sorted(v) for k, v in table.items()}, False], sort_keys=True)
-    assert cohort._settings(OPENKBP, table, False) == before_sites  # earlier imports are not imported again
+    assert cohort._settings(OPENKBP, table) == before_sites  # earlier imports are not imported again
     renamed = site_from_dict({**OPENKBP.to_dict(), "name": "head-and-neck"}, "hn.json")  # the sidecar says its name
-    assert cohort._settings(renamed, table, False) != before_sites
+    assert cohort._settings(renamed, table) != before_sites
     prostate = load_site("prostate")
-    settings = json.loads(cohort._settings(prostate, load_names(None, prostate), False))
+    settings = json.loads(cohort._settings(prostate, load_names(None, prostate)))
     assert settings[0] == {"PTV60": 60.0, "PTV78": 78.0} and "Femur_Head_R" in settings[1]["FemoralHead_R"]
     assert settings[3]["site"] == "prostate"
 
@@ -491,3 +465,142 @@ def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp
     scores = json.loads((predictions / "scores.json").read_text())
     assert scores["patients"] == 1
     assert np.isfinite(scores["dose_score"]) and np.isfinite(scores["dvh_score"]) and scores["dose_score"] > 0
+
+
+# -- targets a patient lacks, warnings, and the flag that allows a required one to be missing ------
+@pytest.fixture(scope="module")
+def lacking_archive(tmp_path_factory):
+    """Two phantom patients with approved plans: LACK-63 without PTV63 and without a Brainstem
+    (head and neck with two dose levels: OpenKBP's PTV63 is optional), LACK-70 without PTV70
+    (required) and PTV63."""
+    root = tmp_path_factory.mktemp("lacking")
+    for seed, patient_id, left_out in ((41, "LACK-63", ("PTV63", "Brainstem")), (42, "LACK-70", ("PTV70", "PTV63"))):
+        volumes, masks = volumes_of(seed)
+        masks = {name: mask for name, mask in masks.items() if name not in left_out}
+        folder = root / "staging" / patient_id
+        written = write_clinic(folder, volumes, masks, patient_id, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS,
+                          {roi: gy for roi, gy in PRESCRIBED.items() if roi != "PTV63"})
+        write_dose(folder / "RD.dcm", volumes["dose"], written, plan)
+    scatter_files(root / "staging", root / "archive", seed=4)
+    return root / "archive"
+
+
+def plan_row(out, patient_id):
+    [row] = [r for r in rows(out) if r["kind"] == "plan" and r["pseudonym"] == identity(out)[patient_id]]
+    return row
+
+
+def test_a_patient_without_an_optional_target_is_imported_saying_so(lacking_archive, tmp_path):
+    out = tmp_path / "data"
+    report = import_cohort(lacking_archive, out, site=OPENKBP, validation=0)
+    assert report.counts == {"imported": 1, "unchanged": 0, "skipped": 0, "failed": 1}
+    row = plan_row(out, "LACK-63")
+    assert row["status"] == "imported" and row["missing_targets"] == "PTV63"
+    assert row["reason"] == ("chosen; missing: Brainstem, PTV63; PTV63: no ROI (optional for site openkbp): its mask "
+                             "is empty")
+    assert row["prescriptions_gy"] == "PTV56=56 PTV70=70"
+    folder = folder_of(out, row["pseudonym"])
+    assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV70,70\n"
+    assert not (folder / "PTV63.csv").exists() and (folder / "PTV70.csv").exists()
+    assert f"{row['pseudonym']}: imported with warnings: missing: Brainstem, PTV63; PTV63: no ROI" in report.lines[0]
+    assert report.summary().splitlines()[-1].startswith("1 of the imported patients with warnings")
+    refused = plan_row(out, "LACK-70")
+    assert refused["status"] == "failed" and "no ROI for PTV63, PTV70 (ROIs: " in refused["reason"]
+    assert "of site openkbp, which requires PTV70 (optional: PTV63); pass --names" in refused["reason"]
+
+
+def test_the_flag_for_missing_targets_reimports_only_whom_it_concerns(lacking_archive, tmp_path):
+    out = tmp_path / "data"
+    import_cohort(lacking_archive, out, site=OPENKBP, validation=0)
+    allowed = import_cohort(lacking_archive, out, site=OPENKBP, validation=0, allow_missing_targets=True)
+    assert allowed.counts == {"imported": 1, "unchanged": 1, "skipped": 0, "failed": 0}  # LACK-70 alone
+    row = plan_row(out, "LACK-70")
+    assert row["status"] == "imported" and row["missing_targets"] == "PTV63 PTV70"
+    assert "PTV70: no ROI (required by site openkbp): its mask is empty" in row["reason"]
+    assert plan_row(out, "LACK-63")["reason"].startswith("chosen; missing: Brainstem, PTV63; ")  # kept as it was
+    again = import_cohort(lacking_archive, out, site=OPENKBP, validation=0)  # without the flag: LACK-70 refused again
+    assert again.counts == {"imported": 0, "unchanged": 1, "skipped": 0, "failed": 1}
+    assert plan_row(out, "LACK-70")["status"] == "failed" and len(again.withdrawn) == 1
+
+
+def test_adding_the_flag_for_missing_targets_imports_nothing_again(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, allow_missing_targets=True)
+    assert report.counts == {"imported": 0, "unchanged": 3, "skipped": 1, "failed": 0}
+    assert snapshot(copy) == before
+
+
+def test_another_data_folders_identity_map_is_refused(phantom_archive, imported, doe_archive, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    other = tmp_path / "other"
+    import_cohort(doe_archive[0], other, site=OPENKBP)  # another cohort: its pt_1 is another patient
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=rf"^Invalid `identity_map`. Expected the map of {re.escape(str(copy))} "
+                                                 rf"\(cohort \w+, .*manifest.csv\). Received: identity_map="):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, identity_map=other / "identity-map.csv")
+    assert snapshot(copy) == before
+
+
+def test_a_rerun_for_another_site_is_refused_unless_asked_for(phantom_archive, imported, tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `site`. Expected the data folder's site, openkbp \(.*"
+                                                 r"dicom.json\), or --change-site to import every patient again for "
+                                                 r"prostate. Received: site='prostate'$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=PROSTATE)
+    assert snapshot(copy) == before
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=PROSTATE, change_site=True)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 3} and len(report.withdrawn) == 3
+
+
+def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
+    staging = tmp_path / "staging"
+    for seed, name, birth, date in ((51, "Doe^Jane", "19600101", "20260102"), (52, "Roe^Richard", "19700707", "20260105")):
+        volumes, masks = volumes_of(seed)
+        keep = slice(40, 100)
+        folder = staging / name
+        written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                                volumes["voxel_dimensions"], factor=1, patient_id="ANON", patient_name=name,
+                                birth_date=birth, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED, date=date)
+        write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+    out = tmp_path / "data"
+    report = import_cohort(staging, out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 1}
+    plans = [r for r in rows(out) if r["kind"] == "plan"]
+    assert [r["status"] for r in plans] == ["failed", "failed"]
+    assert all(r["reason"] == "one PatientID for 2 patients of different names and birth dates; none of them is "
+                              "imported: export each with an ID of its own" for r in plans)
+    assert report.lines == [f"pt_1: {plans[0]['reason']}"] and not list(out.glob("*-pats/pt_*"))
+
+
+@requires_sample
+def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
+    """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the 200 training patients),
+    written as a clinic exports it with a plan of its two dose levels."""
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10")
+    masks = {s: (source.structure_masks >> bit) & 1 == 1 for bit, s in enumerate(STRUCTURES)}
+    masks = {s: m for s, m in masks.items() if m.any()}
+    assert "PTV63" not in masks and {"PTV56", "PTV70"} <= set(masks)
+    masks["BODY"] = source.possible_dose_mask
+    written = write_patient(tmp_path / "staging", source.ct, masks, source.voxel_dimensions, factor=1,
+                            patient_id="OPENKBP-pt_10")
+    plan = write_plan(tmp_path / "staging" / "RP.dcm", written, OPENKBP_BEAMS, {"PTV_7000": 70.0, "PTV_56": 56.0})
+    write_dose(tmp_path / "staging" / "RD.dcm", source.dose, written, plan)
+    out = tmp_path / "data"
+    report = import_cohort(tmp_path / "staging", out, site=OPENKBP, validation=0)
+    assert report.counts["imported"] == 1, report.lines
+    folder = out / "train-pats" / "pt_1"
+    imported = read_patient(folder)
+    assert not ((imported.structure_masks >> STRUCTURES.index("PTV63")) & 1).any()
+    assert np.abs(imported.dose - source.dose).max() <= 0.003
+    assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV70,70\n"
+    assert plan_row(out, "OPENKBP-pt_10")["missing_targets"] == "PTV63"

@@ -14,7 +14,7 @@ import pytest
 pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e '.[dicom]') is not installed")
 
 from provided_code.constants import VOLUME_SHAPE  # noqa: E402
-from provided_code.sites import openkbp  # noqa: E402
+from provided_code.sites import HERE as SITES_DIR, openkbp  # noqa: E402
 from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.dicom.ct_series import read_ct_series  # noqa: E402
@@ -22,14 +22,15 @@ from provided_code.dicom.errors import DicomInputError  # noqa: E402
 from provided_code.dicom.exporter import dose_on_ct_grid, export_dose  # noqa: E402
 from provided_code.dicom.grid import PatientGeometry, area_weights, choose_first_slice, linear_weights  # noqa: E402
 from provided_code.dicom.importer import import_patient  # noqa: E402
-from provided_code.dicom.names import DEFAULT_NAMES, load_names, match_rois  # noqa: E402
-from provided_code.dicom.rtdose import DoseGrid, read_rtdose, sample_dose  # noqa: E402
+from provided_code.dicom.names import default_names, load_names, match_rois  # noqa: E402
+from provided_code.dicom.rtdose import MANUFACTURER, DoseGrid, read_rtdose, sample_dose, written_here  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
 from tests.kit.synthetic import write_patient  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 
-STRUCTURES = openkbp().names  # OpenKBP's channel order
+OPENKBP = openkbp()
+STRUCTURES = OPENKBP.names  # OpenKBP's channel order
 
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 
@@ -52,7 +53,7 @@ def written(tmp_path_factory):
     root = tmp_path_factory.mktemp("dicom")
     volumes, masks = phantom_volumes()
     patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"])
-    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose)
+    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose, site=OPENKBP)
     return volumes, patient, report
 
 
@@ -88,7 +89,7 @@ def test_the_import_returns_the_patient_it_wrote_as_read_patient_reads_it(writte
     _, _, report = written
     assert_same_patient(report.patient, read_patient(report.folder, site=openkbp()))
     assert report.patient.dose_decimals == 3 and report.patient.prescriptions is None  # the challenge's decimals
-    without_dose = import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_2")
+    without_dose = import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_2", site=OPENKBP)
     assert without_dose.patient.dose is None
     assert_same_patient(without_dose.patient, read_patient(without_dose.folder, require_dose=False, site=openkbp()))
 
@@ -98,7 +99,7 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     nibabel = pytest.importorskip("nibabel")
     volumes, patient, report = written
     dose = volumes["dose"]
-    geometry = export_dose(report.folder, dose, tmp_path / "RD.dcm", nifti=tmp_path / "dose.nii.gz")
+    geometry = export_dose(report.folder, dose, tmp_path / "RD.dcm", nifti=tmp_path / "dose.nii.gz", site=OPENKBP)
     image = sitk.ReadImage(str(tmp_path / "RD.dcm"))
     assert image.GetSize() == (256, 256, 128)
     # positions written as DICOM decimal strings (at most 16 characters): 1e-4 mm
@@ -127,6 +128,15 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)  # NIfTI stores float32 Gy
 
 
+def test_an_exported_rt_dose_is_told_from_the_clinics_by_its_manufacturer(written, tmp_path):
+    volumes, patient, report = written
+    export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site=OPENKBP)
+    exported, clinics = pydicom.dcmread(tmp_path / "RD.dcm"), pydicom.dcmread(patient.rtdose)
+    assert exported.Manufacturer == MANUFACTURER and written_here(exported)
+    assert exported.SOPClassUID == pydicom.uid.RTDoseStorage
+    assert not written_here(clinics) and clinics.SOPClassUID == pydicom.uid.RTDoseStorage
+
+
 @requires_sample
 def test_real_openkbp_patient_round_trip_with_more_slices_than_the_box(tmp_path):
     source = read_patient(SAMPLE_DIR / "train-pats" / "pt_1", site=openkbp())
@@ -135,8 +145,8 @@ def test_real_openkbp_patient_round_trip_with_more_slices_than_the_box(tmp_path)
     masks["BODY"] = source.possible_dose_mask
     patient = write_patient(tmp_path / "clinic", source.ct, masks, source.voxel_dimensions, source.dose,
                             extra_slices=(12, 5), origin=(-248.0, -310.5), top_z=-40.0)
-    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose)
-    imported = read_patient(report.folder, site=openkbp())
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose, site=OPENKBP)
+    imported = read_patient(report.folder, site=OPENKBP)
     # The box is centred on the targets within the 145 written slices; compare where both have the slice.
     targets = np.flatnonzero(((source.structure_masks >> 7) != 0).any(axis=(0, 1)))
     first = choose_first_slice(145, 12 + (targets.min() + targets.max()) / 2)
@@ -156,8 +166,8 @@ def test_fewer_slices_than_the_box_are_padded_with_air(tmp_path):
     keep = slice(20, 120)  # a 100-slice scan
     patient = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
                             volumes["voxel_dimensions"], factor=1)
-    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1")
-    imported = read_patient(report.folder, require_dose=False, site=openkbp())
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", site=OPENKBP)
+    imported = read_patient(report.folder, require_dose=False, site=OPENKBP)
     first = report.geometry.first_slice
     assert -28 <= first <= 0
     inside = slice(-first, -first + 100)
@@ -205,23 +215,23 @@ def test_names_cover_the_common_forms_and_a_file_overrides():
                 "Esophagus": "Esophagus", "Larynx": "Larynx", "Mandible": "Mandible", "BODY": "BODY",
                 "External": "BODY", "ptv_56": "PTV56", "L Parotid": "LeftParotid"}
     for roi, structure in contract.items():
-        assert match_rois([roi], DEFAULT_NAMES, "RS.dcm") == {structure: roi}, roi
-        assert match_rois([roi.upper()], DEFAULT_NAMES, "RS.dcm") == {structure: roi.upper()}
+        assert match_rois([roi], default_names(OPENKBP), "RS.dcm") == {structure: roi}, roi
+        assert match_rois([roi.upper()], default_names(OPENKBP), "RS.dcm") == {structure: roi.upper()}
     with pytest.raises(DicomInputError, match="'PTV70', 'PTV_7000' all match PTV70"):
-        match_rois(["PTV70", "PTV_7000"], DEFAULT_NAMES, "RS.dcm")
+        match_rois(["PTV70", "PTV_7000"], default_names(OPENKBP), "RS.dcm")
 
 
 def test_names_file_replaces_lists_and_bad_files_are_named(tmp_path):
     path = tmp_path / "names.json"
     path.write_text(json.dumps({"PTV70": ["PTV_High"], "BODY": "Contour_Ext"}))
-    table = load_names(path)
+    table = load_names(path, OPENKBP)
     assert match_rois(["PTV_High", "PTV70", "contour ext"], table, "RS.dcm") == {"PTV70": "PTV_High", "BODY": "contour ext"}
     path.write_text(json.dumps({"Heart": ["Heart"]}))
     with pytest.raises(DicomInputError, match=r"names.json: unknown structure 'Heart'"):
-        load_names(path)
+        load_names(path, OPENKBP)
     path.write_text("{nope")
     with pytest.raises(DicomInputError, match=r"names.json: names file is not JSON"):
-        load_names(path)
+        load_names(path, OPENKBP)
 
 
 def test_pydicom_example_rt_files(tmp_path):
@@ -265,7 +275,7 @@ def _copy(small_clinic, tmp_path):
 def _refused(tmp_path, ct_dir, rtstruct, match, **kwargs):
     out = tmp_path / "out" / "pt_1"
     with pytest.raises(DicomInputError, match=match) as caught:
-        import_patient(ct_dir, rtstruct, out, **kwargs)
+        import_patient(ct_dir, rtstruct, out, **kwargs, site=OPENKBP)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # nothing half-written
     return caught.value
@@ -320,7 +330,7 @@ def test_refused_structure_sets(small_clinic, tmp_path):
             roi.ROIName = "GTV"
     rs.save_as(tmp_path / "no-ptv70.dcm")
     _refused(tmp_path, clinic / "ct", tmp_path / "no-ptv70.dcm", r"no-ptv70.dcm: no ROI for PTV70 \(ROIs: .*GTV")
-    report = import_patient(clinic / "ct", tmp_path / "no-ptv70.dcm", tmp_path / "allowed", allow_missing_targets=True)
+    report = import_patient(clinic / "ct", tmp_path / "no-ptv70.dcm", tmp_path / "allowed", allow_missing_targets=True, site=OPENKBP)
     assert "missing: PTV70" in report.lines and "unused ROIs: 'GTV'" in report.lines
     assert not (tmp_path / "allowed" / "PTV70.csv").exists() and (tmp_path / "allowed" / "PTV63.csv").exists()
 
@@ -332,7 +342,7 @@ def test_without_a_body_contour_the_mask_comes_from_the_ct(small_clinic, tmp_pat
         if roi.ROIName == "External":
             roi.ROIName = "Couch"
     rs.save_as(clinic / "RS.dcm")
-    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
+    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1", site=OPENKBP)
     assert "possible-dose mask: CT above -400 HU (no BODY/External ROI)" in report.lines
     volumes, _ = phantom_volumes(seed=9)
     assert dice(read_patient(report.folder, require_dose=False, site=openkbp()).possible_dose_mask,
@@ -395,16 +405,16 @@ def test_heart_rasterised_on_the_dose_grid_matches_dicompyler_core():
 def test_an_earlier_import_is_replaced_and_a_foreign_folder_refused(small_clinic, tmp_path):
     clinic = _copy(small_clinic, tmp_path)
     out = tmp_path / "pt_1"
-    import_patient(clinic / "ct", clinic / "RS.dcm", out)
+    import_patient(clinic / "ct", clinic / "RS.dcm", out, site=OPENKBP)
     (out / "stale.csv").write_text("left over\n")
-    import_patient(clinic / "ct", clinic / "RS.dcm", out)
+    import_patient(clinic / "ct", clinic / "RS.dcm", out, site=OPENKBP)
     assert not (out / "stale.csv").exists() and (out / "dicom.json").is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folders left
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     with pytest.raises(DicomInputError, match="mine: output folder exists and is not an earlier import"):
-        import_patient(clinic / "ct", clinic / "RS.dcm", foreign)
+        import_patient(clinic / "ct", clinic / "RS.dcm", foreign, site=OPENKBP)
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
@@ -418,8 +428,8 @@ def _contour(points_mm) -> "pydicom.Dataset":
 
 def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clinic, tmp_path, caplog):
     clinic = _copy(small_clinic, tmp_path)
-    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "clean").folder,
-                            require_dose=False, site=openkbp())
+    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "clean", site=OPENKBP).folder,
+                            require_dose=False, site=OPENKBP)
     rs = pydicom.dcmread(clinic / "RS.dcm")
     number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
     ptv70 = next(item for item in rs.ROIContourSequence if item.ReferencedROINumber == number["PTV_7000"])
@@ -436,8 +446,8 @@ def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clin
     rs.ROIContourSequence.append(item)
     rs.save_as(clinic / "RS.dcm")
     with caplog.at_level("INFO", logger="provided_code.dicom.rtstruct"):
-        report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
-    imported = read_patient(report.folder, require_dose=False, site=openkbp())
+        report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1", site=OPENKBP)
+    imported = read_patient(report.folder, require_dose=False, site=OPENKBP)
     assert np.array_equal(imported.structure_masks, expected.structure_masks)
     assert "unused ROIs: 'Couch'" in report.lines
     assert "ROI 'PTV_7000': left out 2 contours of fewer than 3 points" in caplog.text and "Couch" not in caplog.text
@@ -452,7 +462,7 @@ def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic
     kept = set(z[::3])
     ptv70.ContourSequence = pydicom.Sequence([c for c in ptv70.ContourSequence if float(c.ContourData[2]) in kept])
     rs.save_as(clinic / "RS.dcm")
-    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1")
+    report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1", site=OPENKBP)
     warned = [line for line in report.lines if line.startswith("warning: PTV70 ('PTV_7000') has contours on")]
     span = len(z) - (len(z) - 1) % 3
     assert warned == [f"warning: PTV70 ('PTV_7000') has contours on {len(kept)} of the {span} CT slices from "
@@ -466,7 +476,7 @@ def test_a_scan_ending_inside_the_targets_is_warned_about(tmp_path):
     keep = slice(centre - 2, centre + 3)  # a 5-slice CT through the middle of PTV70
     patient = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep],
                             {k: m[:, :, keep] for k, m in masks.items()}, volumes["voxel_dimensions"], factor=1)
-    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", allow_missing_targets=True)
+    report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", allow_missing_targets=True, site=OPENKBP)
     z = patient.slice_z
     assert (f"warning: PTV70 ('PTV_7000') is drawn on the CT's first (z = {z[0]:g} mm) and last (z = {z[-1]:g} mm) "
             f"slice: the scan (5 slices) is shorter than the targets need and may end inside PTV70; the model sees "
@@ -479,16 +489,16 @@ def test_a_jpeg_2000_ct_imports_and_without_a_decoder_is_refused_in_one_line(sma
     from pydicom.uid import JPEG2000Lossless
 
     clinic = _copy(small_clinic, tmp_path)
-    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "plain").folder,
-                            require_dose=False, site=openkbp())
+    expected = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "plain", site=OPENKBP).folder,
+                            require_dose=False, site=OPENKBP)
     files = sorted((clinic / "ct").iterdir())
     for path in files[:3]:
         dataset = pydicom.dcmread(path)
         dataset.compress(JPEG2000Lossless)  # pylibjpeg-openjpeg encodes
         dataset.save_as(path)
     assert pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID == JPEG2000Lossless
-    imported = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1").folder,
-                            require_dose=False, site=openkbp())
+    imported = read_patient(import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1", site=OPENKBP).folder,
+                            require_dose=False, site=OPENKBP)
     assert np.array_equal(imported.ct, expected.ct)  # lossless
 
     decoder = get_decoder(JPEG2000Lossless)  # as if neither pylibjpeg-openjpeg nor Pillow nor GDCM were installed
@@ -569,7 +579,7 @@ def prostate_written(tmp_path_factory):
     masks["BODY"] = volumes["possible_dose_mask"]
     patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"],
                             names=PROSTATE_CLINICAL_NAMES)
-    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose, site="prostate")
+    report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose, site=PROSTATE)
     return volumes, patient, report
 
 
@@ -595,13 +605,14 @@ def test_a_prostate_patient_with_its_own_plan_files_is_returned_as_read_patient_
 
     _, patient, _ = prostate_written
 
-    def plan_files(folder):  # as the cohort import adds them: the plan's prescriptions and beams
+    def plan_files(folder, targets):  # as the cohort import adds them: the plan's prescriptions and beams
+        assert targets == ("PTV60", "PTV78")  # the site's targets the patient has
         write_prescriptions(folder, {"PTV60": 59.2, "PTV78": 74.0 + 1e-9})  # the file holds 74
         write_beams(folder, [{"type": "static", "gantry_start": 0.1 + 0.2}, {"type": "arc", "gantry_start": 181.0,
                                                                            "gantry_stop": 179.0, "direction": "CW"}])
 
     report = import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", rtdose=patient.rtdose,
-                            site="prostate", also_write=plan_files)
+                            site=PROSTATE, also_write=plan_files)
     read = read_patient(report.folder, site=PROSTATE)
     assert read.prescriptions == {"PTV60": 59.2, "PTV78": 74.0} and read.gantry_angles[:3] == (0.3, 190.0, 200.0)
     assert read.structure_masks.dtype == PROSTATE.mask_dtype and read.dose_decimals == 3
@@ -610,7 +621,7 @@ def test_a_prostate_patient_with_its_own_plan_files_is_returned_as_read_patient_
 
 def test_prostate_export_lands_on_the_ct_grid_and_another_site_is_refused(prostate_written, tmp_path):
     volumes, patient, report = prostate_written
-    geometry = export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site="prostate")
+    geometry = export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site=PROSTATE)
     rd = pydicom.dcmread(tmp_path / "RD.dcm")
     assert rd.FrameOfReferenceUID == patient.frame_of_reference_uid and (rd.Rows, rd.Columns, rd.NumberOfFrames) == \
         (256, 256, 128)
@@ -618,14 +629,57 @@ def test_prostate_export_lands_on_the_ct_grid_and_another_site_is_refused(prosta
     assert np.abs(values - dose_on_ct_grid(volumes["dose"], geometry)[::-1]).max() <= float(rd.DoseGridScaling)
     with pytest.raises(DicomInputError, match="pt_1/dicom.json: the patient was imported for site prostate, not "
                                               "openkbp") as caught:
-        export_dose(report.folder, volumes["dose"], tmp_path / "other.dcm", site="openkbp")
+        export_dose(report.folder, volumes["dose"], tmp_path / "other.dcm", site=OPENKBP)
     assert "\n" not in str(caught.value) and not (tmp_path / "other.dcm").exists()
 
 
 def test_a_prostate_structure_set_is_not_an_openkbp_patient(prostate_written, tmp_path):
     _, patient, _ = prostate_written
     with pytest.raises(DicomInputError, match=r"RS.dcm: no ROI for PTV56, PTV63, PTV70 \(ROIs: Rectum, Bladder"):
-        import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1")  # OpenKBP's names by default
+        import_patient(patient.ct_dir, patient.rtstruct, tmp_path / "pt_1", site=OPENKBP)  # OpenKBP's names
+
+
+def test_the_dicom_layer_takes_a_site_and_assumes_none(small_clinic, tmp_path):
+    with pytest.raises(TypeError, match="site"):
+        import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_1")
+    with pytest.raises(TypeError, match=r"Invalid `site`. Expected a Site .* Received: site='openkbp'"):
+        load_names(None, "openkbp")
+    assert not (tmp_path / "pt_1").exists()
+
+
+def test_a_site_structure_named_as_a_patient_file_is_refused_before_it_overwrites_it(small_clinic, tmp_path):
+    import dataclasses
+
+    from provided_code.sites import SiteError, Structure
+
+    for name in ("ct", "Dose", "possible_dose_mask", "prescriptions"):  # (Dose.csv is dose.csv where case is not told)
+        site = dataclasses.replace(OPENKBP, structures=(*OPENKBP.structures, Structure(name, "oar", None, ("External",))))
+        with pytest.raises(SiteError, match=rf"structure '{name}' would be written as {name}.csv, over the patient's own"):
+            import_patient(small_clinic / "ct", small_clinic / "RS.dcm", tmp_path / "pt_1", site=site)
+        assert not (tmp_path / "pt_1").exists()
+
+
+def test_exporting_a_patient_of_a_site_file_needs_that_file(prostate_written, tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+
+    _, patient, _ = prostate_written
+    site_file = tmp_path / "pelvis.json"
+    site_file.write_text(json.dumps({**PROSTATE.to_dict(), "name": "pelvis"}))
+    result = CliRunner().invoke(main, ["import", "--site", str(site_file), "--ct", str(patient.ct_dir), "--rtstruct",
+                                       str(patient.rtstruct), "--out", str(tmp_path / "pt_1")])
+    assert result.exit_code == 0, result.output
+    shutil.copy(tmp_path / "pt_1" / "ct.csv", tmp_path / "pt_1.csv")  # any sparse 128³ volume will do
+    export = ["export", "--patient", str(tmp_path / "pt_1"), "--prediction", str(tmp_path / "pt_1.csv"), "--out",
+              str(tmp_path / "RD.dcm")]
+    result = CliRunner().invoke(main, export)
+    assert result.exit_code == 1 and not (tmp_path / "RD.dcm").exists()
+    assert "dicom.json: the patient was imported for site pelvis, from a site file; pass that file as --site" \
+        in result.output
+    result = CliRunner().invoke(main, [*export, "--site", str(site_file)])
+    assert result.exit_code == 0, result.output
+    assert pydicom.dcmread(tmp_path / "RD.dcm").Modality == "RTDOSE"
 
 
 def test_command_line_import_and_export_by_site(prostate_written, tmp_path):
@@ -656,8 +710,10 @@ def test_command_line_import_and_export_by_site(prostate_written, tmp_path):
 
 
 def test_names_come_from_the_site_and_a_names_file_overrides_them(tmp_path):
-    assert DEFAULT_NAMES == load_names(site="openkbp")  # OpenKBP's table is sites/openkbp.json's
-    table = load_names(site=PROSTATE)
+    shipped = json.loads((SITES_DIR / "openkbp.json").read_text())
+    assert load_names(None, OPENKBP) == {**{s["name"]: tuple(s["dicom_names"]) for s in shipped["structures"]},
+                                         "BODY": tuple(shipped["body"]["dicom_names"])}  # OpenKBP's table is its file's
+    table = load_names(None, PROSTATE)
     assert list(table) == [*PROSTATE.names, "BODY"]
     for roi, structure in {"PTV_7800": "PTV78", "ptv 60": "PTV60", "Femur_Head_L": "FemoralHead_L",
                            "Rt_Femoral_Head": "FemoralHead_R", "Bladder": "Bladder", "Skin": "BODY"}.items():
@@ -665,7 +721,7 @@ def test_names_come_from_the_site_and_a_names_file_overrides_them(tmp_path):
     assert match_rois(["PTV70", "Parotid_L"], table, "RS.dcm") == {}  # OpenKBP's structures are not the prostate's
     path = tmp_path / "names.json"
     path.write_text(json.dumps({"PTV78": ["PTV_Boost"]}))
-    assert match_rois(["PTV_Boost", "PTV78"], load_names(path, site=PROSTATE), "RS.dcm") == {"PTV78": "PTV_Boost"}
+    assert match_rois(["PTV_Boost", "PTV78"], load_names(path, PROSTATE), "RS.dcm") == {"PTV78": "PTV_Boost"}
     path.write_text(json.dumps({"PTV70": ["PTV_High"]}))
     with pytest.raises(DicomInputError, match=r"names.json: unknown structure 'PTV70'; expected one of Rectum, "):
-        load_names(path, site=PROSTATE)
+        load_names(path, PROSTATE)

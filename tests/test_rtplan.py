@@ -11,10 +11,11 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 from provided_code.sites import openkbp  # noqa: E402
 from provided_code.dicom.archive import link_patients, scan_archive  # noqa: E402
 from provided_code.dicom.cohort import import_cohort  # noqa: E402
-from provided_code.dicom.names import DEFAULT_NAMES  # noqa: E402
+from provided_code.dicom.names import default_names  # noqa: E402
 from provided_code.dicom.rtplan import BeamRow, plan_prescriptions, read_plan  # noqa: E402
 
-PRESCRIPTIONS_GY = openkbp().prescriptions_gy
+OPENKBP = openkbp()
+PRESCRIPTIONS_GY = OPENKBP.prescriptions_gy
 
 DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
 SITE = dict(PRESCRIPTIONS_GY)
@@ -28,7 +29,7 @@ def test_dicompyler_cores_plan_gives_its_beams_and_prescription():
     assert [(r.description, r.dose_gy) for r in plan.dose_references] == [("Breast", 14.0),
                                                                          ("CALC POINT", 11.3113869239676)]
     assert plan.fractions == 7 and plan.total_dose_gy == pytest.approx(14.0)  # 4 beams × 0.5 Gy × 7
-    prescriptions, lines = plan_prescriptions(plan, SITE, DEFAULT_NAMES, {})
+    prescriptions, lines = plan_prescriptions(plan, SITE, default_names(OPENKBP), {})
     assert prescriptions == SITE  # "Breast" names no target of the OpenKBP site: the site's own
     assert lines[0] == "dose references matching no target of the site: 'Breast' 14 Gy, 'CALC POINT' 11.3114 Gy"
     prescriptions, lines = plan_prescriptions(plan, {"PTV_Breast": 50.0}, {"PTV_Breast": ("Breast",)}, {})
@@ -48,7 +49,7 @@ def test_dicompyler_cores_example_as_an_archive_links_and_is_refused_as_unapprov
     assert [d.path.name for d in candidate.doses] == ["IM3"] and candidate.dose_summation == "PLAN"
     assert candidate.structure_set.path.name == "IM1" and [c.path.name for c in candidate.ct_files] == ["IM0"]
     assert candidate.reason == "not approved (ApprovalStatus UNAPPROVED)" and patient.chosen is None
-    report = import_cohort(archive, tmp_path / "data")
+    report = import_cohort(archive, tmp_path / "data", site=OPENKBP)
     assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 0}
     [row] = [r for r in report.rows if r["kind"] == "plan"]
     assert row["status"] == "skipped" and row["reason"] == "not approved (ApprovalStatus UNAPPROVED)"
@@ -75,6 +76,6 @@ def test_arcs_static_beams_and_a_plan_without_dose_references(tmp_path):
     assert plan.beams == (BeamRow("arc", 181.0, 179.0, "CW", 270.0), BeamRow("arc", 179.0, 181.0, "CC", 270.0),
                           BeamRow("static", 90.0, couch=270.0))
     assert len(plan.warnings) == 3 and "couch angle 270°" in plan.warnings[0]
-    prescriptions, lines = plan_prescriptions(plan, SITE, DEFAULT_NAMES, {})
+    prescriptions, lines = plan_prescriptions(plan, SITE, default_names(OPENKBP), {})
     assert prescriptions == {"PTV56": 56.0, "PTV63": 63.0, "PTV70": 66.0}  # 30 × 2.2 Gy to the highest target
     assert "PTV70: 66 Gy (fraction group: 30 × 2.2 Gy)" in lines

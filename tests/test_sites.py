@@ -45,6 +45,27 @@ def test_openkbp_is_the_challenge_as_before():
     assert site.metric_names == ("D_0.1_cc", "mean", "D_99", "D_95", "D_1")
 
 
+def test_a_site_says_which_targets_a_patient_may_lack(tmp_path):
+    assert openkbp().required_targets == ("PTV70",)  # head and neck: one, two or three dose levels, PTV70 always
+    assert load_site("prostate").required_targets == ("PTV60", "PTV78")  # the protocol's two levels, both always
+    assert load_site(_write(tmp_path, _minimal())).required_targets == ("PTV60",)  # a file without the field: all
+    before = openkbp().to_dict()  # a model's or a cache's site written before the field: the same site
+    for entry in before["structures"]:
+        entry.pop("required", None)
+    assert site_from_dict(before, "config.json").required_targets == openkbp().targets
+    assert site_from_dict(before, "config.json").same_as(openkbp())
+    for entry, problem in (({"required": "no"}, r"structures\[3\].required`: expected true or false"),
+                           ({"required": False}, r"`structures`: every target is optional")):
+        site = _minimal()
+        site["structures"][3].update(entry)
+        with pytest.raises(SiteError, match=problem):
+            load_site(_write(tmp_path, site))
+    site = _minimal()
+    site["structures"][0]["required"] = True
+    with pytest.raises(SiteError, match=r"structures\[0\].required`: organ at risk 'Heart': only a target"):
+        load_site(_write(tmp_path, site))
+
+
 def test_a_metric_name_is_read_by_one_grammar():
     assert [parse_metric(name) for name in openkbp().metric_names] == [
         ("cc", 0.1), ("mean", 0.0), ("percent", 99.0), ("percent", 95.0), ("percent", 1.0)]

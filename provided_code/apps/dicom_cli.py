@@ -22,7 +22,8 @@ def _import_options(command):
         click.option("--names", default=None,
                      help='JSON mapping structures to ROI names, e.g. {"PTV70": ["PTV_High"]} (see the README).'),
         click.option("--allow-missing-targets", is_flag=True,
-                     help="Import without ROIs for the site's targets (OpenKBP's: PTV70/PTV63/PTV56)."),
+                     help="Import without ROIs for the site's required targets (OpenKBP's: PTV70; a missing optional "
+                          "one, PTV63 or PTV56, is imported with a warning without it)."),
     )):
         command = option(command)
     return command
@@ -45,10 +46,11 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
     """Import one patient into the OpenKBP layout."""
     setup_logging()
     from provided_code.dicom.importer import import_patient
+    from provided_code.sites import load_site
 
     try:
         report = import_patient(ct_dir, rtstruct, out, rtdose=rtdose, names=names,
-                                allow_missing_targets=allow_missing_targets, site=site)
+                                allow_missing_targets=allow_missing_targets, site=load_site(site))
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo("\n".join(report.lines))
@@ -72,16 +74,22 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
 @click.option("--strict", is_flag=True, help="Stop at the first patient that fails.")
 @click.option("--identity-map", default=None,
               help="The pseudonym -> PatientID file [default: OUT/identity-map.csv]; keep it off shared storage.")
-@click.option("--allow-missing-targets", is_flag=True, help="Import patients without some target ROIs.")
-def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets):
+@click.option("--allow-missing-targets", is_flag=True,
+              help="Import patients without some of the site's required targets (optional ones never need it).")
+@click.option("--change-site", is_flag=True,
+              help="Import every patient again for --site when the data folder was imported for another site.")
+def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets,
+                          change_site):
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
     setup_logging()
     from provided_code.dicom.cohort import import_cohort
+    from provided_code.sites import load_site
 
     try:
-        report = import_cohort(archive, out_dir, site=site, names_file=names,
+        report = import_cohort(archive, out_dir, site=load_site(site), names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
-                               allow_missing_targets=allow_missing_targets, progress=click_progress)
+                               allow_missing_targets=allow_missing_targets, change_site=change_site,
+                               progress=click_progress)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     for line in report.lines:
@@ -98,16 +106,16 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
 @click.option("--site", default=None,
               help=f"The site the prediction is of ({_SITES}); a patient imported for another is refused "
-                   f"[default: the patient's, from its dicom.json].")
+                   f"[default: the patient's, from its dicom.json; a site file's must be given].")
 def export_command(patient_dir, prediction, out, nifti, site):
     """Write a predicted dose as an RT Dose on the patient's CT grid."""
     setup_logging()
     from provided_code.data.csv_io import read_dose_csv
-    from provided_code.dicom.exporter import export_dose
+    from provided_code.dicom.exporter import export_dose, site_of_patient
     from provided_code.sites import load_site
 
     try:
-        site = None if site is None else load_site(site).name
+        site = site_of_patient(patient_dir) if site is None else load_site(site)
         dose = read_dose_csv(prediction)
         export_dose(patient_dir, dose, out, nifti=nifti, site=site)
     except USER_ERRORS as error:
@@ -173,7 +181,7 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
 @click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
 @click.option("--allow-missing-targets", is_flag=True,
-              help="Predict without ROIs for the model's targets (OpenKBP's: PTV70/PTV63/PTV56).")
+              help="Predict without ROIs for the model's required targets (OpenKBP's: PTV70).")
 @click.option("--verbose", is_flag=True, help="Also pynetdicom's own log (every association and message).")
 def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
                   completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,

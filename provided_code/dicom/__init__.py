@@ -5,6 +5,6 @@ Modules: ``errors`` (one error type naming file and problem), ``names`` (ROI nam
 OpenKBP structures), ``ct_series`` (the CT series), ``rtstruct`` (contours and their polygon fill),
 ``grid`` (the 128³ box inside the CT and the resampling between the two), ``rtdose`` (reading and
 writing RT Dose), ``importer`` and ``exporter`` (the two directions), ``rtplan`` (a plan's prescriptions and beams),
-``archive`` and ``cohort`` (a clinic's archive to a training set). Everything here needs
+``archive``, ``pseudonyms``, ``ledger`` and ``cohort`` (a clinic's archive to a training set). Everything here needs
 ``pydicom`` (the ``dicom`` extra); nothing imports TensorFlow.
 """

@@ -14,24 +14,27 @@ objects linked by their references, and one plan chosen per patient.
   FRACTION dose times the fractions planned, DICOM's FRACTION taken as one fraction's dose), its
   structure set and CT series in the archive; among several, the newest (``RTPlanDate`` and
   ``RTPlanTime``, else the instance's creation); two equally new are refused for that patient,
-  naming both.
+  naming both. The objects of a patient are those of one PatientID; an ID whose objects name
+  different patients (their names or birth dates differ: two patients exported as ``ANON``), or
+  an empty one, is refused rather than merged into one patient.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 from provided_code.dicom.files import read_dataset
 from provided_code.dicom.rtplan import PlanInfo, read_plan
+from provided_code.dicom.rtstruct import structure_set_references
 from provided_code.infra.progress import Progress, no_progress
 
 logger = logging.getLogger(__name__)
 
-MEDIA_DIRECTORY_STORAGE = "1.2.840.10008.1.3.10"
 IMAGE_MODALITIES = ("CT", "MR", "PT", "NM", "US", "CR", "DX", "MG", "RTIMAGE", "OT", "SC", "XA")
 DEFAULT_WORKERS = 8  # header reads wait on the disk more than on the processor
 
@@ -50,6 +53,9 @@ class DicomObject:
     patient_id: str
     frame_of_reference_uid: str
     date_time: str = ""  # content (or creation) date and time, for ordering
+    # who the PatientID is: digests of the normalised PatientName and PatientBirthDate ('' where absent),
+    # to tell two patients under one ID apart without keeping their names
+    person: tuple[str, str] = ("", "")
     # RT Dose
     summation: str = ""  # DoseSummationType
     plan_uid: str = ""  # ReferencedRTPlanSequence
@@ -88,6 +94,17 @@ def _first(sequence):
     return sequence[0] if sequence else None
 
 
+def _name_key(name) -> str:
+    """A PatientName as compared between the objects of one PatientID: its family and given names
+    (systems differ in the middle name, prefix and suffix they keep), upper case, spaces collapsed."""
+    parts = [" ".join(part.split()).upper() for part in _text(name).split("=")[0].split("^")[:2]]
+    return "^".join(parts).strip("^")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16] if text else ""
+
+
 def _date_time(header, *pairs) -> str:
     for date, time in pairs:
         if _text(header.get(date)):
@@ -109,15 +126,18 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
         return None, f"unreadable DICOM ({type(error).__name__}: {' '.join(str(error).split())})"
     if header is None:
         return None, "not DICOM"
+    from pydicom.uid import MediaStorageDirectoryStorage  # (pydicom is there: it read the header)
+
     meta = getattr(header, "file_meta", None)
     sop_class = _text(header.get("SOPClassUID")) or _text(meta.get("MediaStorageSOPClassUID") if meta else "")
-    if sop_class == MEDIA_DIRECTORY_STORAGE or "DirectoryRecordSequence" in header:
+    if sop_class == MediaStorageDirectoryStorage or "DirectoryRecordSequence" in header:
         return None, "DICOMDIR (a media directory, not an object)"
     modality = _text(header.get("Modality")).upper()
     fields = dict(path=path, size=stat.st_size, mtime_ns=stat.st_mtime_ns, modality=modality or "?",
                   sop_class_uid=sop_class, sop_instance_uid=_text(header.get("SOPInstanceUID")),
                   series_instance_uid=_text(header.get("SeriesInstanceUID")),
                   patient_id=_text(header.get("PatientID")),
+                  person=(_digest(_name_key(header.get("PatientName"))), _digest(_text(header.get("PatientBirthDate")))),
                   frame_of_reference_uid=_text(header.get("FrameOfReferenceUID")),
                   date_time=_date_time(header, ("ContentDate", "ContentTime"),
                                        ("InstanceCreationDate", "InstanceCreationTime")))
@@ -132,13 +152,9 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
                           plan_uid=_text(plan.get("ReferencedSOPInstanceUID")) if plan else "",
                           beam_numbers=tuple(beams))
         elif modality == "RTSTRUCT":
-            series = []
-            for frame in header.get("ReferencedFrameOfReferenceSequence") or []:
-                if not fields["frame_of_reference_uid"]:
-                    fields["frame_of_reference_uid"] = _text(frame.get("FrameOfReferenceUID"))
-                for study in frame.get("RTReferencedStudySequence") or []:
-                    series += [_text(s.get("SeriesInstanceUID")) for s in study.get("RTReferencedSeriesSequence") or []]
-            fields.update(referenced_series=tuple(s for s in series if s),
+            references = structure_set_references(header)  # (read without its contours)
+            fields["frame_of_reference_uid"] = fields["frame_of_reference_uid"] or references.frame_uid
+            fields.update(referenced_series=references.series_uids,
                           roi_names=tuple((int(roi.ROINumber), _text(roi.get("ROIName")))
                                           for roi in header.get("StructureSetROISequence") or []
                                           if roi.get("ROINumber") is not None),
@@ -297,8 +313,8 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
         candidates.append(candidate)
 
     usable = [c for c in candidates if not c.reason]
-    chosen, refusal = None, ""
-    if usable:
+    chosen, refusal = None, _shared_id(patient_id, objects) if usable else ""
+    if usable and not refusal:
         newest = max(c.info.date_time for c in usable)
         tied = [c for c in usable if c.info.date_time == newest]
         if len(tied) > 1:
@@ -333,6 +349,21 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
             why = f"{item.modality} object: not used"
         left.append(("object", item.modality, item.sop_instance_uid, why))
     return PatientLinks(patient_id, candidates, chosen, refusal, left)
+
+
+def _shared_id(patient_id: str, objects: list[DicomObject]) -> str:
+    """Why the objects under one PatientID cannot be taken as one patient's: no PatientID, or
+    several patient names or birth dates under it (two patients exported as ``ANON``); '' when
+    they can."""
+    if not patient_id:
+        return "no PatientID: objects without one cannot be told apart as patients; export them with their IDs"
+    names = {o.person[0] for o in objects if o.person[0]}
+    births = {o.person[1] for o in objects if o.person[1]}
+    if len(names) > 1 or len(births) > 1:
+        differ = " and ".join(what for what, values in (("names", names), ("birth dates", births)) if len(values) > 1)
+        return (f"one PatientID for {max(len(names), len(births))} patients of different {differ}; none of them is "
+                f"imported: export each with an ID of its own")
+    return ""
 
 
 def _ct_of(structure_set: DicomObject, ct_series: dict[str, list[DicomObject]]) -> tuple[str, str]:

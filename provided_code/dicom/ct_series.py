@@ -23,7 +23,6 @@ from provided_code.dicom.files import pixel_array, read_dataset
 
 logger = logging.getLogger(__name__)
 
-CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 AXIAL = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
 # Copied into the sidecar and from there into an exported RT Dose (patient and study modules).
 PATIENT_STUDY_TAGS = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyInstanceUID",
@@ -88,9 +87,11 @@ def read_ct_series(folder: os.PathLike | str | list) -> CTSeries:
     refused). The files of a list (a series an archive's scan found: CT images only) are read once,
     pixels included; a folder's are read for their headers first (it may hold other objects)."""
     headers = scan_folder(folder, stop_before_pixels=not isinstance(folder, (list, tuple)))
+    from pydicom.uid import CTImageStorage  # (pydicom is there: scan_folder read the headers)
+
     folder = Path(folder) if not isinstance(folder, (list, tuple)) else Path(folder[0]).parent
     images = [(p, h) for p, h in headers
-              if _text(h.get("SOPClassUID")) == CT_IMAGE_STORAGE or (_text(h.get("Modality")) == "CT" and "Rows" in h)]
+              if _text(h.get("SOPClassUID")) == CTImageStorage or (_text(h.get("Modality")) == "CT" and "Rows" in h)]
     if not images:
         kinds = sorted({_text(h.get("Modality")) or "?" for _, h in headers})
         raise DicomInputError(folder, f"no CT image among its DICOM files (found modality {', '.join(kinds)})")

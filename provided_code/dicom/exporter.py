@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
 from provided_code.infra.atomic import atomic_path
+from provided_code.sites import SHIPPED, Site, load_site
 
 
 def dose_on_ct_grid(dose: np.ndarray, geometry: PatientGeometry) -> np.ndarray:
@@ -55,15 +56,26 @@ def write_nifti(path: os.PathLike | str, dose_ct: np.ndarray, geometry: PatientG
     return path
 
 
-def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLike | str,
-                nifti: os.PathLike | str | None = None, description: str = "Predicted dose",
-                site: str | None = None) -> PatientGeometry:
+def site_of_patient(patient_dir: os.PathLike | str) -> Site:
+    """The shipped site an imported patient was imported for (its sidecar's ``site``); a patient of a
+    site file is refused in one line: only the file says what that site is."""
+    name = PatientGeometry.read(patient_dir).site
+    if name not in SHIPPED:
+        raise DicomInputError(Path(patient_dir) / SIDECAR_FILE, f"the patient was imported for site {name}, from a "
+                                                                f"site file; pass that file as --site")
+    return load_site(name)
+
+
+def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLike | str, *, site: Site,
+                nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> PatientGeometry:
     """Write the box's ``dose`` of an imported patient as an RT Dose at ``out`` (and NIfTI).
-    ``site``: the name of the site the dose is of; a patient imported for another is refused."""
+    ``site``: the site the dose is of; a patient imported for another is refused."""
+    site = require_site(site)
     geometry = PatientGeometry.read(patient_dir)
-    if site is not None and site != geometry.site:
+    if site.name != geometry.site:
         raise DicomInputError(Path(patient_dir) / SIDECAR_FILE, f"the patient was imported for site {geometry.site}, "
-                                                                f"not {site}; import it again with --site {site}")
+                                                                f"not {site.name}; import it again with --site "
+                                                                f"{site.name}")
     dose = np.asarray(dose)
     box = tuple(geometry.box_shape)
     if dose.shape != box:

@@ -23,11 +23,11 @@ import numpy as np
 from provided_code.data.resample import linear_taps, sample_centres
 from provided_code.dicom.errors import DicomInputError
 from provided_code.infra.atomic import write_text_atomic
-from provided_code.sites import openkbp
+from provided_code.constants import VOLUME_SHAPE
 
 SIDECAR_FILE = "dicom.json"
 SIDECAR_FORMAT = 1
-BOX = openkbp().volume_shape[0]  # 128: OpenKBP's grid along every axis, what a sidecar without box_shape means
+BOX = VOLUME_SHAPE[0]  # 128: OpenKBP's grid along every axis, what a sidecar without box_shape means
 
 
 def area_weights(source: int, target: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """``openkbp-dicom import``: a CT series, an RTSTRUCT and optionally an RTDOSE to one patient folder
-in the OpenKBP layout, with the sidecar the export needs, for a site (OpenKBP's by default: its
-structures, the DICOM names they are matched from, its grid).
+in the OpenKBP layout, with the sidecar the export needs, for a site (its structures, the DICOM
+names they are matched from, its grid).
 
 - CT: Hounsfield units averaged onto the box's 128 × 128 in-plane grid, then stored as OpenKBP
   stores it, HU + 1000 clipped to [0, 4095] (air 0, water 1000; see the README for how the offset
@@ -34,16 +34,17 @@ from typing import Callable, Mapping
 import numpy as np
 
 from provided_code.infra.atomic import new_folder_beside, replace_folder, write_text_atomic
-from provided_code.constants import CT_FILE, CT_MAX, DOSE_FILE, POSSIBLE_DOSE_MASK_FILE, VOXEL_DIMENSIONS_FILE
+from provided_code.constants import (CT_FILE, CT_MAX, DOSE_FILE, PATIENT_FILES, POSSIBLE_DOSE_MASK_FILE,
+                                     VOXEL_DIMENSIONS_FILE)
 from provided_code.data import patient_plan
 from provided_code.data.csv_io import Patient, as_volume, decimals_of, write_dose_csv, write_sparse_csv
 from provided_code.dicom.ct_series import read_ct_series
-from provided_code.dicom.errors import DicomInputError
+from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
-from provided_code.sites import Site, load_site
+from provided_code.sites import Site, SiteError, openkbp
 
 logger = logging.getLogger(__name__)
 
@@ -68,22 +69,35 @@ class ImportReport:
     # The patient the folder holds, exactly as read_patient(folder, require_dose=False, site=site) reads
     # it back (every array, dose_decimals, prescriptions, gantry_angles): the clinic predicts from it.
     patient: Patient | None = dataclasses.field(default=None, repr=False)
+    # The site's targets the patient lacks (no ROI, or an ROI without contours): optional ones, and
+    # required ones imported with allow_missing_targets. Their masks are empty.
+    missing_targets: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The lines of ``lines`` that warn (the structures missing among them), without ``warning: ``."""
+        return [line.removeprefix("warning: ") for line in self.lines if line.startswith(("warning: ", "missing: "))]
 
 
 def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
                    rtdose=None, names: os.PathLike | str | dict | None = None,
-                   allow_missing_targets: bool = False, site: Site | str | None = None, *, dose_scale: float = 1.0,
+                   allow_missing_targets: bool = False, *, site: Site, dose_scale: float = 1.0,
                    patient_tags: Mapping[str, str] | None = None,
-                   also_write: Callable[[Path], None] | None = None) -> ImportReport:
+                   also_write: Callable[[Path, tuple[str, ...]], None] | None = None) -> ImportReport:
     """Import one patient into the folder ``out`` (see the module docstring) for ``site`` (a
-    :class:`~provided_code.sites.Site` or what :func:`~provided_code.sites.load_site` takes; None: OpenKBP).
+    :class:`~provided_code.sites.Site`).
 
     For the cohort import: ``ct_dir`` may be a list of the series' files; ``rtdose`` a list of RT
     Doses to sum (a plan's per-beam doses), times ``dose_scale`` (the fractions of a per-fraction
     dose); ``names`` a names table already loaded (of ``site``'s structures); ``patient_tags``
-    replace the CT's patient tags in the sidecar (a pseudonym); ``also_write(folder)`` adds files to
-    the patient folder before it is moved into place."""
-    site = load_site(site)
+    replace the CT's patient tags in the sidecar (a pseudonym); ``also_write(folder, targets)`` adds
+    files to the patient folder before it is moved into place (``targets``: the site's targets the
+    patient has, whose prescriptions a plan file may name).
+
+    A patient without one of the site's required targets is refused unless ``allow_missing_targets``;
+    one without an optional target is imported, the target's mask empty, with a warning."""
+    site = require_site(site)
+    _check_file_names(site)
     out = Path(out)
     if out.exists() and not (out / SIDECAR_FILE).is_file() and any(out.iterdir()):
         raise DicomInputError(out, "output folder exists and is not an earlier import; choose a new folder")
@@ -95,19 +109,27 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     mapping = match_rois(structure_set.roi_names, table, structure_set.path)
     lines = describe_matching(mapping, structure_set.roi_names, tuple(table))
     absent = missing_targets(mapping, site)
-    if absent and not allow_missing_targets:
+    required = [target for target in absent if target in site.required_targets]
+    if required and not allow_missing_targets:
+        needs = ("" if required == absent else
+                 f", which requires {', '.join(required)} (optional: {', '.join(t for t in absent if t not in required)})")
         raise DicomInputError(structure_set.path, f"no ROI for {', '.join(absent)} (ROIs: "
-                                                  f"{', '.join(structure_set.roi_names)}) of site {site.name}; pass "
-                                                  f"--names to map one, --site if the patient is of another site, "
-                                                  f"or --allow-missing-targets")
+                                                  f"{', '.join(structure_set.roi_names)}) of site {site.name}{needs}; "
+                                                  f"pass --names to map one, --site if the patient is of another "
+                                                  f"site, or --allow-missing-targets")
     dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
     planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
               for key, roi in mapping.items()}  # only the mapped ROIs are parsed
     empty_targets = [key for key in site.targets if key in planes and not planes[key]]
-    if empty_targets and not allow_missing_targets:
-        target = empty_targets[0]
-        raise DicomInputError(structure_set.path, f"ROI {mapping[target]!r} ({target}) has no contours")
+    for target in empty_targets:
+        if target in site.required_targets and not allow_missing_targets:
+            raise DicomInputError(structure_set.path, f"ROI {mapping[target]!r} ({target}) has no contours")
+    lacking = [target for target in site.targets if target in absent or target in empty_targets]
+    for target in lacking:
+        kind = "optional for" if target not in site.required_targets else "required by"
+        what = "no ROI" if target in absent else f"ROI {mapping[target]!r} has no contours"
+        lines.append(f"warning: {target}: {what} ({kind} site {site.name}): its mask is empty")
     target_slices = [k for key in site.targets if key in planes for k in planes[key]]
     centre = (min(target_slices) + max(target_slices)) / 2 if target_slices else None
     shape = site.volume_shape
@@ -123,7 +145,7 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
         lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
                      f"{shape[2]} of the box; the slices beyond it are left out")
     lines += _check_slices(planes, mapping, ct.slice_z, site)
-    if site.same_as(load_site("openkbp")):  # the voxel sizes OpenKBP's patients have; other sites' are not known
+    if site.same_as(openkbp()):  # the voxel sizes OpenKBP's patients have; other sites' are not known
         lines += _check_voxel_size(geometry)
 
     # CT-grid planes to the box's 128 × 128 plane: the area average over the same field of view
@@ -158,9 +180,21 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     if dose_grid is not None:
         dose = sample_dose(dose_grid, geometry.box_y(), geometry.box_x(), geometry.box_z())
         dose = np.round(np.where(possible_dose_mask, dose, 0), 3).astype(np.float32)
-    patient = _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site, also_write)
+    has = tuple(target for target in site.targets if target not in lacking)
+    patient = _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site,
+                            None if also_write is None else lambda staging: also_write(staging, has))
     logger.info("Imported %s into %s", ct_dir if not isinstance(ct_dir, (list, tuple)) else geometry.series_instance_uid, out)
-    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid, patient)
+    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid, patient, lacking)
+
+
+def _check_file_names(site: Site) -> None:
+    """Refuse a site whose structure file would be one of a patient folder's own files (``ct.csv``,
+    ``dose.csv``, ...; compared without case, as some file systems do)."""
+    own = {name.lower(): name for name in PATIENT_FILES}
+    for structure, file in zip(site.names, site.structure_files()):
+        if file.lower() in own:
+            raise SiteError(site.name, "structures", f"structure {structure!r} would be written as {file}, over the "
+                                                     f"patient's own {own[file.lower()]}; give it another name")
 
 
 def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to_box: PlaneTaps,

@@ -14,24 +14,21 @@ import json
 import os
 from pathlib import Path
 
-from provided_code.dicom.errors import DicomInputError
-from provided_code.sites import Site, load_site, normalise_name
+from provided_code.dicom.errors import DicomInputError, require_site
+from provided_code.sites import Site, normalise_name
 
 BODY = "BODY"
 
 
-def default_names(site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
-    """The site's table (OpenKBP's without one): each structure, in channel order, then ``BODY``,
-    to the ROI names it is matched from."""
-    site = load_site(site)
+def default_names(site: Site) -> dict[str, tuple[str, ...]]:
+    """The site's table: each structure, in channel order, then ``BODY``, to the ROI names it is matched from."""
+    site = require_site(site)
     return {**{structure.name: structure.dicom_names for structure in site.structures}, BODY: site.body_names}
 
 
-DEFAULT_NAMES: dict[str, tuple[str, ...]] = default_names("openkbp")  # OpenKBP's table, as sites/openkbp.json has it
-
-
-def load_names(path: os.PathLike | str | None = None, site: Site | str | None = None) -> dict[str, tuple[str, ...]]:
-    """The site's table (:func:`default_names`), with the structures a names file lists replaced by its lists."""
+def load_names(path: os.PathLike | str | None, site: Site) -> dict[str, tuple[str, ...]]:
+    """The site's table (:func:`default_names`), with the structures a names file at ``path``
+    (None: none) lists replaced by its lists."""
     table = default_names(site)
     if path is None:
         return table
@@ -43,7 +40,6 @@ def load_names(path: os.PathLike | str | None = None, site: Site | str | None = 
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DicomInputError(path, f"names file is not JSON ({error})") from None
     if not isinstance(given, dict):
-        site = load_site(site)
         example = max(site.targets, key=site.prescriptions_gy.get)
         raise DicomInputError(path, f'names file must be a JSON object such as {{"{example}": ["PTV_High"]}}')
     for key, names in given.items():
@@ -78,7 +74,7 @@ def match_rois(roi_names: list[str], table: dict[str, tuple[str, ...]], source: 
     return mapping
 
 
-def describe_matching(mapping: dict[str, str], roi_names: list[str], keys=tuple(DEFAULT_NAMES)) -> list[str]:
+def describe_matching(mapping: dict[str, str], roi_names: list[str], keys: tuple[str, ...]) -> list[str]:
     """Lines for the user: which ROI became which structure (of ``keys``, a table's keys), what is
     missing, what was unused."""
     width = max(12, *(len(key) for key in keys))
@@ -92,5 +88,6 @@ def describe_matching(mapping: dict[str, str], roi_names: list[str], keys=tuple(
     return lines
 
 
-def missing_targets(mapping: dict[str, str], site: Site | str | None = None) -> list[str]:
-    return [t for t in load_site(site).targets if t not in mapping]
+def missing_targets(mapping: dict[str, str], site: Site) -> list[str]:
+    """The site's targets no ROI of ``mapping`` is."""
+    return [t for t in require_site(site).targets if t not in mapping]

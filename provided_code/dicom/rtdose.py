@@ -21,8 +21,10 @@ from provided_code.dicom.files import pixel_array, read_required
 from provided_code.dicom.grid import PlaneTaps, Taps, linear_matrix
 from provided_code.infra.atomic import atomic_path
 
-RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1
+# What every RT Dose this package writes says as its Manufacturer, and how its own files are told
+# from a planning system's (the DICOM node does not predict on a dose it sent itself).
+MANUFACTURER = "provided_code"
 
 
 @dataclasses.dataclass
@@ -31,6 +33,13 @@ class DoseGrid:
     x: np.ndarray  # (columns,) mm
     y: np.ndarray  # (rows,) mm
     z: np.ndarray  # (frames,) mm
+
+
+def written_here(dataset) -> bool:
+    """Whether ``dataset`` is an RT Dose this package wrote (:func:`write_rtdose`): its Manufacturer
+    is :data:`MANUFACTURER`."""
+    return str(dataset.get("Modality", "")).strip() == "RTDOSE" and \
+        str(dataset.get("Manufacturer", "")).strip() == MANUFACTURER
 
 
 def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGrid:
@@ -130,7 +139,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     :class:`~provided_code.dicom.grid.PatientGeometry`), atomically."""
     pydicom = require_pydicom()
     from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import ExplicitVRLittleEndian, PYDICOM_IMPLEMENTATION_UID, generate_uid
+    from pydicom.uid import ExplicitVRLittleEndian, PYDICOM_IMPLEMENTATION_UID, RTDoseStorage, generate_uid
 
     dose = np.asarray(dose, dtype=np.float64)
     slice_z = np.asarray(geometry.slice_z, dtype=np.float64)
@@ -150,19 +159,19 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
 
     now = datetime.datetime.now()
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = RT_DOSE_STORAGE
+    meta.MediaStorageSOPClassUID = RTDoseStorage
     meta.MediaStorageSOPInstanceUID = generate_uid()
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
     ds = Dataset()
     ds.file_meta = meta
-    ds.SOPClassUID = RT_DOSE_STORAGE
+    ds.SOPClassUID = RTDoseStorage
     ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
     ds.SpecificCharacterSet = "ISO_IR 192"
     for tag, value in geometry.tags.items():  # patient and study modules, as the CT has them
         setattr(ds, tag, value)
     ds.Modality = "RTDOSE"
-    ds.Manufacturer = "provided_code"
+    ds.Manufacturer = MANUFACTURER
     ds.SeriesInstanceUID = generate_uid()
     ds.SeriesNumber = 9001
     ds.SeriesDescription = description[:64]

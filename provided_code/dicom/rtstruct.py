@@ -1,4 +1,6 @@
-"""An RTSTRUCT's ROIs: names, contours on the CT's slices, and the polygon fill that makes masks.
+"""An RTSTRUCT's ROIs: names, contours on the CT's slices, and the polygon fill that makes masks;
+and what a structure set names of its CT (:func:`structure_set_references`: the one reading of
+its references, which the import, the archive's linking and the DICOM node ask).
 
 A closed planar contour is filled by the even-odd rule at pixel centres; all contours of an ROI on
 one slice are filled together, so a contour inside another is a hole (as planning systems draw
@@ -22,6 +24,51 @@ logger = logging.getLogger(__name__)
 
 
 CONTOUR_DATA = 0x30060050
+
+
+@dataclasses.dataclass(frozen=True)
+class References:
+    """What a structure set names of the images it was drawn on, each in the order first named,
+    each once."""
+
+    frame_uid: str  # the frame of reference the contours are in, the first named ('' when it names none)
+    series_uids: tuple[str, ...]  # the image series it names (usually one)
+    images: tuple[str, ...]  # SOP Instance UIDs of the images it names
+    frame_uids: tuple[str, ...] = ()  # every frame of reference it names (usually one: frame_uid)
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def structure_set_references(dataset, contour_images: bool = True) -> References:
+    """The frames of reference, image series and images an RTSTRUCT dataset names:
+    ``ReferencedFrameOfReferenceSequence`` (its ``FrameOfReferenceUID`` and, below
+    ``RTReferencedStudySequence > RTReferencedSeriesSequence``, each series and its
+    ``ContourImageSequence``), each contour's ``ContourImageSequence``, and each ROI's
+    ``ReferencedFrameOfReferenceUID`` (after those of the sequence). Without ``contour_images``
+    the contours are not looked through (the images of the first place only); a dataset read
+    without its contours (an archive's header scan) has none to look through."""
+    frames, series, images = [], [], []
+    for frame in dataset.get("ReferencedFrameOfReferenceSequence", None) or []:
+        frames.append(_text(frame.get("FrameOfReferenceUID")))
+        for study in frame.get("RTReferencedStudySequence", None) or []:
+            for item in study.get("RTReferencedSeriesSequence", None) or []:
+                series.append(_text(item.get("SeriesInstanceUID")))
+                images += [_text(image.get("ReferencedSOPInstanceUID"))
+                           for image in item.get("ContourImageSequence", None) or []]
+    for roi in (dataset.get("ROIContourSequence", None) or []) if contour_images else []:
+        for contour in roi.get("ContourSequence", None) or []:
+            images += [_text(image.get("ReferencedSOPInstanceUID"))
+                       for image in contour.get("ContourImageSequence", None) or []]
+    frames += [_text(roi.get("ReferencedFrameOfReferenceUID"))
+               for roi in dataset.get("StructureSetROISequence", None) or []]
+
+    def once(values):
+        return tuple(dict.fromkeys(v for v in values if v))
+
+    frames = once(frames)
+    return References(frames[0] if frames else "", once(series), once(images), frames)
 
 
 @dataclasses.dataclass
@@ -80,10 +127,7 @@ def read_rtstruct(path: os.PathLike | str, frame_of_reference_uid: str) -> Struc
     dataset = read_required(path, "RTSTRUCT", "RTSTRUCT")
     if "StructureSetROISequence" not in dataset:
         raise DicomInputError(path, "RTSTRUCT has no StructureSetROISequence")
-    referenced = {str(item.get("FrameOfReferenceUID", ""))
-                  for item in dataset.get("ReferencedFrameOfReferenceSequence", [])}
-    roi_frames = {str(item.get("ReferencedFrameOfReferenceUID", "")) for item in dataset.StructureSetROISequence}
-    frames = (referenced | roi_frames) - {""}
+    frames = structure_set_references(dataset, contour_images=False).frame_uids
     if frames and frame_of_reference_uid not in frames:
         raise DicomInputError(path, f"contours are in frame of reference {', '.join(sorted(frames))}, "
                                     f"not the CT's {frame_of_reference_uid}")

@@ -80,6 +80,7 @@ class Structure:
     kind: str  # "oar" or "target"
     prescription_gy: float | None  # targets only
     dicom_names: tuple[str, ...]
+    required: bool = True  # targets: every patient of the site has it (False: a patient may lack it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,11 @@ class Site:
         return tuple(s.name for s in self.structures if s.kind == "target")
 
     @property
+    def required_targets(self) -> tuple[str, ...]:
+        """The targets every patient of the site has: an import refuses a patient without one."""
+        return tuple(s.name for s in self.structures if s.kind == "target" and s.required)
+
+    @property
     def oars(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.structures if s.kind == "oar")
 
@@ -197,6 +203,8 @@ class Site:
             if s.kind == "target":
                 entry["prescription_gy"] = _plain(s.prescription_gy)
             entry["dicom_names"] = list(s.dicom_names)
+            if not s.required:
+                entry["required"] = False
             structures.append(entry)
         return {"format": SITE_FORMAT, "name": self.name, "description": self.description, "structures": structures,
                 "mirror_pairs": [list(pair) for pair in self.mirror_pairs], "body": {"dicom_names": list(self.body_names)},
@@ -205,7 +213,16 @@ class Site:
                 "beams": self.beams.to_dict()}
 
     def same_as(self, other: "Site") -> bool:
-        return self.to_dict() == other.to_dict()
+        """The same site for a model, a cache and a data folder: everything but which targets a patient
+        may lack, which only the DICOM import asks (a model or cache made before ``required`` existed
+        is its site's still)."""
+        def model_facts(site):
+            facts = site.to_dict()
+            for entry in facts["structures"]:
+                entry.pop("required", None)
+            return facts
+
+        return model_facts(self) == model_facts(other)
 
     def __str__(self) -> str:
         return self.name
@@ -301,8 +318,8 @@ def site_from_dict(data, source) -> Site:
         if not isinstance(entry, dict):
             fail(field, "expected an object with name, kind and dicom_names")
         for key in entry:
-            if key not in ("name", "kind", "prescription_gy", "dicom_names"):
-                fail(f"{field}.{key}", "unknown field; expected name, kind, prescription_gy, dicom_names")
+            if key not in ("name", "kind", "prescription_gy", "dicom_names", "required"):
+                fail(f"{field}.{key}", "unknown field; expected name, kind, prescription_gy, dicom_names, required")
         for key in ("name", "kind"):
             if key not in entry:
                 fail(f"{field}.{key}", "missing")
@@ -333,9 +350,18 @@ def site_from_dict(data, source) -> Site:
         elif prescription is not None:
             fail(f"{field}.prescription_gy", f"organ at risk {sname!r} has a prescription; only targets do")
         names = _name_list(entry.get("dicom_names", [sname]), f"{field}.dicom_names", fail)
-        structures.append(Structure(sname, kind, prescription, names))
+        required = entry.get("required", True)
+        if not isinstance(required, bool):
+            fail(f"{field}.required", f"expected true or false. Received: {required!r}")
+        if kind == "oar" and "required" in entry:
+            fail(f"{field}.required", f"organ at risk {sname!r}: only a target is required or optional (a missing "
+                                      f"organ is an empty mask)")
+        structures.append(Structure(sname, kind, prescription, names, required))
     if not any(s.kind == "target" for s in structures):
         fail("structures", "no target: a site needs at least one (kind 'target', with prescription_gy)")
+    if not any(s.kind == "target" and s.required for s in structures):
+        fail("structures", "every target is optional: at least one must be required (\"required\": true), or a "
+                           "patient without any target would be imported")
 
     pairs = data.get("mirror_pairs", [])
     if not isinstance(pairs, list):

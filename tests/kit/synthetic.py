@@ -28,7 +28,16 @@ from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence
 from pydicom.tag import Tag
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import (
+    CTImageStorage,
+    ExplicitVRLittleEndian,
+    MediaStorageDirectoryStorage,
+    MRImageStorage,
+    RTDoseStorage,
+    RTPlanStorage,
+    RTStructureSetStorage,
+    generate_uid,
+)
 
 CLINICAL_NAMES = {"Brainstem": "BrainStem", "SpinalCord": "Spinal_Cord", "RightParotid": "Parotid_R",
                   "LeftParotid": "Parotid_L", "Esophagus": "Esophagus", "Larynx": "Larynx", "Mandible": "Mandible",
@@ -36,12 +45,9 @@ CLINICAL_NAMES = {"Brainstem": "BrainStem", "SpinalCord": "Spinal_Cord", "RightP
 # A prostate phantom's ROIs (sites/prostate.json), as a clinic might name them
 PROSTATE_CLINICAL_NAMES = {"Rectum": "Rectum", "Bladder": "Bladder", "FemoralHead_R": "Femur_Head_R",
                            "FemoralHead_L": "Femur_Head_L", "PTV60": "PTV_6000", "PTV78": "PTV78", "BODY": "External"}
-CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
-RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
-RTDOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
-RTPLAN_STORAGE = "1.2.840.10008.5.1.4.1.1.481.5"
-MR_STORAGE = "1.2.840.10008.5.1.4.1.1.4"
-MEDIA_DIRECTORY_STORAGE = "1.2.840.10008.1.3.10"
+# SOP classes, by the standard's names (pydicom's table)
+CT_STORAGE, RTSTRUCT_STORAGE, RTDOSE_STORAGE = CTImageStorage, RTStructureSetStorage, RTDoseStorage
+RTPLAN_STORAGE, MR_STORAGE, MEDIA_DIRECTORY_STORAGE = RTPlanStorage, MRImageStorage, MediaStorageDirectoryStorage
 ARC_CONTROL_POINT_DEGREES = 2.0  # VMAT plans: a control point every 2° of gantry rotation
 
 

@@ -12,42 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from provided_code.dicom.rtstruct import References, structure_set_references as read_references
+
 READY, WAIT, FAIL = "ready", "wait", "fail"
 
 
-@dataclasses.dataclass(frozen=True)
-class References:
-    frame_uid: str  # the frame of reference the contours are in
-    series_uids: tuple[str, ...]  # the image series it names (usually one)
-    images: tuple[str, ...]  # SOP Instance UIDs of the images it names
-
-
-def _text(value) -> str:
-    return "" if value is None else str(value).strip()
-
-
 def structure_set_references(dataset) -> References:
-    """The frame of reference, image series and images an RTSTRUCT dataset names. Raises
-    ``ValueError`` (one line) when it names no frame of reference at all."""
-    frames, series, images = [], [], []
-    for frame in dataset.get("ReferencedFrameOfReferenceSequence", None) or []:
-        frames.append(_text(frame.get("FrameOfReferenceUID")))
-        for study in frame.get("RTReferencedStudySequence", None) or []:
-            for item in study.get("RTReferencedSeriesSequence", None) or []:
-                series.append(_text(item.get("SeriesInstanceUID")))
-                images += [_text(image.get("ReferencedSOPInstanceUID"))
-                           for image in item.get("ContourImageSequence", None) or []]
-    for roi in dataset.get("ROIContourSequence", None) or []:
-        for contour in roi.get("ContourSequence", None) or []:
-            images += [_text(image.get("ReferencedSOPInstanceUID"))
-                       for image in contour.get("ContourImageSequence", None) or []]
-    frames += [_text(roi.get("ReferencedFrameOfReferenceUID"))
-               for roi in dataset.get("StructureSetROISequence", None) or []]
-    frames = list(dict.fromkeys(f for f in frames if f))
-    if not frames:
+    """The frame of reference, image series and images an RTSTRUCT dataset names
+    (:func:`provided_code.dicom.rtstruct.structure_set_references`). Raises ``ValueError`` (one
+    line) when it names no frame of reference at all."""
+    references = read_references(dataset)
+    if not references.frame_uid:
         raise ValueError("the structure set names no frame of reference")
-    return References(frames[0], tuple(dict.fromkeys(s for s in series if s)),
-                      tuple(dict.fromkeys(i for i in images if i)))
+    return references
 
 
 @dataclasses.dataclass(frozen=True)
