@@ -20,7 +20,8 @@ from tests.kit.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
-from tests.conftest import SAMPLE_DIR, requires_sample  # noqa: E402
+from tests.kit.repo import SAMPLE_DIR  # noqa: E402
+from tests.kit.skips import requires_sample  # noqa: E402
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
