@@ -241,7 +241,7 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
 def test_a_real_patient_without_ptv63_is_predicted_with_default_flags(tiny_model, tmp_path):
     """OpenKBP's pt_10 (PTV70 and PTV56, no PTV63, as 109 of the 200 training patients) written as a
     clinic exports it: the OpenKBP model's site says PTV63 is optional, so no flag is needed."""
-    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10")
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10", site=openkbp())
     masks = {name: (source.structure_masks >> bit) & 1 == 1 for bit, name in enumerate(STRUCTURES)}
     masks = {name: mask for name, mask in masks.items() if mask.any()}
     assert "PTV63" not in masks

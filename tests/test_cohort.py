@@ -586,7 +586,7 @@ def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
 def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
     """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the 200 training patients),
     written as a clinic exports it with a plan of its two dose levels."""
-    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10")
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10", site=openkbp())
     masks = {s: (source.structure_masks >> bit) & 1 == 1 for bit, s in enumerate(STRUCTURES)}
     masks = {s: m for s, m in masks.items() if m.any()}
     assert "PTV63" not in masks and {"PTV56", "PTV70"} <= set(masks)
@@ -599,7 +599,7 @@ def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
     report = import_cohort(tmp_path / "staging", out, site=OPENKBP, validation=0)
     assert report.counts["imported"] == 1, report.lines
     folder = out / "train-pats" / "pt_1"
-    imported = read_patient(folder)
+    imported = read_patient(folder, site=OPENKBP)
     assert not ((imported.structure_masks >> STRUCTURES.index("PTV63")) & 1).any()
     assert np.abs(imported.dose - source.dose).max() <= 0.003
     assert (folder / "prescriptions.csv").read_text() == "structure,dose_gy\nPTV56,56\nPTV70,70\n"
