@@ -131,3 +131,14 @@ def test_the_whole_site_is_saved_and_a_config_without_one_is_openkbp():
 def test_a_resume_on_another_site_is_refused_naming_both_by_name():
     with pytest.raises(ConfigError, match=r"site: saved 'openkbp', requested 'prostate'"):
         TrainConfig(site="prostate").resume(TrainConfig(), given={"site"})
+
+
+def test_a_model_saved_before_optional_targets_takes_todays_shipped_site():
+    """A config.json written before sites said which targets a patient may lack has OpenKBP's site
+    without `required`: it is the shipped site (PTV56 and PTV63 optional), not a site whose every
+    target is required (a patient without PTV63 would be refused by that model's import)."""
+    saved = json.loads(TrainConfig().to_json())
+    for structure in saved["site"]["structures"]:
+        structure.pop("required", None)
+    restored = TrainConfig.from_json(json.dumps(saved))
+    assert restored.site is load_site("openkbp") and restored.site.required_targets == ("PTV70",)

@@ -244,15 +244,20 @@ def openkbp() -> Site:
     return _shipped("openkbp")
 
 
-def load_site(spec: "str | os.PathLike | Site | dict | None") -> Site:
+def load_site(spec: "str | os.PathLike | Site | dict") -> Site:
     """A site from a shipped name (``openkbp``, ``prostate``), a path to a site file, a site's
-    dictionary (as ``config.json`` holds it) or a :class:`Site`. ``None``: ``openkbp``."""
+    dictionary (as ``config.json`` holds it) or a :class:`Site`. Which site is the caller's to say
+    (a command line's ``--site``, a model's config): there is no default."""
     if spec is None:
-        return openkbp()
+        raise TypeError("Invalid `spec`. Expected a site's name, file, dictionary or Site. Received: spec=None")
     if isinstance(spec, Site):
         return spec
     if isinstance(spec, dict):
-        return site_from_dict(spec, "config.json `site`")
+        site = site_from_dict(spec, "config.json `site`")
+        # A shipped site saved in a model's config or a cache before a field that changes no model
+        # existed (a target's ``required``): today's shipped site, so that what the field says holds
+        # for the models trained before it too.
+        return _shipped(site.name) if site.name in SHIPPED and site.same_as(_shipped(site.name)) else site
     text = str(spec)
     if text in SHIPPED:
         return _shipped(text)
