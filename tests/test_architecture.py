@@ -189,38 +189,56 @@ def test_no_modules_import_each_other_in_a_circle():
     assert not circles, "modules that import each other (through a chain):\n" + "\n".join(circles)
 
 
-# Where a site is never defaulted: the data, its scoring, the sites themselves and what a model is
-# made of. The caller (a command line, a model's config) says which site; a default would make
-# OpenKBP's (or the prostate's) the answer of every caller that forgot to ask.
-# Only a reader of files written before sites existed (which record none) may take one for OpenKBP's,
-# and does so in its body, not as a default (the cache: a file without a `site` attribute).
-SITE_IS_REQUIRED_IN = ("data", "metrics", "sites", "networks", "losses", "inputs", "inference")
+# No site, model spec or declared inputs are defaulted below the command lines (apps/): the caller (a
+# command line's --site, a model's config.json through its ModelSpec) says which; a default would
+# make OpenKBP's (or the prostate's) the answer of every caller that forgot to ask. Only a reader of a
+# file written before sites existed may take one for OpenKBP's, in its body, not as a default (the
+# cache: a file without a `site` attribute; CompactInputs: a checkpoint's layer without the site's
+# fields; a config.json without `site`: config.ABSENT_MEANS).
+IDENTITY_PARAMETERS = ("site", "spec", "inputs")
+
+
+def _below_the_command_lines(module: str) -> bool:
+    return not _top(module).startswith("apps")
 
 
 def _site_defaults(tree: ast.AST):
-    """``(line, where)`` of each parameter named ``site`` with a default, and each class attribute
-    ``site`` given one (a dataclass field's default)."""
+    """``(line, where)`` of each parameter named ``site``, ``spec`` or ``inputs`` with a default,
+    and each class attribute ``site`` given one (a dataclass field's default)."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = node.args
             positional = args.posonlyargs + args.args
             defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
             for arg, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
-                if arg.arg == "site" and default is not None:
-                    yield node.lineno, f"{getattr(node, 'name', 'lambda')}(site={ast.unparse(default)})"
+                if arg.arg in IDENTITY_PARAMETERS and default is not None:
+                    yield node.lineno, f"{getattr(node, 'name', 'lambda')}({arg.arg}={ast.unparse(default)})"
         elif isinstance(node, ast.ClassDef):
             for statement in node.body:
                 if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                        and statement.target.id == "site" and statement.value is not None):
+                        and statement.target.id == "site" and _gives_a_value(statement.value)):
                     yield statement.lineno, f"{node.name}.site = {ast.unparse(statement.value)}"
 
 
-def test_no_site_is_defaulted_below_the_command_lines():
+def _gives_a_value(value: ast.expr | None) -> bool:
+    """A class attribute's value is a default unless it is none, or a ``dataclasses.field(...)``
+    without ``default`` or ``default_factory`` (``field(kw_only=True)``: a required field)."""
+    if value is None:
+        return False
+    if isinstance(value, ast.Call) and ast.unparse(value.func) in ("dataclasses.field", "field"):
+        return any(keyword.arg in ("default", "default_factory") for keyword in value.keywords)
+    return True
+
+
+def test_no_site_or_model_spec_is_defaulted_below_the_command_lines():
     defaulted = []
     for path in sorted(PACKAGE.rglob("*.py")):
         module = "provided_code." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-        if _top(module) not in SITE_IS_REQUIRED_IN:
+        if not _below_the_command_lines(module):
             continue
         defaulted += [f"{path.relative_to(PACKAGE.parent)}:{line} {where}"
-                      for line, where in _site_defaults(ast.parse(path.read_text()))]
-    assert not defaulted, "a site defaulted (say which site at the call):\n" + "\n".join(defaulted)
+                      for line, where in _site_defaults(ast.parse(path.read_text()))
+                      # the one config of a run: its defaults are the command line's (documented there);
+                      # the run's ModelSpec is resolved from it at the edge (config.spec)
+                      if not where.startswith("TrainConfig.site")]
+    assert not defaulted, "a site or model spec defaulted (say which at the call):\n" + "\n".join(defaulted)

@@ -539,7 +539,7 @@ def test_resampling_needs_no_matrix_products_and_equals_them(monkeypatch):
         assert np.allclose(np.asarray(resampled), by_matrices, rtol=1e-6, atol=1e-4)  # float32 sums of ~500 HU: ulps of 3e-5
     geometry = PatientGeometry(rows=300, columns=420, pixel_spacing=[1.2, 1.1], origin_xy=[-200.0, -150.0],
                                slice_z=(50 - 2.5 * np.arange(128)).tolist(), first_slice=0, frame_of_reference_uid="1",
-                               series_instance_uid="2", sop_instance_uids=[""] * 128, tags={})
+                               series_instance_uid="2", sop_instance_uids=[""] * 128, tags={}, site="openkbp")
     dose = rng.uniform(0, 70, VOLUME_SHAPE).astype(np.float32)
     on_ct = dose_on_ct_grid(dose.view(_NoMatrixProducts), geometry)
     k = 40

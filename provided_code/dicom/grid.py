@@ -126,7 +126,7 @@ class PatientGeometry:
     possible_dose_mask: str = ""  # how the possible-dose mask was made
     hu_offset: float = 1000.0  # ct.csv value = HU + hu_offset, clipped to [0, 4095]
     format: int = SIDECAR_FORMAT
-    site: str = "openkbp"  # the site whose structures and grid the import used (earlier sidecars: openkbp)
+    site: str = dataclasses.field(kw_only=True)  # the site whose structures and grid the import used
     box_shape: list[int] = dataclasses.field(default_factory=lambda: [BOX, BOX, BOX])  # the site's grid.shape
 
     @property
@@ -180,6 +180,8 @@ class PatientGeometry:
                                         "'openkbp-dicom import'")
         try:
             fields = json.loads(path.read_text())
+            if isinstance(fields, dict):
+                fields.setdefault("site", "openkbp")  # a sidecar written before sites: an OpenKBP import
             geometry = cls(**fields)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as error:
             raise DicomInputError(path, f"sidecar is unreadable ({error})") from None
