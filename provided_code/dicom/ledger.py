@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from provided_code.data_folder import split_folder_name
 from provided_code.dicom.errors import CohortError
 from provided_code.infra.atomic import fsync_folder, write_text_atomic
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_FILE = "manifest.csv"
 JOURNAL_FILE = ".import-cohort.journal"
 WITHDRAWN_DIR = "withdrawn"  # earlier imports of patients that now fail or have no plan chosen, moved out of the splits
-SPLITS = {"train": "train-pats", "validation": "validation-pats"}
+SPLITS = {split: split_folder_name(split) for split in ("train", "validation")}  # the splits an import fills
 MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid", "plan_label", "plan_date",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
                    "frame_of_reference_uid", "prescriptions_gy", "missing_targets", "beams", "modality", "uid", "source",
