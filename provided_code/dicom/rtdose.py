@@ -24,6 +24,14 @@ from provided_code.infra.atomic import atomic_path
 RT_DOSE_STORAGE = "1.2.840.10008.5.1.4.1.1.481.2"
 MAX_PIXEL = 2**32 - 1
 
+MANUFACTURER = "provided_code"  # the Manufacturer of every RT Dose written here (the node knows its own by it)
+# Dose Summation Type (3004,000A) of a predicted dose. Each Defined Term of PS3.3 C.8.8.3 makes a Type 1C
+# reference required: Referenced RT Plan Sequence for PLAN, MULTI_PLAN, FRACTION, BEAM, BRACHY and their
+# _SESSION values and CONTROL_POINT (the plan the dose was calculated for), Referenced Treatment Record
+# Sequence for RECORD. A prediction is calculated for no plan, so it names none and takes a term of its own
+# (Defined Terms may be extended): its 1C conditions hold, and no reader mistakes it for a plan's dose.
+DOSE_SUMMATION_TYPE = "PREDICTED"
+
 
 @dataclasses.dataclass
 class DoseGrid:
@@ -162,7 +170,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     for tag, value in geometry.tags.items():  # patient and study modules, as the CT has them
         setattr(ds, tag, value)
     ds.Modality = "RTDOSE"
-    ds.Manufacturer = "provided_code"
+    ds.Manufacturer = MANUFACTURER
     ds.SeriesInstanceUID = generate_uid()
     ds.SeriesNumber = 9001
     ds.SeriesDescription = description[:64]
@@ -187,7 +195,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     ds.DoseUnits = "GY"
     ds.DoseType = "PHYSICAL"
     ds.DoseComment = description[:64]
-    ds.DoseSummationType = "PLAN"
+    ds.DoseSummationType = DOSE_SUMMATION_TYPE
     ds.GridFrameOffsetVector = [f"{value:.6g}" for value in z - z[0]]
     ds.DoseGridScaling = f"{scaling:.8e}"
     ds.PixelData = pixels.tobytes()
