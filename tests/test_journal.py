@@ -7,6 +7,7 @@ import pytest
 
 from provided_code.apps.node.journal import (
     FAILED,
+    FAILED_SEND,
     PREDICTED,
     PREDICTING,
     READY,
@@ -112,11 +113,11 @@ def test_a_patient_whose_send_failed_is_sent_again_not_predicted_again(journal):
 def test_send_attempts_are_numbered_and_a_pending_one_is_closed_after_a_crash(journal):
     add_structure_set(journal)
     first, attempt = journal.start_send("1.8", "PACS@h:104")
-    journal.finish_send(first, "failed", "no connection")
+    journal.finish_send(first, FAILED_SEND, "no connection")
     second, attempt = journal.start_send("1.8", "PACS@h:104")
     assert attempt == 2
     assert journal.close_interrupted_sends() == 1
-    assert [(row["attempt"], row["outcome"]) for row in journal.sends("1.8")] == [(1, "failed"), (2, "interrupted")]
+    assert [(row["attempt"], row["outcome"]) for row in journal.sends("1.8")] == [(1, FAILED_SEND), (2, "interrupted")]
 
 
 def test_the_reference_dose_is_the_clinics_newest_not_our_own(journal):

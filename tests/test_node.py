@@ -28,10 +28,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.infra.atomic import folder_temporaries  # noqa: E402
-from provided_code.apps.node.journal import FAILED, Journal  # noqa: E402
+from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
-from provided_code.apps.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
+from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
+from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.node_kit import (  # noqa: E402
     LOCALHOST,
@@ -62,7 +63,8 @@ def model_dir(tiny_model):
 
 @pytest.fixture(scope="module")
 def predictor(model_dir):
-    yield ModelPredictor(model_dir)
+    with ModelPredictor(model_dir) as loaded:
+        yield loaded
     keras.backend.clear_session()
 
 
@@ -283,7 +285,7 @@ def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
     try:
         wait_until(lambda: state(node, uid) == "sent", 30, "sent once the destination is up")
         outcomes = [row["outcome"] for row in node.journal.sends(uid)]
-        assert outcomes[-1] == "ok" and set(outcomes[:-1]) == {"failed"}
+        assert outcomes[-1] == OK and set(outcomes[:-1]) == {FAILED_SEND}
         assert node.journal.sends(uid)[0]["detail"] == f"{later.destination} cannot be reached (no connection)"
         assert len(later.datasets()) == 1
     finally:

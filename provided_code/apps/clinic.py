@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.config import ConfigError
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
@@ -35,7 +36,7 @@ from provided_code.inputs import inputs_left_out, inputs_of
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder
-from provided_code.sites import Site
+from provided_code.sites import Site, load_site
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,21 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
 
     ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
     or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: what
-    :meth:`RunFolder.load_trained_model` returned for this folder, to predict with a model kept in memory.
+    :meth:`RunFolder.load_trained_model` returned for this folder, to predict with a model kept in memory:
+    its settings and site as loaded then, no file of the model folder read again (``epoch`` unused).
     ``site``: None (the model's), or the model's own (``--site``): another is refused in one line.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     folder = RunFolder(model_dir)
-    epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
-    site = folder.site(site)  # the model's own; another --site is refused before the import
+    if loaded is None:
+        epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
+        site = folder.site(site)  # the model's own; another --site is refused before the import
+    else:
+        own = loaded[0].site_obj
+        if site is not None and not load_site(site).same_as(own):
+            raise ConfigError(f"Invalid `site`. Expected the model's own site, {own.name}, or no --site. "
+                              f"Received: site={str(site)!r}")
+        site = own
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
                               allow_missing_targets=allow_missing_targets, site=site)
     arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, kept in memory
