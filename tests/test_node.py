@@ -8,6 +8,7 @@ Every wait is bounded.
 """
 
 import concurrent.futures
+import logging
 import os
 import shutil
 import signal
@@ -344,6 +345,159 @@ def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node,
     assert send(node.port, [image]) == [CANNOT_UNDERSTAND]
     assert [p for p in tmp_path.parent.rglob("*escape*")] == []
     assert not any(node.store.objects.iterdir())
+
+
+def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_come_again(start_node, phantom):
+    later = Listener(port=free_port())
+    settings = {"send_to": parse_destination(later.destination), "send_attempts": 2, "send_backoff": 0.05}
+    node = start_node(**settings)
+    patient = clone_patient(phantom, 22)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 60, "the patient failed: its sends ran out")
+    later.start()
+    try:
+        assert send(node.port, [structure_set_of(patient)]) == [0]  # the planning system sends it again
+        assert send(node.port, ct_of(patient)[:2]) == [0, 0]  # and CT images of it
+        wait_until(lambda: doses_for(later, patient), 30, "the RT Dose sent once its objects came again")
+        wait_until(lambda: state(node, uid) == "sent", 10, "the patient sent")
+        node.stop()
+        node = start_node(**settings)  # restarted on the same store
+        wait_until(lambda: node.sends is not None and not node.sends.queued(), 10, "nothing left to send")
+        assert state(node, uid) == "sent" and len(doses_for(later, patient)) == 1
+        assert [row["outcome"] for row in node.journal.sends(uid)] == [FAILED_SEND, FAILED_SEND, OK]
+    finally:
+        later.stop()
+
+
+def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associations_are_held(
+        start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))  # the limits' defaults
+    idle = [socket.create_connection((LOCALHOST, node.port)) for _ in range(50)]  # connected, never a word
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(10)]
+    try:
+        assert all(assoc.is_established for assoc in held)
+        assert echo(node.port)
+        patient = clone_patient(phantom, 23)
+        assert send(node.port, patient) == [0] * len(patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+        assert len(doses_for(listener, patient)) == 1
+    finally:
+        for assoc in held:
+            assoc.release()
+        for connection in idle:
+            connection.close()
+
+
+def test_an_association_over_the_limit_is_refused_for_load_with_its_address(start_node, caplog):
+    node = start_node(max_associations=2)
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(2)]
+    try:
+        third = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP")
+        assert all(assoc.is_established for assoc in held) and third.is_rejected
+        assert (third.acceptor.primitive.result, third.acceptor.primitive.diagnostic) == (0x02, 0x02)  # transient, limit
+    finally:
+        for assoc in held:
+            assoc.release()
+    [refusal] = [r.getMessage() for r in caplog.records if "Refused an association" in r.getMessage()]
+    assert refusal.startswith(f"Refused an association from {LOCALHOST}:") and refusal.endswith(
+        ": 2 associations open, the most --max-associations allows")
+    assert echo(node.port)
+
+
+def test_a_connection_that_requests_no_association_in_time_is_closed(start_node, caplog):
+    caplog.set_level(logging.INFO, logger="provided_code.apps.node.server")
+    node = start_node(acse_timeout=0.5)
+    with socket.create_connection((LOCALHOST, node.port)) as silent:
+        silent.settimeout(10)
+        assert silent.recv(1) == b""  # closed by the node
+    assert any("no association request within 0.5 s" in r.getMessage() for r in caplog.records)
+    assert echo(node.port)
+
+
+def test_beyond_the_pending_limit_the_oldest_waiting_connection_is_closed(start_node, caplog):
+    node = start_node(max_pending=3)
+    first = socket.create_connection((LOCALHOST, node.port))
+    wait_until(lambda: len(node._server._waiting) == 1, 5, "the first connection waiting")
+    others = [socket.create_connection((LOCALHOST, node.port)) for _ in range(3)]
+    try:
+        first.settimeout(10)
+        assert first.recv(1) == b""  # the oldest, closed to make room
+        assert any("--max-pending" in r.getMessage() for r in caplog.records)
+        assert echo(node.port)
+    finally:
+        for connection in [first, *others]:
+            connection.close()
+
+
+def test_a_refused_ct_image_is_journaled_with_its_patient_and_named_in_the_patients_failure(start_node, phantom, caplog):
+    node = start_node(completion_timeout=0.5)
+    patient = clone_patient(phantom, 24)
+    broken = ct_of(patient)[3]
+    expected = len(broken.PixelData)
+    broken.PixelData = broken.PixelData[:100]
+    assert send(node.port, patient[:-1]).count(CANNOT_UNDERSTAND) == 1
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 10, "the patient failed")
+    refused = f"CT {broken.SOPInstanceUID} (status 0xC000: pixel data of 100 bytes, expected {expected})"
+    assert node.journal.patient(uid)["reason"].endswith(
+        f"15 of the 16 CT images it names arrived (series {broken.SeriesInstanceUID}: 15 images here); 1 refused: "
+        f"{refused}")
+    [row] = node.journal.refusals()
+    assert (row["patient_id"], row["series_uid"], row["modality"], row["calling_ae"]) == (
+        "PHANTOM24", broken.SeriesInstanceUID, "CT", "TPS")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Refused CT")]
+    assert line == (f"Refused CT {broken.SOPInstanceUID} of patient PHANTOM24 from TPS, status 0xC000: pixel data of "
+                    f"100 bytes, expected {expected}")
+
+
+def test_the_import_warnings_reach_the_log_and_the_patients_journal_entry(start_node, phantom, caplog):
+    node = start_node()
+    patient = clone_patient(phantom, 25)
+    larynx = next(roi for roi in structure_set_of(patient).StructureSetROISequence if roi.ROIName == "Larynx")
+    larynx.ROIName = "Kehlkopf"  # no name the site knows: the import goes on without it, and says so
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "predicted", 60, "the patient predicted")
+    row = node.journal.patient(uid)
+    assert "missing: Larynx" in row["warnings"].splitlines() and "import warning" in row["reason"]
+    assert f"Patient PHANTOM25 (structure set {uid}), import: missing: Larynx" in [r.getMessage() for r in caplog.records]
+
+
+def test_the_node_predicts_with_the_model_it_loaded_and_holds_its_folder_against_training(
+        start_node, listener, phantom, tiny_model, tmp_path):
+    from provided_code.errors import RunLockedError
+    from provided_code.run_folder import RunFolder
+
+    served = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model, served)
+    with ModelPredictor(served) as predictor:
+        with pytest.raises(RunLockedError, match=rf"in use by another run \(pid {os.getpid()} .*a DICOM node"):
+            RunFolder(served).lock("training").__enter__()
+        shutil.rmtree(served / "models")  # what a training run started meanwhile would replace
+        node = start_node(predict=predictor, send_to=parse_destination(listener.destination))
+        patient = clone_patient(phantom, 26)
+        send(node.port, patient[:-1])
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+        node.stop()
+    with RunFolder(served).lock("training"):  # released with the predictor
+        pass
+
+
+def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, phantom, tmp_path):
+    umask = os.umask(0)
+    try:
+        node = start_node(send_to=parse_destination(listener.destination))
+        patient = clone_patient(phantom, 27)
+        send(node.port, patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+    finally:
+        os.umask(umask)
+    store = tmp_path / "store"
+    modes = {path: path.stat().st_mode & 0o777 for path in [store, *store.rglob("*")]}
+    assert {mode for path, mode in modes.items() if path.is_dir()} == {0o700}
+    assert {mode for path, mode in modes.items() if path.is_file()} == {0o600}
+    assert len(modes) > 40  # objects, results, the journal
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

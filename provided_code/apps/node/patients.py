@@ -193,7 +193,7 @@ class Patients:
         seconds = time.perf_counter() - start
         warnings = [printable(line, 400) for line in predicted.warnings]
         for line in warnings:
-            logger.warning("Patient %s: import %s", name, line)
+            logger.warning("Patient %s, import: %s", name, line)
         journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else ""),
