@@ -8,14 +8,17 @@ Every wait is bounded.
 """
 
 import concurrent.futures
+import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -500,6 +503,37 @@ def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, p
     assert len(modes) > 40  # objects, results, the journal
 
 
+def test_a_full_disk_is_one_short_log_line(start_node, phantom, caplog, monkeypatch):
+    node = start_node()
+    image = clone_patient(phantom, 28)[0]
+
+    def full(series, instance, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(node.store.incoming / f"{instance}.1234.abcd.tmp"))
+
+    monkeypatch.setattr(node.store, "write_object", full)
+    assert send(node.port, [image]) == [OUT_OF_RESOURCES]
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Refused")]
+    assert record.exc_info is None and record.getMessage() == (
+        f"Refused CT {image.SOPInstanceUID} of patient PHANTOM28 from TPS, status 0xA700: cannot write the object: "
+        f"[Errno 28] No space left on device: {image.SOPInstanceUID}.1234.abcd.tmp")
+
+
+def test_a_prediction_failing_with_a_traceback_in_its_message_is_one_log_line(start_node, phantom, caplog):
+    def failing(ct_dir, rtstruct, out_dir, rtdose=None):
+        raise RuntimeError("Graph execution error:\n\nDetected at node 'conv3d' defined at (most recent call last):\n"
+                           '  File "train.py", line 1, in <module>\n' * 20)
+
+    failing.rtdose_file = "RD.dcm"
+    node = start_node(predict=failing)
+    patient = clone_patient(phantom, 29)
+    send(node.port, patient[:-1])
+    wait_until(lambda: state(node, rtstruct_uid(patient)) == FAILED, 30, "the patient failed")
+    reason = "prediction failed: RuntimeError: Graph execution error:"
+    assert node.journal.patient(rtstruct_uid(patient))["reason"] == reason
+    [record] = [r for r in caplog.records if "failed:" in r.getMessage()]
+    assert record.getMessage() == f"Patient PHANTOM29 (structure set {rtstruct_uid(patient)}) failed: {reason}"
+
+
 def _certificate(folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for localhost and 127.0.0.1, and its key (by the openssl command)."""
     if not shutil.which("openssl"):
@@ -608,7 +642,7 @@ def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
 # The node as a process, killed
 
 
-def _serve(model_dir, store, port, destination, hold=None):
+def _serve(model_dir, store, port, destination, hold=None, *options):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop(HOLD_VARIABLE, None)
     if hold is not None:
@@ -616,7 +650,7 @@ def _serve(model_dir, store, port, destination, hold=None):
     log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
     command = [sys.executable, "-m", "provided_code.apps.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
                str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
-               "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0"]
+               "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0", *options]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
     log.close()
     try:
@@ -671,3 +705,86 @@ def test_killed_mid_receive_and_mid_prediction_the_restarted_node_sends_each_pat
         assert node.wait(60) == 0
     finally:
         node.kill()
+
+
+def _node_lines(log: Path) -> list[str]:
+    """The node's log lines (TensorFlow's own start-up lines, in another format, left out)."""
+    return [line for line in log.read_text(errors="replace").splitlines() if not re.match(r"[IWEF]\d{4} ", line)]
+
+
+def _lines_of(log: Path, action, settle: float = 1.0) -> list[str]:
+    """The log lines written while ``action()`` runs and until the log is quiet for ``settle`` seconds."""
+    before = len(_node_lines(log))
+    action()
+    count, quiet_since = len(_node_lines(log)), time.monotonic()
+    while time.monotonic() - quiet_since < settle:
+        time.sleep(0.1)
+        if len(_node_lines(log)) != count:
+            count, quiet_since = len(_node_lines(log)), time.monotonic()
+    return _node_lines(log)[before:]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Invalid value for VR UI:UserWarning")  # pydicom again, as the client encodes it
+def test_whatever_a_client_sends_each_event_is_one_log_line(model_dir, listener, phantom, tmp_path):
+    from pynetdicom import AE
+    from pydicom.uid import MRImageStorage
+
+    store, port = tmp_path / "store", free_port()
+    node = _serve(model_dir, store, port, listener.destination)
+    log = tmp_path / f"node-{port}-False.log"
+    try:
+        def mr_only():  # a client offering an MR image only: refused at association, no C-STORE
+            ae = AE(ae_title="TPS")
+            ae.add_requested_context(MRImageStorage)
+            assoc = ae.associate(LOCALHOST, port, ae_title="KBP")
+            if assoc.is_established:
+                assoc.release()
+
+        [line] = _lines_of(log, mr_only)
+        assert "refused its presentation context(s) for MR Image Storage" in line
+        image = clone_patient(phantom, 30)[0]
+        with pytest.warns(UserWarning, match="Invalid value for VR UI"):
+            image.SOPInstanceUID = image.file_meta.MediaStorageSOPInstanceUID = "../../../escape"
+        [line] = _lines_of(log, lambda: send(port, [image]))
+        assert line.endswith("Refused CT ../../../escape of patient PHANTOM30 from TPS, status 0xC000: invalid "
+                             "SOPInstanceUID (digits and dots only)")
+        plain, escaped = clone_patient(phantom, 31), clone_patient(phantom, 32)
+        for dataset in escaped:
+            dataset.PatientID = "PHANTOM\x1b[31m32"
+        sent = {"plain": plain, "escaped": escaped}
+        lines = {name: _lines_of(log, lambda: (send(port, patient[:-1]), wait_until(
+            lambda: doses_for(listener, patient), 60, "the RT Dose sent")), settle=2.0)
+            for name, patient in sent.items()}
+        assert len(lines["escaped"]) == len(lines["plain"])  # no line more for the ESC byte
+        assert len([line for line in lines["escaped"] if "Patient PHANTOM?[31m32 " in line]) >= 5  # waiting ... sent
+        assert all(re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", line) and line.isprintable() and len(line) < 500
+                   for line in [*lines["plain"], *lines["escaped"]])
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(60)
+
+
+@pytest.mark.slow
+def test_a_training_run_on_the_model_a_node_serves_is_refused_in_one_line_and_the_node_keeps_serving(
+        tiny_model, phantom_data, listener, phantom, tmp_path):
+    served = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model, served)
+    store, port = tmp_path / "store", free_port()
+    node = _serve(served, store, port, listener.destination)
+    try:
+        training = subprocess.run(
+            [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data), "--results-dir",
+             str(served.parent), "--model-name", "m", "--start-over", "--epochs", "2", "--cache-dir",
+             str(tmp_path / "cache")], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert training.returncode == 1
+        [line] = [line for line in training.stderr.splitlines() if line.startswith("Error:")]
+        assert line.startswith(f"Error: {served} is in use by another run (pid {node.pid} on ") and "a DICOM node" in line
+        assert (served / "models" / "config.json").is_file() and not list(served.glob("abandoned-*"))
+        patient = clone_patient(phantom, 33)
+        assert send(port, patient[:-1]) == [0] * (len(patient) - 1)
+        wait_until(lambda: doses_for(listener, patient), 60, "the RT Dose sent")
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(60)
