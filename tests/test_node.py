@@ -602,6 +602,8 @@ def test_serve_help_loads_neither_tensorflow_nor_the_node():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
+    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-pending", "acse-timeout",
+                                                            "network-timeout"))
     assert "LOADED []" in result.stdout
 
 
