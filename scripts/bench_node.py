@@ -47,51 +47,61 @@ REPO = Path(__file__).resolve().parents[1]
 
 class IdleLoad:
     """``connections`` TCP connections that send nothing and ``associations`` associations that send
-    nothing, held open on ``port``: a thread reopens each one the node closes."""
+    nothing, held open on ``port`` by a process of their own (its polling threads do not share the
+    node's interpreter): each one the node closes is reopened."""
 
     def __init__(self, port: int, connections: int, associations: int):
-        import socket
-        import threading
+        import multiprocessing
 
-        self.port, self.connections, self.associations = port, connections, associations
-        self._socket = socket
-        self._sockets, self._assocs, self.reopened = [], [], 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._hold, daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._ready = context.Event(), context.Event()
+        self._reopened = context.Value("i", 0)
+        self._process = context.Process(target=_hold_idle, args=(port, connections, associations, self._stop,
+                                                                  self._ready, self._reopened), daemon=True)
 
     def __enter__(self) -> "IdleLoad":
-        from tests.node_kit import client_ae
-
-        self._sockets = [self._socket.create_connection(("127.0.0.1", self.port)) for _ in range(self.connections)]
-        self._client = client_ae("IDLE", timeout=120)
-        self._assocs = [self._client.associate("127.0.0.1", self.port, ae_title="KBP") for _ in range(self.associations)]
-        if not all(assoc.is_established for assoc in self._assocs):
-            raise RuntimeError("the idle associations were not all established")
-        self._thread.start()
+        self._process.start()
+        if not self._ready.wait(120):
+            raise RuntimeError("the idle connections and associations were not all established")
         return self
 
-    def _hold(self) -> None:
-        import select
-
-        while not self._stop.wait(0.2):
-            readable, _, _ = select.select(self._sockets, [], [], 0)
-            for closed in readable:  # the node closed it (a silent connection sends nothing to read)
-                closed.close()
-                self._sockets[self._sockets.index(closed)] = self._socket.create_connection(("127.0.0.1", self.port))
-                self.reopened += 1
-            for k, assoc in enumerate(self._assocs):
-                if not assoc.is_established:
-                    self._assocs[k] = self._client.associate("127.0.0.1", self.port, ae_title="KBP")
-                    self.reopened += 1
+    @property
+    def reopened(self) -> int:
+        return self._reopened.value
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(5)
-        for assoc in self._assocs:
-            if assoc.is_established:
-                assoc.release()
-        for sock in self._sockets:
-            sock.close()
+        self._process.join(30)
+
+
+def _hold_idle(port, connections, associations, stop, ready, reopened) -> None:
+    """:class:`IdleLoad`'s process."""
+    import select
+    import socket
+
+    sys.path.insert(0, str(REPO))
+    from tests.node_kit import client_ae
+
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    client = client_ae("IDLE", timeout=120)
+    assocs = [client.associate("127.0.0.1", port, ae_title="KBP") for _ in range(associations)]
+    if all(assoc.is_established for assoc in assocs):
+        ready.set()
+    while not stop.wait(0.2):
+        readable, _, _ = select.select(sockets, [], [], 0)
+        for closed in readable:  # the node closed it (a silent connection has nothing else to read)
+            closed.close()
+            sockets[sockets.index(closed)] = socket.create_connection(("127.0.0.1", port))
+            reopened.value += 1
+        for k, assoc in enumerate(assocs):
+            if not assoc.is_established:
+                assocs[k] = client.associate("127.0.0.1", port, ae_title="KBP")
+                reopened.value += 1
+    for assoc in assocs:
+        if assoc.is_established:
+            assoc.release()
+    for sock in sockets:
+        sock.close()
 
 
 def cpu_model() -> str:
