@@ -100,7 +100,8 @@ def written(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rtdose")
     clinic = small_patient(folder / "clinic", slice_step=8)
     report = import_patient(clinic / "ct", clinic / "RS.dcm", folder / "patient", rtdose=clinic / "RD.dcm")
-    dose = np.linspace(0, 70, int(np.prod(report.geometry.box_shape)), dtype=np.float32).reshape(report.geometry.box_shape)
+    shape = tuple(report.geometry.box_shape)
+    dose = np.linspace(0, 70, int(np.prod(shape)), dtype=np.float32).reshape(shape)
     path = folder / "RD.dcm"
     write_dose_on_ct_grid(dose_on_ct_grid(dose, report.geometry), report.geometry, path, nifti=folder / "dose.nii.gz")
     return path, pydicom.dcmread(path)

@@ -133,8 +133,8 @@ def _send_over_tls(rtdose, pki, listener_certificate):
     context = server_ssl_context(*listener_certificate) if listener_certificate else None
     listener = Listener(ssl_context=context).start()
     try:
-        return send_file(rtdose, parse_destination(listener.destination), "KBP", client_ssl_context(*pki["node"], pki["ca"]),
-                         timeout=10)
+        return send_file(rtdose, parse_destination(listener.destination), "KBP",
+                         client_ssl_context(*pki["node"], pki["ca"]), timeout=10)
     finally:
         listener.stop()
 

@@ -75,7 +75,8 @@ def test_the_store_is_the_owners_only_whatever_the_umask(tmp_path, no_umask):
     (staging / "patient").mkdir()
     (staging / "patient" / "ct.csv").write_text("0,1")  # as the clinic's writers do: with the umask's permissions
     store.commit_result(staging, "1.2.5")
-    modes = {p.relative_to(store.root).as_posix(): p.stat().st_mode & 0o777 for p in [store.root, *store.root.rglob("*")]}
+    modes = {p.relative_to(store.root).as_posix(): p.stat().st_mode & 0o777
+             for p in [store.root, *store.root.rglob("*")]}
     assert modes[path.relative_to(store.root).as_posix()] == 0o600
     assert {mode for name, mode in modes.items() if (store.root / name).is_dir()} == {0o700}
     assert {mode for name, mode in modes.items() if (store.root / name).is_file()} == {0o600}

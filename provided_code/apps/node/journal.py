@@ -179,8 +179,8 @@ class Journal:
         """Record an object answered with a failure ``status`` and why, with what it named (each
         value as the network sent it, made printable: it may be no valid UID at all)."""
         now = time.time() if now is None else now
-        values = [printable(value) for value in (calling_ae, peer, sop_instance_uid, sop_class_uid, modality, series_uid,
-                                                 frame_uid, patient_id)]
+        values = [printable(value) for value in (calling_ae, peer, sop_instance_uid, sop_class_uid, modality,
+                                                 series_uid, frame_uid, patient_id)]
         with self._transaction() as db:
             db.execute("INSERT INTO refusals (time, calling_ae, peer, sop_instance_uid, sop_class_uid, modality, "
                        "series_uid, frame_uid, patient_id, status, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -372,8 +372,8 @@ class Journal:
             if self.version >= 2:  # format 1 kept no refusals
                 refusals = db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0]
                 latest_refusals = [dict(row) for row in db.execute(
-                    "SELECT time, calling_ae, peer, sop_instance_uid, modality, patient_id, status, reason FROM refusals "
-                    "ORDER BY id DESC LIMIT 5")]
+                    "SELECT time, calling_ae, peer, sop_instance_uid, modality, patient_id, status, reason "
+                    "FROM refusals ORDER BY id DESC LIMIT 5")]
         return {"objects": objects, "last_object": last_object, "states": states, "sends": sends,
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
                 "refusals": refusals, "latest_refusals": latest_refusals}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, PREDICTED, SENT, Journal
-from provided_code.apps.node.sender import Destination, SendError, backoff_delay, send_file
+from provided_code.apps.node.sender import Destination, backoff_delay, send_file
 from provided_code.apps.node.text import one_line
 
 logger = logging.getLogger(__name__)

@@ -153,7 +153,9 @@ class _Server(ThreadedAssociationServer):
                     return False
                 if request.pending():
                     return self._still_waiting(request)
-            readable, _, _ = select.select([request], [], [], max(deadline - time.monotonic(), 0))
+            poller = select.poll()  # not select.select: its descriptors stop at 1024
+            poller.register(request, select.POLLIN)
+            readable = poller.poll(max(deadline - time.monotonic(), 0) * 1000)
             if not self._still_waiting(request):
                 return False  # closed to make room (logged by whom closed it)
             if not readable:
