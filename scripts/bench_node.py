@@ -19,6 +19,12 @@ SCP standing in for the planning system (``tests/kit/node.py``; needs the dev ex
 - ``patients_per_minute``: the load test's setup: ``--patients`` small patients (``--step 4``) from
   ``--clients`` concurrent clients, one association per patient; from the first association to the
   last RT Dose received.
+- ``idle``: a whole small patient (``--step 4``) sent by DCMTK's ``storescu`` (pynetdicom's client
+  when DCMTK is absent), from the end of the send (the client's exit) to the RT Dose at the
+  listener, median of ``--repeats``: with nothing else connected, and while ``--idle-connections``
+  TCP connections that never say a word and ``--idle-associations`` associations that never send
+  are held open (each reopened at once when the node closes it, as a client that insists would);
+  and the load test again under that idle load.
 """
 
 from __future__ import annotations
@@ -37,6 +43,65 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class IdleLoad:
+    """``connections`` TCP connections that send nothing and ``associations`` associations that send
+    nothing, held open on ``port`` by a process of their own (its polling threads do not share the
+    node's interpreter): each one the node closes is reopened."""
+
+    def __init__(self, port: int, connections: int, associations: int):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._ready = context.Event(), context.Event()
+        self._reopened = context.Value("i", 0)
+        self._process = context.Process(target=_hold_idle, args=(port, connections, associations, self._stop,
+                                                                  self._ready, self._reopened), daemon=True)
+
+    def __enter__(self) -> "IdleLoad":
+        self._process.start()
+        if not self._ready.wait(120):
+            raise RuntimeError("the idle connections and associations were not all established")
+        return self
+
+    @property
+    def reopened(self) -> int:
+        return self._reopened.value
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._process.join(30)
+
+
+def _hold_idle(port, connections, associations, stop, ready, reopened) -> None:
+    """:class:`IdleLoad`'s process."""
+    import select
+    import socket
+
+    sys.path.insert(0, str(REPO))
+    from tests.kit.node import client_ae
+
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
+    client = client_ae("IDLE", timeout=120)
+    assocs = [client.associate("127.0.0.1", port, ae_title="KBP") for _ in range(associations)]
+    if all(assoc.is_established for assoc in assocs):
+        ready.set()
+    while not stop.wait(0.2):
+        readable, _, _ = select.select(sockets, [], [], 0)
+        for closed in readable:  # the node closed it (a silent connection has nothing else to read)
+            closed.close()
+            sockets[sockets.index(closed)] = socket.create_connection(("127.0.0.1", port))
+            reopened.value += 1
+        for k, assoc in enumerate(assocs):
+            if not assoc.is_established:
+                assocs[k] = client.associate("127.0.0.1", port, ae_title="KBP")
+                reopened.value += 1
+    for assoc in assocs:
+        if assoc.is_established:
+            assoc.release()
+    for sock in sockets:
+        sock.close()
 
 
 def cpu_model() -> str:
@@ -70,6 +135,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--patients", type=int, default=20)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--idle-connections", type=int, default=50)
+    parser.add_argument("--idle-associations", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))  # the tests' kit (tests/kit/): not installed with the package
     from provided_code.infra.environment import configure_tensorflow, cpu_flags
@@ -133,19 +200,46 @@ def main() -> None:
                 predict_s.append(time.perf_counter() - start)
 
             small = read_patient_files(small_patient(workdir / "small", step=4))
-            patients = [clone_patient(small, 1000 + i) for i in range(args.patients)]
-            before = len(listener.datasets())
-            start = time.time()
 
-            def client(number):
-                for patient in patients[number::args.clients]:
-                    send(node.port, patient, calling=f"TPS{number}")
+            def load(first: int) -> float:
+                """Seconds for ``--patients`` small patients from ``--clients`` clients, to the last RT Dose."""
+                patients = [clone_patient(small, first + i) for i in range(args.patients)]
+                before = len(listener.datasets())
+                start = time.time()
 
-            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-                list(pool.map(client, range(args.clients)))
-            wait_until(lambda: len(listener.datasets()) == before + args.patients, 1200, "every patient sent",
-                       interval=0.01)
-            load_s = max(t for t, _ in listener.received) - start
+                def client(number):
+                    for patient in patients[number::args.clients]:
+                        send(node.port, patient, calling=f"TPS{number}")
+
+                with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+                    list(pool.map(client, range(args.clients)))
+                wait_until(lambda: len(listener.datasets()) == before + args.patients, 1200, "every patient sent",
+                           interval=0.01)
+                return max(t for t, _ in listener.received) - start
+
+            load_s = load(1000)
+
+            def send_end_to_rt_dose(number: int) -> float:
+                """A whole small patient by storescu (or pynetdicom): from the end of the send to its RT Dose."""
+                patient = clone_patient(small, number)
+                frame = str(ct_of(patient)[0].FrameOfReferenceUID)
+                folder = write_files(patient, workdir / f"storescu-{number}")
+                if shutil.which("storescu"):
+                    result = subprocess.run(["storescu", "-aet", "TPS", "-aec", "KBP", "+sd", "127.0.0.1",
+                                             str(node.port), str(folder)], capture_output=True, text=True, timeout=300)
+                    assert result.returncode == 0, result.stderr
+                else:
+                    assert set(send(node.port, patient)) == {0}
+                ended = time.time()
+                received = wait_until(lambda: [t for t, ds in listener.received if ds.FrameOfReferenceUID == frame],
+                                      300, "the RT Dose at the listener", interval=0.002)
+                return received[0] - ended
+
+            quiet = [send_end_to_rt_dose(2000 + k) for k in range(args.repeats)]
+            with IdleLoad(node.port, args.idle_connections, args.idle_associations) as idle:
+                busy = [send_end_to_rt_dose(3000 + k) for k in range(args.repeats)]
+                busy_load_s = load(4000)
+                reopened = idle.reopened
         finally:
             node.stop()
             listener.stop()
@@ -159,6 +253,13 @@ def main() -> None:
             "ratio": statistics.median(node_s) / statistics.median(predict_s),
             "load": {"patients": args.patients, "clients": args.clients, "ct_shape": [32, 32, 32], "seconds": load_s,
                      "patients_per_minute": args.patients / load_s * 60},
+            "idle": {"client": "storescu" if shutil.which("storescu") else "pynetdicom", "ct_shape": [32, 32, 32],
+                     "connections": args.idle_connections, "associations": args.idle_associations,
+                     "reopened_during": reopened,
+                     "send_end_to_rt_dose_s": {"none_idle": statistics.median(quiet),
+                                               "idle_held": statistics.median(busy)},
+                     "runs": {"none_idle": quiet, "idle_held": busy},
+                     "load_patients_per_minute_idle_held": args.patients / busy_load_s * 60},
             "model": str(args.model_dir or "small model trained here (4 filters, 32³, 1 epoch)"),
             "cores": os.cpu_count(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
         }, indent=2))

@@ -1,12 +1,14 @@
 """The node's journal: objects, patients' states and reasons, send attempts; readable while the
 node runs and after it was killed."""
 
+import os
 import sqlite3
 
 import pytest
 
 from provided_code.apps.node.journal import (
     FAILED,
+    FAILED_SEND,
     PREDICTED,
     PREDICTING,
     READY,
@@ -112,11 +114,11 @@ def test_a_patient_whose_send_failed_is_sent_again_not_predicted_again(journal):
 def test_send_attempts_are_numbered_and_a_pending_one_is_closed_after_a_crash(journal):
     add_structure_set(journal)
     first, attempt = journal.start_send("1.8", "PACS@h:104")
-    journal.finish_send(first, "failed", "no connection")
+    journal.finish_send(first, FAILED_SEND, "no connection")
     second, attempt = journal.start_send("1.8", "PACS@h:104")
     assert attempt == 2
     assert journal.close_interrupted_sends() == 1
-    assert [(row["attempt"], row["outcome"]) for row in journal.sends("1.8")] == [(1, "failed"), (2, "interrupted")]
+    assert [(row["attempt"], row["outcome"]) for row in journal.sends("1.8")] == [(1, FAILED_SEND), (2, "interrupted")]
 
 
 def test_the_reference_dose_is_the_clinics_newest_not_our_own(journal):
@@ -151,3 +153,97 @@ def test_status_reads_the_journal_of_a_running_node_and_sums_it_up(journal, tmp_
 def test_status_of_a_folder_without_journal_says_so(tmp_path):
     with pytest.raises(JournalError, match="no journal here"):
         Journal(tmp_path / "journal.sqlite", readonly=True)
+
+
+# A journal as format 1 (before refusals and warnings, its sends' failed outcome spelled as the state)
+FORMAT_1 = """
+CREATE TABLE objects (
+    sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
+    study_uid TEXT NOT NULL, series_uid TEXT NOT NULL, frame_uid TEXT NOT NULL, patient_id TEXT NOT NULL,
+    path TEXT NOT NULL, bytes INTEGER NOT NULL, calling_ae TEXT NOT NULL, own INTEGER NOT NULL,
+    first_received REAL NOT NULL, received REAL NOT NULL, times INTEGER NOT NULL);
+CREATE TABLE patients (
+    structure_set_uid TEXT PRIMARY KEY, patient_id TEXT NOT NULL, study_uid TEXT NOT NULL,
+    frame_uid TEXT NOT NULL, series_uid TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
+    failed_in TEXT NOT NULL, output TEXT NOT NULL, send_attempts INTEGER NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE referenced_images (
+    structure_set_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL, PRIMARY KEY (structure_set_uid, sop_instance_uid));
+CREATE TABLE history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, structure_set_uid TEXT NOT NULL, time REAL NOT NULL,
+    state TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE sends (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, structure_set_uid TEXT NOT NULL, attempt INTEGER NOT NULL,
+    destination TEXT NOT NULL, started REAL NOT NULL, finished REAL, outcome TEXT NOT NULL, detail TEXT NOT NULL);
+INSERT INTO patients VALUES ('1.8', 'P1', '1.4', '1.5', '1.7', 'failed', 'not sent to PACS@h:104 after 1 attempts',
+                             'sending', '/s/results/1.8', 1, 1.0, 2.0);
+INSERT INTO sends VALUES (1, '1.8', 1, 'PACS@h:104', 1.5, 2.0, 'failed', 'cannot be reached (no connection)');
+PRAGMA user_version=1;
+"""
+
+
+@pytest.fixture
+def format_1_journal(tmp_path):
+    path = tmp_path / "journal.sqlite"
+    with sqlite3.connect(path) as db:
+        db.executescript(FORMAT_1)
+    db.close()
+    return path
+
+
+def test_a_format_1_journal_reads_as_format_2_and_is_left_unchanged_by_status(format_1_journal):
+    reader = Journal(format_1_journal, readonly=True)
+    summary = reader.summary()
+    reader.close()
+    assert summary["sends"] == {FAILED_SEND: 1} and summary["refusals"] == 0
+    assert summary["states"] == {FAILED: 1}
+    with sqlite3.connect(format_1_journal) as db:
+        assert db.execute("SELECT outcome FROM sends").fetchone()[0] == "failed"
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    db.close()
+
+
+def test_a_node_brings_a_format_1_journal_to_format_2(format_1_journal):
+    journal = Journal(format_1_journal)
+    try:
+        assert [row["outcome"] for row in journal.sends("1.8")] == [FAILED_SEND]
+        assert journal.patient("1.8")["warnings"] == "" and journal.refusals() == []
+        add_ct(journal, "1.9.1")
+        assert journal.reopen_failed("1.7", "1.5") == ["1.8"] and journal.patient("1.8")["state"] == PREDICTED
+    finally:
+        journal.close()
+    assert Journal(format_1_journal, readonly=True).version == 2
+
+
+def test_a_refusal_is_kept_with_what_it_named_made_printable(journal):
+    journal.add_refusal(sop_instance_uid="../../x", sop_class_uid="1.2.840.10008.5.1.4.1.1.2", modality="CT",
+                        series_uid="1.7", frame_uid="1.5", patient_id="P\x1b1", calling_ae="TPS", peer="10.0.0.5:4000",
+                        status=0xC000, reason="invalid SOPInstanceUID (digits and dots only)", now=5.0)
+    [row] = journal.refusals()
+    assert (row["sop_instance_uid"], row["patient_id"], row["status"], row["peer"]) == ("../../x", "P?1", 0xC000,
+                                                                                          "10.0.0.5:4000")
+    assert "Objects refused: 1" in summary_lines(journal)
+
+
+def test_a_refused_image_of_the_patient_is_named_until_it_arrives(journal):
+    add_structure_set(journal)
+    add_ct(journal, "1.9.1")
+    journal.add_refusal(sop_instance_uid="1.9.2", modality="CT", series_uid="1.7", status=0xC000,
+                        reason="pixel data of 100 bytes, expected 2048")
+    journal.add_refusal(sop_instance_uid="1.9.77", modality="CT", series_uid="1.77", status=0xC000, reason="another's")
+    status = journal.series_status(journal.patient("1.8"))
+    assert status.refused == ("CT 1.9.2 (status 0xC000: pixel data of 100 bytes, expected 2048)",)
+    add_ct(journal, "1.9.2")  # sent again, whole
+    assert journal.series_status(journal.patient("1.8")).refused == ()
+
+
+def test_a_new_journal_is_the_owners_only_whatever_the_umask(tmp_path):
+    umask = os.umask(0)
+    try:
+        journal = Journal(tmp_path / "journal.sqlite")
+        add_ct(journal, "1.9.1")
+        modes = {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()}
+        journal.close()
+    finally:
+        os.umask(umask)
+    assert modes == {"journal.sqlite": 0o600, "journal.sqlite-wal": 0o600, "journal.sqlite-shm": 0o600}

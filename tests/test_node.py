@@ -8,13 +8,17 @@ Every wait is bounded.
 """
 
 import concurrent.futures
+import errno
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -28,10 +32,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from provided_code.apps.dicom_cli import main  # noqa: E402
 from provided_code.infra.atomic import folder_temporaries  # noqa: E402
-from provided_code.apps.node.journal import FAILED, Journal  # noqa: E402
+from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
-from provided_code.apps.node.server import HOLD_VARIABLE, Node, NodeSettings, server_ssl_context  # noqa: E402
+from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
+from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
 from tests.kit.repo import REPO  # noqa: E402
 from tests.kit.node import (  # noqa: E402
     LOCALHOST,
@@ -62,7 +67,8 @@ def model_dir(tiny_model):
 
 @pytest.fixture(scope="module")
 def predictor(model_dir):
-    yield ModelPredictor(model_dir)
+    with ModelPredictor(model_dir) as loaded:
+        yield loaded
     keras.backend.clear_session()
 
 
@@ -283,7 +289,7 @@ def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
     try:
         wait_until(lambda: state(node, uid) == "sent", 30, "sent once the destination is up")
         outcomes = [row["outcome"] for row in node.journal.sends(uid)]
-        assert outcomes[-1] == "ok" and set(outcomes[:-1]) == {"failed"}
+        assert outcomes[-1] == OK and set(outcomes[:-1]) == {FAILED_SEND}
         assert node.journal.sends(uid)[0]["detail"] == f"{later.destination} cannot be reached (no connection)"
         assert len(later.datasets()) == 1
     finally:
@@ -342,6 +348,193 @@ def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node,
     assert send(node.port, [image]) == [CANNOT_UNDERSTAND]
     assert [p for p in tmp_path.parent.rglob("*escape*")] == []
     assert not any(node.store.objects.iterdir())
+
+
+def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_come_again(start_node, phantom):
+    later = Listener(port=free_port())
+    settings = {"send_to": parse_destination(later.destination), "send_attempts": 2, "send_backoff": 0.05}
+    node = start_node(**settings)
+    patient = clone_patient(phantom, 22)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 60, "the patient failed: its sends ran out")
+    later.start()
+    try:
+        assert send(node.port, [structure_set_of(patient)]) == [0]  # the planning system sends it again
+        assert send(node.port, ct_of(patient)[:2]) == [0, 0]  # and CT images of it
+        wait_until(lambda: doses_for(later, patient), 30, "the RT Dose sent once its objects came again")
+        wait_until(lambda: state(node, uid) == "sent", 10, "the patient sent")
+        node.stop()
+        node = start_node(**settings)  # restarted on the same store
+        wait_until(lambda: node.sends is not None and not node.sends.queued(), 10, "nothing left to send")
+        assert state(node, uid) == "sent" and len(doses_for(later, patient)) == 1
+        assert [row["outcome"] for row in node.journal.sends(uid)] == [FAILED_SEND, FAILED_SEND, OK]
+    finally:
+        later.stop()
+
+
+def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associations_are_held(
+        start_node, listener, phantom):
+    node = start_node(send_to=parse_destination(listener.destination))  # the limits' defaults
+    idle = [socket.create_connection((LOCALHOST, node.port)) for _ in range(50)]  # connected, never a word
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(10)]
+    try:
+        assert all(assoc.is_established for assoc in held)
+        assert echo(node.port)
+        patient = clone_patient(phantom, 23)
+        assert send(node.port, patient) == [0] * len(patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+        assert len(doses_for(listener, patient)) == 1
+    finally:
+        for assoc in held:
+            assoc.release()
+        for connection in idle:
+            connection.close()
+
+
+def test_an_association_over_the_limit_is_refused_for_load_with_its_address(start_node, caplog):
+    node = start_node(max_associations=2)
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(2)]
+    try:
+        third = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP")
+        assert all(assoc.is_established for assoc in held) and third.is_rejected
+        answer = third.acceptor.primitive
+        assert (answer.result, answer.diagnostic) == (0x02, 0x02)  # transient, local limit exceeded
+    finally:
+        for assoc in held:
+            assoc.release()
+    [refusal] = [r.getMessage() for r in caplog.records if "Refused an association" in r.getMessage()]
+    assert refusal.startswith(f"Refused an association from {LOCALHOST}:") and refusal.endswith(
+        ": 2 associations open, the most --max-associations allows")
+    assert echo(node.port)
+
+
+def test_a_connection_that_requests_no_association_in_time_is_closed(start_node, caplog):
+    caplog.set_level(logging.INFO, logger="provided_code.apps.node.server")
+    node = start_node(acse_timeout=0.5)
+    with socket.create_connection((LOCALHOST, node.port)) as silent:
+        silent.settimeout(10)
+        assert silent.recv(1) == b""  # closed by the node
+    assert any("no association request within 0.5 s" in r.getMessage() for r in caplog.records)
+    assert echo(node.port)
+
+
+def test_beyond_the_pending_limit_the_oldest_waiting_connection_is_closed(start_node, caplog):
+    node = start_node(max_pending=3)
+    first = socket.create_connection((LOCALHOST, node.port))
+    wait_until(lambda: len(node._server._waiting) == 1, 5, "the first connection waiting")
+    others = [socket.create_connection((LOCALHOST, node.port)) for _ in range(3)]
+    try:
+        first.settimeout(10)
+        assert first.recv(1) == b""  # the oldest, closed to make room
+        assert any("--max-pending" in r.getMessage() for r in caplog.records)
+        assert echo(node.port)
+    finally:
+        for connection in [first, *others]:
+            connection.close()
+
+
+def test_a_refused_ct_image_is_journaled_with_its_patient_and_named_in_the_patients_failure(start_node, phantom,
+                                                                                             caplog):
+    node = start_node(completion_timeout=0.5)
+    patient = clone_patient(phantom, 24)
+    broken = ct_of(patient)[3]
+    expected = len(broken.PixelData)
+    broken.PixelData = broken.PixelData[:100]
+    assert send(node.port, patient[:-1]).count(CANNOT_UNDERSTAND) == 1
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 10, "the patient failed")
+    refused = f"CT {broken.SOPInstanceUID} (status 0xC000: pixel data of 100 bytes, expected {expected})"
+    assert node.journal.patient(uid)["reason"].endswith(
+        f"15 of the 16 CT images it names arrived (series {broken.SeriesInstanceUID}: 15 images here); 1 refused: "
+        f"{refused}")
+    [row] = node.journal.refusals()
+    assert (row["patient_id"], row["series_uid"], row["modality"], row["calling_ae"]) == (
+        "PHANTOM24", broken.SeriesInstanceUID, "CT", "TPS")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Refused CT")]
+    assert line == (f"Refused CT {broken.SOPInstanceUID} of patient PHANTOM24 from TPS, status 0xC000: pixel data of "
+                    f"100 bytes, expected {expected}")
+
+
+def test_the_import_warnings_reach_the_log_and_the_patients_journal_entry(start_node, phantom, caplog):
+    node = start_node()
+    patient = clone_patient(phantom, 25)
+    larynx = next(roi for roi in structure_set_of(patient).StructureSetROISequence if roi.ROIName == "Larynx")
+    larynx.ROIName = "Kehlkopf"  # no name the site knows: the import goes on without it, and says so
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "predicted", 60, "the patient predicted")
+    row = node.journal.patient(uid)
+    assert "missing: Larynx" in row["warnings"].splitlines() and "import warning" in row["reason"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"Patient PHANTOM25 (structure set {uid}), import: missing: Larynx" in lines
+
+
+def test_the_node_predicts_with_the_model_it_loaded_and_holds_its_folder_against_training(
+        start_node, listener, phantom, tiny_model, tmp_path):
+    from provided_code.errors import RunLockedError
+    from provided_code.run_folder import RunFolder
+
+    served = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model, served)
+    with ModelPredictor(served) as predictor:
+        with pytest.raises(RunLockedError, match=rf"in use by another run \(pid {os.getpid()} .*a DICOM node"):
+            RunFolder(served).lock("training").__enter__()
+        shutil.rmtree(served / "models")  # what a training run started meanwhile would replace
+        node = start_node(predict=predictor, send_to=parse_destination(listener.destination))
+        patient = clone_patient(phantom, 26)
+        send(node.port, patient[:-1])
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+        node.stop()
+    with RunFolder(served).lock("training"):  # released with the predictor
+        pass
+
+
+def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, phantom, tmp_path):
+    umask = os.umask(0)
+    try:
+        node = start_node(send_to=parse_destination(listener.destination))
+        patient = clone_patient(phantom, 27)
+        send(node.port, patient)
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+    finally:
+        os.umask(umask)
+    store = tmp_path / "store"
+    modes = {path: path.stat().st_mode & 0o777 for path in [store, *store.rglob("*")]}
+    assert {mode for path, mode in modes.items() if path.is_dir()} == {0o700}
+    assert {mode for path, mode in modes.items() if path.is_file()} == {0o600}
+    assert len(modes) > 40  # objects, results, the journal
+
+
+def test_a_full_disk_is_one_short_log_line(start_node, phantom, caplog, monkeypatch):
+    node = start_node()
+    image = clone_patient(phantom, 28)[0]
+
+    def full(series, instance, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(node.store.incoming / f"{instance}.1234.abcd.tmp"))
+
+    monkeypatch.setattr(node.store, "write_object", full)
+    assert send(node.port, [image]) == [OUT_OF_RESOURCES]
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Refused")]
+    assert record.exc_info is None and record.getMessage() == (
+        f"Refused CT {image.SOPInstanceUID} of patient PHANTOM28 from TPS, status 0xA700: cannot write the object: "
+        f"[Errno 28] No space left on device: {image.SOPInstanceUID}.1234.abcd.tmp")
+
+
+def test_a_prediction_failing_with_a_traceback_in_its_message_is_one_log_line(start_node, phantom, caplog):
+    def failing(ct_dir, rtstruct, out_dir, rtdose=None):
+        raise RuntimeError("Graph execution error:\n\nDetected at node 'conv3d' defined at (most recent call last):\n"
+                           '  File "train.py", line 1, in <module>\n' * 20)
+
+    failing.rtdose_file = "RD.dcm"
+    node = start_node(predict=failing)
+    patient = clone_patient(phantom, 29)
+    send(node.port, patient[:-1])
+    wait_until(lambda: state(node, rtstruct_uid(patient)) == FAILED, 30, "the patient failed")
+    reason = "prediction failed: RuntimeError: Graph execution error:"
+    assert node.journal.patient(rtstruct_uid(patient))["reason"] == reason
+    [record] = [r for r in caplog.records if "failed:" in r.getMessage()]
+    assert record.getMessage() == f"Patient PHANTOM29 (structure set {rtstruct_uid(patient)}) failed: {reason}"
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -412,6 +605,8 @@ def test_serve_help_loads_neither_tensorflow_nor_the_node():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
+    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-pending", "acse-timeout",
+                                                            "network-timeout"))
     assert "LOADED []" in result.stdout
 
 
@@ -452,7 +647,7 @@ def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
 # The node as a process, killed
 
 
-def _serve(model_dir, store, port, destination, hold=None):
+def _serve(model_dir, store, port, destination, hold=None, *options):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop(HOLD_VARIABLE, None)
     if hold is not None:
@@ -460,7 +655,7 @@ def _serve(model_dir, store, port, destination, hold=None):
     log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
     command = [sys.executable, "-m", "provided_code.apps.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
                str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
-               "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0"]
+               "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0", *options]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
     log.close()
     try:
@@ -515,3 +710,87 @@ def test_killed_mid_receive_and_mid_prediction_the_restarted_node_sends_each_pat
         assert node.wait(60) == 0
     finally:
         node.kill()
+
+
+def _node_lines(log: Path) -> list[str]:
+    """The node's log lines (TensorFlow's own start-up lines, in another format, left out)."""
+    return [line for line in log.read_text(errors="replace").splitlines() if not re.match(r"[IWEF]\d{4} ", line)]
+
+
+def _lines_of(log: Path, action, settle: float = 1.0) -> list[str]:
+    """The log lines written while ``action()`` runs and until the log is quiet for ``settle`` seconds."""
+    before = len(_node_lines(log))
+    action()
+    count, quiet_since = len(_node_lines(log)), time.monotonic()
+    while time.monotonic() - quiet_since < settle:
+        time.sleep(0.1)
+        if len(_node_lines(log)) != count:
+            count, quiet_since = len(_node_lines(log)), time.monotonic()
+    return _node_lines(log)[before:]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Invalid value for VR UI:UserWarning")  # pydicom again, as the client encodes it
+def test_whatever_a_client_sends_each_event_is_one_log_line(model_dir, listener, phantom, tmp_path):
+    from pynetdicom import AE
+    from pydicom.uid import MRImageStorage
+
+    store, port = tmp_path / "store", free_port()
+    node = _serve(model_dir, store, port, listener.destination)
+    log = tmp_path / f"node-{port}-False.log"
+    try:
+        def mr_only():  # a client offering an MR image only: refused at association, no C-STORE
+            ae = AE(ae_title="TPS")
+            ae.add_requested_context(MRImageStorage)
+            assoc = ae.associate(LOCALHOST, port, ae_title="KBP")
+            if assoc.is_established:
+                assoc.release()
+
+        [line] = _lines_of(log, mr_only)
+        assert "refused its presentation context(s) for MR Image Storage" in line
+        image = clone_patient(phantom, 30)[0]
+        with pytest.warns(UserWarning, match="Invalid value for VR UI"):
+            image.SOPInstanceUID = image.file_meta.MediaStorageSOPInstanceUID = "../../../escape"
+        [line] = _lines_of(log, lambda: send(port, [image]))
+        assert line.endswith("Refused CT ../../../escape of patient PHANTOM30 from TPS, status 0xC000: invalid "
+                             "SOPInstanceUID (digits and dots only)")
+        plain, escaped = clone_patient(phantom, 31), clone_patient(phantom, 32)
+        for dataset in escaped:
+            dataset.PatientID = "PHANTOM\x1b[31m32"
+        sent = {"plain": plain, "escaped": escaped}
+        lines = {name: _lines_of(log, lambda: (send(port, patient[:-1]), wait_until(
+            lambda: doses_for(listener, patient), 60, "the RT Dose sent")), settle=2.0)
+            for name, patient in sent.items()}
+        assert len(lines["escaped"]) == len(lines["plain"])  # no line more for the ESC byte
+        assert len([line for line in lines["escaped"] if "Patient PHANTOM?[31m32 " in line]) >= 5  # waiting ... sent
+        assert all(re.match(r"\d\d:\d\d:\d\d [A-Z]+ ", line) and line.isprintable() and len(line) < 500
+                   for line in [*lines["plain"], *lines["escaped"]])
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(60)
+
+
+@pytest.mark.slow
+def test_a_training_run_on_the_model_a_node_serves_is_refused_in_one_line_and_the_node_keeps_serving(
+        tiny_model, phantom_data, listener, phantom, tmp_path):
+    served = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model, served)
+    store, port = tmp_path / "store", free_port()
+    node = _serve(served, store, port, listener.destination)
+    try:
+        training = subprocess.run(
+            [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data), "--results-dir",
+             str(served.parent), "--model-name", "m", "--start-over", "--epochs", "2", "--cache-dir",
+             str(tmp_path / "cache")], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert training.returncode == 1
+        [line] = [line for line in training.stderr.splitlines() if line.startswith("Error:")]
+        assert line.startswith(f"Error: {served} is in use by another run (pid {node.pid} on ")
+        assert "a DICOM node" in line
+        assert (served / "models" / "config.json").is_file() and not list(served.glob("abandoned-*"))
+        patient = clone_patient(phantom, 33)
+        assert send(port, patient[:-1]) == [0] * (len(patient) - 1)
+        wait_until(lambda: doses_for(listener, patient), 60, "the RT Dose sent")
+    finally:
+        node.send_signal(signal.SIGTERM)
+        node.wait(60)

@@ -72,3 +72,10 @@ def test_incomplete_waits_then_fails_saying_what_is_missing():
 
 def test_a_problem_fails_at_once():
     assert decide(status(problem="two series"), now=100, timeout=10, busy=True) == (FAIL, "two series")
+
+
+def test_a_failure_names_the_patients_refused_objects():
+    refused = ("CT 1.9.3 (status 0xC000: pixel data of 100 bytes, expected 2048)",)
+    assert decide(SeriesStatus("1.7", 3, 2, 2, 100.0, refused=refused), now=111, timeout=10, busy=False) == (
+        FAIL, "incomplete after 10 s without a new object: 2 of the 3 CT images it names arrived (series 1.7: 2 images "
+              "here); 1 refused: CT 1.9.3 (status 0xC000: pixel data of 100 bytes, expected 2048)")

@@ -1,5 +1,7 @@
 """The node's store: UIDs checked before they name a file, objects and results written whole."""
 
+import os
+
 import pytest
 
 from provided_code.apps.node.store import InvalidUIDError, Store, check_uid
@@ -56,3 +58,32 @@ def test_what_a_crash_left_half_written_is_removed_at_start(tmp_path):
     store.result_dir("1.2.6").mkdir()
     assert store.clean_temporaries() == 2
     assert not any(store.incoming.iterdir()) and [p.name for p in store.results.iterdir()] == ["1.2.6"]
+
+
+@pytest.fixture
+def no_umask():
+    """The most permissive umask there is, for the test's duration."""
+    umask = os.umask(0)
+    yield
+    os.umask(umask)
+
+
+def test_the_store_is_the_owners_only_whatever_the_umask(tmp_path, no_umask):
+    store = Store(tmp_path / "store")
+    path = store.write_object("1.2.3", "1.2.3.4", b"DICM")
+    staging = store.staging_dir("1.2.5")
+    (staging / "patient").mkdir()
+    (staging / "patient" / "ct.csv").write_text("0,1")  # as the clinic's writers do: with the umask's permissions
+    store.commit_result(staging, "1.2.5")
+    modes = {p.relative_to(store.root).as_posix(): p.stat().st_mode & 0o777
+             for p in [store.root, *store.root.rglob("*")]}
+    assert modes[path.relative_to(store.root).as_posix()] == 0o600
+    assert {mode for name, mode in modes.items() if (store.root / name).is_dir()} == {0o700}
+    assert {mode for name, mode in modes.items() if (store.root / name).is_file()} == {0o600}
+
+
+def test_an_earlier_store_open_to_all_is_closed_at_start(tmp_path):
+    (tmp_path / "store" / "objects").mkdir(parents=True)
+    os.chmod(tmp_path / "store", 0o755)
+    Store(tmp_path / "store")
+    assert (tmp_path / "store").stat().st_mode & 0o777 == 0o700

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.config import ConfigError
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.csv_io import write_dose_csv

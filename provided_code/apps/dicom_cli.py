@@ -177,22 +177,32 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
               help="Attempts at sending each RT Dose before the patient fails.")
 @click.option("--send-backoff", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
               help="Seconds before the second attempt; doubling after each failure, at most 300 s.")
+@click.option("--max-associations", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Associations served at once; one more is rejected (transient) and logged with its address.")
+@click.option("--max-pending", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Connections at once that have not requested an association yet; beyond, the oldest is closed.")
+@click.option("--acse-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds a connection has to finish its TLS handshake and request an association.")
+@click.option("--network-timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds an association may stay silent before it is aborted (and a send waits for an answer).")
 @click.option("--epoch", default=None, help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
 @click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
 @click.option("--allow-missing-targets", is_flag=True,
               help="Predict without ROIs for the model's required targets (OpenKBP's: PTV70).")
-@click.option("--verbose", is_flag=True, help="Also pynetdicom's own log (every association and message).")
+@click.option("--verbose", is_flag=True,
+              help="Also pynetdicom's own log (every association and message) and pydicom's warnings about the data.")
 def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
-                  completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, epoch, tta, names,
-                  allow_missing_targets, verbose):
+                  completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, max_associations,
+                  max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets, verbose):
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
     setup_logging()
     if status:
         from provided_code.apps.node.journal import Journal, summary_lines
+        from provided_code.apps.node.store import JOURNAL_FILE
 
         try:
-            journal = Journal(Path(store_dir) / "journal.sqlite", readonly=True)
+            journal = Journal(Path(store_dir) / JOURNAL_FILE, readonly=True)
             click.echo("\n".join(summary_lines(journal)))
         except USER_ERRORS as error:
             raise click.ClickException(one_line(error)) from None
@@ -205,12 +215,16 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
     import logging
     import signal
     import threading
+    import warnings
 
     from provided_code.errors import UserError
     from provided_code.apps.node.sender import check_ae_title, parse_destination
     from provided_code.apps.node.server import Node, NodeSettings
 
     logging.getLogger("pynetdicom").setLevel(logging.INFO if verbose else logging.CRITICAL)
+    if not verbose:  # what a client sends is judged by the node, in one line per object; pydicom's words on it are
+        logging.getLogger("pydicom").setLevel(logging.ERROR)  # many lines per object (a bad UID, an ESC byte)
+        warnings.filterwarnings("ignore", module="pydicom")
     try:
         settings = NodeSettings(
             store=Path(store_dir), ae_title=check_ae_title(ae_title, "ae_title"), host=host, port=port,
@@ -218,7 +232,9 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
             allow=tuple(check_ae_title(title, "allow") for title in allow.split(",")) if allow else (),
             tls_cert=tls_cert and Path(tls_cert), tls_key=tls_key and Path(tls_key), tls_ca=tls_ca and Path(tls_ca),
             completion_timeout=completion_timeout, max_object_bytes=int(max_object_mb * 1e6),
-            min_free_bytes=int(min_free_mb * 1e6), send_attempts=send_attempts, send_backoff=send_backoff)
+            min_free_bytes=int(min_free_mb * 1e6), send_attempts=send_attempts, send_backoff=send_backoff,
+            max_associations=max_associations, max_pending=max_pending, acse_timeout=acse_timeout,
+            network_timeout=network_timeout)
     except UserError as error:
         raise click.BadParameter(str(error)) from None
     stop = threading.Event()
@@ -236,6 +252,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
         pass
     click.echo("Stopping: finishing the running prediction, if any.", err=True)
     node.stop()
+    predictor.close()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,14 @@ MAX_PIXEL = 2**32 - 1
 # from a planning system's (the DICOM node does not predict on a dose it sent itself).
 MANUFACTURER = "provided_code"
 
+MANUFACTURER = "provided_code"  # the Manufacturer of every RT Dose written here (the node knows its own by it)
+# Dose Summation Type (3004,000A) of a predicted dose. Each Defined Term of PS3.3 C.8.8.3 makes a Type 1C
+# reference required: Referenced RT Plan Sequence for PLAN, MULTI_PLAN, FRACTION, BEAM, BRACHY and their
+# _SESSION values and CONTROL_POINT (the plan the dose was calculated for), Referenced Treatment Record
+# Sequence for RECORD. A prediction is calculated for no plan, so it names none and takes a term of its own
+# (Defined Terms may be extended): its 1C conditions hold, and no reader mistakes it for a plan's dose.
+DOSE_SUMMATION_TYPE = "PREDICTED"
+
 
 @dataclasses.dataclass
 class DoseGrid:
@@ -196,7 +204,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     ds.DoseUnits = "GY"
     ds.DoseType = "PHYSICAL"
     ds.DoseComment = description[:64]
-    ds.DoseSummationType = "PLAN"
+    ds.DoseSummationType = DOSE_SUMMATION_TYPE
     ds.GridFrameOffsetVector = [f"{value:.6g}" for value in z - z[0]]
     ds.DoseGridScaling = f"{scaling:.8e}"
     ds.PixelData = pixels.tobytes()

@@ -2,9 +2,10 @@
 
 Tables: ``objects`` (every object received: its UIDs, modality, file, size, calling AE title,
 times received), ``patients`` (one per structure set: its state, the reason of a failure, the CT
-series it was drawn on, its result folder), ``referenced_images`` (the CT images each structure
-set names), ``history`` (every state a patient entered, with the reason and time) and ``sends``
-(every send attempt, its destination, outcome and detail). A patient's states::
+series it was drawn on, its result folder, the import's warnings), ``referenced_images`` (the CT
+images each structure set names), ``history`` (every state a patient entered, with the reason and
+time), ``sends`` (every send attempt, its destination, outcome and detail) and ``refusals`` (every
+object answered with a failure status: what it named, the status and why). A patient's states::
 
     receiving -> ready -> predicting -> predicted -> sent
          \\          \\          \\            \\
@@ -13,20 +14,27 @@ set names), ``history`` (every state a patient entered, with the reason and time
 A patient caught ``predicting`` by a crash goes back to ``ready`` (its outputs were never
 committed); a ``failed`` one is tried again when any of its objects is sent again (back to
 ``receiving``, or to ``predicted`` when only the send had failed).
+
+Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and the send outcome
+``error`` (format 1 wrote ``failed``, the patients' state's word): a format-1 journal is brought
+to format 2 when a node opens it, and read as format 2 by ``--status`` without being changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
 
 from provided_code.errors import UserError
-from provided_code.apps.node.readiness import References, SeriesStatus
+from provided_code.apps.node.readiness import READY, References, SeriesStatus
+from provided_code.apps.node.text import printable
 
-RECEIVING, READY, PREDICTING, PREDICTED = "receiving", "ready", "predicting", "predicted"
+# A patient's states; READY is also readiness's decision that the patient is complete
+RECEIVING, PREDICTING, PREDICTED = "receiving", "predicting", "predicted"
 SENT, FAILED = "sent", "failed"
 STATES = (RECEIVING, READY, PREDICTING, PREDICTED, SENT, FAILED)
 NEXT = {
@@ -37,7 +45,7 @@ NEXT = {
     SENT: set(),
     FAILED: {RECEIVING, PREDICTED},
 }
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
@@ -50,7 +58,7 @@ CREATE TABLE IF NOT EXISTS patients (
     structure_set_uid TEXT PRIMARY KEY, patient_id TEXT NOT NULL, study_uid TEXT NOT NULL,
     frame_uid TEXT NOT NULL, series_uid TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
     failed_in TEXT NOT NULL, output TEXT NOT NULL, send_attempts INTEGER NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL);
+    created REAL NOT NULL, updated REAL NOT NULL, warnings TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS patients_by_state ON patients (state);
 CREATE TABLE IF NOT EXISTS referenced_images (
     structure_set_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL,
@@ -63,8 +71,22 @@ CREATE TABLE IF NOT EXISTS sends (
     id INTEGER PRIMARY KEY AUTOINCREMENT, structure_set_uid TEXT NOT NULL, attempt INTEGER NOT NULL,
     destination TEXT NOT NULL, started REAL NOT NULL, finished REAL, outcome TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS sends_by_patient ON sends (structure_set_uid);
+CREATE TABLE IF NOT EXISTS refusals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, calling_ae TEXT NOT NULL, peer TEXT NOT NULL,
+    sop_instance_uid TEXT NOT NULL, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL, series_uid TEXT NOT NULL,
+    frame_uid TEXT NOT NULL, patient_id TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS refusals_by_instance ON refusals (sop_instance_uid);
+CREATE INDEX IF NOT EXISTS refusals_by_series ON refusals (series_uid);
 """
-PENDING, OK, FAILED_SEND, INTERRUPTED = "pending", "ok", "failed", "interrupted"
+# A send attempt's outcomes (sends.outcome)
+PENDING, OK, FAILED_SEND, INTERRUPTED = "pending", "ok", "error", "interrupted"
+FORMAT_1_FAILED_SEND = "failed"  # what format 1 wrote for FAILED_SEND
+
+
+def _format_1_to_2(db) -> None:
+    """A format-1 journal's tables as format 2 has them (the new table is made by SCHEMA)."""
+    db.execute("ALTER TABLE patients ADD COLUMN warnings TEXT NOT NULL DEFAULT ''")
+    db.execute("UPDATE sends SET outcome = ? WHERE outcome = ?", (FAILED_SEND, FORMAT_1_FAILED_SEND))
 
 
 class JournalError(UserError, RuntimeError):
@@ -72,7 +94,9 @@ class JournalError(UserError, RuntimeError):
 
 
 class Journal:
-    """One SQLite connection shared by the node's threads (serialised by a lock)."""
+    """One SQLite connection shared by the node's threads (serialised by a lock). A new journal's
+    files are the owner's only (0600), whatever the umask: SQLite gives its write-ahead log the
+    database file's permissions."""
 
     def __init__(self, path: Path | str, readonly: bool = False):
         self.path = Path(path)
@@ -83,19 +107,24 @@ class Journal:
             self._db = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
                                        check_same_thread=False, timeout=10)
         else:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # before SQLite creates it with 0644
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # a C-STORE answered 'success' survives a power cut
         self._db.row_factory = sqlite3.Row
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise JournalError(f"{self.path}: journal format {version} is newer than this program's {SCHEMA_VERSION}")
+        self.version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if self.version > SCHEMA_VERSION:
+            raise JournalError(f"{self.path}: journal format {self.version} is newer than this program's "
+                               f"{SCHEMA_VERSION}")
         if not readonly:
             with self._transaction() as db:
+                if self.version == 1:
+                    _format_1_to_2(db)
                 for statement in SCHEMA.split(";"):  # executescript would commit on its own
                     if statement.strip():
                         db.execute(statement)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self.version = SCHEMA_VERSION
 
     def close(self) -> None:
         with self._lock:
@@ -144,6 +173,22 @@ class Journal:
                            "ORDER BY received DESC LIMIT 1", (frame_uid,))
         return rows[0]["path"] if rows else None
 
+    def add_refusal(self, *, sop_instance_uid: str, sop_class_uid: str = "", modality: str = "", series_uid: str = "",
+                    frame_uid: str = "", patient_id: str = "", calling_ae: str = "", peer: str = "", status: int,
+                    reason: str, now: float | None = None) -> None:
+        """Record an object answered with a failure ``status`` and why, with what it named (each
+        value as the network sent it, made printable: it may be no valid UID at all)."""
+        now = time.time() if now is None else now
+        values = [printable(value) for value in (calling_ae, peer, sop_instance_uid, sop_class_uid, modality,
+                                                 series_uid, frame_uid, patient_id)]
+        with self._transaction() as db:
+            db.execute("INSERT INTO refusals (time, calling_ae, peer, sop_instance_uid, sop_class_uid, modality, "
+                       "series_uid, frame_uid, patient_id, status, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (now, *values, int(status), reason))
+
+    def refusals(self) -> list[sqlite3.Row]:
+        return self._query("SELECT * FROM refusals ORDER BY id")
+
     # Patients
 
     def add_structure_set(self, uid: str, patient_id: str, study_uid: str, references: References,
@@ -156,7 +201,9 @@ class Journal:
             if row is not None:
                 return "reopened" if row["state"] == FAILED and self._reopen(db, uid, now) else row["state"]
             series = references.series_uids[0] if len(references.series_uids) == 1 else ""
-            db.execute("INSERT INTO patients VALUES (?, ?, ?, ?, ?, ?, '', '', '', 0, ?, ?)",
+            db.execute("INSERT INTO patients (structure_set_uid, patient_id, study_uid, frame_uid, series_uid, state, "
+                       "reason, failed_in, output, send_attempts, created, updated) "
+                       "VALUES (?, ?, ?, ?, ?, ?, '', '', '', 0, ?, ?)",
                        (uid, patient_id, study_uid, references.frame_uid, series, RECEIVING, now, now))
             db.executemany("INSERT OR IGNORE INTO referenced_images VALUES (?, ?)",
                            [(uid, image) for image in references.images])
@@ -252,8 +299,21 @@ class Journal:
                 slices, last = self._db.execute("SELECT COUNT(*), MAX(received) FROM objects WHERE series_uid = ? "
                                                 "AND modality = 'CT'", (series,)).fetchone()
             own = self._db.execute("SELECT received FROM objects WHERE sop_instance_uid = ?", (uid,)).fetchone()
+            refused = self._refused(uid, series, frame, expected)
         last = max(last or 0.0, own[0] if own else patient["created"], patient["updated"])
-        return SeriesStatus(series, expected, sum(found.values()), slices, last, problem)
+        return SeriesStatus(series, expected, sum(found.values()), slices, last, problem, refused)
+
+    def _refused(self, uid: str, series: str, frame: str, expected: int) -> tuple[str, ...]:
+        """The objects of a patient refused and not received since: the images its structure set
+        names, CT images of its series, or (naming none) of its frame of reference."""
+        rows = self._db.execute(
+            "SELECT * FROM refusals r WHERE NOT EXISTS (SELECT 1 FROM objects o WHERE o.sop_instance_uid = "
+            "r.sop_instance_uid) AND (r.sop_instance_uid IN (SELECT sop_instance_uid FROM referenced_images WHERE "
+            "structure_set_uid = ?) OR (? != '' AND r.series_uid = ?) OR (? = 0 AND ? != '' AND r.frame_uid = ? "
+            "AND r.modality = 'CT')) ORDER BY r.id", (uid, series, series, expected, frame, frame)).fetchall()
+        latest = {row["sop_instance_uid"]: row for row in rows}  # an object refused twice: its last refusal
+        return tuple(f"{row['modality'] or 'object'} {row['sop_instance_uid']} (status 0x{row['status']:04X}: "
+                     f"{row['reason']})" for row in latest.values())
 
     # Sends
 
@@ -294,7 +354,10 @@ class Journal:
                        db.execute("SELECT modality, COUNT(*), SUM(bytes) FROM objects GROUP BY modality")}
             last_object = db.execute("SELECT MAX(received) FROM objects").fetchone()[0]
             states = dict(db.execute("SELECT state, COUNT(*) FROM patients GROUP BY state").fetchall())
-            sends = dict(db.execute("SELECT outcome, COUNT(*) FROM sends GROUP BY outcome").fetchall())
+            sends = {}
+            for outcome, count in db.execute("SELECT outcome, COUNT(*) FROM sends GROUP BY outcome").fetchall():
+                outcome = FAILED_SEND if self.version < 2 and outcome == FORMAT_1_FAILED_SEND else outcome
+                sends[outcome] = sends.get(outcome, 0) + count
             recent = [dict(row) for row in db.execute(
                 "SELECT structure_set_uid, patient_id, state, reason, updated FROM patients "
                 "ORDER BY updated DESC LIMIT 20")]
@@ -305,8 +368,15 @@ class Journal:
                 "SELECT COUNT(DISTINCT o.series_uid) FROM objects o WHERE o.modality = 'CT' AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = o.series_uid) AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = '' AND p.frame_uid = o.frame_uid)").fetchone()[0]
+            refusals, latest_refusals = 0, []
+            if self.version >= 2:  # format 1 kept no refusals
+                refusals = db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0]
+                latest_refusals = [dict(row) for row in db.execute(
+                    "SELECT time, calling_ae, peer, sop_instance_uid, modality, patient_id, status, reason "
+                    "FROM refusals ORDER BY id DESC LIMIT 5")]
         return {"objects": objects, "last_object": last_object, "states": states, "sends": sends,
-                "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed}
+                "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
+                "refusals": refusals, "latest_refusals": latest_refusals}
 
 
 def summary_lines(journal: Journal) -> list[str]:
@@ -334,10 +404,16 @@ def summary_lines(journal: Journal) -> list[str]:
     for send in summary["failed_sends"]:
         lines.append(f"  {when(send['finished'])} attempt {send['attempt']} to {send['destination']} for structure "
                      f"set {send['structure_set_uid']}: {send['detail'] or 'interrupted'}")
+    if summary["refusals"]:
+        lines.append(f"Objects refused: {summary['refusals']}")
+    for refusal in summary["latest_refusals"]:
+        lines.append(f"  {when(refusal['time'])} {refusal['modality'] or 'object'} {refusal['sop_instance_uid']} of "
+                     f"{refusal['patient_id'] or '(no PatientID)'} from {refusal['calling_ae']}, status "
+                     f"0x{refusal['status']:04X}: {refusal['reason']}")
     if summary["recent"]:
         lines.append("Latest patients (PatientID, state, structure set, reason):")
     for row in summary["recent"]:
-        patient = "".join(c if c.isprintable() else "?" for c in row["patient_id"]) or "(no PatientID)"
+        patient = printable(row["patient_id"]) or "(no PatientID)"
         reason = f": {row['reason']}" if row["reason"] else ""
         lines.append(f"  {when(row['updated'])} {patient} {row['state']} {row['structure_set_uid']}{reason}")
     return lines

@@ -37,19 +37,25 @@ class SeriesStatus:
     slices: int  # CT images of ``series_uid`` here
     last_received: float  # time of the newest object of the patient (structure set or CT)
     problem: str = ""  # a reason to fail now, whatever arrives later
+    refused: tuple[str, ...] = ()  # its objects refused (and not received since), each described
 
     @property
     def complete(self) -> bool:
         return not self.problem and bool(self.series_uid) and self.slices >= 2 and self.present == self.expected
 
     def describe(self) -> str:
-        """What is missing, for a failure reason."""
+        """What is missing, for a failure reason (and what of it was refused)."""
         if self.expected:
             here = f" (series {self.series_uid}: {self.slices} images here)" if self.series_uid else ""
-            return f"{self.present} of the {self.expected} CT images it names arrived{here}"
-        if not self.series_uid:
-            return "no CT series of its frame of reference arrived"
-        return f"series {self.series_uid} has {self.slices} CT image(s)"
+            missing = f"{self.present} of the {self.expected} CT images it names arrived{here}"
+        elif not self.series_uid:
+            missing = "no CT series of its frame of reference arrived"
+        else:
+            missing = f"series {self.series_uid} has {self.slices} CT image(s)"
+        if not self.refused:
+            return missing
+        shown = "; ".join(self.refused[:3]) + (f"; and {len(self.refused) - 3} more" if len(self.refused) > 3 else "")
+        return f"{missing}; {len(self.refused)} refused: {shown}"
 
 
 def decide(status: SeriesStatus, now: float, timeout: float, busy: bool) -> tuple[str, str]:

@@ -2,7 +2,9 @@
 
 One association per attempt; a failed attempt (refused association, no answer, a failure status)
 is retried after a delay that doubles from ``--send-backoff`` up to a ceiling, for at most
-``--send-attempts`` attempts (the node journals each one).
+``--send-attempts`` attempts (the node journals each one). Over TLS, a connection that fails is
+tried once more without DICOM to say what failed: the destination's certificate not trusted (by
+``--tls-ca``), a certificate for another name, no TLS at all, or this node's certificate refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ AE_TITLE = re.compile(r"[\x20-\x5b\x5d-\x7e]{1,16}")  # DICOM AE: 16 characters 
 SUCCESS_STATUSES = {0x0000}
 WARNING_STATUSES = {0xB000, 0xB006, 0xB007}  # coercion of data elements, elements discarded, data set mismatch
 MAX_BACKOFF_S = 300.0
+NAME_MISMATCH_CODES = {62, 64}  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+NO_TLS_REASONS = {"WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE",
+                  "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"}  # the peer answered in no TLS
 
 
 class SendError(UserError, RuntimeError):
@@ -105,6 +110,9 @@ def send_file(path: os.PathLike | str, destination: Destination, calling_ae: str
     except (OSError, ssl.SSLError) as error:
         raise SendError(f"cannot connect to {destination}: {error}") from None
     if not assoc.is_established:
+        tls_failure = tls_failure_of(destination, ssl_context, timeout) if ssl_context and not connected else None
+        if tls_failure:
+            raise SendError(f"{destination}: TLS failed, {tls_failure}")
         what = ("cannot be reached (no connection)" if not connected else "refused the association"
                 if assoc.is_rejected else "aborted the association" if assoc.is_aborted
                 else "did not answer the association request")
@@ -125,3 +133,29 @@ def send_file(path: os.PathLike | str, destination: Destination, calling_ae: str
     if code in WARNING_STATUSES:
         return f"stored with warning status 0x{code:04X}{': ' + comment if comment else ''}"
     raise SendError(f"{destination} answered status 0x{code:04X}{': ' + comment if comment else ''}")
+
+
+def tls_failure_of(destination: Destination, ssl_context: ssl.SSLContext, timeout: float = 10.0) -> str | None:
+    """Why a TLS connection to ``destination`` fails, in words: ``certificate not trusted``, ``name
+    mismatch``, ``no TLS`` or ``this node's certificate refused`` (each with OpenSSL's reason); None
+    when no TCP connection opens at all, or the handshake succeeds now."""
+    try:
+        raw = socket.create_connection((destination.host, destination.port), timeout=min(timeout, 10.0))
+    except OSError:
+        return None
+    with raw:
+        try:
+            with ssl_context.wrap_socket(raw, server_hostname=destination.host):
+                return None
+        except ssl.SSLCertVerificationError as error:
+            kind = "name mismatch" if error.verify_code in NAME_MISMATCH_CODES else "certificate not trusted"
+            return f"{kind}: {error.verify_message}"
+        except ssl.SSLError as error:
+            reason = error.reason or type(error).__name__
+            if reason in NO_TLS_REASONS or isinstance(error, ssl.SSLEOFError):
+                return f"no TLS (the destination answered the handshake in plain text or closed: {reason})"
+            if "ALERT" in reason:
+                return f"this node's certificate refused ({reason})"
+            return f"handshake failed: {reason}"
+        except OSError as error:  # reset or silent: a listener that speaks no TLS
+            return f"no TLS (the destination did not answer the handshake: {error.strerror or type(error).__name__})"

@@ -1,25 +1,25 @@
-"""The node: a Storage SCP (with Verification) for CT, RT Structure Set, RT Plan and RT Dose, and
-the threads that predict and send.
+"""The node's transport: a Storage SCP (with Verification) for CT, RT Structure Set, RT Plan and RT
+Dose on pynetdicom, and the :class:`Node` that wires it to the intake checks (``intake``), the
+store, the patients' state machine (``patients``) and the send queue (``send_queue``).
 
-- Each C-STORE is checked (size limit, free-disk floor, decodable, UIDs of digits and dots, SOP
-  class and instance as the request says), written whole into the store, journaled, then answered
-  with success; anything else is answered with a DICOM failure status and one log line.
-- A patient (a structure set) becomes ready when every CT image it names is here and no open
-  association is still delivering its objects (see ``readiness``); one worker thread predicts
-  the ready patients one at a time with the model loaded at start; its outputs are written into
-  a staging folder and committed by one rename; a sender thread sends each RT Dose with back-off.
-- At start the journal says where each patient stood: the node picks up from there.
+- A connection has ``--acse-timeout`` seconds to finish its TLS handshake and start its association
+  request; until it does it is no association (it counts against no limit, costs one waiting
+  thread), and at most ``--max-pending`` such connections are kept: beyond, the oldest is closed.
+  At most ``--max-associations`` associations are served at once; one more is rejected (transient,
+  local limit exceeded) and logged with its address. An association silent for ``--network-timeout``
+  seconds is aborted.
+- Each C-STORE is checked (``intake``), written whole into the store, journaled, then answered
+  with success; anything else is answered with a DICOM failure status, journaled as a refusal and
+  logged in one line naming the object's patient.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import logging
 import os
-import queue
-import shutil
+import select
+import socket
 import socketserver
 import ssl
 import sys
@@ -37,41 +37,28 @@ from pynetdicom import ALL_TRANSFER_SYNTAXES, AE, evt
 from pynetdicom.sop_class import Verification
 from pynetdicom.transport import ThreadedAssociationServer
 
-from provided_code.errors import UserError
-from provided_code.apps.node.journal import (
-    FAILED,
-    FAILED_SEND,
-    OK,
-    PREDICTED,
-    PREDICTING,
-    READY,
-    RECEIVING,
-    SENT,
-    Journal,
+from provided_code.apps.node.intake import (
+    OUT_OF_RESOURCES,
+    PROCESSING_FAILURE,
+    SOP_CLASSES,
+    SUCCESS,
+    Refusal,
+    check_room,
+    examine,
+    named_in,
 )
-from provided_code.apps.node.readiness import FAIL, READY as DECIDED_READY, decide, structure_set_references
-from provided_code.apps.node.sender import Destination, SendError, backoff_delay, client_ssl_context, send_file
-from provided_code.apps.node.store import InvalidUIDError, Store, check_uid
+from provided_code.apps.node.journal import Journal
+from provided_code.apps.node.patients import Patients
+from provided_code.apps.node.send_queue import SendQueue
+from provided_code.apps.node.sender import Destination, client_ssl_context
+from provided_code.apps.node.store import Store
+from provided_code.apps.node.text import one_line, printable, text_of
 from provided_code.infra.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
-SOP_CLASSES = {
-    "1.2.840.10008.5.1.4.1.1.2": "CT",
-    "1.2.840.10008.5.1.4.1.1.481.3": "RTSTRUCT",
-    "1.2.840.10008.5.1.4.1.1.481.5": "RTPLAN",
-    "1.2.840.10008.5.1.4.1.1.481.2": "RTDOSE",
-}
-OUT_OF_RESOURCES = 0xA700
-DATA_SET_MISMATCH = 0xA900
-CANNOT_UNDERSTAND = 0xC000
-PROCESSING_FAILURE = 0x0110
-OWN_MANUFACTURER = "provided_code"  # what the RT Doses this project writes say (rtdose.write_rtdose)
-RESULT_RTDOSE = "RD.dcm"
 MAX_PDU = 256 * 1024
-# Tests only: while the file this names exists, the worker waits after writing a prediction's
-# outputs and before committing them (so that a test can kill the node mid-prediction).
-HOLD_VARIABLE = "OPENKBP_NODE_TEST_HOLD"
+LOCAL_LIMIT_EXCEEDED = (0x02, 0x03, 0x02)  # A-ASSOCIATE-RJ: transient, presentation-related, local limit exceeded
 
 
 @dataclasses.dataclass
@@ -90,48 +77,10 @@ class NodeSettings:
     min_free_bytes: int = 1024**3
     send_attempts: int = 10
     send_backoff: float = 5.0  # s before the second attempt; doubling, at most sender.MAX_BACKOFF_S
-    network_timeout: float = 60.0
-    max_associations: int = 10
-
-
-class Refusal(Exception):
-    """A C-STORE answered with a failure status: ``status`` and a short ``comment``."""
-
-    def __init__(self, status: int, comment: str):
-        super().__init__(comment)
-        self.status, self.comment = status, comment
-
-
-def _text(value) -> str:
-    return "" if value is None else str(value).strip()
-
-
-def _printable(value, limit: int = 64) -> str:
-    """Tag text for a log line: control characters replaced, at most ``limit`` characters."""
-    text = "".join(c if c.isprintable() else "?" for c in _text(value))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error) if isinstance(error, (UserError, OSError)) else f"{type(error).__name__}: {error}"
-    return " ".join(text.split())
-
-
-def _check_pixel_data(dataset, transfer_syntax) -> None:
-    """A CT image's pixel data is there and, uncompressed, as long as its rows, columns and bits say
-    (a truncated object is refused now rather than failing its patient later)."""
-    try:
-        pixels = dataset.get("PixelData")
-        shape = [int(dataset.get(tag) or 0) for tag in ("Rows", "Columns", "BitsAllocated")]
-        frames, samples = int(dataset.get("NumberOfFrames") or 1), int(dataset.get("SamplesPerPixel") or 1)
-    except (TypeError, ValueError):
-        raise Refusal(CANNOT_UNDERSTAND, "CT image with unreadable image attributes") from None
-    if not pixels or not all(shape):
-        raise Refusal(CANNOT_UNDERSTAND, "CT image without pixel data, rows, columns or bits")
-    if not UID(transfer_syntax).is_compressed:
-        expected = shape[0] * shape[1] * (shape[2] // 8) * frames * samples
-        if not expected <= len(pixels) <= expected + 1:
-            raise Refusal(CANNOT_UNDERSTAND, f"pixel data of {len(pixels)} bytes, expected {expected}")
+    network_timeout: float = 60.0  # s an association may be silent (and a send wait for an answer)
+    acse_timeout: float = 10.0  # s a connection has to finish its TLS handshake and request an association
+    max_associations: int = 20  # associations served at once
+    max_pending: int = 100  # connections at once that have not requested an association yet
 
 
 def server_ssl_context(cert: os.PathLike | str, key: os.PathLike | str,
@@ -147,12 +96,18 @@ def server_ssl_context(cert: os.PathLike | str, key: os.PathLike | str,
     return context
 
 
-class _Server(ThreadedAssociationServer):
-    """pynetdicom's server with the TLS handshake moved from the accept loop (where one client that
-    never completes it would hold up every other) into the association's own thread, bounded by
-    ``handshake_timeout``; and its errors as one log line rather than a traceback."""
+def _peer(address) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)
 
-    handshake_timeout = 30.0
+
+class _Server(ThreadedAssociationServer):
+    """pynetdicom's server, with each connection held in its own thread until it starts its
+    association request (see the module docstring): the TLS handshake moved there from the accept
+    loop, where one client that never completes it would hold up every other; and its errors as one
+    log line rather than a traceback."""
+
+    acse_timeout = 30.0
+    max_pending = 100
 
     def get_request(self):
         client, address = self.socket.accept()
@@ -161,33 +116,100 @@ class _Server(ThreadedAssociationServer):
         return client, address
 
     def process_request_thread(self, request, client_address):
-        if isinstance(request, ssl.SSLSocket):
-            try:
-                request.settimeout(self.handshake_timeout)
-                request.do_handshake()
-                request.settimeout(None)
-            except (OSError, ValueError) as error:
-                logger.warning("TLS handshake with %s failed: %s", client_address[0], _one_line(error))
-                self.shutdown_request(request)
-                return
+        if not self._await_association(request, client_address):
+            self.shutdown_request(request)
+            return
         super().process_request_thread(request, client_address)
 
+    def server_bind(self):
+        super().server_bind()
+        self._waiting: dict[socket.socket, float] = {}  # connections not associated yet -> since when
+        self._waiting_lock = threading.Lock()
+
+    def _await_association(self, request, address) -> bool:
+        """Whether the connection starts its association request within ``acse_timeout`` (its TLS
+        handshake first); while it waits, one of at most ``max_pending``."""
+        waiting = self._waiting
+        with self._waiting_lock:
+            evicted = None
+            if len(waiting) >= self.max_pending:
+                evicted = min(waiting, key=waiting.get)
+                del waiting[evicted]
+            waiting[request] = time.monotonic()
+        if evicted is not None:
+            logger.warning("Closed a connection from %s that had not requested an association: %d connections "
+                           "waiting, the most --max-pending allows", _peer(_address_of(evicted)), self.max_pending)
+            _close_socket(evicted)
+        deadline = time.monotonic() + self.acse_timeout
+        try:
+            if isinstance(request, ssl.SSLSocket):
+                try:
+                    request.settimeout(self.acse_timeout)
+                    request.do_handshake()
+                    request.settimeout(None)
+                except (OSError, ValueError) as error:
+                    if self._still_waiting(request):
+                        logger.warning("TLS handshake with %s failed: %s", _peer(address), one_line(error))
+                    return False
+                if request.pending():
+                    return self._still_waiting(request)
+            poller = select.poll()  # not select.select: its descriptors stop at 1024
+            poller.register(request, select.POLLIN)
+            readable = poller.poll(max(deadline - time.monotonic(), 0) * 1000)
+            if not self._still_waiting(request):
+                return False  # closed to make room (logged by whom closed it)
+            if not readable:
+                logger.info("Closed a connection from %s: no association request within %g s (--acse-timeout)",
+                            _peer(address), self.acse_timeout)
+                return False
+            if not isinstance(request, ssl.SSLSocket) and not request.recv(1, socket.MSG_PEEK):
+                return False  # closed by the client before a word
+            return True
+        except (OSError, ValueError):
+            return False  # closed (by the client, or to make room)
+        finally:
+            with self._waiting_lock:
+                waiting.pop(request, None)
+
+    def _still_waiting(self, request) -> bool:
+        with self._waiting_lock:
+            return request in self._waiting
+
     def handle_error(self, request, client_address):
-        logger.error("Connection from %s failed: %s", client_address[0], _one_line(sys.exc_info()[1]))
+        logger.error("Connection from %s failed: %s", _peer(client_address), one_line(sys.exc_info()[1]))
 
     def shutdown(self):
         socketserver.BaseServer.shutdown(self)
         self.server_close()
+        with self._waiting_lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for request in waiting:
+            _close_socket(request)
         for assoc in list(self.active_associations):
             assoc.abort()
 
 
+def _address_of(sock) -> tuple | str:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return "(gone)"
+
+
+def _close_socket(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout: float = 30.0):
+                 acse_timeout: float = 30.0, max_pending: int = 100):
     """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`); ``shutdown()`` stops it
     within a tenth of a second."""
     server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server)
-    server.handshake_timeout = handshake_timeout
+    server.acse_timeout, server.max_pending = acse_timeout, max_pending
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
                               daemon=True)
     thread.start()
@@ -195,45 +217,52 @@ def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.
 
 
 class Node:
-    """A running node (``start``/``stop``, or a ``with`` block). ``predictor(ct_dir, rtstruct,
-    out_dir, rtdose)`` writes a patient's outputs into ``out_dir`` (see ``predictor``)."""
+    """A running node (``start``/``stop``, or a ``with`` block). ``predictor``: see
+    :class:`~provided_code.apps.node.patients.Patients`."""
 
     def __init__(self, settings: NodeSettings, predictor: Callable):
         self.settings = settings
         self.predictor = predictor
         self.store = Store(settings.store)
         self.journal: Journal | None = None
-        self._lock = threading.RLock()
-        self._open: dict[int, set[str]] = {}  # association -> series and frame UIDs it delivered
-        self._predictions: queue.Queue[str] = queue.Queue()
-        self._sends: list[tuple[float, int, str]] = []
-        self._send_order = itertools.count()
-        self._send_wakeup = threading.Condition()
+        self.patients: Patients | None = None
+        self.sends: SendQueue | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server = None
         self._lock_file: RunLock | None = None
-        self._send_ssl = (client_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
-                          if settings.tls_ca is not None else None)
 
     # Life
 
     def start(self) -> "Node":
+        settings = self.settings
         self._lock_file = RunLock(self.store.root / ".lock", "a DICOM node", advice="stop it, or give this node another --store")
         self._lock_file.__enter__()  # one node per store, released by stop() or by the process's end
+        self.store.owner_only(self._lock_file.path)
         removed = self.store.clean_temporaries()
         if removed:
             logger.info("Removed %d half-written file(s) an earlier run left in %s", removed, self.store.root)
         self.journal = Journal(self.store.journal_path)
-        self._resume()
+        if settings.send_to is not None:
+            send_ssl = (client_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
+                        if settings.tls_ca is not None else None)
+            self.sends = SendQueue(self.journal, settings.send_to, settings.ae_title, self.predictor.rtdose_file,
+                                   self._name, settings.send_attempts, settings.send_backoff,
+                                   settings.network_timeout, send_ssl)
+        self.patients = Patients(self.journal, self.store, self.predictor, settings.completion_timeout,
+                                 self.sends.schedule if self.sends is not None else None)
+        self.patients.resume()
         self._server = self._start_server()
-        for target, name in ((self._predict_loop, "predict"), (self._send_loop, "send"), (self._watch_loop, "watch")):
-            thread = threading.Thread(target=target, name=f"node-{name}", daemon=True)
+        workers = [(self.patients.work, "predict"), (self.patients.watch, "watch")]
+        if self.sends is not None:
+            workers.append((self.sends.run, "send"))
+        for target, name in workers:
+            thread = threading.Thread(target=target, args=(self._stop,), name=f"node-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        logger.info("Listening as %s on %s:%d%s; store %s%s", self.settings.ae_title, self.settings.host, self.port,
-                    " (TLS)" if self.settings.tls_cert else "", self.store.root,
-                    f"; answers go to {self.settings.send_to}" if self.settings.send_to else "")
+        logger.info("Listening as %s on %s:%d%s; store %s%s", settings.ae_title, settings.host, self.port,
+                    " (TLS)" if settings.tls_cert else "", self.store.root,
+                    f"; answers go to {settings.send_to}" if settings.send_to else "")
         return self
 
     @property
@@ -243,11 +272,12 @@ class Node:
     def stop(self, timeout: float = 60.0) -> None:
         """Stop listening, let a running prediction finish (up to ``timeout``), close the journal."""
         self._stop.set()
-        self._predictions.put("")  # wakes the worker
+        if self.patients is not None:
+            self.patients.wake()
         if self._server is not None:
             self._server.shutdown()
-        with self._send_wakeup:
-            self._send_wakeup.notify_all()
+        if self.sends is not None:
+            self.sends.wake()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.1))
@@ -261,289 +291,102 @@ class Node:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _resume(self) -> None:
-        """Pick up each patient where the journal says it stood."""
-        journal = self.journal
-        interrupted = journal.close_interrupted_sends()
-        for row in journal.patients(PREDICTING):
-            uid = row["structure_set_uid"]
-            final = self.store.result_dir(uid)
-            if (final / RESULT_RTDOSE).is_file():  # committed just before the stop
-                journal.transition(uid, PREDICTED, "outputs committed before the node stopped", output=str(final),
-                                   send_attempts=0)
-            else:
-                journal.transition(uid, READY, "the node stopped during its prediction: predicted again")
-        to_predict = [row["structure_set_uid"] for row in journal.patients(READY)]
-        for uid in to_predict:
-            self._predictions.put(uid)
-        to_send = [row["structure_set_uid"] for row in journal.patients(PREDICTED)] if self.settings.send_to else []
-        for uid in to_send:
-            self._schedule_send(uid, time.time())
-        waiting = len(journal.patients(RECEIVING))
-        if to_predict or to_send or waiting or interrupted:
-            logger.info("Resuming from the journal: %d patient(s) receiving, %d to predict, %d to send "
-                        "(%d send attempt(s) interrupted)", waiting, len(to_predict), len(to_send), interrupted)
+    def _name(self, uid: str) -> str:
+        return self.patients.name(uid)
 
     def _start_server(self):
         settings = self.settings
         ae = AE(ae_title=settings.ae_title)
         ae.add_supported_context(Verification)
         for sop_class in SOP_CLASSES:
-            ae.add_supported_context(UID(sop_class), ALL_TRANSFER_SYNTAXES)
+            ae.add_supported_context(sop_class, ALL_TRANSFER_SYNTAXES)
         ae.require_called_aet = True
         ae.require_calling_aet = list(settings.allow)
         ae.maximum_associations = settings.max_associations
         ae.maximum_pdu_size = MAX_PDU
-        ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = settings.network_timeout
+        ae.acse_timeout = settings.acse_timeout
+        ae.dimse_timeout = ae.network_timeout = settings.network_timeout
         handlers = [(evt.EVT_C_ECHO, self._on_echo), (evt.EVT_C_STORE, self._on_store),
-                    (evt.EVT_CONN_CLOSE, self._on_close), (evt.EVT_REJECTED, self._on_rejected)]
+                    (evt.EVT_CONN_CLOSE, self._on_close), (evt.EVT_REJECTED, self._on_rejected),
+                    (evt.EVT_ACCEPTED, self._on_accepted)]
         context = (server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                    if settings.tls_cert is not None else None)
-        return start_server(ae, (settings.host, settings.port), handlers, context, settings.network_timeout)
+        return start_server(ae, (settings.host, settings.port), handlers, context, settings.acse_timeout,
+                            settings.max_pending)
 
-    # Receiving
+    # Associations
 
     def _on_echo(self, event) -> int:
-        return 0x0000
+        return SUCCESS
 
     def _on_rejected(self, event) -> None:
         requestor = event.assoc.requestor
-        calling, called = _text(requestor.ae_title), _text(getattr(requestor.primitive, "called_ae_title", ""))
-        if self.settings.allow and calling not in self.settings.allow:
-            why = f"calling AE title {_printable(calling)!r} is not in --allow"
+        calling = text_of(requestor.ae_title)
+        called = text_of(getattr(requestor.primitive, "called_ae_title", ""))
+        answer = event.assoc.acceptor.primitive
+        rejection = (answer.result, answer.result_source, answer.diagnostic) if answer is not None else ()
+        if rejection == LOCAL_LIMIT_EXCEEDED:
+            why = f"{self.settings.max_associations} associations open, the most --max-associations allows"
+        elif self.settings.allow and calling not in self.settings.allow:
+            why = f"calling AE title {printable(calling)!r} is not in --allow"
         elif called != self.settings.ae_title:
-            why = f"called AE title {_printable(called)!r} is not {self.settings.ae_title!r}"
+            why = f"called AE title {printable(called)!r} is not {self.settings.ae_title!r}"
         else:
             why = "refused by pynetdicom (see --verbose)"
-        logger.warning("Refused an association from %s: %s", requestor.address, why)
+        logger.warning("Refused an association from %s: %s", _peer((requestor.address, requestor.port)), why)
+
+    def _on_accepted(self, event) -> None:
+        refused = event.assoc.rejected_contexts
+        if refused:
+            requestor = event.assoc.requestor
+            classes = sorted({printable(UID(text_of(context.abstract_syntax)).name) for context in refused})
+            logger.warning("Association from %s at %s: refused its presentation context(s) for %s (this node takes "
+                           "CT Image, RT Structure Set, RT Plan, RT Dose and Verification)",
+                           printable(requestor.ae_title), _peer((requestor.address, requestor.port)),
+                           printable(", ".join(classes), 240))
 
     def _on_close(self, event) -> None:
-        with self._lock:
-            delivered = self._open.pop(id(event.assoc), None)
-        if delivered and not self._stop.is_set():  # while stopping: decided at the next start
-            self._check_patients()
+        self.patients.closed(id(event.assoc), stopping=self._stop.is_set())
+
+    # Receiving
 
     def _on_store(self, event):
-        calling = _printable(event.assoc.requestor.ae_title)
+        settings, request = self.settings, event.request
+        calling = printable(event.assoc.requestor.ae_title)
         try:
-            self._receive(event, calling)
-            return 0x0000
+            size = request.DataSet.getbuffer().nbytes
+            check_room(size, self.store.free_bytes(), settings.max_object_bytes, settings.min_free_bytes)
+            received = examine(lambda: event.dataset, text_of(request.AffectedSOPClassUID),
+                               text_of(request.AffectedSOPInstanceUID), event.context.transfer_syntax)
+            path = self.store.write_object(received.series_uid, received.sop_instance_uid, event.encoded_dataset())
+            self.patients.received(id(event.assoc), received, path, size, calling)
+            return SUCCESS
         except Refusal as refusal:
             status, comment = refusal.status, refusal.comment
         except OSError as error:  # the disk: full, gone, read-only
-            status, comment = OUT_OF_RESOURCES, f"cannot write the object: {_one_line(error)}"
+            status, comment = OUT_OF_RESOURCES, f"cannot write the object: {one_line(error)}"
         except Exception as error:  # noqa: BLE001 - a bad object must not stop the node
-            status, comment = PROCESSING_FAILURE, f"cannot store the object: {_one_line(error)}"
-        logger.warning("Refused a C-STORE from %s (%s), status 0x%04X: %s", calling,
-                       _printable(event.request.AffectedSOPInstanceUID), status, comment)
+            status, comment = PROCESSING_FAILURE, f"cannot store the object: {one_line(error)}"
+        self._refused(event, calling, status, comment)
         answer = Dataset()
         answer.Status = status
         answer.ErrorComment = comment[:64]
         return answer
 
-    def _receive(self, event, calling: str) -> None:
-        settings = self.settings
-        request = event.request
-        size = request.DataSet.getbuffer().nbytes
-        if size > settings.max_object_bytes:
-            raise Refusal(OUT_OF_RESOURCES, f"object of {size / 1e6:.1f} MB over the limit of "
-                                            f"{settings.max_object_bytes / 1e6:.1f} MB")
-        free = self.store.free_bytes()
-        if free - size < settings.min_free_bytes:
-            raise Refusal(OUT_OF_RESOURCES,
-                          f"free disk {free / 1e6:.0f} MB, floor {settings.min_free_bytes / 1e6:.0f} MB")
+    def _refused(self, event, calling: str, status: int, comment: str) -> None:
+        """Journal and log a refused C-STORE with what its data set names."""
+        requestor, request = event.assoc.requestor, event.request
+        names = named_in(lambda: event.dataset)
+        uid = text_of(request.AffectedSOPInstanceUID)
+        modality = names.get("modality") or SOP_CLASSES.get(text_of(request.AffectedSOPClassUID), "object")
+        patient = printable(names.get("patient_id")) or "(no PatientID)"
         try:
-            dataset = event.dataset
-            sop_class, sop_instance = _text(dataset.get("SOPClassUID")), _text(dataset.get("SOPInstanceUID"))
-            series, study = _text(dataset.get("SeriesInstanceUID")), _text(dataset.get("StudyInstanceUID"))
-            frame, patient_id = _text(dataset.get("FrameOfReferenceUID")), _text(dataset.get("PatientID"))
-            manufacturer = _text(dataset.get("Manufacturer"))
-        except Exception as error:  # noqa: BLE001 - pydicom fails in many ways on broken bytes
-            raise Refusal(CANNOT_UNDERSTAND, f"cannot decode the data set ({type(error).__name__})") from None
-        if sop_class != _text(request.AffectedSOPClassUID):
-            raise Refusal(DATA_SET_MISMATCH, "SOPClassUID differs from the request's")
-        if sop_instance != _text(request.AffectedSOPInstanceUID):
-            raise Refusal(DATA_SET_MISMATCH, "SOPInstanceUID differs from the request's")
-        modality = SOP_CLASSES.get(sop_class)
-        if modality is None:  # only if a context was accepted for another class; pynetdicom refuses those
-            raise Refusal(0x0122, "SOP class not supported")
-        for value, what in ((sop_instance, "SOPInstanceUID"), (series, "SeriesInstanceUID"),
-                            (study, "StudyInstanceUID"), (frame, "FrameOfReferenceUID")):
-            try:
-                if value or what != "FrameOfReferenceUID":
-                    check_uid(value, what)
-            except InvalidUIDError:
-                raise Refusal(CANNOT_UNDERSTAND, f"invalid {what} (digits and dots only)") from None
-        if modality == "CT":
-            if not frame:
-                raise Refusal(CANNOT_UNDERSTAND, "CT image without FrameOfReferenceUID")
-            _check_pixel_data(dataset, event.context.transfer_syntax)
-        references = None
-        if modality == "RTSTRUCT":
-            try:
-                references = structure_set_references(dataset)
-                check_uid(references.frame_uid, "FrameOfReferenceUID")
-            except (ValueError, InvalidUIDError) as error:
-                raise Refusal(CANNOT_UNDERSTAND, _one_line(error)) from None
-            frame = references.frame_uid
-        path = self.store.write_object(series, sop_instance, event.encoded_dataset())
-        with self._lock:
-            new = self.journal.add_object(
-                sop_instance_uid=sop_instance, sop_class_uid=sop_class, modality=modality, study_uid=study,
-                series_uid=series, frame_uid=frame, patient_id=patient_id, path=str(path), size=size,
-                calling_ae=calling, own=modality == "RTDOSE" and manufacturer == OWN_MANUFACTURER)
-            self._open.setdefault(id(event.assoc), set()).update({series, frame} - {""})
-            if references is not None:
-                outcome = self.journal.add_structure_set(sop_instance, patient_id, study, references)
-                if references.series_uids:
-                    self._open[id(event.assoc)].add(references.series_uids[0])
-                self._log_structure_set(sop_instance, patient_id, calling, references, outcome)
-            elif modality == "CT":
-                for uid in self.journal.reopen_failed(series, frame):
-                    logger.info("Patient %s: CT images sent again: tried again", self._name(uid))
-        logger.debug("Stored %s %s from %s (%s)", modality, sop_instance, calling, "new" if new else "again")
-
-    def _log_structure_set(self, uid: str, patient_id: str, calling: str, references, outcome: str) -> None:
-        name = f"{_printable(patient_id) or '(no PatientID)'} (structure set {uid})"
-        if outcome == "new":
-            wanted = (f"{len(references.images)} CT images of series {references.series_uids[0]}"
-                      if references.images and references.series_uids else
-                      f"{len(references.images)} CT images" if references.images else
-                      f"the CT series of frame of reference {references.frame_uid}")
-            logger.info("Patient %s from %s: waiting for %s", name, calling, wanted)
-        elif outcome == "reopened":
-            logger.info("Patient %s: sent again after a failure: tried again", name)
-        else:
-            logger.info("Patient %s: structure set received again; already %s", name, outcome)
-
-    def _name(self, uid: str) -> str:
-        row = self.journal.patient(uid)
-        patient_id = _printable(row["patient_id"]) if row is not None else ""
-        return f"{patient_id or '(no PatientID)'} (structure set {uid})"
-
-    # Deciding
-
-    def _check_patients(self) -> None:
-        """Move every receiving patient that is complete to ``ready`` (and queue it); fail those
-        incomplete for longer than the completion timeout."""
-        now = time.time()
-        with self._lock:
-            busy = set().union(*self._open.values()) if self._open else set()
-            for row in self.journal.patients(RECEIVING):
-                uid = row["structure_set_uid"]
-                status = self.journal.series_status(row)
-                decision, reason = decide(status, now, self.settings.completion_timeout,
-                                          bool({row["frame_uid"], status.series_uid} & busy))
-                if decision == DECIDED_READY:
-                    if self.journal.transition(uid, READY, f"{status.slices} CT images of series {status.series_uid}",
-                                               expect=(RECEIVING,), series_uid=status.series_uid):
-                        logger.info("Patient %s: complete (%d CT images), queued for prediction", self._name(uid),
-                                    status.slices)
-                        self._predictions.put(uid)
-                elif decision == FAIL:
-                    if self.journal.transition(uid, FAILED, reason, expect=(RECEIVING,), failed_in=RECEIVING):
-                        logger.error("Patient %s failed: %s", self._name(uid), reason)
-
-    def _watch_loop(self) -> None:
-        interval = min(1.0, max(self.settings.completion_timeout / 4, 0.05))
-        while not self._stop.wait(interval):
-            try:
-                self._check_patients()
-            except Exception as error:  # noqa: BLE001 - keep watching
-                logger.error("Checking the patients failed: %s", _one_line(error))
-
-    # Predicting
-
-    def _predict_loop(self) -> None:
-        while not self._stop.is_set():
-            uid = self._predictions.get()
-            if not uid:
-                continue
-            try:
-                self._predict(uid)
-            except Exception as error:  # noqa: BLE001 - the journal itself failed; the next patient may not
-                logger.error("Patient %s: %s", uid, _one_line(error))
-
-    def _predict(self, uid: str) -> None:
-        journal = self.journal
-        if not journal.transition(uid, PREDICTING, expect=(READY,)):
-            return
-        row = journal.patient(uid)
-        name = self._name(uid)
-        logger.info("Patient %s: predicting", name)
-        start = time.perf_counter()
-        staging = None
-        try:
-            rtdose = journal.reference_dose(row["frame_uid"])
-            staging = self.store.staging_dir(uid)
-            epoch = self.predictor(self.store.series_dir(row["series_uid"]), Path(journal.object_path(uid)), staging,
-                                   Path(rtdose) if rtdose else None)
-            self._hold_for_tests()
-            final = self.store.commit_result(staging, uid)
-            staging = None
-        except Exception as error:  # noqa: BLE001 - a failed prediction fails the patient, not the node
-            reason = f"prediction failed: {_one_line(error)}"
-            journal.transition(uid, FAILED, reason, expect=(PREDICTING,), failed_in=PREDICTING)
-            logger.error("Patient %s failed: %s", name, reason)
-            return
-        finally:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-        seconds = time.perf_counter() - start
-        journal.transition(uid, PREDICTED, f"epoch {epoch}{', with the clinic RT Dose' if rtdose else ''}, "
-                                           f"{seconds:.1f} s", expect=(PREDICTING,), output=str(final), send_attempts=0)
-        logger.info("Patient %s: predicted in %.1f s: %s", name, seconds, final / RESULT_RTDOSE)
-        if self.settings.send_to is not None:
-            self._schedule_send(uid, time.time())
-
-    def _hold_for_tests(self) -> None:
-        hold = os.environ.get(HOLD_VARIABLE)
-        while hold and os.path.exists(hold) and not self._stop.is_set():
-            time.sleep(0.05)
-
-    # Sending
-
-    def _schedule_send(self, uid: str, due: float) -> None:
-        with self._send_wakeup:
-            heapq.heappush(self._sends, (due, next(self._send_order), uid))
-            self._send_wakeup.notify()
-
-    def _send_loop(self) -> None:
-        while True:
-            with self._send_wakeup:
-                while not self._stop.is_set() and (not self._sends or self._sends[0][0] > time.time()):
-                    wait = self._sends[0][0] - time.time() if self._sends else 1.0
-                    self._send_wakeup.wait(min(max(wait, 0.01), 1.0))
-                if self._stop.is_set():
-                    return
-                _, _, uid = heapq.heappop(self._sends)
-            try:
-                self._send(uid)
-            except Exception as error:  # noqa: BLE001 - the journal itself failed; keep sending others
-                logger.error("Patient %s: sending failed: %s", uid, _one_line(error))
-
-    def _send(self, uid: str) -> None:
-        journal, destination = self.journal, self.settings.send_to
-        row = journal.patient(uid)
-        if row is None or row["state"] != PREDICTED:
-            return
-        send_id, attempt = journal.start_send(uid, str(destination))
-        try:
-            detail = send_file(Path(row["output"]) / RESULT_RTDOSE, destination, self.settings.ae_title,
-                               self._send_ssl, timeout=self.settings.network_timeout)
-        except Exception as error:  # noqa: BLE001 - any failure is one failed attempt
-            detail = _one_line(error) if isinstance(error, SendError) else f"{type(error).__name__}: {error}"
-            journal.finish_send(send_id, FAILED_SEND, detail)
-            if attempt >= self.settings.send_attempts:
-                reason = f"not sent to {destination} after {attempt} attempts: {detail}"
-                journal.transition(uid, FAILED, reason, expect=(PREDICTED,), failed_in="sending")
-                logger.error("Patient %s failed: %s", self._name(uid), reason)
-            else:
-                delay = backoff_delay(attempt, self.settings.send_backoff)
-                logger.warning("Patient %s: send attempt %d failed (%s); next in %g s", self._name(uid), attempt,
-                               detail, delay)
-                self._schedule_send(uid, time.time() + delay)
-            return
-        journal.finish_send(send_id, OK, detail)
-        journal.transition(uid, SENT, f"to {destination}, attempt {attempt}", expect=(PREDICTED,))
-        logger.info("Patient %s: RT Dose sent to %s (attempt %d)", self._name(uid), destination, attempt)
+            self.journal.add_refusal(
+                sop_instance_uid=uid, sop_class_uid=names.get("sop_class_uid") or text_of(request.AffectedSOPClassUID),
+                modality=modality, series_uid=names.get("series_uid", ""), frame_uid=names.get("frame_uid", ""),
+                patient_id=names.get("patient_id", ""), calling_ae=calling,
+                peer=_peer((requestor.address, requestor.port)), status=status, reason=comment)
+        except Exception as error:  # noqa: BLE001 - the journal itself failed (a full disk): say so, answer anyway
+            comment = f"{comment} (not journaled: {one_line(error)})"
+        logger.warning("Refused %s %s of patient %s from %s, status 0x%04X: %s", modality, printable(uid), patient,
+                       calling, status, comment)

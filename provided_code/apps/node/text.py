@@ -1,0 +1,48 @@
+"""What the node writes into its log and journal about what the network sent: one line each.
+
+Tag text from a data set (a PatientID, a UID that is not one, an AE title) and the messages of
+errors (an OSError naming a long path, a library's message with a traceback in it) are reduced to
+one line of printable characters of bounded length before they are logged or journaled, so that
+one event is one log line whatever a client sends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from provided_code.errors import UserError
+
+TAG_LIMIT = 64  # characters of a tag's text (a UID or a PatientID is at most 64)
+ERROR_LIMIT = 400  # characters of an error's message
+
+
+def text_of(value) -> str:
+    """A tag's value as stripped text ('' for None)."""
+    return "" if value is None else str(value).strip()
+
+
+def printable(value, limit: int = TAG_LIMIT) -> str:
+    """``value`` as text for a log line: control characters (an ESC, a newline) replaced by ``?``,
+    at most ``limit`` characters (longer: cut, ending in ``...``)."""
+    text = "".join(c if c.isprintable() else "?" for c in text_of(value))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def one_line(error: BaseException, limit: int = ERROR_LIMIT, within: os.PathLike | str | None = None) -> str:
+    """An error as one printable line of at most ``limit`` characters: a user error's or OSError's
+    own message (an OSError's file by its name only, not its whole path), anything else with its
+    type; only the message's first line (what follows is a library's traceback or detail). Paths
+    inside the folder ``within`` (the store) are named relative to it."""
+    if isinstance(error, OSError) and not isinstance(error, UserError) and error.strerror:
+        text = f"[Errno {error.errno}] {error.strerror}"
+        if error.filename is not None:
+            text += f": {Path(str(error.filename)).name}"
+    elif isinstance(error, (UserError, OSError)):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    if within is not None:
+        text = text.replace(f"{os.fspath(within).rstrip(os.sep)}{os.sep}", "")
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return printable(" ".join(first.split()), limit)
