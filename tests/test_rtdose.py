@@ -19,6 +19,7 @@ from pydicom.uid import RTDoseStorage  # noqa: E402
 
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid  # noqa: E402
 from provided_code.dicom.importer import import_patient  # noqa: E402
+from provided_code.sites import openkbp  # noqa: E402
 from tests.kit.node import small_patient  # noqa: E402
 
 # Dose Summation Types whose Referenced RT Plan Sequence is Type 1C-required (PS3.3 C.8.8.3)
@@ -99,7 +100,8 @@ def written(tmp_path_factory):
     phantom, and its data set read back."""
     folder = tmp_path_factory.mktemp("rtdose")
     clinic = small_patient(folder / "clinic", slice_step=8)
-    report = import_patient(clinic / "ct", clinic / "RS.dcm", folder / "patient", rtdose=clinic / "RD.dcm")
+    report = import_patient(clinic / "ct", clinic / "RS.dcm", folder / "patient", rtdose=clinic / "RD.dcm",
+                            site=openkbp())
     shape = tuple(report.geometry.box_shape)
     dose = np.linspace(0, 70, int(np.prod(shape)), dtype=np.float32).reshape(shape)
     path = folder / "RD.dcm"
