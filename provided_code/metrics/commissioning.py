@@ -10,7 +10,8 @@ table's (``D99``, ``D95``, ``D50``, ``Dmean``, ``D1``, ``Dmax``).
 - :func:`fit_summary`: per structure and metric, n, bias, SD, MAE and R² of the predictions;
 - :func:`dosimetric_outliers`: the plans whose achieved metrics lie far from what the model
   predicts for their anatomy, with the reason in words;
-- :func:`goal_table`: per clinical goal, how often the plans and the predictions meet it.
+- :func:`goal_table`: per clinical goal, how often the plans and the predictions meet it;
+- :func:`dvh_curve`: a structure's cumulative DVH, as the report draws a flagged patient's.
 
 Pure arithmetic on tables: no file I/O.
 
@@ -42,6 +43,7 @@ import pandas as pd
 Z_THRESHOLD = 3.5  # |robust z| above this flags a plan (module docstring)
 MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this estimates its standard deviation
 COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
+DVH_STEP_GY = 0.5  # the dose step of a DVH curve (dvh_curve)
 _HOT = ("D1", "Dmax")  # clinical metrics of a target's hottest part (D_<cc>_cc and D_<p> with p < 50 too)
 _METRIC_WORDS = {"mean": "mean dose", "Dmean": "mean dose", "Dmax": "maximum dose", "D99": "D99", "D95": "D95",
                  "D50": "D50 (median dose)", "D1": "D1"}
@@ -191,6 +193,18 @@ def goal_table(plans: pd.DataFrame, goals: Iterable) -> list[dict]:
                         "plan_only": int((plan_meets & ~predicted_meets).sum()),
                         "prediction_only": int((predicted_meets & ~plan_meets).sum())})
     return entries
+
+
+def dvh_curve(doses, step_gy: float = DVH_STEP_GY) -> list[list[float]]:
+    """A structure's cumulative DVH: ``[[Gy, % of its voxels receiving at least Gy], ...]`` at 0,
+    ``step_gy``, 2 ``step_gy``, ... up to its highest dose (empty for no voxels); rounded to 0.001
+    (as the report's curves are drawn and saved)."""
+    values = np.sort(np.asarray(doses, dtype=np.float64).reshape(-1))
+    if not values.size:
+        return []
+    levels = np.arange(0.0, values[-1] + step_gy, step_gy)
+    receiving = 100.0 * (1.0 - np.searchsorted(values, levels, side="left") / values.size)
+    return [[round(float(level), 3), round(float(percent), 3)] for level, percent in zip(levels, receiving)]
 
 
 def _goal(goal) -> tuple[str, str, str, float]:
