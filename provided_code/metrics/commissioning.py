@@ -40,6 +40,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from provided_code.sites import Goal
+
 Z_THRESHOLD = 3.5  # |robust z| above this flags a plan (module docstring)
 MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this estimates its standard deviation
 COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
@@ -165,30 +167,28 @@ def hot_metric(metric: str) -> bool:
 def goal_table(plans: pd.DataFrame, goals: Iterable) -> list[dict]:
     """Per goal, in order: how often the plans and the predictions meet it.
 
-    ``goals``: ``{"structure", "metric", "max_gy"}`` or ``{"structure", "metric", "min_gy"}``
-    dicts, or the site's :class:`~provided_code.sites.Goal`\\ s. Each entry: the goal's
-    ``structure``, ``metric`` and bound (``max_gy`` or ``min_gy``), ``goal`` (in words), ``n``
-    (patients with the structure and metric), ``plans_meeting`` and ``predictions_meeting``
-    (fractions), ``agreement`` (the fraction where "the plan meets it" equals "the prediction meets
-    it"), ``plan_only`` (the plan meets it, the prediction does not) and ``prediction_only`` (the
-    other way round); fractions are None when n is 0. A value exactly at the bound meets it."""
+    ``goals``: the site's :class:`~provided_code.sites.Goal`\\ s, or dicts ``{"structure", "metric",
+    "max_gy"}`` or ``{"structure", "metric", "min_gy"}``. Each entry: the goal's ``structure``,
+    ``metric`` and bound (``max_gy`` or ``min_gy``), ``goal`` (in words), ``n`` (patients with the
+    structure and metric), ``plans_meeting`` and ``predictions_meeting`` (fractions), ``agreement``
+    (the fraction where "the plan meets it" equals "the prediction meets it"), ``plan_only`` (the
+    plan meets it, the prediction does not) and ``prediction_only`` (the other way round);
+    fractions are None when n is 0. A value at the bound meets it (:meth:`Goal.met_by`)."""
     table = _checked(plans)
     entries = []
-    for goal in goals:
-        structure, metric, bound, value = _goal(goal)
-        rows = table.loc[(table["structure"] == structure) & (table["metric"] == metric)]
-        if bound == "max_gy":
-            plan_meets, predicted_meets = rows["plan"] <= value, rows["predicted"] <= value
-        else:
-            plan_meets, predicted_meets = rows["plan"] >= value, rows["predicted"] >= value
+    for goal in map(_goal, goals):
+        rows = table.loc[(table["structure"] == goal.structure) & (table["metric"] == goal.metric)]
+        plan_meets = rows["plan"].map(goal.met_by).astype(bool)
+        predicted_meets = rows["predicted"].map(goal.met_by).astype(bool)
         n = int(len(rows))
 
         def fraction(mask):
             return float(mask.mean()) if n else None
 
-        entries.append({"structure": structure, "metric": metric, bound: value,
-                        "goal": f"{structure} {metric} {'≤' if bound == 'max_gy' else '≥'} {value:g} Gy", "n": n,
-                        "plans_meeting": fraction(plan_meets), "predictions_meeting": fraction(predicted_meets),
+        bound = "max_gy" if goal.max_gy is not None else "min_gy"
+        entries.append({"structure": goal.structure, "metric": goal.metric, bound: getattr(goal, bound),
+                        "goal": str(goal), "n": n, "plans_meeting": fraction(plan_meets),
+                        "predictions_meeting": fraction(predicted_meets),
                         "agreement": fraction(plan_meets == predicted_meets),
                         "plan_only": int((plan_meets & ~predicted_meets).sum()),
                         "prediction_only": int((predicted_meets & ~plan_meets).sum())})
@@ -207,14 +207,14 @@ def dvh_curve(doses, step_gy: float = DVH_STEP_GY) -> list[list[float]]:
     return [[round(float(level), 3), round(float(percent), 3)] for level, percent in zip(levels, receiving)]
 
 
-def _goal(goal) -> tuple[str, str, str, float]:
-    """``(structure, metric, "max_gy" | "min_gy", Gy)`` of a goal dict or a site's Goal."""
-    if not isinstance(goal, Mapping):
-        goal = goal.to_dict()
-    bounds = [key for key in ("max_gy", "min_gy") if goal.get(key) is not None]
+def _goal(goal) -> Goal:
+    """A site's Goal as it is, or one from a goal dict."""
+    if isinstance(goal, Goal):
+        return goal
+    bounds = [key for key in ("max_gy", "min_gy") if isinstance(goal, Mapping) and goal.get(key) is not None]
     if len(bounds) != 1 or "structure" not in goal or "metric" not in goal:
         raise ValueError(f"Invalid goal. Expected structure, metric and one of max_gy or min_gy. Received: {goal!r}")
-    return str(goal["structure"]), str(goal["metric"]), bounds[0], float(goal[bounds[0]])
+    return Goal(str(goal["structure"]), str(goal["metric"]), **{bounds[0]: float(goal[bounds[0]])})
 
 
 def _kinds(kinds) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Treatment sites: which structures a model sees, in which channel order, at which prescriptions,
 which of them a left-right flip swaps, the DICOM names they are matched from, the DVH metrics they
-are scored by, and the beams a plan of the site is delivered with.
+are scored by, and the beams a plan of the site is delivered with; and, apart from what a model is
+(:meth:`Site.same_as` ignores them), the clinical goals commissioning holds its plans to.
 
 A site is data: a JSON file (README, "Treatment sites"). Two are shipped beside this module:
 ``openkbp`` (the challenge's head and neck, today's behaviour exactly) and ``prostate``.

@@ -285,7 +285,7 @@ def _goals(report: dict) -> str:
         return '<p class="muted">The site lists no clinical goals.</p>'
     rows = []
     for goal in goals:
-        rows.append([goal.get("goal") or _goal_words(goal), goal.get("n"), _percent(goal.get("plans_meeting")),
+        rows.append([goal.get("goal"), goal.get("n"), _percent(goal.get("plans_meeting")),
                      _percent(goal.get("predictions_meeting")), _percent(goal.get("agreement")),
                      goal.get("plan_only"), goal.get("prediction_only")])
     return ("<p>Per goal of the site: the share of the plans that meet it, of the out-of-fold predictions that "
@@ -335,8 +335,3 @@ def _fmt(value, digits: int) -> str:
 def _percent(fraction) -> str:
     return f"{100 * fraction:.0f} %" if _finite(fraction) else "–"
 
-
-def _goal_words(goal: dict) -> str:
-    bound = "≤" if goal.get("max_gy") is not None else "≥"
-    value = goal.get("max_gy") if goal.get("max_gy") is not None else goal.get("min_gy")
-    return f"{goal.get('structure')} {goal.get('metric')} {bound} {value} Gy"
