@@ -10,19 +10,19 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "provided_code"
 
 # Lowest first. data, networks, losses and metrics are peers below training; prediction, the
-# clinic's path and the folder scoring stand beside training (none imports another, tested
-# below); the DICOM node (a server around the clinic's path) above them; the command lines sit on
+# clinic's path, the folder scoring and commissioning stand beside training (none imports another,
+# tested below); the DICOM node (a server around the clinic's path) above them; the command lines sit on
 # top. A module of apps/ has a layer of its own.
 LAYERS = (
     ("constants", "errors", "infra", "sites", "beams", "model_spec", "data_folder"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
     ("inference", "plots", "run_folder", "folds", "exclusions"),
-    ("training", "apps.predict", "apps.score_folder", "apps.clinic"),
+    ("training", "apps.predict", "apps.score_folder", "apps.clinic", "apps.commission"),
     ("apps.node",),
     ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.console", "apps.__init__", "__init__", "__main__"),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
-BESIDE_TRAINING = ("apps.predict", "apps.score_folder", "apps.clinic")
+BESIDE_TRAINING = ("apps.predict", "apps.score_folder", "apps.clinic", "apps.commission")
 
 
 def _top(module: str) -> str:

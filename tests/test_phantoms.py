@@ -131,6 +131,7 @@ def test_a_patient_with_its_own_beams_and_prescriptions_gets_their_dose(tmp_path
 def test_phantoms_only_for_the_sites_they_model(tmp_path):
     site = PROSTATE.to_dict()
     site["structures"] = [s for s in site["structures"] if s["name"] != "Bladder"]
+    site["goals"] = [goal for goal in site["goals"] if goal["structure"] != "Bladder"]  # a goal names a structure of the site
     site["name"] = "pelvis"
     path = tmp_path / "pelvis.json"
     path.write_text(__import__("json").dumps(site))

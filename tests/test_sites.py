@@ -6,17 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from provided_code.sites import (
-    HERE,
-    MAX_METRIC_CC,
-    MAX_STRUCTURES,
-    Arc,
-    SiteError,
-    load_site,
-    openkbp,
-    parse_metric,
-    site_from_dict,
-)
+from provided_code.data.cache import cache_path_for
+from provided_code.sites import (HERE, MAX_METRIC_CC, MAX_STRUCTURES, SHIPPED, Arc, Goal, SiteError, load_site, openkbp,
+                                 parse_metric, site_from_dict)
 from tests.kit.repo import REPO
 
 
@@ -217,3 +209,52 @@ def test_what_a_site_must_say_and_what_cannot_be(tmp_path, change, field, proble
     change(site)
     with pytest.raises(SiteError, match=re.escape(f"`{field}`: {problem}")):
         load_site(_write(tmp_path, site))
+
+
+
+def test_the_shipped_sites_goals_are_read_and_a_site_without_goals_writes_none(tmp_path):
+    site = openkbp()
+    assert Goal("SpinalCord", "D_0.1_cc", max_gy=45.0) in site.goals and Goal("PTV70", "D_95", min_gy=66.5) in site.goals
+    assert site.to_dict()["goals"][0] == {"structure": "Brainstem", "metric": "D_0.1_cc", "max_gy": 54}
+    assert str(site.goals[0]) == "Brainstem D_0.1_cc ≤ 54 Gy"
+    assert Goal("Rectum", "D50", max_gy=50.0) in load_site("prostate").goals  # a clinical metric
+    lung = load_site(_write(tmp_path, _minimal()))
+    assert lung.goals == () and "goals" not in lung.to_dict()
+
+
+def test_goals_are_not_part_of_what_a_model_or_a_cache_is(tmp_path):
+    """A model's config.json or a cache saved before goals existed holds its site without them: it
+    is still of the shipped site, and the cache keeps its name."""
+    for name in SHIPPED:
+        shipped = load_site(name)
+        saved = shipped.to_dict()
+        del saved["goals"]
+        before_goals = load_site(saved)  # as a model's config.json `site` is read
+        assert before_goals.goals == () and shipped.goals
+        assert before_goals.same_as(shipped) and shipped.same_as(before_goals)
+        assert cache_path_for(tmp_path, tmp_path / "c", before_goals) == cache_path_for(tmp_path, tmp_path / "c", shipped)
+    other_goals = load_site("prostate").to_dict()
+    other_goals["goals"] = [{"structure": "Rectum", "metric": "mean", "max_gy": 40}]
+    site = load_site(_write(tmp_path, other_goals))  # a shipped name with goals of one's own: the same site
+    assert site.same_as(load_site("prostate")) and site.goals == (Goal("Rectum", "mean", max_gy=40.0),)
+
+
+@pytest.mark.parametrize("goal, field, problem", [
+    ({"structure": "Lung", "metric": "mean", "max_gy": 20}, "goals[0].structure", "unknown structure 'Lung'"),
+    ({"structure": "Heart", "metric": "D_95", "max_gy": 20}, "goals[0].metric", "unknown metric 'D_95' for oar Heart"),
+    ({"structure": "PTV60", "metric": "V20", "min_gy": 57}, "goals[0].metric", "unknown metric 'V20'"),
+    ({"structure": "Heart", "metric": "mean", "max_gy": 20, "min_gy": 1}, "goals[0]", "max_gy and min_gy"),
+    ({"structure": "Heart", "metric": "mean"}, "goals[0]", "Received: neither"),
+    ({"structure": "Heart", "metric": "Dmean", "max_gy": -1}, "goals[0].max_gy", "0 or more. Received: -1"),
+    ({"structure": "Heart", "metric": "mean", "max_gy": "20"}, "goals[0].max_gy", "Received: '20'"),
+    ({"structure": "Heart", "metric": "mean", "max_gy": float("inf")}, "goals[0].max_gy", "Received: inf"),
+    ({"structure": "Heart", "metric": "mean", "max_gy": 20, "volume": 1}, "goals[0].volume", "unknown field"),
+])
+def test_a_bad_goal_is_one_line_naming_the_file_and_the_field(tmp_path, goal, field, problem):
+    site = _minimal()
+    site["goals"] = [goal]
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError) as caught:
+        load_site(path)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message and f"`{field}`" in message and problem in message

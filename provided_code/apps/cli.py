@@ -271,3 +271,23 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
         except OSError as error:
             raise click.ClickException(f"Could not write the scores to {json_path} (they are printed above): "
                                        f"{one_line(error)}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("--data-dir", default=None,
+              help="The data folder of the model's training patients [default: the folds' --data-dir, as their "
+                   "config.json records it].")
+@click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
+def commission_command(model_dir, data_dir, cache_dir):
+    """Commission a cross-validated model (results/<model>, its folds trained with --folds N --fold K):
+    from the folds' out-of-fold predictions, write results/<model>/commissioning/ (report.html,
+    report.json, plans.csv, the model card). Nothing is predicted again."""
+    setup_logging()
+    from provided_code.apps.commission.run import commission
+
+    try:
+        report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress)
+    except USER_ERRORS as error:
+        raise click.ClickException(one_line(error)) from None
+    click.echo(report.summary())

@@ -115,7 +115,7 @@ def cache_path_for(split_dir: os.PathLike | str, cache_dir: os.PathLike | str | 
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     text = str(split_dir)
     if not site.same_as(openkbp()):  # OpenKBP's keep the name they had before sites
-        text += "\n" + json.dumps(site.to_dict(), sort_keys=True)
+        text += "\n" + json.dumps(site.model_dict(), sort_keys=True)  # goals and optional targets are not the data's
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
     return cache_dir / f"{split_dir.name}-{key}.h5"
 

@@ -1,6 +1,7 @@
 """Treatment sites: which structures a model sees, in which channel order, at which prescriptions,
 which of them a left-right flip swaps, the DICOM names they are matched from, the DVH metrics they
-are scored by, and the beams a plan of the site is delivered with.
+are scored by, and the beams a plan of the site is delivered with; and, apart from what a model is
+(:meth:`Site.same_as` ignores them), the clinical goals commissioning holds its plans to.
 
 A site is data: a JSON file (README, "Treatment sites"). Two are shipped beside this module:
 ``openkbp`` (the challenge's head and neck, today's behaviour exactly) and ``prostate``.
@@ -33,6 +34,8 @@ MAX_STRUCTURES = 32  # bits of the widest packing (uint32); 16 or fewer stay uin
 ARC_STEP_DEGREES = 10.0  # an arc is sampled at the gantry angles that are multiples of this within its span
 GRID_SHAPES = ((128, 128, 128),)  # the grid every layer of this version works on
 SLICE_PLACEMENTS = ("targets",)  # how the DICOM import places the box along the slice axis
+# The clinical DVH table's metrics (provided_code.metrics.dvh_table computes them); a goal may name them.
+CLINICAL_METRICS = ("D99", "D95", "D50", "Dmean", "D1", "Dmax")
 DIRECTIONS = ("CW", "CC")  # DICOM GantryRotationDirection: clockwise (angles increase), counter-clockwise
 # The largest volume a D_<cc>_cc metric may name: 10 litres, more than any organ or target a plan
 # is scored on holds (both lungs together hold about 6 L at a full breath), and an eighth of the
@@ -129,6 +132,30 @@ class Beams:
 
 
 @dataclasses.dataclass(frozen=True)
+class Goal:
+    """A clinical goal a site's plans are held to (commissioning reads it; not part of what a
+    model is): ``structure``'s ``metric`` (the site's metric of the structure's kind, or a clinical
+    one, :data:`CLINICAL_METRICS`) at most ``max_gy`` or at least ``min_gy`` (exactly one)."""
+
+    structure: str
+    metric: str
+    max_gy: float | None = None
+    min_gy: float | None = None
+
+    def met_by(self, gy: float) -> bool:
+        """Whether a value meets the goal (one exactly at the bound does)."""
+        return gy <= self.max_gy if self.max_gy is not None else gy >= self.min_gy
+
+    def to_dict(self) -> dict:
+        bound = "max_gy" if self.max_gy is not None else "min_gy"
+        return {"structure": self.structure, "metric": self.metric, bound: _plain(getattr(self, bound))}
+
+    def __str__(self) -> str:
+        return (f"{self.structure} {self.metric} {'≤' if self.max_gy is not None else '≥'} "
+                f"{_plain(self.max_gy if self.max_gy is not None else self.min_gy)} Gy")
+
+
+@dataclasses.dataclass(frozen=True)
 class Site:
     name: str
     description: str
@@ -138,6 +165,7 @@ class Site:
     metrics: dict  # {"oar": (...), "target": (...)}: the DVH metrics each kind is scored by
     grid: dict  # {"shape": (128, 128, 128), "slices": "targets"}
     beams: Beams
+    goals: tuple[Goal, ...] = ()  # clinical goals (commissioning); not part of what a model is: see same_as
 
     # -- what the rest of the package asks ------------------------------------------------------
     @property
@@ -210,19 +238,26 @@ class Site:
                 "mirror_pairs": [list(pair) for pair in self.mirror_pairs], "body": {"dicom_names": list(self.body_names)},
                 "metrics": {kind: list(names) for kind, names in self.metrics.items()},
                 "grid": {"shape": list(self.grid["shape"]), "slices": self.grid["slices"]},
-                "beams": self.beams.to_dict()}
+                "beams": self.beams.to_dict(), **self._goals_dict()}
+
+    def _goals_dict(self) -> dict:
+        """``{"goals": [...]}`` when the site has goals, else nothing (a site without writes none)."""
+        return {"goals": [goal.to_dict() for goal in self.goals]} if self.goals else {}
+
+    def model_dict(self) -> dict:
+        """:meth:`to_dict` without ``goals`` and without which targets a patient may lack
+        (``required``): what a model, a cache and a data folder of the site share. Goals are the
+        clinic's judgement of plans, and ``required`` only what the DICOM import asks of a patient;
+        neither is part of what a model is."""
+        facts = {key: value for key, value in self.to_dict().items() if key != "goals"}
+        for entry in facts["structures"]:
+            entry.pop("required", None)
+        return facts
 
     def same_as(self, other: "Site") -> bool:
-        """The same site for a model, a cache and a data folder: everything but which targets a patient
-        may lack, which only the DICOM import asks (a model or cache made before ``required`` existed
-        is its site's still)."""
-        def model_facts(site):
-            facts = site.to_dict()
-            for entry in facts["structures"]:
-                entry.pop("required", None)
-            return facts
-
-        return model_facts(self) == model_facts(other)
+        """Whether a model, a cache or a data folder of one site is of the other: :meth:`model_dict`
+        (so one saved before goals or optional targets existed, or with other ones, is of the same site)."""
+        return self.model_dict() == other.model_dict()
 
     def __str__(self) -> str:
         return self.name
@@ -295,7 +330,7 @@ def site_from_dict(data, source) -> Site:
 
     if not isinstance(data, dict):
         fail("site", "expected a JSON object")
-    known = {"format", "name", "description", "structures", "mirror_pairs", "body", "metrics", "grid", "beams"}
+    known = {"format", "name", "description", "structures", "mirror_pairs", "body", "metrics", "grid", "beams", "goals"}
     for key in data:
         if key not in known:
             fail(key, f"unknown field; expected one of {', '.join(sorted(known))}")
@@ -432,7 +467,43 @@ def site_from_dict(data, source) -> Site:
 
     return Site(name=name, description=description, structures=tuple(structures), mirror_pairs=tuple(mirror_pairs),
                 body_names=body_names, metrics=metrics, grid={"shape": shape, "slices": slices},
-                beams=beams_from_dict(data.get("beams", {"type": "none"}), source))
+                beams=beams_from_dict(data.get("beams", {"type": "none"}), source),
+                goals=goals_from_list(data.get("goals", []), source, {s.name: s.kind for s in structures}, metrics))
+
+
+def goals_from_list(goals, source, kinds: dict[str, str], metrics: dict) -> tuple[Goal, ...]:
+    """A site file's ``goals`` field: a list of ``{"structure", "metric", "max_gy"}`` or ``{...,
+    "min_gy"}``; ``kinds``: each structure's kind, ``metrics``: the site's metrics per kind (a
+    goal's metric is one of its structure's kind, or a clinical one)."""
+    def fail(field, problem):
+        raise SiteError(source, field, problem)
+
+    if not isinstance(goals, list):
+        fail("goals", 'expected a list of {"structure", "metric", "max_gy" or "min_gy"}')
+    parsed = []
+    for k, goal in enumerate(goals):
+        field = f"goals[{k}]"
+        if not isinstance(goal, dict):
+            fail(field, f'expected {{"structure", "metric", "max_gy" or "min_gy"}}. Received: {goal!r}')
+        for key in goal:
+            if key not in ("structure", "metric", "max_gy", "min_gy"):
+                fail(f"{field}.{key}", "unknown field; expected structure, metric, max_gy or min_gy")
+        structure = goal.get("structure")
+        if not isinstance(structure, str) or structure not in kinds:
+            fail(f"{field}.structure", f"unknown structure {structure!r}; expected one of {', '.join(kinds)}")
+        allowed = (*metrics[kinds[structure]], *CLINICAL_METRICS)
+        if not isinstance(goal.get("metric"), str) or goal["metric"] not in allowed:
+            fail(f"{field}.metric", f"unknown metric {goal.get('metric')!r} for {kinds[structure]} {structure}; "
+                                    f"expected one of {', '.join(allowed)}")
+        bounds = [key for key in ("max_gy", "min_gy") if key in goal]
+        if len(bounds) != 1:
+            fail(field, f"expected exactly one of max_gy (at most) and min_gy (at least). Received: "
+                        f"{' and '.join(bounds) if bounds else 'neither'}")
+        value = goal[bounds[0]]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            fail(f"{field}.{bounds[0]}", f"expected a finite number of Gy, 0 or more. Received: {value!r}")
+        parsed.append(Goal(structure, goal["metric"], **{bounds[0]: float(value)}))
+    return tuple(parsed)
 
 
 def beams_from_dict(beams, source) -> Beams:

@@ -1,0 +1,133 @@
+"""A model card (``MODEL_CARD.md`` and ``model_card.json``): what a cross-validated model was trained on
+and how well it did, as a clinic's quality records need: its site, its patients (pseudonyms), the
+patients left out and why, its recipe and network, the software that trained it, the folds' and the
+deployed ensemble's scores, the commissioning's summary, and a checksum of every checkpoint it
+describes (so that a file changed since is found)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+from pathlib import Path
+
+from provided_code.config import TrainConfig
+from provided_code.folds import Dealing
+from provided_code.run_folder import SCORES_FILE, RunFolder
+
+SOFTWARE = ("provided_code", "tensorflow", "keras", "numpy", "pandas", "h5py", "pydicom")
+
+
+def file_checksum(path: os.PathLike | str) -> str:
+    """SHA-256 of a file, read in blocks (a checkpoint is hundreds of MB at 128³)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in SOFTWARE:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _settings(config: TrainConfig) -> dict:
+    """The settings that made the model: its network and inputs, its recipe, and how long."""
+    chosen = {name: getattr(config, name) for name in (*TrainConfig.ARCHITECTURE, *TrainConfig.RECIPE, "epochs",
+                                                        "batch_size", "accumulate", "precision")
+              if name not in ("site", "excluded", "fold")}
+    chosen["site"] = config.site.name
+    return chosen
+
+
+def _deployed(model_dir: Path) -> dict | None:
+    """The scores of the folds as the deployed ensemble on the validation patients, when
+    ``--predict-only --ensemble <model>`` wrote them into the model's folder."""
+    path = RunFolder(model_dir).predictions("validation") / SCORES_FILE
+    if not path.is_file():
+        return None
+    scores = json.loads(path.read_text())
+    return {"stage": "validation", "dose_score": scores.get("dose_score"), "dvh_score": scores.get("dvh_score"),
+            "patients": scores.get("patients"), "members": scores.get("members")}
+
+
+def model_card(model_dir: os.PathLike | str, dealing: Dealing, folds: list[tuple], report: dict) -> tuple[str, dict]:
+    """``(markdown, card)`` of the model in ``model_dir``; ``folds``: ``(number, RunFolder, config,
+    epoch, checkpoint)`` of each; ``report``: the commissioning's figures (:mod:`.run`)."""
+    model_dir = Path(model_dir)
+    first = folds[0][2]
+    excluded = report["cohort"]["excluded"]
+    card = {
+        "model": model_dir.name,
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "site": {"name": first.site.name, "description": first.site.description},
+        "patients": {"training": report["cohort"]["patients"],
+                     "validation": "each fold's held-out patients (cross-validation); the deployed model is the "
+                                   "folds as an ensemble",
+                     "folds": {str(fold): list(dealing.held_out_of(fold)) for fold in range(1, dealing.folds + 1)},
+                     "excluded": excluded,
+                     "excluded_by": first.excluded_by or None,
+                     "data": report["cohort"]["data"]},
+        "settings": _settings(first),
+        "software": _versions(),
+        "scores": {"out_of_fold": report["scores"], "folds": report["folds"], "deployed": _deployed(model_dir)},
+        "commissioning": {"dosimetric_outliers": [o["patient"] for o in report["dosimetric_outliers"]],
+                          "geometric_outliers": [o["patient"] for o in report["geometric_outliers"]],
+                          "thresholds": report["thresholds"],
+                          "goals": report["goals"]},
+        "checkpoints": [{"fold": number, "epoch": epoch, "path": str(Path(checkpoint).relative_to(model_dir)),
+                         "sha256": file_checksum(checkpoint)} for number, _, _, epoch, checkpoint in folds],
+    }
+    return _markdown(card), card
+
+
+def _markdown(card: dict) -> str:
+    out = [f"# Model card: {card['model']}", "",
+           f"Written {card['written']} by openkbp-commission.", "",
+           "## Site", "", f"{card['site']['name']}: {card['site']['description']}", "",
+           "## Patients", "",
+           f"- Trained and cross-validated on {len(card['patients']['training'])} patients of "
+           f"{card['patients']['data']}: {', '.join(card['patients']['training'])}.",
+           f"- Validation: {card['patients']['validation']}."]
+    out += [f"- Fold {fold} held out: {', '.join(patients)}." for fold, patients in card["patients"]["folds"].items()]
+    if card["patients"]["excluded"]:
+        out.append("- Excluded from training (and why):")
+        out += [f"  - {entry['patient']}: {entry['reason']}" for entry in card["patients"]["excluded"]]
+        if card["patients"]["excluded_by"]:
+            out.append(f"  - asked by `{card['patients']['excluded_by'].get('command', '')}` "
+                       f"(list: {card['patients']['excluded_by'].get('file', '')})")
+    else:
+        out.append("- Excluded from training: none.")
+    out += ["", "## Recipe and network", "", "| setting | value |", "|---|---|"]
+    out += [f"| {name} | {value} |" for name, value in card["settings"].items()]
+    out += ["", "## Software", "", ", ".join(f"{name} {version}" for name, version in card["software"].items()), "",
+            "## Scores (Gy, lower is better)", "", "| what | dose score | DVH score | patients |", "|---|---|---|---|"]
+    oof = card["scores"]["out_of_fold"]
+    out.append(f"| out-of-fold (every training patient, by the fold that never saw it) | {oof['dose_score']:.3f} | "
+               f"{oof['dvh_score']:.3f} | {len(card['patients']['training'])} |")
+    out += [f"| fold {fold['fold']} on its held-out patients (epoch {fold['epoch']}) | "
+            f"{fold['scores']['dose_score']:.3f} | {fold['scores']['dvh_score']:.3f} | {fold['scores']['patients']} |"
+            for fold in card["scores"]["folds"]]
+    deployed = card["scores"]["deployed"]
+    if deployed is not None:
+        out.append(f"| the folds as an ensemble, on the validation patients | {deployed['dose_score']:.3f} | "
+                   f"{deployed['dvh_score']:.3f} | {deployed['patients']} |")
+    commissioning = card["commissioning"]
+    out += ["", "## Commissioning", "",
+            f"- Dosimetric outliers (|z| > {commissioning['thresholds']['z']}): "
+            f"{', '.join(commissioning['dosimetric_outliers']) or 'none'}.",
+            f"- Geometric outliers (local outlier factor > {commissioning['thresholds']['geometric']:.3g}): "
+            f"{', '.join(commissioning['geometric_outliers']) or 'none'}.",
+            "- The report: report.html beside this card."]
+    out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]
+    out += [f"| {c['fold']} | {c['epoch']} | {c['path']} | `{c['sha256']}` |" for c in card["checkpoints"]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,337 @@
+"""The commissioning report: one self-contained HTML file (:func:`render_report`) that a physicist
+reads top to bottom: the cohort, the summary, predicted against achieved, the residuals, each
+flagged patient with its reason and its DVH, and the clinical goals. CSS inline, charts inline SVG
+(:mod:`.svg`), system fonts: nothing is fetched, it reads with no network.
+
+The ``report`` dict is what ``report.json`` holds (the orchestration fills it; every number the
+page shows comes from it):
+
+``model`` (str)
+    The model's name.
+``site`` (str); ``site_description`` (str, optional)
+    The site's name and description.
+``created`` (str, optional)
+    When the report was made (shown as given, e.g. an ISO 8601 time).
+``cohort``
+    ``{"patients": [id, ...], "folds": N, "excluded": [{"patient", "reason"}, ...]}``: the training
+    patients whose out-of-fold predictions are assessed, the number of folds, and the patients left
+    out and why.
+``scores``
+    ``{"dose_score", "dvh_score"}``: the challenge's scores of the out-of-fold predictions (Gy).
+``summary``
+    Rows of :func:`provided_code.metrics.commissioning.fit_summary`: ``structure``, ``metric``,
+    ``n``, ``bias``, ``sd``, ``mae``, ``r2`` (None for NaN).
+``plans``
+    Rows of :func:`provided_code.metrics.commissioning.residuals`: ``patient``, ``structure``,
+    ``metric``, ``plan``, ``predicted``, ``difference``, ``z`` (None for NaN).
+``dosimetric_outliers``
+    :func:`provided_code.metrics.commissioning.dosimetric_outliers`' entries: ``patient``,
+    ``score``, ``structure``, ``metric``, ``plan``, ``predicted``, ``z``, ``reason``, ``also``.
+``geometric_outliers``
+    ``[{"patient", "score", "threshold", "reasons": [sentence, ...]}]``: the patients whose
+    leave-one-out local outlier factor (:func:`provided_code.metrics.anatomy.cohort_scores`) is
+    above the cohort's threshold.
+``geometric_scores`` (optional)
+    ``[{"patient", "score"}]``: every training patient's leave-one-out score (their histogram).
+``thresholds``
+    ``{"z": the dosimetric |z| threshold, "geometric": the local outlier factor threshold}``.
+``goals``
+    :func:`provided_code.metrics.commissioning.goal_table`'s entries.
+``dvh_curves``
+    ``{patient: {structure: {"plan": [[Gy, %], ...], "predicted": [[Gy, %], ...]}}}`` for the flagged
+    patients (:func:`provided_code.metrics.commissioning.dvh_curve`).
+``calibration`` (optional)
+    For a later issue; not drawn by this version.
+
+``model``, ``site``, ``cohort``, ``summary`` and ``plans`` are required; the other sections show
+"none" when absent or empty.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from provided_code.apps.commission import svg
+from provided_code.apps.commission.svg import escape
+
+REQUIRED = ("model", "site", "cohort", "summary", "plans")
+SECTIONS = (("cohort", "The cohort"), ("summary", "How well the model predicts the plans"),
+            ("scatter", "Predicted against achieved"), ("residuals", "Residual distributions"),
+            ("flagged", "Flagged patients"), ("goals", "Clinical goals"), ("method", "How to read this report"))
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif; margin: 0;
+       color: #1b1f24; background: #ffffff; line-height: 1.45; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 60px; }
+h1 { font-size: 1.7em; margin: 0 0 4px; } h2 { font-size: 1.3em; margin: 36px 0 8px; border-bottom: 2px solid #d0d7de;
+padding-bottom: 4px; } h3 { font-size: 1.05em; margin: 18px 0 4px; }
+.lead { color: #57606a; margin: 0 0 12px; } .muted { color: #57606a; } .bad { color: #b42318; font-weight: 600; }
+nav ol { columns: 2; margin: 8px 0 0; } nav a { color: #0b57d0; text-decoration: none; }
+table { border-collapse: collapse; margin: 8px 0 12px; font-size: 0.9em; }
+th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: right; }
+th { background: #f6f8fa; } td.text, th.text { text-align: left; }
+tr.flagged td { background: #fdecea; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 10px; }
+.card { border: 1px solid #d0d7de; border-radius: 6px; padding: 12px 14px; margin: 10px 0; }
+.figures { display: flex; flex-wrap: wrap; gap: 14px; margin: 10px 0; }
+.score { display: inline-block; border: 1px solid #d0d7de; border-radius: 6px; padding: 8px 14px; margin: 4px 10px 4px 0; }
+.score b { font-size: 1.4em; display: block; }
+svg.chart { background: #ffffff; font-size: 10px; }
+svg .plot { fill: #fbfcfd; stroke: #8c959f; stroke-width: 1; } svg .grid { stroke: #eaeef2; stroke-width: 1; }
+svg .tick { fill: #57606a; font-size: 9.5px; } svg .label { fill: #1b1f24; font-size: 10.5px; }
+svg .title { fill: #1b1f24; font-size: 11.5px; font-weight: 600; } svg .legend { fill: #1b1f24; font-size: 10px; }
+svg .identity { stroke: #8c959f; stroke-dasharray: 4 3; stroke-width: 1; }
+svg .point { fill: #1f77b4; fill-opacity: 0.75; } svg .point.flagged { fill: #d62728; fill-opacity: 1; }
+svg .bar { fill: #6e9fcf; } svg .marker { stroke: #d62728; stroke-dasharray: 4 3; stroke-width: 1.2; }
+details summary { cursor: pointer; color: #0b57d0; }
+"""
+
+
+def render_report(report: dict) -> str:
+    """The report as one self-contained HTML page (module docstring: the ``report`` dict)."""
+    missing = [key for key in REQUIRED if key not in report]
+    if missing:
+        raise ValueError(f"Invalid `report`. Expected the keys {', '.join(REQUIRED)}. Received none for "
+                         f"{', '.join(missing)}")
+    title = f"Model commissioning: {report['model']}"
+    body = [f"<header><h1>{escape(title)}</h1>", f'<p class="lead">{escape(_subtitle(report))}</p>',
+            '<nav><ol>' + "".join(f'<li><a href="#{key}">{escape(name)}</a></li>' for key, name in SECTIONS)
+            + "</ol></nav></header>",
+            _section("cohort", _cohort(report)), _section("summary", _summary(report)),
+            _section("scatter", _scatter(report)), _section("residuals", _residuals(report)),
+            _section("flagged", _flagged(report)), _section("goals", _goals(report)),
+            _section("method", _method(report))]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def _section(key: str, content: str) -> str:
+    number = [k for k, _ in SECTIONS].index(key) + 1
+    name = dict(SECTIONS)[key]
+    return f'<section id="{key}"><h2>{number}. {escape(name)}</h2>{content}</section>'
+
+
+def _subtitle(report: dict) -> str:
+    cohort = report["cohort"]
+    parts = [f"site {report['site']}", f"{len(cohort.get('patients', []))} patients",
+             f"{cohort.get('folds', '?')} folds, out-of-fold predictions"]
+    if report.get("created"):
+        parts.append(f"made {report['created']}")
+    return "; ".join(parts)
+
+
+# -- sections --------------------------------------------------------------------------------------
+
+def _cohort(report: dict) -> str:
+    cohort = report["cohort"]
+    patients = [str(p) for p in cohort.get("patients", [])]
+    excluded = cohort.get("excluded") or []
+    description = str(report.get("site_description") or "").strip()
+    parts = [f"<p>Site <b>{escape(report['site'])}</b>" + (f": {escape(description)}" if description else "")
+             + ("" if description.endswith((".", "!", "?")) else ".") + "</p>",
+             f"<p><b>{len(patients)}</b> training patients, each predicted by the model of the fold that did not "
+             f"train on it (<b>{escape(cohort.get('folds', '?'))}</b> folds): every figure below compares a plan "
+             f"with a prediction made without it.</p>",
+             f"<details><summary>The {len(patients)} patients</summary><p>{escape(', '.join(patients))}</p></details>"]
+    if excluded:
+        parts.append(f"<h3>Excluded patients ({len(excluded)})</h3>")
+        parts.append(_table(["patient", "reason"], [[e.get("patient"), e.get("reason")] for e in excluded],
+                            text_columns=(0, 1)))
+    else:
+        parts.append("<p class=\"muted\">No patient was excluded.</p>")
+    return "".join(parts)
+
+
+def _summary(report: dict) -> str:
+    scores = report.get("scores") or {}
+    parts = ['<div>'] + [f'<span class="score">{escape(name)}<b>{escape(_fmt(scores.get(key), 3))} Gy</b></span>'
+                         for key, name in (("dose_score", "Dose score (out-of-fold)"),
+                                           ("dvh_score", "DVH score (out-of-fold)"))] + ["</div>"]
+    parts.append("<p>Per structure and metric, across patients: <b>bias</b> the mean of predicted − plan (Gy; "
+                 "positive: the model predicts more dose than the plans had), <b>SD</b> the standard deviation of "
+                 "those differences, <b>MAE</b> their mean absolute value, <b>R²</b> the share of the plans' "
+                 "variation across patients that the predictions explain (– when the plans do not vary).</p>")
+    rows = [[row.get("structure"), row.get("metric"), row.get("n"), _fmt(row.get("bias"), 2), _fmt(row.get("sd"), 2),
+             _fmt(row.get("mae"), 2), _fmt(row.get("r2"), 3)] for row in report["summary"]]
+    parts.append(_table(["structure", "metric", "n", "bias (Gy)", "SD (Gy)", "MAE (Gy)", "R²"], rows,
+                        text_columns=(0, 1), table_id="summary-table"))
+    return "".join(parts)
+
+
+def _by_pair(report: dict) -> dict[tuple[str, str], list[dict]]:
+    """The plans' rows per (structure, metric), in the summary's order, then any only the plans have."""
+    pairs = {(row["structure"], row["metric"]): [] for row in report["summary"]}
+    for row in report["plans"]:
+        pairs.setdefault((row["structure"], row["metric"]), []).append(row)
+    return pairs
+
+
+def _flagged_rows(report: dict) -> set[tuple[str, str, str]]:
+    """(patient, structure, metric) of every row beyond the dosimetric threshold."""
+    flagged = set()
+    for entry in report.get("dosimetric_outliers") or []:
+        flagged.add((entry["patient"], entry["structure"], entry["metric"]))
+        flagged.update((entry["patient"], also["structure"], also["metric"]) for also in entry.get("also", []))
+    return flagged
+
+
+def _scatter(report: dict) -> str:
+    flagged = _flagged_rows(report)
+    charts = []
+    for (structure, metric), rows in _by_pair(report).items():
+        rows = [row for row in rows if _finite(row.get("plan")) and _finite(row.get("predicted"))]
+        charts.append(svg.scatter([(row["plan"], row["predicted"]) for row in rows],
+                                  title=f"{structure} {metric}", x_label="plan (Gy)", y_label="predicted (Gy)",
+                                  names=[str(row["patient"]) for row in rows],
+                                  highlighted=[k for k, row in enumerate(rows)
+                                               if (row["patient"], structure, metric) in flagged]))
+    return ("<p>Each point a patient: the plan's value across, the out-of-fold prediction up; on the dashed line "
+            "they agree. Red: a flagged plan (section 5).</p>"
+            f'<div class="figures">{"".join(charts)}</div>')
+
+
+def _residuals(report: dict) -> str:
+    threshold = (report.get("thresholds") or {}).get("z")
+    zs = [row.get("z") for row in report["plans"]]
+    markers = [(-threshold, f"-{threshold:g}"), (threshold, f"+{threshold:g}")] if _finite(threshold) else []
+    parts = ["<p>The standardised residual z of a patient's metric is its difference (predicted − plan) less the "
+             "median difference of that structure and metric, over 1.4826 × their median absolute deviation: a "
+             "robust z that outliers do not inflate. The dashed lines are the threshold beyond which a plan is "
+             "flagged.</p>",
+             '<div class="figures">' + svg.histogram(zs, title="All standardised residuals", x_label="z",
+                                                     y_label="rows", markers=markers, width=520, height=240)
+             + "</div>", "<h3>Differences per structure and metric</h3>"]
+    charts = []
+    for (structure, metric), rows in _by_pair(report).items():
+        differences = [row.get("difference") for row in rows]
+        charts.append(svg.histogram(differences, title=f"{structure} {metric}", x_label="predicted − plan (Gy)",
+                                    markers=[(0.0, "0")]))
+    parts.append(f'<div class="figures">{"".join(charts)}</div>')
+    return "".join(parts)
+
+
+def _flagged(report: dict) -> str:
+    thresholds = report.get("thresholds") or {}
+    curves = report.get("dvh_curves") or {}
+    dosimetric = report.get("dosimetric_outliers") or []
+    geometric = report.get("geometric_outliers") or []
+    parts = [f"<h3>Dosimetric outliers ({len(dosimetric)})</h3>",
+             "<p>Plans whose achieved metrics lie far from what the model predicts for that anatomy"
+             + (f" (|z| above {escape(_fmt(thresholds.get('z'), 2))})" if _finite(thresholds.get("z")) else "")
+             + ": a plan that spared an organ much less, or much more, than the cohort's other plans of that "
+               "anatomy, or covered a target differently. Each deserves a look at the plan before the model is "
+               "trusted (or the plan kept in its training set).</p>"]
+    if not dosimetric:
+        parts.append('<p class="muted">No plan was flagged.</p>')
+    for entry in dosimetric:
+        also = entry.get("also") or []
+        parts.append(f'<div class="card" id="dosimetric-{escape(entry["patient"])}">'
+                     f'<h3>{escape(entry["patient"])} <span class="muted">score {escape(_fmt(entry.get("score"), 1))}'
+                     f"</span></h3><p>{escape(entry.get('reason', ''))}.</p>")
+        if also:
+            parts.append("<p>Also beyond the threshold: " + escape("; ".join(
+                f"{a['structure']} {a['metric']} plan {_fmt(a.get('plan'), 1)} Gy, predicted "
+                f"{_fmt(a.get('predicted'), 1)} Gy (z = {_fmt(a.get('z'), 1)})" for a in also)) + ".</p>")
+        parts.append(_dvh(entry["patient"], curves) + "</div>")
+    parts.append(f"<h3>Geometric outliers ({len(geometric)})</h3>"
+                 "<p>Patients whose anatomy is unlike the cohort's (structure volumes, the share of each organ "
+                 "within 0, 5, 10 and 20 mm of a target, the body's extent), by a local outlier factor against the "
+                 "other training patients"
+                 + (f" (above {escape(_fmt(thresholds.get('geometric'), 2))})"
+                    if _finite(thresholds.get("geometric")) else "")
+                 + ": the model learned little from anatomy like theirs.</p>")
+    scores = [entry.get("score") for entry in report.get("geometric_scores") or []]
+    if scores:
+        threshold = thresholds.get("geometric")
+        parts.append('<div class="figures">' + svg.histogram(
+            scores, title="Local outlier factor of every training patient", x_label="local outlier factor",
+            markers=[(threshold, "threshold")] if _finite(threshold) else [], width=520, height=220) + "</div>")
+    if not geometric:
+        parts.append('<p class="muted">No patient was flagged.</p>')
+    for entry in geometric:
+        reasons = entry.get("reasons") or []
+        parts.append(f'<div class="card" id="geometric-{escape(entry["patient"])}">'
+                     f'<h3>{escape(entry["patient"])} <span class="muted">local outlier factor '
+                     f'{escape(_fmt(entry.get("score"), 2))} (threshold {escape(_fmt(entry.get("threshold"), 2))})'
+                     "</span></h3>"
+                     + ("<ul>" + "".join(f"<li>{escape(reason)}</li>" for reason in reasons) + "</ul>"
+                        if reasons else '<p class="muted">No single feature stands out: the combination does.</p>')
+                     + _dvh(entry["patient"], curves) + "</div>")
+    return "".join(parts)
+
+
+def _dvh(patient: str, curves: dict) -> str:
+    """A patient's DVH chart: per structure the plan (solid) and the prediction (dashed), one colour each."""
+    structures = curves.get(patient) or {}
+    series = []
+    for k, (structure, pair) in enumerate(structures.items()):
+        colour = svg.PALETTE[k % len(svg.PALETTE)]
+        for source, dashed in (("plan", False), ("predicted", True)):
+            if pair.get(source):
+                series.append({"label": f"{structure} {source}", "points": pair[source], "colour": colour,
+                               "dashed": dashed})
+    if not series:
+        return '<p class="muted">No DVH curves were saved for this patient.</p>'
+    return ('<div class="figures">' + svg.lines(series, title=f"{patient}: DVH, plan (solid) and prediction (dashed)",
+                                                x_label="dose (Gy)", y_label="volume (%)", y_range=(0.0, 102.0),
+                                                height=max(300.0, 50.0 + 15.0 * len(series))) + "</div>")
+
+
+def _goals(report: dict) -> str:
+    goals = report.get("goals") or []
+    if not goals:
+        return '<p class="muted">The site lists no clinical goals.</p>'
+    rows = []
+    for goal in goals:
+        rows.append([goal.get("goal"), goal.get("n"), _percent(goal.get("plans_meeting")),
+                     _percent(goal.get("predictions_meeting")), _percent(goal.get("agreement")),
+                     goal.get("plan_only"), goal.get("prediction_only")])
+    return ("<p>Per goal of the site: the share of the plans that meet it, of the out-of-fold predictions that "
+            "do, and how often the two agree. <b>Plan only</b>: the plan meets the goal where the prediction says "
+            "a plan of that anatomy would not (the model is pessimistic there); <b>prediction only</b>: the model "
+            "expects the goal met where the plan did not meet it.</p>"
+            + _table(["goal", "n", "plans meeting", "predictions meeting", "agreement", "plan only", "prediction only"],
+                     rows, text_columns=(0,), table_id="goals-table"))
+
+
+def _method(report: dict) -> str:
+    thresholds = report.get("thresholds") or {}
+    return ("<ul><li>Every prediction is out-of-fold: made by a model that did not see the patient.</li>"
+            "<li>A plan is a dosimetric outlier when one of its metrics has |z| above "
+            f"{escape(_fmt(thresholds.get('z'), 2))}: Iglewicz and Hoaglin's cut for a robust z (for normal "
+            "differences, 1 row in about 2,000 by chance).</li>"
+            "<li>A patient is a geometric outlier when its local outlier factor (its neighbours' density over its "
+            "own, among the training patients; 1: as surrounded as they are) is above "
+            f"{escape(_fmt(thresholds.get('geometric'), 2))}: the 95th percentile of the training patients' own "
+            "scores, each scored against the others.</li>"
+            "<li>Flags are prompts to look at a plan or a patient, not verdicts.</li></ul>")
+
+
+# -- pieces ----------------------------------------------------------------------------------------
+
+def _table(header: list[str], rows: Iterable[list], text_columns: tuple[int, ...] = (),
+           table_id: str | None = None) -> str:
+    def cell(tag, k, value):
+        kind = ' class="text"' if k in text_columns else ""
+        return f"<{tag}{kind}>{escape('–' if value is None else value)}</{tag}>"
+
+    head = "<tr>" + "".join(cell("th", k, name) for k, name in enumerate(header)) + "</tr>"
+    body = "".join("<tr>" + "".join(cell("td", k, value) for k, value in enumerate(row)) + "</tr>" for row in rows)
+    identity = f' id="{escape(table_id)}"' if table_id else ""
+    return f"<table{identity}><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fmt(value, digits: int) -> str:
+    """A number with ``digits`` decimals; – for None or NaN."""
+    return f"{value:.{digits}f}" if _finite(value) else "–"
+
+
+def _percent(fraction) -> str:
+    return f"{100 * fraction:.0f} %" if _finite(fraction) else "–"
+

@@ -1,0 +1,280 @@
+"""``openkbp-commission``: a cross-validated model's commissioning, from its run folders alone.
+
+Every training patient has one out-of-fold prediction, written by the fold that never saw it
+(``fold-<K>/held-out-predictions/``, :func:`provided_code.apps.predict.predict_held_out`); nothing
+is predicted again here. Against each patient's plan (its ``dose.csv``) they give, per structure
+and DVH metric (the site's, and the clinical D99, D95, D50, Dmean, D1, Dmax), the plan's value, the
+prediction's, their difference and its standardised residual; per structure and metric the bias,
+spread, mean absolute error and R²; the dose and DVH scores of the out-of-fold predictions; the
+site's clinical goals met by the plans and by the predictions; the dosimetric outliers (plans far
+from what the model predicts for their anatomy) and the geometric ones (anatomies unlike the
+cohort's, from features computed once per patient). :mod:`provided_code.metrics.commissioning` and
+:mod:`provided_code.metrics.anatomy` hold the arithmetic; :mod:`.report` draws the page.
+
+``results/<model>/commissioning/`` (written beside its place and moved in whole)::
+
+    plans.csv          patient, structure, metric, plan, predicted, difference, z
+    summary.csv        per structure and metric: n, bias, sd, mae, r2
+    anatomy.csv        the anatomy features of every training patient
+    cohort.json        the cohort's statistics the in-distribution check of a new patient needs
+    report.json        every figure of the report (flagged patients under dosimetric_outliers and
+                       geometric_outliers, each with its reason)
+    report.html        one self-contained page, read top to bottom
+    MODEL_CARD.md      what the model was trained on and how well it did (and model_card.json)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from provided_code.apps.commission.card import model_card
+from provided_code.apps.commission.report import render_report
+from provided_code.apps.score_folder import read_prediction
+from provided_code.config import TrainConfig
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import exact_dose
+from provided_code.data_folder import split_dir
+from provided_code.errors import UserError
+from provided_code.folds import HELD_OUT_STAGE, Dealing, fold_dir, read_dealing
+from provided_code.infra.atomic import new_folder_beside, replace_folder
+from provided_code.infra.progress import Progress, no_progress
+from provided_code.metrics import anatomy, commissioning
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
+from provided_code.metrics.scoring import score_split, structure_indices
+from provided_code.run_folder import RunFolder
+
+logger = logging.getLogger(__name__)
+
+COMMISSIONING_FOLDER = "commissioning"
+FILES = {"plans": "plans.csv", "summary": "summary.csv", "anatomy": "anatomy.csv", "cohort": "cohort.json",
+         "report_json": "report.json", "report_html": "report.html", "card": "MODEL_CARD.md",
+         "card_json": "model_card.json"}
+
+
+class CommissioningError(UserError, RuntimeError):
+    """A model that cannot be commissioned yet: one line naming the fold and what it lacks."""
+
+
+@dataclasses.dataclass
+class Fold:
+    number: int
+    folder: RunFolder
+    config: TrainConfig
+    epoch: int  # the epoch of its out-of-fold predictions
+    checkpoint: Path  # the checkpoint that made them
+
+
+@dataclasses.dataclass
+class CommissioningReport:
+    folder: Path
+    report: dict
+
+    def summary(self) -> str:
+        report = self.report
+        lines = [f"Commissioned {report['model']} ({report['site']}): {len(report['cohort']['patients'])} patients, "
+                 f"{report['cohort']['folds']} folds.",
+                 f"Out-of-fold dose score {report['scores']['dose_score']:.3f} Gy, DVH score "
+                 f"{report['scores']['dvh_score']:.3f} Gy.",
+                 f"Dosimetric outliers: {', '.join(o['patient'] for o in report['dosimetric_outliers']) or 'none'}.",
+                 f"Geometric outliers: {', '.join(o['patient'] for o in report['geometric_outliers']) or 'none'}."]
+        lines += [f"{name}: {self.folder / FILES[key]}" for key, name in (
+            ("report_html", "Report"), ("report_json", "Figures"), ("plans", "Plans"), ("card", "Model card"))]
+        return "\n".join(lines)
+
+
+def commissioning_folder(model_dir: os.PathLike | str) -> Path:
+    return Path(model_dir) / COMMISSIONING_FOLDER
+
+
+def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
+    """The model's dealing and its folds, each trained to its ``--epochs`` with its out-of-fold
+    predictions written by its best checkpoint (its newest without one); a
+    :class:`CommissioningError` naming every fold that is missing or unfinished, and what to run."""
+    model_dir = Path(model_dir)
+    dealing = read_dealing(model_dir)
+    if dealing is None:
+        raise CommissioningError(f"{model_dir} is not a cross-validated model (no splits.json): train its folds with "
+                                 f"--folds N --fold K, K = 1..N")
+    folds, problems = [], []
+    for number in range(1, dealing.folds + 1):
+        folder = RunFolder(fold_dir(model_dir, number))
+        config = folder.read_config()
+        newest = folder.checkpoints()
+        if config is None or not newest:
+            problems.append(f"fold {number} is not trained ({folder.path})")
+            continue
+        if newest[0][0] < config.epochs:
+            problems.append(f"fold {number} is trained to epoch {newest[0][0]} of {config.epochs}")
+            continue
+        scores = folder.predictions(HELD_OUT_STAGE) / "scores.json"
+        best = folder.read_best()
+        expected = best["epoch"] if best is not None else newest[0][0]
+        written = json.loads(scores.read_text()).get("epoch") if scores.is_file() else None
+        if written != expected:
+            problems.append(f"fold {number} has no out-of-fold predictions of its epoch {expected} "
+                            f"({folder.predictions(HELD_OUT_STAGE)})")
+            continue
+        checkpoint = folder.best_checkpoint if best is not None else folder.checkpoint(expected)
+        folds.append(Fold(number, folder, config, expected, checkpoint))
+    if problems:
+        raise CommissioningError(f"Cannot commission {model_dir.name} yet: {'; '.join(problems)}. Run the same "
+                                 f"command with --fold K for each (it resumes, then writes the out-of-fold "
+                                 f"predictions).")
+    sites = {fold.config.site.name for fold in folds}
+    if len(sites) > 1 or not all(fold.config.site.same_as(folds[0].config.site) for fold in folds):
+        raise CommissioningError(f"The folds of {model_dir.name} are of different sites ({', '.join(sorted(sites))})")
+    return dealing, folds
+
+
+def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
+               cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> CommissioningReport:
+    """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
+    ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
+    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them."""
+    model_dir = Path(model_dir)
+    dealing, folds = complete_folds(model_dir)
+    first = folds[0].config
+    site = first.site
+    data_dir = Path(data_dir) if data_dir is not None else Path(first.data_dir)
+    arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
+                        site=site)
+    excluded = {entry["patient"]: entry["reason"] for fold in folds for entry in fold.config.excluded}
+    fold_of = {pid: dealing.fold_of(pid) for pid in dealing.patients}
+    rows = [row for row, pid in enumerate(arrays.patient_ids) if pid not in excluded]
+    predictions = {}  # row -> the out-of-fold dose, 128³ float64
+    for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
+        pid = arrays.patient_ids[row]
+        predictions[row] = read_prediction(folds[fold_of[pid] - 1].folder.predictions(HELD_OUT_STAGE), pid)
+
+    scores = score_split(arrays, lambda row: predictions[row], progress, rows=rows)
+    plans = _plan_table(arrays, rows, predictions, scores, progress)
+    residuals = commissioning.residuals(plans)
+    summary = commissioning.fit_summary(plans)
+    kinds = {structure.name: structure.kind for structure in site.structures}
+    dosimetric = commissioning.dosimetric_outliers(residuals, kinds=kinds)
+
+    features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
+        for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient, excluded too
+    cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
+    geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
+    geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
+                  "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
+    goals = commissioning.goal_table(plans, site.goals)
+
+    flagged = list(dict.fromkeys([o["patient"] for o in dosimetric] + [o["patient"] for o in geometric]))
+    row_of = {pid: row for row, pid in enumerate(arrays.patient_ids)}
+    report = {
+        "model": model_dir.name, "site": site.name, "site_description": site.description,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cohort": {"patients": [arrays.patient_ids[row] for row in rows], "folds": dealing.folds,
+                   "fold_of": {arrays.patient_ids[row]: fold_of[arrays.patient_ids[row]] for row in rows},
+                   "excluded": [{"patient": pid, "reason": reason} for pid, reason in excluded.items()],
+                   "data": str(split_dir(data_dir, "train"))},
+        "folds": [{"fold": fold.number, "epoch": fold.epoch, "held_out": list(dealing.held_out_of(fold.number)),
+                   "scores": _held_out_scores(fold)} for fold in folds],
+        "scores": {"dose_score": scores.dose_score, "dvh_score": scores.dvh_score},
+        "summary": _records(summary),
+        "plans": _records(residuals),
+        "thresholds": {"z": commissioning.Z_THRESHOLD, "geometric": float(cohort["threshold"])},
+        "dosimetric_outliers": dosimetric,
+        "geometric_outliers": geometric,
+        "geometric_scores": [{"patient": pid, "score": float(entry["score"])}
+                             for pid, entry in geometric_scores.iterrows()],
+        "goals": goals,
+        "dvh_curves": {pid: _dvh_curves(arrays, row_of[pid], predictions[row_of[pid]])
+                       for pid in flagged if row_of[pid] in predictions},
+    }
+    card_text, card = model_card(model_dir, dealing, [(fold.number, fold.folder, fold.config, fold.epoch,
+                                                      fold.checkpoint) for fold in folds], report)
+    folder = commissioning_folder(model_dir)
+    new = new_folder_beside(folder)
+    try:
+        residuals.to_csv(new / FILES["plans"], index=False, float_format="%.4f")
+        summary.to_csv(new / FILES["summary"], index=False, float_format="%.4f")
+        features.to_csv(new / FILES["anatomy"], index_label="patient", float_format="%.6g")
+        report = jsonable(report)
+        (new / FILES["cohort"]).write_text(_json(cohort))
+        (new / FILES["report_json"]).write_text(_json(report))
+        (new / FILES["report_html"]).write_text(render_report(report))
+        (new / FILES["card"]).write_text(card_text)
+        (new / FILES["card_json"]).write_text(_json(card))
+        replace_folder(new, folder)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    logger.info("Wrote %s", folder)
+    return CommissioningReport(folder, report)
+
+
+def _plan_table(arrays, rows: list[int], predictions: dict, scores, progress: Progress) -> pd.DataFrame:
+    """The long table of ``commissioning.residuals``' input: per patient, structure and metric
+    (the site's, from the scores' tables; the clinical ones, on the 128³ grid), plan and prediction."""
+    site = arrays.site
+    records = []
+    for slot, row in enumerate(progress(rows, len(rows), "DVH metrics")):
+        pid = arrays.patient_ids[row]
+        for k, structure in enumerate(site.names):
+            for m, metric in enumerate(site.metric_names):
+                plan, predicted = scores.reference[slot, k, m], scores.predicted[slot, k, m]
+                if np.isfinite(plan) and np.isfinite(predicted):
+                    records.append((pid, structure, metric, float(plan), float(predicted)))
+        indices = structure_indices(arrays.structure_masks[row], len(site.names))
+        plan_dose = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
+        predicted_dose = np.asarray(predictions[row], np.float64).reshape(-1)
+        plan_table = clinical_dvh_of_values({name: plan_dose[v] for name, v in zip(site.names, indices)})
+        predicted_table = clinical_dvh_of_values({name: predicted_dose[v] for name, v in zip(site.names, indices)})
+        for structure, values in plan_table.items():
+            records += [(pid, structure, metric, values[metric], predicted_table[structure][metric])
+                        for metric in CLINICAL_METRICS]
+    return pd.DataFrame(records, columns=["patient", "structure", "metric", "plan", "predicted"])
+
+
+def _dvh_curves(arrays, row: int, prediction: np.ndarray) -> dict:
+    """``{structure: {"plan": [[Gy, %], ...], "predicted": [...]}}``: each structure's cumulative DVH
+    (:func:`provided_code.metrics.commissioning.dvh_curve`) under the plan and the prediction."""
+    site = arrays.site
+    indices = structure_indices(arrays.structure_masks[row], len(site.names))
+    plan_dose = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
+    predicted_dose = np.asarray(prediction, np.float64).reshape(-1)
+    return {name: {"plan": commissioning.dvh_curve(plan_dose[voxels]),
+                   "predicted": commissioning.dvh_curve(predicted_dose[voxels])}
+            for name, voxels in zip(site.names, indices) if voxels.size}
+
+
+def _held_out_scores(fold: Fold) -> dict:
+    scores = json.loads((fold.folder.predictions(HELD_OUT_STAGE) / "scores.json").read_text())
+    return {"dose_score": scores["dose_score"], "dvh_score": scores["dvh_score"], "patients": scores["patients"]}
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return frame.to_dict(orient="records")
+
+
+def jsonable(value):
+    """``value`` with numpy numbers as Python's, tuples as lists and NaN or infinity as None (JSON
+    has neither)."""
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, (np.integer, bool)):
+        return value if isinstance(value, bool) else int(value)
+    if isinstance(value, (np.floating, float)):
+        return float(value) if np.isfinite(value) else None
+    return value
+
+
+def _json(value) -> str:
+    return json.dumps(jsonable(value), indent=1, allow_nan=False) + "\n"

@@ -1,0 +1,231 @@
+"""Commissioning a model: how its out-of-fold predictions compare with the plans it learned from.
+
+The input is a long table ``plans`` (a pandas DataFrame): one row per patient × structure × DVH
+metric the patient has, columns ``patient``, ``structure``, ``metric``, ``plan`` (the achieved
+plan's value, Gy) and ``predicted`` (the out-of-fold prediction's, Gy); the caller drops rows with
+a NaN. Metric names are the site's (``D_0.1_cc``, ``mean``, ``D_99``, ...) and the clinical DVH
+table's (``D99``, ``D95``, ``D50``, ``Dmean``, ``D1``, ``Dmax``).
+
+- :func:`residuals`: each row's ``difference`` (predicted − plan) and its standardised residual ``z``;
+- :func:`fit_summary`: per structure and metric, n, bias, SD, MAE and R² of the predictions;
+- :func:`dosimetric_outliers`: the plans whose achieved metrics lie far from what the model
+  predicts for their anatomy, with the reason in words;
+- :func:`goal_table`: per clinical goal, how often the plans and the predictions meet it;
+- :func:`dvh_curve`: a structure's cumulative DVH, as the report draws a flagged patient's.
+
+Pure arithmetic on tables: no file I/O.
+
+**The standardised residual** of a row is (difference − median) / (1.4826 · MAD), the median and
+the MAD (median absolute deviation from the median) of that structure-metric's differences across
+patients: a robust z (Iglewicz and Hoaglin's modified z-score, up to their 0.6745 = 1 / 1.4826),
+which the outliers it is meant to find do not inflate, as they would a standard deviation. When
+more than half the patients have the same difference the MAD is 0: the scale falls back to the
+sample standard deviation of the differences, and to NaN (z NaN: no row of that structure-metric
+is flagged) when that is 0 or undefined (a single patient).
+
+**The threshold** :data:`Z_THRESHOLD` = 3.5 is Iglewicz and Hoaglin's cut for the modified
+z-score. For normal differences a |z| above 3.5 has a probability of 1 in 2,150 per row; an
+OpenKBP patient has about 83 rows (7 organs × 8 metrics, 3 targets × 9: the site's and the
+clinical ones), so about 4 % of ordinary patients would have one by chance (fewer in practice: a
+patient's metrics are correlated). A cut of 3 would flag about 20 % of ordinary patients by
+chance, burying the real ones; a cut of 4 (0.5 %) would pass a plan 4 robust standard deviations
+from its prediction, a difference a physicist would question.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from provided_code.sites import Goal
+
+Z_THRESHOLD = 3.5  # |robust z| above this flags a plan (module docstring)
+MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this estimates its standard deviation
+COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
+DVH_STEP_GY = 0.5  # the dose step of a DVH curve (dvh_curve)
+_HOT = ("D1", "Dmax")  # clinical metrics of a target's hottest part (D_<cc>_cc and D_<p> with p < 50 too)
+_METRIC_WORDS = {"mean": "mean dose", "Dmean": "mean dose", "Dmax": "maximum dose", "D99": "D99", "D95": "D95",
+                 "D50": "D50 (median dose)", "D1": "D1"}
+
+
+def residuals(plans: pd.DataFrame) -> pd.DataFrame:
+    """``plans`` with ``difference`` (predicted − plan, Gy) and ``z`` (the robust standardised
+    residual, module docstring) added; the rows and their order as given."""
+    table = _checked(plans).copy()
+    table["difference"] = table["predicted"] - table["plan"]
+    groups = table.groupby(["structure", "metric"], sort=False)["difference"]
+    median = groups.transform("median")
+    mad = (table["difference"] - median).abs().groupby([table["structure"], table["metric"]], sort=False) \
+        .transform("median")
+    scale = MAD_SCALE * mad
+    deviation = groups.transform(lambda values: values.std(ddof=1))
+    scale = scale.where(scale > 0, deviation.where(deviation > 0))
+    table["z"] = (table["difference"] - median) / scale
+    return table
+
+
+def fit_summary(plans: pd.DataFrame) -> pd.DataFrame:
+    """One row per (structure, metric), in the order they first appear: ``n`` (patients), ``bias``
+    (mean of predicted − plan, Gy), ``sd`` (sample standard deviation of the differences, Gy; NaN
+    for one patient), ``mae`` (mean |predicted − plan|, Gy) and ``r2``, the coefficient of
+    determination of the plans by the predictions, 1 − Σ(plan − predicted)² / Σ(plan − mean plan)²
+    (NaN when the plans do not vary: nothing to explain)."""
+    table = _checked(plans)
+    rows = []
+    for (structure, metric), group in table.groupby(["structure", "metric"], sort=False):
+        plan, predicted = group["plan"].to_numpy(np.float64), group["predicted"].to_numpy(np.float64)
+        difference = predicted - plan
+        spread = np.sum((plan - plan.mean()) ** 2)
+        rows.append({"structure": structure, "metric": metric, "n": int(len(group)), "bias": float(difference.mean()),
+                     "sd": float(difference.std(ddof=1)) if len(group) > 1 else math.nan,
+                     "mae": float(np.abs(difference).mean()),
+                     "r2": float(1.0 - np.sum(difference ** 2) / spread) if np.ptp(plan) > 0 else math.nan})
+    return pd.DataFrame(rows, columns=["structure", "metric", "n", "bias", "sd", "mae", "r2"])
+
+
+def dosimetric_outliers(residual_table: pd.DataFrame, threshold: float = Z_THRESHOLD, *,
+                        kinds) -> list[dict]:
+    """The flagged plans: one entry per patient with a row whose |z| exceeds ``threshold``,
+    largest score first: ``patient``, ``score`` (its largest |z|), the ``structure``, ``metric``,
+    ``plan``, ``predicted`` and ``z`` of that row, ``reason`` (in words: what the plan did, against
+    what the model predicts for this anatomy), and ``also``: its other rows beyond the threshold
+    (``structure``, ``metric``, ``plan``, ``predicted``, ``z``), by |z|.
+
+    ``residual_table``: :func:`residuals`' table. ``kinds``: the site (a
+    :class:`~provided_code.sites.Site`) or ``{structure: "oar" | "target"}``: an organ is spared
+    more or less than predicted, a target covered (or made hot) more or less."""
+    kinds = _kinds(kinds)
+    table = residual_table.loc[residual_table["z"].abs() > threshold]
+    table = table.assign(score=table["z"].abs()).sort_values("score", ascending=False, kind="stable")
+    flagged = []
+    for patient, rows in table.groupby("patient", sort=False):
+        top = rows.iloc[0]
+        structure = str(top["structure"])
+        if structure not in kinds:
+            raise ValueError(f"Invalid `kinds`. Expected a kind for every structure of the table. "
+                             f"Received no kind for {structure!r}")
+        flagged.append({"patient": str(patient), "score": float(top["score"]), "structure": structure,
+                        "metric": str(top["metric"]), "plan": float(top["plan"]), "predicted": float(top["predicted"]),
+                        "z": float(top["z"]), "reason": reason(structure, str(top["metric"]), kinds[structure],
+                                                               float(top["plan"]), float(top["predicted"]), float(top["z"])),
+                        "also": [{"structure": str(row["structure"]), "metric": str(row["metric"]),
+                                  "plan": float(row["plan"]), "predicted": float(row["predicted"]), "z": float(row["z"])}
+                                 for _, row in rows.iloc[1:].iterrows()]})
+    return sorted(flagged, key=lambda entry: entry["score"], reverse=True)
+
+
+def reason(structure: str, metric: str, kind: str, plan: float, predicted: float, z: float) -> str:
+    """A flagged row in a physicist's words: the plan's value against the prediction for this
+    anatomy, and what that means for an organ (spared less or more) or a target (covered less or
+    more; for a metric of its hottest part, hotter or cooler)."""
+    said = (f"{structure} {metric_words(metric)} {plan:.1f} Gy where the model predicts {predicted:.1f} Gy for this "
+            f"anatomy (z = {z:.1f})")
+    higher = plan > predicted
+    if kind == "oar":
+        meaning = (f"the plan spared this organ much {'less' if higher else 'more'} than the cohort's plans of "
+                   f"similar anatomy")
+    elif hot_metric(metric):
+        meaning = (f"the target is {'hotter' if higher else 'cooler'} than predicted: its hottest part received "
+                   f"{'more' if higher else 'less'} than in the cohort's plans of similar anatomy")
+    else:
+        meaning = (f"coverage {'higher' if higher else 'lower'} than predicted: the plan covered this target "
+                   f"{'better' if higher else 'less well'} than the cohort's plans of similar anatomy")
+    return f"{said}: {meaning}"
+
+
+def metric_words(metric: str) -> str:
+    """``mean`` → ``mean dose``, ``D_0.1_cc`` → ``D0.1cc (the hottest 0.1 cc)``, ``D_95`` → ``D95``."""
+    if metric in _METRIC_WORDS:
+        return _METRIC_WORDS[metric]
+    parts = metric.split("_")
+    if len(parts) == 3 and parts[0] == "D" and parts[2] == "cc":
+        return f"D{parts[1]}cc (the hottest {parts[1]} cc)"
+    if len(parts) == 2 and parts[0] == "D":
+        return f"D{parts[1]}"
+    return metric
+
+
+def hot_metric(metric: str) -> bool:
+    """Whether a metric reads a structure's hottest part (D1, Dmax, D_<cc>_cc, D_<p> with p < 50)
+    rather than its coverage (D99, D95, D50, the mean)."""
+    if metric in _HOT:
+        return True
+    parts = metric.split("_")
+    if len(parts) == 3 and parts[2] == "cc":
+        return True
+    if len(parts) == 2 and parts[0] == "D":
+        try:
+            return float(parts[1]) < 50
+        except ValueError:
+            return False
+    return False
+
+
+def goal_table(plans: pd.DataFrame, goals: Iterable) -> list[dict]:
+    """Per goal, in order: how often the plans and the predictions meet it.
+
+    ``goals``: the site's :class:`~provided_code.sites.Goal`\\ s, or dicts ``{"structure", "metric",
+    "max_gy"}`` or ``{"structure", "metric", "min_gy"}``. Each entry: the goal's ``structure``,
+    ``metric`` and bound (``max_gy`` or ``min_gy``), ``goal`` (in words), ``n`` (patients with the
+    structure and metric), ``plans_meeting`` and ``predictions_meeting`` (fractions), ``agreement``
+    (the fraction where "the plan meets it" equals "the prediction meets it"), ``plan_only`` (the
+    plan meets it, the prediction does not) and ``prediction_only`` (the other way round);
+    fractions are None when n is 0. A value at the bound meets it (:meth:`Goal.met_by`)."""
+    table = _checked(plans)
+    entries = []
+    for goal in map(_goal, goals):
+        rows = table.loc[(table["structure"] == goal.structure) & (table["metric"] == goal.metric)]
+        plan_meets = rows["plan"].map(goal.met_by).astype(bool)
+        predicted_meets = rows["predicted"].map(goal.met_by).astype(bool)
+        n = int(len(rows))
+
+        def fraction(mask):
+            return float(mask.mean()) if n else None
+
+        bound = "max_gy" if goal.max_gy is not None else "min_gy"
+        entries.append({"structure": goal.structure, "metric": goal.metric, bound: getattr(goal, bound),
+                        "goal": str(goal), "n": n, "plans_meeting": fraction(plan_meets),
+                        "predictions_meeting": fraction(predicted_meets),
+                        "agreement": fraction(plan_meets == predicted_meets),
+                        "plan_only": int((plan_meets & ~predicted_meets).sum()),
+                        "prediction_only": int((predicted_meets & ~plan_meets).sum())})
+    return entries
+
+
+def dvh_curve(doses, step_gy: float = DVH_STEP_GY) -> list[list[float]]:
+    """A structure's cumulative DVH: ``[[Gy, % of its voxels receiving at least Gy], ...]`` at 0,
+    ``step_gy``, 2 ``step_gy``, ... up to its highest dose (empty for no voxels); rounded to 0.001
+    (as the report's curves are drawn and saved)."""
+    values = np.sort(np.asarray(doses, dtype=np.float64).reshape(-1))
+    if not values.size:
+        return []
+    levels = np.arange(0.0, values[-1] + step_gy, step_gy)
+    receiving = 100.0 * (1.0 - np.searchsorted(values, levels, side="left") / values.size)
+    return [[round(float(level), 3), round(float(percent), 3)] for level, percent in zip(levels, receiving)]
+
+
+def _goal(goal) -> Goal:
+    """A site's Goal as it is, or one from a goal dict."""
+    if isinstance(goal, Goal):
+        return goal
+    bounds = [key for key in ("max_gy", "min_gy") if isinstance(goal, Mapping) and goal.get(key) is not None]
+    if len(bounds) != 1 or "structure" not in goal or "metric" not in goal:
+        raise ValueError(f"Invalid goal. Expected structure, metric and one of max_gy or min_gy. Received: {goal!r}")
+    return Goal(str(goal["structure"]), str(goal["metric"]), **{bounds[0]: float(goal[bounds[0]])})
+
+
+def _kinds(kinds) -> dict[str, str]:
+    if hasattr(kinds, "structures"):  # a Site
+        return {structure.name: structure.kind for structure in kinds.structures}
+    return dict(kinds)
+
+
+def _checked(plans: pd.DataFrame) -> pd.DataFrame:
+    missing = [column for column in COLUMNS if column not in plans.columns]
+    if missing:
+        raise ValueError(f"Invalid `plans`. Expected the columns {', '.join(COLUMNS)}. Received: "
+                         f"{', '.join(map(str, plans.columns))} (missing {', '.join(missing)})")
+    return plans

@@ -1,0 +1,179 @@
+"""Commissioning's figures: residuals, the fit summary, the dosimetric outliers and the goals table,
+each against a plain recomputation."""
+
+import math
+import statistics
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.metrics.commissioning import (Z_THRESHOLD, dosimetric_outliers, fit_summary, goal_table,
+                                                 residuals)
+from provided_code.sites import Goal, openkbp
+
+KINDS = {"LeftParotid": "oar", "SpinalCord": "oar", "PTV70": "target"}
+
+
+def _plans(seed: int = 0, patients: int = 12) -> pd.DataFrame:
+    """A long table: three structures, two metrics each, one patient without a SpinalCord; the
+    predictions within 2.5 Gy of the plans (uniform: no patient is an outlier by chance)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(patients):
+        for structure, metrics in (("LeftParotid", ("mean", "D_0.1_cc")), ("SpinalCord", ("D_0.1_cc", "D1")),
+                                   ("PTV70", ("D_95", "D1"))):
+            if structure == "SpinalCord" and p == 3:
+                continue
+            for metric in metrics:
+                plan = rng.uniform(20, 70)
+                rows.append({"patient": f"pt_{p}", "structure": structure, "metric": metric, "plan": plan,
+                             "predicted": plan + rng.uniform(-1.5, 2.5)})
+    return pd.DataFrame(rows)
+
+
+def _by_hand(plans: pd.DataFrame):
+    """Each (structure, metric)'s rows as plain lists of (patient, plan, predicted)."""
+    groups = {}
+    for row in plans.itertuples():
+        groups.setdefault((row.structure, row.metric), []).append((row.patient, row.plan, row.predicted))
+    return groups
+
+
+def test_residuals_are_the_robust_z_of_a_plain_recomputation():
+    plans = _plans()
+    table = residuals(plans)
+    assert list(table.columns[:5]) == list(plans.columns) and len(table) == len(plans)
+    for (structure, metric), rows in _by_hand(plans).items():
+        differences = [predicted - plan for _, plan, predicted in rows]
+        median = statistics.median(differences)
+        mad = statistics.median([abs(d - median) for d in differences])
+        got = table[(table.structure == structure) & (table.metric == metric)]
+        for (patient, _, _), difference, (_, row) in zip(rows, differences, got.iterrows()):
+            assert row.patient == patient and row.difference == difference
+            # pandas' median and statistics.median of the same floats: the same value, or a
+            # mean of the two middle ones summed in another order (one rounding, ~1e-15 relative)
+            assert row.z == pytest.approx((difference - median) / (1.4826 * mad), rel=1e-12)
+
+
+def test_a_zero_mad_falls_back_to_the_standard_deviation_then_to_nan():
+    rows = [("a", 10.0, 10.0), ("b", 10.0, 10.0), ("c", 10.0, 10.0), ("d", 10.0, 14.0)]  # 3 of 4 differences 0
+    plans = pd.DataFrame([{"patient": p, "structure": "PTV70", "metric": "D1", "plan": plan, "predicted": predicted}
+                          for p, plan, predicted in rows] + [
+        {"patient": "a", "structure": "SpinalCord", "metric": "D1", "plan": 40.0, "predicted": 41.0}])
+    table = residuals(plans)
+    ptv = table[table.structure == "PTV70"]
+    sd = statistics.stdev([0.0, 0.0, 0.0, 4.0])
+    assert ptv.z.tolist() == pytest.approx([0.0, 0.0, 0.0, 4.0 / sd], rel=1e-12)  # the same arithmetic, two routes
+    assert math.isnan(table[table.structure == "SpinalCord"].z.iloc[0])  # one patient: no scale
+
+
+def test_a_planted_outlier_is_the_one_flagged_and_its_reason_says_what_the_plan_did():
+    plans = _plans(seed=1, patients=25)
+    planted = (plans.patient == "pt_7") & (plans.structure == "LeftParotid") & (plans.metric == "mean")
+    plans.loc[planted, "plan"] = plans.loc[planted, "predicted"] + 15.0  # the organ got 15 Gy more than predicted
+    outliers = dosimetric_outliers(residuals(plans), kinds=KINDS)
+    assert [entry["patient"] for entry in outliers] == ["pt_7"]
+    entry = outliers[0]
+    assert (entry["structure"], entry["metric"]) == ("LeftParotid", "mean") and entry["z"] < -Z_THRESHOLD
+    assert entry["score"] == abs(entry["z"]) and entry["plan"] == plans.loc[planted, "plan"].item()
+    assert entry["reason"].startswith(f"LeftParotid mean dose {entry['plan']:.1f} Gy where the model predicts "
+                                      f"{entry['predicted']:.1f} Gy for this anatomy (z = {entry['z']:.1f})")
+    assert "spared this organ much less than the cohort's plans of similar anatomy" in entry["reason"]
+    # the robust scale is not inflated by the outlier, as the standard deviation is: a larger z
+    differences = plans[(plans.structure == "LeftParotid") & (plans.metric == "mean")]
+    difference = differences.predicted - differences.plan
+    assert abs(entry["z"]) > 2 * abs(-15.0 - difference.mean()) / difference.std()
+
+
+@pytest.mark.parametrize("structure, metric, shift, words", [
+    ("LeftParotid", "mean", -9.0, "spared this organ much more than"),
+    ("PTV70", "D_95", -9.0, "coverage lower than predicted: the plan covered this target less well than"),
+    ("PTV70", "D_95", +9.0, "coverage higher than predicted"),
+    ("PTV70", "D1", +9.0, "the target is hotter than predicted"),
+    ("PTV70", "D1", -9.0, "the target is cooler than predicted"),
+])
+def test_the_reason_s_words_follow_the_kind_the_metric_and_the_sign(structure, metric, shift, words):
+    plans = _plans(seed=2, patients=20)
+    planted = (plans.patient == "pt_4") & (plans.structure == structure) & (plans.metric == metric)
+    plans.loc[planted, "plan"] = plans.loc[planted, "predicted"] + shift
+    (entry,) = dosimetric_outliers(residuals(plans), kinds=openkbp())
+    assert entry["patient"] == "pt_4" and words in entry["reason"]
+
+
+def test_a_patient_s_score_is_its_largest_z_and_its_other_flags_follow():
+    plans = _plans(seed=3, patients=20)
+    for structure, metric, shift in (("LeftParotid", "mean", 8.0), ("SpinalCord", "D1", 30.0)):
+        rows = (plans.patient == "pt_2") & (plans.structure == structure) & (plans.metric == metric)
+        plans.loc[rows, "plan"] = plans.loc[rows, "predicted"] + shift
+    table = residuals(plans)
+    (entry,) = dosimetric_outliers(table, kinds=KINDS)
+    beyond = table[(table.patient == "pt_2") & (table.z.abs() > Z_THRESHOLD)].sort_values("z", key=abs, ascending=False)
+    assert entry["score"] == beyond.z.abs().max() and (entry["structure"], entry["metric"]) == ("SpinalCord", "D1")
+    assert [(a["structure"], a["metric"], a["z"]) for a in entry["also"]] == \
+        [(row.structure, row.metric, row.z) for row in beyond.iloc[1:].itertuples()]
+    assert dosimetric_outliers(table, threshold=entry["score"] + 1, kinds=KINDS) == []
+
+
+def test_the_fit_summary_is_a_plain_recomputation():
+    plans = _plans(seed=4)
+    summary = fit_summary(plans)
+    groups = _by_hand(plans)
+    assert list(zip(summary.structure, summary.metric)) == list(groups)
+    for row in summary.itertuples():
+        pairs = groups[(row.structure, row.metric)]
+        n = len(pairs)
+        differences = [predicted - plan for _, plan, predicted in pairs]
+        bias = sum(differences) / n
+        sd = math.sqrt(sum((d - bias) ** 2 for d in differences) / (n - 1))
+        mae = sum(abs(d) for d in differences) / n
+        mean_plan = sum(plan for _, plan, _ in pairs) / n
+        r2 = 1 - sum(d * d for d in differences) / sum((plan - mean_plan) ** 2 for _, plan, _ in pairs)
+        assert row.n == n
+        # numpy's pairwise sums against Python's left-to-right ones over ~12 values: ~1e-15 relative
+        assert (row.bias, row.sd, row.mae, row.r2) == pytest.approx((bias, sd, mae, r2), rel=1e-12, abs=1e-12)
+
+
+def test_r2_is_nan_when_the_plans_do_not_vary_and_sd_for_one_patient():
+    plans = pd.DataFrame([{"patient": f"pt_{p}", "structure": "PTV70", "metric": "D_95", "plan": 66.5,
+                           "predicted": 66.5 + p} for p in range(4)]
+                         + [{"patient": "pt_0", "structure": "SpinalCord", "metric": "D1", "plan": 40.0,
+                             "predicted": 42.0}])
+    summary = fit_summary(plans).set_index("structure")
+    assert math.isnan(summary.loc["PTV70", "r2"]) and summary.loc["PTV70", "mae"] == 1.5
+    assert math.isnan(summary.loc["SpinalCord", "sd"]) and summary.loc["SpinalCord", "n"] == 1
+
+
+def test_the_goal_table_counts_match_a_plain_loop():
+    plans = _plans(seed=5)
+    goals = [{"structure": "LeftParotid", "metric": "mean", "max_gy": 45.0},
+             Goal("PTV70", "D_95", min_gy=40.0), {"structure": "SpinalCord", "metric": "D_0.1_cc", "max_gy": 50},
+             {"structure": "Larynx", "metric": "mean", "max_gy": 44}]
+    table = goal_table(plans, goals)
+    assert [(entry["structure"], entry["metric"]) for entry in table] == \
+        [("LeftParotid", "mean"), ("PTV70", "D_95"), ("SpinalCord", "D_0.1_cc"), ("Larynx", "mean")]
+    for entry, goal in zip(table, goals):
+        goal = goal if isinstance(goal, dict) else goal.to_dict()
+        meets = (lambda v: v <= goal["max_gy"]) if "max_gy" in goal else (lambda v: v >= goal["min_gy"])
+        pairs = _by_hand(plans).get((goal["structure"], goal["metric"]), [])
+        plan_meets = [meets(plan) for _, plan, _ in pairs]
+        predicted_meets = [meets(predicted) for _, _, predicted in pairs]
+        n = len(pairs)
+        assert entry["n"] == n
+        if not n:
+            assert entry["plans_meeting"] is entry["agreement"] is None and entry["plan_only"] == 0
+            continue
+        assert entry["plans_meeting"] == sum(plan_meets) / n
+        assert entry["predictions_meeting"] == sum(predicted_meets) / n
+        assert entry["agreement"] == sum(a == b for a, b in zip(plan_meets, predicted_meets)) / n
+        assert entry["plan_only"] == sum(a and not b for a, b in zip(plan_meets, predicted_meets))
+        assert entry["prediction_only"] == sum(b and not a for a, b in zip(plan_meets, predicted_meets))
+        assert 0 < entry["plans_meeting"] < 1  # the goals were chosen to split the plans: the counts are tested
+
+
+def test_a_value_at_the_goal_s_bound_meets_it():
+    plans = pd.DataFrame([{"patient": "a", "structure": "PTV70", "metric": "D_95", "plan": 66.5, "predicted": 66.4},
+                          {"patient": "b", "structure": "PTV70", "metric": "D_95", "plan": 66.4, "predicted": 66.5}])
+    (entry,) = goal_table(plans, [Goal("PTV70", "D_95", min_gy=66.5)])
+    assert (entry["plans_meeting"], entry["predictions_meeting"], entry["agreement"]) == (0.5, 0.5, 0.0)
+    assert (entry["plan_only"], entry["prediction_only"]) == (1, 1) and entry["goal"] == "PTV70 D_95 ≥ 66.5 Gy"
