@@ -1,0 +1,115 @@
+"""openkbp-commission on a cross-validated model: its figures from the folds' out-of-fold predictions
+alone (nothing predicted again), a plain recomputation of them, the unfinished folds named, and the
+model card's checksums."""
+
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.apps.commission import run as commission_module
+from provided_code.apps.commission.run import CommissioningError, commission
+from provided_code.data.cache import load_split
+from provided_code.data.csv_io import exact_dose, read_sparse_csv
+from provided_code.folds import read_dealing
+from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure_indices
+from provided_code.sites import openkbp
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def commissioned(cv_model, phantom_data, phantom_cache, tmp_path_factory):
+    """A copy of the cross-validated model, commissioned once for this module (read-only)."""
+    model = tmp_path_factory.mktemp("commission") / "cv"
+    shutil.copytree(cv_model, model)
+    report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    return model, report
+
+
+def test_the_figures_are_those_of_the_out_of_fold_predictions_recomputed_plainly(commissioned, phantom_data,
+                                                                                phantom_cache):
+    model, report = commissioned
+    folder = model / "commissioning"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(commission_module.FILES.values())
+    dealing = read_dealing(model)
+    arrays = load_split(phantom_data / "train-pats", cache_dir=phantom_cache, site=openkbp())
+    plans = pd.read_csv(folder / "plans.csv")
+    site = arrays.site
+    differences = []
+    for row, pid in enumerate(arrays.patient_ids):
+        # the fold that held the patient out wrote its prediction; the plan is its dose.csv
+        path = model / f"fold-{dealing.fold_of(pid)}" / "held-out-predictions" / f"{pid}.csv"
+        indices, values = read_sparse_csv(path, pid, with_values=True)
+        predicted = np.zeros(arrays.dose[row].size)
+        predicted[indices] = values
+        plan = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
+        voxels = structure_indices(arrays.structure_masks[row], len(site.names))
+        columns = metric_columns(site)
+        expected_plan = dvh_metrics(lambda v: plan[v], voxels, arrays.voxel_dimensions[row], site, columns)
+        expected_predicted = dvh_metrics(lambda v: predicted[v], voxels, arrays.voxel_dimensions[row], site, columns)
+        mine = plans[plans.patient == pid].set_index(["structure", "metric"])
+        for k, structure in enumerate(site.names):
+            for m, metric in enumerate(site.metric_names):
+                if np.isnan(expected_plan[k, m]):
+                    assert (structure, metric) not in mine.index
+                    continue
+                # plans.csv keeps 4 decimals (float_format): half a unit of the last, plus float64 ulps
+                assert mine.loc[(structure, metric), "plan"] == pytest.approx(expected_plan[k, m], abs=5e-5)
+                assert mine.loc[(structure, metric), "predicted"] == pytest.approx(expected_predicted[k, m], abs=5e-5)
+                differences.append((structure, metric, expected_predicted[k, m] - expected_plan[k, m]))
+    by_metric = pd.DataFrame(differences, columns=["structure", "metric", "difference"])
+    summary = pd.read_csv(folder / "summary.csv").set_index(["structure", "metric"])
+    for (structure, metric), group in by_metric.groupby(["structure", "metric"]):
+        assert summary.loc[(structure, metric), "bias"] == pytest.approx(group.difference.mean(), abs=1e-4)
+        assert summary.loc[(structure, metric), "mae"] == pytest.approx(group.difference.abs().mean(), abs=1e-4)
+    figures = json.loads((folder / "report.json").read_text())
+    held_out = {fold["fold"]: fold["scores"] for fold in figures["folds"]}
+    # the out-of-fold dose score is the patients' mean, so the folds' means weighted by their patients
+    weighted = sum(s["dose_score"] * s["patients"] for s in held_out.values()) / sum(s["patients"] for s in
+                                                                                     held_out.values())
+    assert figures["scores"]["dose_score"] == pytest.approx(weighted, rel=1e-9)
+    assert figures["cohort"]["patients"] == arrays.patient_ids and figures["cohort"]["folds"] == 2
+    assert report.report["scores"] == figures["scores"]
+
+
+def test_the_page_reads_without_a_network_and_the_card_checksums_its_checkpoints(commissioned):
+    model, _ = commissioned
+    page = (model / "commissioning" / "report.html").read_text()
+    assert "http" not in page and "src=\"//" not in page and "@import" not in page
+    card = json.loads((model / "commissioning" / "model_card.json").read_text())
+    assert [c["fold"] for c in card["checkpoints"]] == [1, 2]
+    for checkpoint in card["checkpoints"]:
+        assert checkpoint["sha256"] == hashlib.sha256((model / checkpoint["path"]).read_bytes()).hexdigest()
+    text = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert f"`{card['checkpoints'][0]['sha256']}`" in text and "Excluded from training: none." in text
+
+
+def test_nothing_is_predicted_again(commissioned, phantom_data, phantom_cache, monkeypatch):
+    model, _ = commissioned
+    import provided_code.inference as inference
+
+    def no(*args, **kwargs):
+        raise AssertionError("commissioning predicted a patient")
+
+    monkeypatch.setattr(inference, "predict_full_resolution", no)
+    monkeypatch.setattr(inference, "predict_arrays", no)
+    commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_missing_or_unfinished_fold_is_named(commissioned, tmp_path, phantom_data, phantom_cache):
+    model, _ = commissioned
+    broken = tmp_path / "cv"
+    shutil.copytree(model, broken)
+    shutil.rmtree(broken / "fold-2" / "held-out-predictions")
+    with pytest.raises(CommissioningError, match=r"Cannot commission cv yet: fold 2 has no out-of-fold predictions "
+                                                 r"of its epoch 1"):
+        commission(broken, data_dir=phantom_data, cache_dir=phantom_cache)
+    shutil.rmtree(broken / "fold-2")
+    with pytest.raises(CommissioningError, match=r"fold 2 is not trained"):
+        commission(broken, data_dir=phantom_data, cache_dir=phantom_cache)
+    with pytest.raises(CommissioningError, match="is not a cross-validated model"):
+        commission(tmp_path, data_dir=phantom_data, cache_dir=phantom_cache)
