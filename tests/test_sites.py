@@ -224,14 +224,16 @@ def test_the_shipped_sites_goals_are_read_and_a_site_without_goals_writes_none(t
 
 def test_goals_are_not_part_of_what_a_model_or_a_cache_is(tmp_path):
     """A model's config.json or a cache saved before goals existed holds its site without them: it
-    is still of the shipped site, and the cache keeps its name."""
+    is still of the shipped site (read as today's shipped site, so an older model is commissioned
+    against today's goals), and the cache keeps its name."""
     for name in SHIPPED:
         shipped = load_site(name)
         saved = shipped.to_dict()
         del saved["goals"]
-        before_goals = load_site(saved)  # as a model's config.json `site` is read
+        before_goals = site_from_dict(saved, "config.json")  # the site as saved, goals absent
         assert before_goals.goals == () and shipped.goals
         assert before_goals.same_as(shipped) and shipped.same_as(before_goals)
+        assert load_site(saved) is shipped  # as a model's config.json `site` is read: today's shipped site
         assert cache_path_for(tmp_path, tmp_path / "c", before_goals) == cache_path_for(tmp_path, tmp_path / "c", shipped)
     other_goals = load_site("prostate").to_dict()
     other_goals["goals"] = [{"structure": "Rectum", "metric": "mean", "max_gy": 40}]
