@@ -234,7 +234,8 @@ def test_goals_are_not_part_of_what_a_model_or_a_cache_is(tmp_path):
         assert before_goals.goals == () and shipped.goals
         assert before_goals.same_as(shipped) and shipped.same_as(before_goals)
         assert load_site(saved) is shipped  # as a model's config.json `site` is read: today's shipped site
-        assert cache_path_for(tmp_path, tmp_path / "c", before_goals) == cache_path_for(tmp_path, tmp_path / "c", shipped)
+        assert cache_path_for(tmp_path, tmp_path / "c", site=before_goals) == cache_path_for(tmp_path, tmp_path / "c",
+                                                                             site=shipped)
     other_goals = load_site("prostate").to_dict()
     other_goals["goals"] = [{"structure": "Rectum", "metric": "mean", "max_gy": 40}]
     site = load_site(_write(tmp_path, other_goals))  # a shipped name with goals of one's own: the same site
