@@ -170,6 +170,21 @@ def _listed(names: list[str], most: int = 5) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
+def fold_members(model_dir: os.PathLike | str) -> list[Path] | None:
+    """The run folders of a cross-validated model's folds, fold 1 to N, which serve together as the
+    deployed ensemble (as nnU-Net deploys its folds); None when ``model_dir`` is not
+    cross-validated (no ``splits.json``). A :class:`FoldsError` names the folds missing."""
+    dealing = read_dealing(model_dir)
+    if dealing is None:
+        return None
+    folders = fold_folders(model_dir)
+    missing = [k for k in range(1, dealing.folds + 1) if k not in folders]
+    if missing:
+        raise FoldsError(f"{model_dir}: the cross-validated model's fold {', '.join(map(str, missing))} of "
+                         f"{dealing.folds} is missing (fold-<K>/): its folds serve together")
+    return [folders[k] for k in range(1, dealing.folds + 1)]
+
+
 def fold_folders(model_dir: os.PathLike | str) -> dict[int, Path]:
     """``{K: results/<model>/fold-<K>}`` of the fold folders present."""
     model_dir = Path(model_dir)

@@ -195,6 +195,33 @@ def read_patient_like(volumes):
 
 
 # -- the model's site ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_cross_validated_models_folds_predict_a_clinics_patient_together(cv_model, tmp_path):
+    """openkbp-dicom predict on a cross-validated model's folder: its folds predict the patient, their
+    doses averaged, as the deployed ensemble; the RT Dose and dvh.json say so."""
+    import pydicom
+
+    volumes = make_phantom(13)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], None, factor=1)
+    doses, outputs = {}, {}
+    for model in (cv_model, cv_model / "fold-1", cv_model / "fold-2"):
+        out = tmp_path / model.name
+        result = CliRunner().invoke(main, ["predict", "--model-dir", str(model), "--ct", str(clinic.ct_dir),
+                                           "--rtstruct", str(clinic.rtstruct), "--out", str(out), "--no-plots"])
+        assert result.exit_code == 0, result.output
+        doses[model.name], outputs[model.name] = read_dose_csv(out / "prediction.csv"), result.output
+    assert "Predicted with the 2 folds (cv-fold-1 epoch 1, cv-fold-2 epoch 1) averaged" in outputs["cv"]
+    report = json.loads((tmp_path / "cv" / "dvh.json").read_text())
+    assert report["model"]["epoch"] == "ensemble"
+    assert [m["model"] for m in report["model"]["members"]] == ["cv-fold-1", "cv-fold-2"]
+    # the mean of the two folds' float32 doses, each written as its shortest decimals: an ulp or two apart
+    np.testing.assert_allclose(doses["cv"], (doses["fold-1"] + doses["fold-2"]) / 2, atol=2e-5)
+    assert np.abs(doses["fold-1"] - doses["fold-2"]).max() > 1e-3  # the folds differ: the mean is not either
+    assert pydicom.dcmread(tmp_path / "cv" / "RD.dcm").SeriesDescription.endswith("cv 2 folds")
+
+
 def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_model, tmp_path, monkeypatch):
     """The import's patient is predicted and scored as it was written, without reading the folder
     back: with its CSVs removed right after the import, the outputs are those of the folder as read."""

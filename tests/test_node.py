@@ -490,6 +490,30 @@ def test_the_node_predicts_with_the_model_it_loaded_and_holds_its_folder_against
         pass
 
 
+@pytest.mark.slow
+def test_a_node_serving_a_cross_validated_model_predicts_with_its_folds_and_holds_each(
+        start_node, listener, phantom, cv_model, tmp_path):
+    """The folds of a cross-validated model serve together (the deployed ensemble): each fold's folder
+    is held against training while the node serves, and the patient's RT Dose says so."""
+    from provided_code.errors import RunLockedError
+    from provided_code.run_folder import RunFolder
+
+    served = tmp_path / "results" / "cv"
+    shutil.copytree(cv_model, served)
+    with ModelPredictor(served) as predictor:
+        assert predictor.epoch == "ensemble" and [m.name for m in predictor.loaded] == ["cv-fold-1", "cv-fold-2"]
+        for fold in ("fold-1", "fold-2"):
+            with pytest.raises(RunLockedError, match=r"a DICOM node"):
+                RunFolder(served / fold).lock("training").__enter__()
+        node = start_node(predict=predictor, send_to=parse_destination(listener.destination))
+        patient = clone_patient(phantom, 28)
+        send(node.port, patient[:-1])
+        wait_until(lambda: state(node, rtstruct_uid(patient)) == "sent", 60, "the patient predicted and sent")
+        node.stop()
+    doses = [dataset for _, dataset in listener.received if dataset.Modality == "RTDOSE"]
+    assert len(doses) == 1 and doses[0].SeriesDescription.endswith("cv 2 folds")
+
+
 def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, phantom, tmp_path):
     umask = os.umask(0)
     try:

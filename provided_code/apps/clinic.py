@@ -19,6 +19,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from provided_code.data.csv_io import write_dose_csv
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
+from provided_code.folds import fold_members
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
@@ -47,13 +49,17 @@ OUTPUTS = {"rtdose": "RD.dcm", "nifti": "dose.nii.gz", "dvh_csv": "dvh.csv", "dv
 @dataclasses.dataclass
 class ClinicReport:
     out_dir: Path
-    epoch: int
+    epoch: int | str  # the checkpoint's; "ensemble" for a cross-validated model's folds
     imported: ImportReport
     dvh: dict  # the dvh.json content
     plots: list[Path]
+    members: list[dict] = dataclasses.field(default_factory=list)  # {"model", "epoch"} of each model predicted with
 
     def summary(self) -> str:
-        lines = [*self.imported.lines, f"Predicted with the epoch {self.epoch} checkpoint.",
+        used = (f"the epoch {self.epoch} checkpoint" if self.epoch != "ensemble" else
+                f"the {len(self.members)} folds (" + ", ".join(f"{m['model']} epoch {m['epoch']}" for m in self.members)
+                + ") averaged")
+        lines = [*self.imported.lines, f"Predicted with {used}.",
                  f"RT Dose: {self.out_dir / OUTPUTS['rtdose']}", f"NIfTI: {self.out_dir / OUTPUTS['nifti']}",
                  f"DVH table: {self.out_dir / OUTPUTS['dvh_csv']} and {OUTPUTS['dvh_json']}"]
         lines += [f"Plot: {path}" for path in self.plots]
@@ -63,44 +69,71 @@ class ClinicReport:
         return "\n".join(lines)
 
 
+def model_folders(model_dir: os.PathLike | str) -> list[RunFolder]:
+    """The run folders a model folder stands for: itself, or a cross-validated model's folds
+    (``--folds``), which serve together as its deployed ensemble."""
+    folds = fold_members(model_dir)
+    return [RunFolder(path) for path in folds] if folds else [RunFolder(model_dir)]
+
+
+def load_models(model_dir: os.PathLike | str, epoch: int | str | None = None) -> list[TrainedModel]:
+    """The trained models of ``model_dir`` (:func:`model_folders`), each at ``epoch`` (None: its best
+    when it has one, else its newest), to keep in memory (the node's)."""
+    return [folder.load_trained_model(folder.epoch_to_apply(epoch)) for folder in model_folders(model_dir)]
+
+
 def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | str, rtstruct: os.PathLike | str,
                           out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
-                          progress: Progress = no_progress, loaded: TrainedModel | None = None,
+                          progress: Progress = no_progress, loaded: Sequence[TrainedModel] | None = None,
                           site: Site | str | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
-    ``model_dir``: a run folder (``results/<model-name>``). ``epoch``: a checkpoint's epoch, "best",
-    or None: ``best`` when the run has one, else the newest checkpoint. ``loaded``: the model of
-    this folder as :meth:`RunFolder.load_trained_model` returned it, kept in memory (the node's):
-    then nothing of the model's folder is read again. ``site``: None (the model's), or the model's
-    own (``--site``): another is refused in one line.
+    ``model_dir``: a run folder (``results/<model-name>``), or a cross-validated model's folder,
+    whose folds predict together (their 128³ doses averaged). ``epoch``: a checkpoint's epoch,
+    "best", or None: ``best`` when the run has one, else the newest checkpoint (each fold's).
+    ``loaded``: the models of this folder as :func:`load_models` returned them, kept in memory (the
+    node's): then nothing of the model's folder is read again. ``site``: None (the model's), or
+    the model's own (``--site``): another is refused in one line.
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if loaded is None:
-        folder = RunFolder(model_dir)
-        epoch = folder.epoch_to_apply(epoch)  # before the import: a folder with no model fails at once
-        spec = folder.spec(site)  # the model's own site; another --site is refused before the import
+        folders = model_folders(model_dir)
+        epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
+        specs = [folder.spec(site) for folder in folders]  # the model's own site; another --site is refused now
     else:
-        spec = loaded.spec
-        check_site(spec, site, model_dir)
+        specs = [trained.spec for trained in loaded]
+        for spec in specs:
+            check_site(spec, site, model_dir)
+    if not all(spec.site.same_as(specs[0].site) for spec in specs):
+        raise ConfigError(f"Invalid `model_dir`. Expected folds of one site. Received: {model_dir} with folds of "
+                          f"{', '.join(sorted({spec.site.name for spec in specs}))}")
+    site_of_model = specs[0].site
     imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
-                              allow_missing_targets=allow_missing_targets, site=spec.site)
-    arrays = SplitArrays.from_patients([imported.patient], site=spec.site)  # the folder's patient, kept in memory
+                              allow_missing_targets=allow_missing_targets, site=site_of_model)
+    arrays = SplitArrays.from_patients([imported.patient], site=site_of_model)  # the folder's patient, in memory
     arrays.folder = out_dir  # (its files: out_dir/patient/...)
-    trained = loaded if loaded is not None else folder.load_trained_model(epoch)
-    epoch = trained.epoch
-    warn_plan_files_not_taken(arrays, spec.inputs_left_out(), f"Model {model_dir}")
-    predicted = predict_full_resolution(trained.model, arrays, spec, batch_size=1, tta=tta, progress=progress,
-                                        label=f"Model {model_dir} at epoch {epoch}")[0]
+    models = loaded if loaded is not None else [folder.load_trained_model(e) for folder, e in zip(folders, epochs)]
+    predicted, members = None, []
+    for trained in models:
+        warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {trained.folder.path}")
+        one = predict_full_resolution(trained.model, arrays, trained.spec, batch_size=1, tta=tta, progress=progress,
+                                      label=f"Model {trained.folder.path} at epoch {trained.epoch}")[0]
+        predicted = one if predicted is None else predicted + one
+        members.append({"model": trained.name, "epoch": trained.epoch})
+    if len(members) > 1:
+        predicted /= np.float32(len(members))
+    epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
+    used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                          description=f"Predicted dose, {model_dir.name} epoch {epoch}")
+                          description=f"Predicted dose, {model_dir.name} {used}")
     dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid)
     del dose_ct
-    dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta}
+    dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
+                    **({"members": members} if len(members) > 1 else {})}
     write_dvh_files(out_dir, dvh)
     written = []
     if plots:
@@ -110,7 +143,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
             written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
         else:
             logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
-    return ClinicReport(out_dir, epoch, imported, dvh, written)
+    return ClinicReport(out_dir, epoch, imported, dvh, written, members)
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

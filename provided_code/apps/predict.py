@@ -20,7 +20,7 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import write_dose_csv
 from provided_code.data_folder import split_dir
 from provided_code.exclusions import excluded_patients
-from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_folders, read_dealing
+from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_members, read_dealing
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
@@ -115,16 +115,9 @@ def ensemble_members(folder: RunFolder, names: list[str]) -> list[RunFolder]:
     named = []  # (the name given, its run folder)
     for name in names:
         member = _beside(folder, name)
-        dealing = read_dealing(member.path)
-        if dealing is None:
-            named.append((name, member))
-            continue
-        folds = fold_folders(member.path)
-        missing = [k for k in range(1, dealing.folds + 1) if k not in folds]
-        if missing:
-            raise FoldsError(f"Invalid `ensemble`. Expected the {dealing.folds} folds of the cross-validated model "
-                             f"{name!r}. Received: fold {', '.join(map(str, missing))} missing from {member.path}")
-        named += [(f"{name} fold {k}", RunFolder(path)) for k, path in folds.items() if k <= dealing.folds]
+        folds = fold_members(member.path)
+        named += [(f"{name} fold {k}", RunFolder(path)) for k, path in enumerate(folds, start=1)] if folds else \
+            [(name, member)]
     where = [member.path.resolve() for _, member in named]
     groups: dict[Path, list[str]] = {}
     for (name, _), path in zip(named, where):

@@ -4,6 +4,7 @@ with; no file of the model folder is read again while the node serves."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.apps.clinic import OUTPUTS, predict_dicom_patient
-from provided_code.run_folder import RunFolder
+from provided_code.apps.clinic import OUTPUTS, load_models, model_folders, predict_dicom_patient
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ LOCK_HOLDER = "a DICOM node serving it (openkbp-dicom serve)"  # what a refused 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    epoch: int  # the checkpoint's
+    epoch: int | str  # the checkpoint's; "ensemble" for a cross-validated model's folds
     warnings: tuple[str, ...] = ()  # the import's warnings (skipped contours, missing structures, ...)
 
 
@@ -30,32 +30,36 @@ class ModelPredictor:
     (without plots) into ``out_dir`` with a model kept in memory; returns a :class:`Prediction`.
 
     From construction to :meth:`close` (or the process's end) it holds the model folder's lock
-    shared: a training run (or ``--start-over``) on the folder is refused in one line naming this
-    process, while other readers (another node, an ensemble) may read it too."""
+    shared (a cross-validated model's: each fold's, whose folds predict together): a training run
+    (or ``--start-over``) on the folder is refused in one line naming this process, while other
+    readers (another node, an ensemble) may read it too."""
 
     rtdose_file = OUTPUTS["rtdose"]  # the RT Dose among the outputs
 
     def __init__(self, model_dir: os.PathLike | str, epoch: int | str | None = None, tta: bool = False,
                  names: os.PathLike | str | None = None, allow_missing_targets: bool = False):
         self.model_dir = Path(model_dir)
-        folder = RunFolder(self.model_dir)
-        self._lock = folder.lock(LOCK_HOLDER, shared=True)
-        self._lock.__enter__()
+        self._locks = contextlib.ExitStack()
         try:
-            self.loaded = folder.load_trained_model(folder.epoch_to_apply(epoch))
-            self.epoch = self.loaded.epoch
+            for folder in model_folders(self.model_dir):
+                self._locks.enter_context(folder.lock(LOCK_HOLDER, shared=True))
+            self.loaded = load_models(self.model_dir, epoch)
+            self.epoch = self.loaded[0].epoch if len(self.loaded) == 1 else "ensemble"
             self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
             self._warm_up()
         except BaseException:
             self.close()
             raise
-        logger.info("Model %s at epoch %s loaded", self.model_dir, self.epoch)
+        logger.info("Model %s loaded: %s", self.model_dir,
+                    ", ".join(f"{trained.name} at epoch {trained.epoch}" for trained in self.loaded))
 
     def _warm_up(self) -> None:
-        """One prediction on zeros, so that the first patient does not pay for tracing the model."""
-        model = self.loaded.model
-        inputs = {tensor.name.split(":")[0]: np.zeros((1, *tensor.shape[1:]), tensor.dtype) for tensor in model.inputs}
-        model.predict_on_batch(inputs)
+        """One prediction on zeros, so that the first patient does not pay for tracing the models."""
+        for trained in self.loaded:
+            model = trained.model
+            inputs = {tensor.name.split(":")[0]: np.zeros((1, *tensor.shape[1:]), tensor.dtype)
+                      for tensor in model.inputs}
+            model.predict_on_batch(inputs)
 
     def __call__(self, ct_dir: Path, rtstruct: Path, out_dir: Path, rtdose: Path | None = None) -> Prediction:
         report = predict_dicom_patient(self.model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=self.tta,
@@ -65,8 +69,8 @@ class ModelPredictor:
         return Prediction(report.epoch, warnings)
 
     def close(self) -> None:
-        """Release the model folder's lock."""
-        self._lock.__exit__(None, None, None)
+        """Release the model folder's lock (each fold's)."""
+        self._locks.close()
 
     def __enter__(self) -> "ModelPredictor":
         return self
