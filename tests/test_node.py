@@ -38,6 +38,7 @@ from provided_code.apps.node.sender import parse_destination  # noqa: E402
 from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
 from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
 from tests.kit.repo import REPO  # noqa: E402
+from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.node import (  # noqa: E402
     LOCALHOST,
     Listener,
@@ -512,6 +513,35 @@ def test_a_node_serving_a_cross_validated_model_predicts_with_its_folds_and_hold
         node.stop()
     doses = [dataset for _, dataset in listener.received if dataset.Modality == "RTDOSE"]
     assert len(doses) == 1 and doses[0].SeriesDescription.endswith("cv 2 folds")
+
+
+@requires_sample
+@pytest.mark.slow
+def test_a_real_patient_without_ptv63_is_served_with_default_flags(start_node, listener, tmp_path):
+    """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the challenge's 200 training
+    patients), sent as a planning system exports it: the node predicts it with default flags, its
+    journal keeps the import's warning, and its RT Dose comes back."""
+    from provided_code.data.csv_io import read_patient
+    from provided_code.sites import openkbp
+    from tests.kit.repo import SAMPLE_DIR
+    from tests.kit.synthetic import write_patient
+
+    source = read_patient(SAMPLE_DIR / "train-pats" / "pt_10", site=openkbp())
+    names = openkbp().names
+    masks = {name: (source.structure_masks >> bit) & 1 == 1 for bit, name in enumerate(names)}
+    masks = {name: mask for name, mask in masks.items() if mask.any()}
+    assert "PTV63" not in masks
+    masks["BODY"] = source.possible_dose_mask
+    clinic = write_patient(tmp_path / "clinic", source.ct, masks, source.voxel_dimensions, None, factor=1)
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = read_patient_files(clinic.rtstruct.parent)
+    assert set(send(node.port, patient)) == {0}
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 120, "the real patient predicted and sent")
+    doses = [dataset for _, dataset in listener.received if dataset.Modality == "RTDOSE"]
+    assert len(doses) == 1 and doses[0].FrameOfReferenceUID == clinic.frame_of_reference_uid
+    warnings = Journal(tmp_path / "store" / "journal.sqlite").patient(uid)["warnings"]
+    assert "PTV63: no ROI (optional for site openkbp)" in warnings
 
 
 def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, phantom, tmp_path):
