@@ -53,7 +53,27 @@ def test_residuals_are_the_robust_z_of_a_plain_recomputation():
             assert row.patient == patient and row.difference == difference
             # pandas' median and statistics.median of the same floats: the same value, or a
             # mean of the two middle ones summed in another order (one rounding, ~1e-15 relative)
-            assert row.z == pytest.approx((difference - median) / (1.4826 * mad), rel=1e-12)
+            assert row.z == pytest.approx((difference - median) / max(1.4826 * mad, 1.0), rel=1e-12)  # 1 Gy floor
+
+
+def test_the_scale_is_at_least_a_gray():
+    """A metric that hardly varies across the cohort (an organ's coldest voxels, a tenth of a Gy in
+    most patients): a plan a few Gy off is not hundreds of standard deviations off."""
+    rows = [(f"pt_{k}", 0.1 * k, 0.1 * k + 0.01 * (k % 3)) for k in range(10)] + [("pt_10", 5.5, 14.2)]
+    plans = pd.DataFrame([{"patient": p, "structure": "Esophagus", "metric": "D99", "plan": plan,
+                           "predicted": predicted} for p, plan, predicted in rows])
+    table = residuals(plans)
+    median = statistics.median(predicted - plan for _, plan, predicted in rows)
+    assert table.z.iloc[-1] == pytest.approx((14.2 - 5.5 - median) / 1.0, rel=1e-12)
+
+
+def test_only_the_metrics_a_plan_is_judged_by_are_flagged():
+    plans = _plans(seed=1, patients=25)
+    planted = (plans.patient == "pt_7") & (plans.structure == "LeftParotid") & (plans.metric == "mean")
+    plans.loc[planted, "plan"] = plans.loc[planted, "predicted"] + 15.0
+    table = residuals(plans)
+    assert [o["patient"] for o in dosimetric_outliers(table, kinds=KINDS, metrics=["mean"])] == ["pt_7"]
+    assert dosimetric_outliers(table, kinds=KINDS, metrics=["D_0.1_cc"]) == []
 
 
 def test_a_zero_mad_falls_back_to_the_standard_deviation_then_to_nan():

@@ -15,13 +15,23 @@ table's (``D99``, ``D95``, ``D50``, ``Dmean``, ``D1``, ``Dmax``).
 
 Pure arithmetic on tables: no file I/O.
 
-**The standardised residual** of a row is (difference − median) / (1.4826 · MAD), the median and
-the MAD (median absolute deviation from the median) of that structure-metric's differences across
-patients: a robust z (Iglewicz and Hoaglin's modified z-score, up to their 0.6745 = 1 / 1.4826),
-which the outliers it is meant to find do not inflate, as they would a standard deviation. When
-more than half the patients have the same difference the MAD is 0: the scale falls back to the
-sample standard deviation of the differences, and to NaN (z NaN: no row of that structure-metric
-is flagged) when that is 0 or undefined (a single patient).
+**The standardised residual** of a row is (difference − median) / scale, the median of that
+structure-metric's differences across patients and the scale 1.4826 · MAD (median absolute
+deviation from the median): a robust z (Iglewicz and Hoaglin's modified z-score, up to their
+0.6745 = 1 / 1.4826), which the outliers it is meant to find do not inflate, as they would a
+standard deviation. The scale is at least :data:`MIN_SCALE_GY` (1 Gy): a metric that hardly
+varies across the cohort (an organ's D99 far from the targets, a fraction of a Gy in most
+patients) would otherwise make a difference of a few Gy, which no physicist would call a
+different plan, look like hundreds of standard deviations (an esophagus's D99 5.5 Gy where 14.2
+Gy was predicted reached z = 883 on a real cohort). When more than half the patients have the
+same difference the MAD is 0: the scale falls back to the sample standard deviation of the
+differences (still at least 1 Gy), and to NaN (z NaN: no row of that structure-metric is flagged)
+when there is a single patient.
+
+**What is flagged**: a patient's rows of the site's own DVH metrics (those the DVH score judges
+plans by; :func:`dosimetric_outliers`' ``metrics``), not the clinical table's every column: the
+clinical D99 or D95 of an organ at risk, its least-dosed voxels, says nothing of how well it was
+spared and varies most where the dose falls off.
 
 **The threshold** :data:`Z_THRESHOLD` = 3.5 is Iglewicz and Hoaglin's cut for the modified
 z-score. For normal differences a |z| above 3.5 has a probability of 1 in 2,150 per row; an
@@ -44,6 +54,7 @@ from provided_code.sites import Goal
 
 Z_THRESHOLD = 3.5  # |robust z| above this flags a plan (module docstring)
 MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this estimates its standard deviation
+MIN_SCALE_GY = 1.0  # the robust z's scale is at least this (module docstring)
 COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
 DVH_STEP_GY = 0.5  # the dose step of a DVH curve (dvh_curve)
 _HOT = ("D1", "Dmax")  # clinical metrics of a target's hottest part (D_<cc>_cc and D_<p> with p < 50 too)
@@ -62,7 +73,7 @@ def residuals(plans: pd.DataFrame) -> pd.DataFrame:
         .transform("median")
     scale = MAD_SCALE * mad
     deviation = groups.transform(lambda values: values.std(ddof=1))
-    scale = scale.where(scale > 0, deviation.where(deviation > 0))
+    scale = scale.where(scale > 0, deviation).clip(lower=MIN_SCALE_GY).where(groups.transform("size") > 1)
     table["z"] = (table["difference"] - median) / scale
     return table
 
@@ -87,7 +98,7 @@ def fit_summary(plans: pd.DataFrame) -> pd.DataFrame:
 
 
 def dosimetric_outliers(residual_table: pd.DataFrame, threshold: float = Z_THRESHOLD, *,
-                        kinds) -> list[dict]:
+                        kinds, metrics: Iterable[str] | None = None) -> list[dict]:
     """The flagged plans: one entry per patient with a row whose |z| exceeds ``threshold``,
     largest score first: ``patient``, ``score`` (its largest |z|), the ``structure``, ``metric``,
     ``plan``, ``predicted`` and ``z`` of that row, ``reason`` (in words: what the plan did, against
@@ -96,9 +107,12 @@ def dosimetric_outliers(residual_table: pd.DataFrame, threshold: float = Z_THRES
 
     ``residual_table``: :func:`residuals`' table. ``kinds``: the site (a
     :class:`~provided_code.sites.Site`) or ``{structure: "oar" | "target"}``: an organ is spared
-    more or less than predicted, a target covered (or made hot) more or less."""
+    more or less than predicted, a target covered (or made hot) more or less. ``metrics``: the
+    metrics a plan is judged by (the site's ``metric_names``: module docstring); None: every row's."""
     kinds = _kinds(kinds)
     table = residual_table.loc[residual_table["z"].abs() > threshold]
+    if metrics is not None:
+        table = table.loc[table["metric"].isin(list(metrics))]
     table = table.assign(score=table["z"].abs()).sort_values("score", ascending=False, kind="stable")
     flagged = []
     for patient, rows in table.groupby("patient", sort=False):

@@ -160,7 +160,7 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
     residuals = commissioning.residuals(plans)
     summary = commissioning.fit_summary(plans)
     kinds = {structure.name: structure.kind for structure in site.structures}
-    dosimetric = commissioning.dosimetric_outliers(residuals, kinds=kinds)
+    dosimetric = commissioning.dosimetric_outliers(residuals, kinds=kinds, metrics=site.metric_names)
 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
         arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
