@@ -453,7 +453,10 @@ def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clin
     assert "ROI 'PTV_7000': left out 2 contours of fewer than 3 points" in caplog.text and "Couch" not in caplog.text
 
 
-def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic, tmp_path):
+def test_a_structure_contoured_on_every_third_slice_is_filled_between_and_warned_about(small_clinic, tmp_path):
+    """Two slices without contours after each one with (5 mm, under MAX_FILLED_GAP_MM): each takes
+    the contours of the nearer contoured slice (the superior one when both are as near), in the
+    CT-grid pixels the DVH table counts and in the box's mask the model sees."""
     clinic = _copy(small_clinic, tmp_path)
     rs = pydicom.dcmread(clinic / "RS.dcm")
     number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
@@ -467,7 +470,23 @@ def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic
     span = len(z) - (len(z) - 1) % 3
     assert warned == [f"warning: PTV70 ('PTV_7000') has contours on {len(kept)} of the {span} CT slices from "
                       f"z = {z[0]:g} to {max(kept, key=lambda v: -v):g} mm (none at z = {z[1]:g} mm); the "
-                      f"{span - len(kept)} slices without are empty in its mask"]
+                      f"{span - len(kept)} slices without are filled from the nearer contoured slice"]
+    geometry = report.geometry
+    plane = geometry.rows * geometry.columns
+    slice_z = list(geometry.slice_z)
+    voxels = report.ct_voxels["PTV70"]
+    pixels = {k: set((voxels[voxels // plane == k] % plane).tolist()) for k in np.unique(voxels // plane).tolist()}
+    drawn = sorted(slice_z.index(value) for value in kept)
+    assert sorted(pixels) == list(range(drawn[0], drawn[-1] + 1))
+    for k in pixels:
+        nearer = min(drawn, key=lambda d: (abs(d - k), d))
+        assert pixels[k] == pixels[nearer], k
+    mask = read_patient(report.folder, require_dose=False, site=OPENKBP).structure_masks & (1 << STRUCTURES.index("PTV70"))
+    box, ct_slices = geometry.box_slices()
+    for b, k in zip(box.tolist(), ct_slices.tolist()):
+        if drawn[0] <= k <= drawn[-1]:
+            nearer = ct_slices.tolist().index(min(drawn, key=lambda d: (abs(d - k), d)))
+            assert np.array_equal(mask[:, :, b] > 0, mask[:, :, box[nearer]] > 0), k
 
 
 def test_a_scan_ending_inside_the_targets_is_warned_about(tmp_path):
