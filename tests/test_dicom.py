@@ -128,6 +128,56 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)  # NIfTI stores float32 Gy
 
 
+def test_export_with_the_rtstruct_writes_the_dvh_table_of_its_rt_dose(written, tmp_path):
+    """``openkbp-dicom export --rtstruct --dvh``: the table ``predict`` writes (the same function, the
+    same structures read again from the RTSTRUCT), of the RT Dose as written."""
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+    from provided_code.data.csv_io import read_dose_csv, write_dose_csv
+    from provided_code.dicom.dvh import dvh_report
+
+    volumes, patient, report = written
+    prediction = tmp_path / "pt_1.csv"
+    write_dose_csv(prediction, volumes["dose"], volumes["possible_dose_mask"])
+    result = CliRunner().invoke(main, ["export", "--patient", str(report.folder), "--prediction", str(prediction),
+                                       "--out", str(tmp_path / "RD.dcm"), "--rtstruct", str(patient.rtstruct),
+                                       "--dvh", str(tmp_path / "table.csv")])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"Wrote {tmp_path / 'RD.dcm'}, {tmp_path / 'table.csv'} and {tmp_path / 'table.json'}"
+    table = json.loads((tmp_path / "table.json").read_text())
+    expected = dvh_report(report.geometry, report.ct_voxels, report.contours,
+                          {"predicted": dose_on_ct_grid(read_dose_csv(prediction), report.geometry)})
+    assert table == {**json.loads(json.dumps(expected)), "rtdose": str(tmp_path / "RD.dcm")}
+    rd = pydicom.dcmread(tmp_path / "RD.dcm")
+    held = (rd.pixel_array * float(rd.DoseGridScaling))[::-1].reshape(-1)  # frames ascending in z, the CT's descending
+    for structure, voxels in report.ct_voxels.items():
+        # the RT Dose's 32-bit pixels hold the dose within its scaling (1e-8 Gy here)
+        assert table["predicted"][structure]["Dmax"] == pytest.approx(held[voxels].max(), abs=2 * float(rd.DoseGridScaling))
+    rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert rows[0] == "structure,volume_cc," + ",".join(f"{m}_predicted" for m in table["metrics"])
+    assert [row.split(",")[0] for row in rows[1:]] == list(table["predicted"])
+
+
+def test_the_export_refuses_half_of_the_dvh_options_and_a_wrong_sampling_in_one_line(written, tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+    from provided_code.data.csv_io import write_dose_csv
+
+    volumes, patient, report = written
+    prediction = tmp_path / "pt_1.csv"
+    write_dose_csv(prediction, volumes["dose"], volumes["possible_dose_mask"])
+    common = ["export", "--patient", str(report.folder), "--prediction", str(prediction), "--out", str(tmp_path / "RD.dcm")]
+    result = CliRunner().invoke(main, [*common, "--rtstruct", str(patient.rtstruct)])
+    assert result.exit_code == 2 and "--rtstruct and --dvh go together" in result.output
+    result = CliRunner().invoke(main, [*common, "--rtstruct", str(patient.rtstruct), "--dvh", str(tmp_path / "t.csv"),
+                                       "--dvh-supersample", "9"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Error: Invalid `--dvh-supersample`. Expected a whole number from 1 to 8" in result.output
+    assert not list(tmp_path.glob("*.dcm")) and not list(tmp_path.glob("t.*"))  # refused before anything is written
+
+
 def test_an_exported_rt_dose_is_told_from_the_clinics_by_its_manufacturer(written, tmp_path):
     volumes, patient, report = written
     export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site=OPENKBP)
