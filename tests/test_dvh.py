@@ -186,6 +186,7 @@ def test_the_structures_read_again_from_the_rtstruct_are_the_imports(imported):
 
 
 # -- the analytic check (scripts/dvh_analytic.py) -------------------------------------------------
+@pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
 def test_the_analytic_check_against_dicompyler_core(tmp_path, monkeypatch):
     """The script's comparison on the small grid: every method's row, and two findings about
     dicompyler-core 0.5.6 that docs/dicom.md reports: a structure drawn on one slice has no DVH in

@@ -142,8 +142,9 @@ def dvh_report(geometry, ct_voxels: dict[str, np.ndarray], contours: dict[str, d
             samples[source][key] = dose
     order = [key for key in ct_voxels if key in volumes]
     report = {"metrics": list(CLINICAL_METRICS),
-              "grid": {"what": "the CT's voxels (N × N × N sub-voxels each where supersampled); each structure "
-                               "as drawn", "slices": len(geometry.slice_z),
+              "grid": {"what": "the CT's voxels, N × N × N sub-voxels of each where supersampled; each structure as "
+                               "drawn, its slices without contours filled as the import fills them",
+                       "slices": len(geometry.slice_z),
                        "rows": geometry.rows, "columns": geometry.columns,
                        "voxel_mm": [*geometry.pixel_spacing, geometry.slice_spacing], "supersample": n},
               "supersampled": sampled, "volume_cc": {key: volumes[key] for key in order}}
