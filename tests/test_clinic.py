@@ -111,6 +111,24 @@ def _tolerance(doses: np.ndarray, metric: str) -> float:
     return bin_gy + float((above[0] if above.size else high) - (below[-1] if below.size else low))
 
 
+def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
+    """A run folder whose model's place is taken by the clinic's dose moved 2 voxels (a prediction
+    that is not the reference); returns the list each prediction is appended to."""
+    (run / "models").mkdir(parents=True)
+    (run / "models" / "config.json").write_text("{}")
+    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model", lambda folder, epoch: clinic_module.TrainedModel(
+        folder, TrainConfig(resolution=128), TrainConfig(resolution=128).spec, 7, None))
+    predictions = []
+
+    def predict(model, arrays, *args, **kwargs):
+        predictions.append(np.where(arrays.possible_dose_mask[0], np.roll(
+            exact_dose(arrays.dose[0], int(arrays.dose_decimals[0])), 2, axis=1), 0).astype(np.float32))
+        return predictions
+
+    monkeypatch.setattr(clinic_module, "predict_full_resolution", predict)
+    return predictions
+
+
 @pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
 def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruct(tmp_path, monkeypatch):
     """Oracle: dicompyler-core (an independent DVH calculator) on the exported RD.dcm, and on the
@@ -124,19 +142,7 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     keep = slice(target_slices.min() - 3, target_slices.max() + 4)  # a short scan: fast, and padded in the box
     clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
                            volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=2)
-    # The model's place is taken by the clinic's dose moved 2 voxels (a prediction that is not the reference).
-    (tmp_path / "run" / "models").mkdir(parents=True)
-    (tmp_path / "run" / "models" / "config.json").write_text("{}")
-    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model", lambda folder, epoch: clinic_module.TrainedModel(
-        folder, TrainConfig(resolution=128), TrainConfig(resolution=128).spec, 7, None))
-    predictions = []
-
-    def predict(model, arrays, *args, **kwargs):
-        predictions.append(np.where(arrays.possible_dose_mask[0], np.roll(
-            exact_dose(arrays.dose[0], int(arrays.dose_decimals[0])), 2, axis=1), 0).astype(np.float32))
-        return predictions
-
-    monkeypatch.setattr(clinic_module, "predict_full_resolution", predict)
+    predictions = _model_replaced_by_the_reference_moved(tmp_path / "run", monkeypatch)
     out = tmp_path / "out"
     report = clinic_module.predict_dicom_patient(tmp_path / "run", clinic.ct_dir, clinic.rtstruct, out,
                                                  rtdose=clinic.rtdose, plots=False)
@@ -169,6 +175,44 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
     # the same float32 prediction scored in memory and from its CSV decimals (half an ulp each): under 1e-6
     assert table["scores"]["dose_score"] == pytest.approx(score_split(arrays, lambda row: predictions[0]).dose_score,
                                                           rel=1e-6)
+
+
+def test_predict_with_dvh_supersample_tabulates_sub_voxels_of_the_rt_doses(tmp_path, monkeypatch):
+    """``--dvh-supersample 2``: dvh.json says so, and holds the supersampled table of RD.dcm as written
+    and of the clinic's RT Dose, over the structures the RTSTRUCT holds."""
+    from provided_code.dicom.dvh import dvh_report, structures_of_rtstruct
+    from provided_code.dicom.grid import PatientGeometry
+    from provided_code.dicom.rtdose import read_rtdose
+
+    volumes = make_phantom(5)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)))
+    keep = slice(target_slices.min() - 2, target_slices.max() + 3)  # a short scan: fast
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+    _model_replaced_by_the_reference_moved(tmp_path / "run", monkeypatch)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(tmp_path / "run"), "--ct", str(clinic.ct_dir),
+                                       "--rtstruct", str(clinic.rtstruct), "--rtdose", str(clinic.rtdose), "--out",
+                                       str(out), "--no-plots", "--dvh-supersample", "2"])
+    assert result.exit_code == 0, result.output
+    table = json.loads((out / "dvh.json").read_text())
+    assert table["grid"]["supersample"] == 2
+    geometry = PatientGeometry.read(out / "patient")
+    ct_voxels, contours = structures_of_rtstruct(clinic.rtstruct, geometry)
+    rd = pydicom.dcmread(out / "RD.dcm")
+    held = (rd.pixel_array * float(rd.DoseGridScaling))[::-1]  # frames ascending in z, the CT's slices descending
+    expected = dvh_report(geometry, ct_voxels, contours,
+                          {"predicted": held, "reference": read_rtdose(clinic.rtdose, geometry.frame_of_reference_uid)},
+                          supersample=2)
+    assert table["supersampled"] == expected["supersampled"] and set(table["supersampled"].values()) <= {2, 4}
+    assert table["volume_cc"] == pytest.approx(expected["volume_cc"], rel=1e-12)
+    for source in ("predicted", "reference"):
+        assert list(table[source]) == list(expected[source])
+        for structure, metrics in expected[source].items():
+            # the prediction in memory against RD.dcm's 32-bit pixels: within the scaling (1e-8 Gy here)
+            assert table[source][structure] == pytest.approx(metrics, abs=4 * float(rd.DoseGridScaling)), structure
 
 
 def test_plots_of_a_patient_without_a_reference_show_the_prediction_alone(tmp_path):

@@ -128,6 +128,56 @@ def test_export_lands_on_the_ct_grid_for_an_independent_reader(written, tmp_path
     assert np.asarray(nifti.dataobj)[2 * j, 2 * i, 127 - k] == pytest.approx(hand, abs=1e-5)  # NIfTI stores float32 Gy
 
 
+def test_export_with_the_rtstruct_writes_the_dvh_table_of_its_rt_dose(written, tmp_path):
+    """``openkbp-dicom export --rtstruct --dvh``: the table ``predict`` writes (the same function, the
+    same structures read again from the RTSTRUCT), of the RT Dose as written."""
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+    from provided_code.data.csv_io import read_dose_csv, write_dose_csv
+    from provided_code.dicom.dvh import dvh_report
+
+    volumes, patient, report = written
+    prediction = tmp_path / "pt_1.csv"
+    write_dose_csv(prediction, volumes["dose"], volumes["possible_dose_mask"])
+    result = CliRunner().invoke(main, ["export", "--patient", str(report.folder), "--prediction", str(prediction),
+                                       "--out", str(tmp_path / "RD.dcm"), "--rtstruct", str(patient.rtstruct),
+                                       "--dvh", str(tmp_path / "table.csv")])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"Wrote {tmp_path / 'RD.dcm'}, {tmp_path / 'table.csv'} and {tmp_path / 'table.json'}"
+    table = json.loads((tmp_path / "table.json").read_text())
+    expected = dvh_report(report.geometry, report.ct_voxels, report.contours,
+                          {"predicted": dose_on_ct_grid(read_dose_csv(prediction), report.geometry)})
+    assert table == {**json.loads(json.dumps(expected)), "rtdose": str(tmp_path / "RD.dcm")}
+    rd = pydicom.dcmread(tmp_path / "RD.dcm")
+    held = (rd.pixel_array * float(rd.DoseGridScaling))[::-1].reshape(-1)  # frames ascending in z, the CT's descending
+    for structure, voxels in report.ct_voxels.items():
+        # the RT Dose's 32-bit pixels hold the dose within its scaling (1e-8 Gy here)
+        assert table["predicted"][structure]["Dmax"] == pytest.approx(held[voxels].max(), abs=2 * float(rd.DoseGridScaling))
+    rows = (tmp_path / "table.csv").read_text().splitlines()
+    assert rows[0] == "structure,volume_cc," + ",".join(f"{m}_predicted" for m in table["metrics"])
+    assert [row.split(",")[0] for row in rows[1:]] == list(table["predicted"])
+
+
+def test_the_export_refuses_half_of_the_dvh_options_and_a_wrong_sampling_in_one_line(written, tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+    from provided_code.data.csv_io import write_dose_csv
+
+    volumes, patient, report = written
+    prediction = tmp_path / "pt_1.csv"
+    write_dose_csv(prediction, volumes["dose"], volumes["possible_dose_mask"])
+    common = ["export", "--patient", str(report.folder), "--prediction", str(prediction), "--out", str(tmp_path / "RD.dcm")]
+    result = CliRunner().invoke(main, [*common, "--rtstruct", str(patient.rtstruct)])
+    assert result.exit_code == 2 and "--rtstruct and --dvh go together" in result.output
+    result = CliRunner().invoke(main, [*common, "--rtstruct", str(patient.rtstruct), "--dvh", str(tmp_path / "t.csv"),
+                                       "--dvh-supersample", "9"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Error: Invalid `--dvh-supersample`. Expected a whole number from 1 to 8" in result.output
+    assert not list(tmp_path.glob("*.dcm")) and not list(tmp_path.glob("t.*"))  # refused before anything is written
+
+
 def test_an_exported_rt_dose_is_told_from_the_clinics_by_its_manufacturer(written, tmp_path):
     volumes, patient, report = written
     export_dose(report.folder, volumes["dose"], tmp_path / "RD.dcm", site=OPENKBP)
@@ -453,7 +503,10 @@ def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clin
     assert "ROI 'PTV_7000': left out 2 contours of fewer than 3 points" in caplog.text and "Couch" not in caplog.text
 
 
-def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic, tmp_path):
+def test_a_structure_contoured_on_every_third_slice_is_filled_between_and_warned_about(small_clinic, tmp_path):
+    """Two slices without contours after each one with (5 mm, under MAX_FILLED_GAP_MM): each takes
+    the contours of the nearer contoured slice (the superior one when both are as near), in the
+    CT-grid pixels the DVH table counts and in the box's mask the model sees."""
     clinic = _copy(small_clinic, tmp_path)
     rs = pydicom.dcmread(clinic / "RS.dcm")
     number = {roi.ROIName: roi.ROINumber for roi in rs.StructureSetROISequence}
@@ -467,7 +520,23 @@ def test_a_structure_contoured_on_every_third_slice_is_warned_about(small_clinic
     span = len(z) - (len(z) - 1) % 3
     assert warned == [f"warning: PTV70 ('PTV_7000') has contours on {len(kept)} of the {span} CT slices from "
                       f"z = {z[0]:g} to {max(kept, key=lambda v: -v):g} mm (none at z = {z[1]:g} mm); the "
-                      f"{span - len(kept)} slices without are empty in its mask"]
+                      f"{span - len(kept)} slices without are filled from the nearer contoured slice"]
+    geometry = report.geometry
+    plane = geometry.rows * geometry.columns
+    slice_z = list(geometry.slice_z)
+    voxels = report.ct_voxels["PTV70"]
+    pixels = {k: set((voxels[voxels // plane == k] % plane).tolist()) for k in np.unique(voxels // plane).tolist()}
+    drawn = sorted(slice_z.index(value) for value in kept)
+    assert sorted(pixels) == list(range(drawn[0], drawn[-1] + 1))
+    for k in pixels:
+        nearer = min(drawn, key=lambda d: (abs(d - k), d))
+        assert pixels[k] == pixels[nearer], k
+    mask = read_patient(report.folder, require_dose=False, site=OPENKBP).structure_masks & (1 << STRUCTURES.index("PTV70"))
+    box, ct_slices = geometry.box_slices()
+    for b, k in zip(box.tolist(), ct_slices.tolist()):
+        if drawn[0] <= k <= drawn[-1]:
+            nearer = ct_slices.tolist().index(min(drawn, key=lambda d: (abs(d - k), d)))
+            assert np.array_equal(mask[:, :, b] > 0, mask[:, :, box[nearer]] > 0), k
 
 
 def test_a_scan_ending_inside_the_targets_is_warned_about(tmp_path):

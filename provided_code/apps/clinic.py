@@ -12,10 +12,7 @@ scores on the 128³ grid they are defined on.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import logging
 import os
 from pathlib import Path
@@ -27,14 +24,16 @@ from provided_code.config import ConfigError
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
+from provided_code.dicom.dvh import check_supersample
+from provided_code.dicom.dvh import dvh_report as ct_dvh_report
+from provided_code.dicom.dvh import write_dvh_files as write_dvh_tables
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
-from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels
+from provided_code.dicom.rtdose import DoseGrid
 from provided_code.folds import fold_members
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder, TrainedModel, check_site
 from provided_code.sites import Site
@@ -87,7 +86,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
                           progress: Progress = no_progress, loaded: Sequence[TrainedModel] | None = None,
-                          site: Site | str | None = None) -> ClinicReport:
+                          site: Site | str | None = None, dvh_supersample: int = 1) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
     ``model_dir``: a run folder (``results/<model-name>``), or a cross-validated model's folder,
@@ -95,9 +94,12 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     "best", or None: ``best`` when the run has one, else the newest checkpoint (each fold's).
     ``loaded``: the models of this folder as :func:`load_models` returned them, kept in memory (the
     node's): then nothing of the model's folder is read again. ``site``: None (the model's), or
-    the model's own (``--site``): another is refused in one line.
+    the model's own (``--site``): another is refused in one line. ``dvh_supersample``: sub-voxels
+    per axis of the DVH table's sampling (:mod:`provided_code.dicom.dvh`; 1: the CT's voxels, and
+    sub-voxels for small structures only).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    check_supersample(dvh_supersample)
     if loaded is None:
         folders = model_folders(model_dir)
         epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
@@ -130,7 +132,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
                           description=f"Predicted dose, {model_dir.name} {used}")
-    dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid)
+    dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
     del dose_ct
     dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
                     **({"members": members} if len(members) > 1 else {})}
@@ -147,23 +149,21 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,
-               reference_grid: DoseGrid | None = None) -> dict:
+               reference_grid: DoseGrid | None = None, supersample: int = 1) -> dict:
     """The clinical DVH table of the prediction, and of the clinic's dose and the challenge's scores
     if there is one.
 
-    The table is a planning system's: on the CT's grid, from the dose as ``RD.dcm`` holds it
-    (``dose_ct``) and the clinic's dose at the same voxel centres (trilinear), over each structure's
-    CT pixels as drawn (``imported.ct_voxels``). The scores stay the challenge's, on the 128³ grid.
+    The table is a planning system's (:func:`provided_code.dicom.dvh.dvh_report`): on the CT's grid,
+    from the dose as ``RD.dcm`` holds it (``dose_ct``) and the clinic's dose trilinear at the same
+    points, over each structure as drawn (``imported.ct_voxels``, or sub-voxels of its
+    ``imported.contours`` when ``supersample`` > 1 and for structures of few voxels). The scores
+    stay the challenge's, on the 128³ grid.
     """
-    geometry = imported.geometry
-    flat = dose_ct.reshape(-1)
-    report = {"metrics": list(CLINICAL_METRICS),
-              "grid": {"what": "the CT's voxels; each structure as drawn", "slices": len(geometry.slice_z),
-                       "rows": geometry.rows, "columns": geometry.columns,
-                       "voxel_mm": [*geometry.pixel_spacing, geometry.slice_spacing]},
-              "predicted": clinical_dvh_of_values({key: flat[voxels] for key, voxels in imported.ct_voxels.items()})}
+    doses = {"predicted": dose_ct}
     if arrays.has_dose[0] and reference_grid is not None:
-        report["reference"] = clinical_dvh_of_values(dose_at_ct_voxels(reference_grid, geometry, imported.ct_voxels))
+        doses["reference"] = reference_grid
+    report = ct_dvh_report(imported.geometry, imported.ct_voxels, imported.contours, doses, supersample)
+    if "reference" in doses:
         report["scores"] = {key: value for key, value in score_split(arrays, lambda row: predicted).summary().items()
                             if key in ("dose_score", "dvh_score")}
     return report
@@ -171,11 +171,4 @@ def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportRepor
 
 def write_dvh_files(out_dir: Path, report: dict) -> None:
     """``dvh.json`` (the report) and ``dvh.csv`` (one row per structure, predicted and reference)."""
-    write_text_atomic(out_dir / OUTPUTS["dvh_json"], json.dumps(report, indent=2) + "\n")
-    sources = [name for name in ("predicted", "reference") if name in report]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["structure", *[f"{m}_{s}" for m in CLINICAL_METRICS for s in sources]])
-    for structure, values in report["predicted"].items():
-        writer.writerow([structure, *[f"{report[s][structure][m]:.3f}" for m in CLINICAL_METRICS for s in sources]])
-    write_text_atomic(out_dir / OUTPUTS["dvh_csv"], buffer.getvalue())
+    write_dvh_tables(out_dir / OUTPUTS["dvh_csv"], out_dir / OUTPUTS["dvh_json"], report)

@@ -99,16 +99,29 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
         raise SystemExit(1)
 
 
+_SUPERSAMPLE = click.option(
+    "--dvh-supersample", type=click.IntRange(min=1), default=1, show_default=True,
+    help="Sample the DVH table at N × N × N points per CT voxel (the dose trilinear, each contour a slice "
+         "thick); 1: at the voxel centres (structures of few voxels are supersampled all the same).")
+
+
 @main.command("export")
 @click.option("--patient", "patient_dir", required=True, help="A patient folder written by 'openkbp-dicom import'.")
 @click.option("--prediction", required=True, help="The predicted dose: an OpenKBP CSV (pt_<N>.csv).")
 @click.option("--out", required=True, help="The RT Dose file to write.")
 @click.option("--nifti", default=None, help="Also write the dose as NIfTI here (.nii.gz).")
+@click.option("--rtstruct", default=None,
+              help="The RTSTRUCT the patient was imported from: with --dvh, the DVH table of the RT Dose.")
+@click.option("--dvh", "dvh_csv", default=None,
+              help="Write the DVH table here (.csv; its JSON beside it, .json); needs --rtstruct.")
+@_SUPERSAMPLE
 @click.option("--site", default=None,
               help=f"The site the prediction is of ({_SITES}); a patient imported for another is refused "
                    f"[default: the patient's, from its dicom.json; a site file's must be given].")
-def export_command(patient_dir, prediction, out, nifti, site):
-    """Write a predicted dose as an RT Dose on the patient's CT grid."""
+def export_command(patient_dir, prediction, out, nifti, rtstruct, dvh_csv, dvh_supersample, site):
+    """Write a predicted dose as an RT Dose on the patient's CT grid (and its DVH table)."""
+    if (rtstruct is None) != (dvh_csv is None):
+        raise click.UsageError("--rtstruct and --dvh go together: the DVH table needs the structures and a file.")
     setup_logging()
     from provided_code.data.csv_io import read_dose_csv
     from provided_code.dicom.exporter import export_dose, site_of_patient
@@ -117,10 +130,12 @@ def export_command(patient_dir, prediction, out, nifti, site):
     try:
         site = site_of_patient(patient_dir) if site is None else load_site(site)
         dose = read_dose_csv(prediction)
-        export_dose(patient_dir, dose, out, nifti=nifti, site=site)
+        export_dose(patient_dir, dose, out, nifti=nifti, site=site, rtstruct=rtstruct, dvh=dvh_csv,
+                    dvh_supersample=dvh_supersample)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
-    click.echo(f"Wrote {out}" + (f" and {nifti}" if nifti else ""))
+    written = [out, *([nifti] if nifti else []), *([dvh_csv, str(Path(dvh_csv).with_suffix(".json"))] if dvh_csv else [])]
+    click.echo(f"Wrote {', '.join(written[:-1])} and {written[-1]}" if len(written) > 1 else f"Wrote {out}")
 
 
 @main.command("predict")
@@ -132,11 +147,12 @@ def export_command(patient_dir, prediction, out, nifti, site):
 @click.option("--out", "out_dir", required=True,
               help="Output folder: RD.dcm, dose.nii.gz, dvh.csv, dvh.json, patient/.")
 @click.option("--no-plots", is_flag=True, help="Skip the DVH and slice PNGs.")
+@_SUPERSAMPLE
 @click.option("--site", default=None,
               help=f"The treatment site ({_SITES}): the model's own, from its config.json, whose structures and "
                    f"ROI names the import uses; another is refused [default: the model's].")
 def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots,
-                    site):
+                    dvh_supersample, site):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""
     setup_logging()
     epoch = parse_epoch(epoch)
@@ -145,7 +161,8 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,
-                                       plots=not no_plots, progress=click_progress, site=site)
+                                       plots=not no_plots, progress=click_progress, site=site,
+                                       dvh_supersample=dvh_supersample)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())

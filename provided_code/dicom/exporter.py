@@ -1,5 +1,6 @@
 """``openkbp-dicom export``: a dose on the box (the site's grid, OpenKBP's 128³; an OpenKBP
-prediction CSV) back onto the patient's CT grid, as an RT Dose and optionally NIfTI.
+prediction CSV) back onto the patient's CT grid, as an RT Dose and optionally NIfTI, and, given the
+import's RTSTRUCT, the clinical DVH table of that RT Dose (:mod:`provided_code.dicom.dvh`).
 
 In-plane the box (128 × 128) is interpolated linearly to the CT's pixel centres (the box spans
 the CT's field of view); the box's slices are the CT's own; CT slices outside the box get zero dose.
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.dicom.dvh import check_supersample, dvh_report, structures_of_rtstruct, write_dvh_files
 from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, linear_weights
 from provided_code.dicom.rtdose import write_rtdose
@@ -67,10 +69,21 @@ def site_of_patient(patient_dir: os.PathLike | str) -> Site:
 
 
 def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLike | str, *, site: Site,
-                nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> PatientGeometry:
+                nifti: os.PathLike | str | None = None, description: str = "Predicted dose",
+                rtstruct: os.PathLike | str | None = None, dvh: os.PathLike | str | None = None,
+                dvh_supersample: int = 1) -> PatientGeometry:
     """Write the box's ``dose`` of an imported patient as an RT Dose at ``out`` (and NIfTI).
-    ``site``: the site the dose is of; a patient imported for another is refused."""
+    ``site``: the site the dose is of; a patient imported for another is refused.
+
+    With ``rtstruct`` (the import's RTSTRUCT) and ``dvh`` (a ``.csv`` path), also the clinical DVH
+    table of the dose as the RT Dose holds it (:func:`provided_code.dicom.dvh.dvh_report`, with
+    ``dvh_supersample``): ``dvh`` and, beside it with the suffix ``.json``, its JSON. The RTSTRUCT is
+    read before anything is written."""
     site = require_site(site)
+    check_supersample(dvh_supersample)
+    if (rtstruct is None) != (dvh is None):
+        raise ValueError("Invalid `rtstruct` and `dvh`. Expected both (the DVH table) or neither. "
+                         f"Received: rtstruct={rtstruct!r}, dvh={dvh!r}")
     geometry = PatientGeometry.read(patient_dir)
     if site.name != geometry.site:
         raise DicomInputError(Path(patient_dir) / SIDECAR_FILE, f"the patient was imported for site {geometry.site}, "
@@ -80,7 +93,13 @@ def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLi
     box = tuple(geometry.box_shape)
     if dose.shape != box:
         raise ValueError(f"Invalid `dose`. Expected shape {box}. Received: dose.shape={dose.shape}")
-    write_dose_on_ct_grid(dose_on_ct_grid(dose, geometry), geometry, out, nifti, description)
+    structures = structures_of_rtstruct(rtstruct, geometry) if rtstruct is not None else None
+    dose_ct = dose_on_ct_grid(dose, geometry)
+    write_dose_on_ct_grid(dose_ct, geometry, out, nifti, description)
+    if structures is not None:
+        report = dvh_report(geometry, *structures, {"predicted": dose_ct}, dvh_supersample)
+        report["rtdose"] = str(out)
+        write_dvh_files(dvh, Path(dvh).with_suffix(".json"), report)
     return geometry
 
 

@@ -9,9 +9,11 @@ names they are matched from, its grid).
   contours filled on the CT's own pixels, averaged onto the 128 × 128 grid and kept where at least
   half of a voxel is inside. Targets are made disjoint as in OpenKBP: a voxel in several targets
   belongs to the one of the highest prescription. The CT-grid pixels of each ROI as drawn are
-  returned too (``ImportReport.ct_voxels``:
-  what the clinical DVH table counts). Slices skipped inside an ROI, and a target on the scan's
-  first or last slice, are warned about.
+  returned too (``ImportReport.ct_voxels``: what the clinical DVH table counts), and its contours
+  by slice (``ImportReport.contours``: what a supersampled table samples). CT slices without
+  contours inside an ROI, in runs of up to ``rtstruct.MAX_FILLED_GAP_MM``, take the nearer
+  contoured slice's contours (``rtstruct.fill_slice_gaps``), in the masks and the table alike;
+  those slices, and a target on the scan's first or last slice, are warned about.
 - Possible-dose mask: the BODY/External outline, else the CT above ``BODY_THRESHOLD_HU``.
 - Reference dose (``--rtdose``): trilinear at the box's voxel centres, zero outside the dose grid
   and outside the possible-dose mask, to the challenge's three decimals.
@@ -43,7 +45,8 @@ from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
-from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct
+from provided_code.dicom.rtstruct import (MAX_FILLED_GAP_MM, Gap, contours_by_slice, fill_polygons, fill_slice_gaps, pixel_polygons,
+                                          read_rtstruct)
 from provided_code.sites import Site, SiteError, openkbp
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,9 @@ class ImportReport:
     # The site's targets the patient lacks (no ROI, or an ROI without contours): optional ones, and
     # required ones imported with allow_missing_targets. Their masks are empty.
     missing_targets: list[str] = dataclasses.field(default_factory=list)
+    # Structure -> CT slice index -> its contours there ((points, 2) mm, x and y), slices without contours
+    # inside the ROI filled as its masks are (rtstruct.fill_slice_gaps): what a supersampled DVH table samples.
+    contours: dict[str, dict[int, list[np.ndarray]]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def warnings(self) -> list[str]:
@@ -119,8 +125,10 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
                                                   f"site, or --allow-missing-targets")
     dose_grid = read_rtdoses(rtdose, ct.frame_of_reference_uid, dose_scale) if rtdose is not None else None
 
-    planes = {key: contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
-              for key, roi in mapping.items()}  # only the mapped ROIs are parsed
+    planes, gaps = {}, {}
+    for key, roi in mapping.items():  # only the mapped ROIs are parsed
+        drawn = contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
+        planes[key], gaps[key] = fill_slice_gaps(drawn, ct.slice_spacing)
     empty_targets = [key for key in site.targets if key in planes and not planes[key]]
     for target in empty_targets:
         if target in site.required_targets and not allow_missing_targets:
@@ -144,7 +152,7 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     if target_slices and (min(target_slices) < ct_slices[0] or max(target_slices) > ct_slices[-1]):
         lines.append(f"warning: the targets span {max(target_slices) - min(target_slices) + 1} slices, more than the "
                      f"{shape[2]} of the box; the slices beyond it are left out")
-    lines += _check_slices(planes, mapping, ct.slice_z, site)
+    lines += _check_slices(planes, gaps, mapping, ct.slice_z, site)
     if site.same_as(openkbp()):  # the voxel sizes OpenKBP's patients have; other sites' are not known
         lines += _check_voxel_size(geometry)
 
@@ -184,7 +192,8 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     patient = _write_folder(out, geometry, volume_ct, masks, possible_dose_mask, dose, site,
                             None if also_write is None else lambda staging: also_write(staging, has))
     logger.info("Imported %s into %s", ct_dir if not isinstance(ct_dir, (list, tuple)) else geometry.series_instance_uid, out)
-    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid, patient, lacking)
+    contours = {key: planes[key] for key in ct_voxels}
+    return ImportReport(out, geometry, lines, dose is not None, ct_voxels, dose_grid, patient, lacking, contours)
 
 
 def _check_file_names(site: Site) -> None:
@@ -204,14 +213,12 @@ def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to
     indices, every slice; without, only the box's slices are filled and no pixels returned)."""
     mask = np.zeros(tuple(geometry.box_shape), bool)
     box_of = dict(zip(ct_slices.tolist(), box_slices.tolist()))
-    origin, spacing = np.asarray(geometry.origin_xy), np.asarray(geometry.pixel_spacing)
     plane_size = geometry.rows * geometry.columns
     voxels = [np.zeros(0, np.int64)]
     for k in sorted(planes):
         if not ct_pixels and k not in box_of:
             continue
-        polygons = [np.stack([(p[:, 0] - origin[0]) / spacing[1], (p[:, 1] - origin[1]) / spacing[0]], axis=1)
-                    for p in planes[k]]  # (column, row) pixel units
+        polygons = pixel_polygons(planes[k], geometry.origin_xy, geometry.pixel_spacing)
         filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
         if ct_pixels:
             voxels.append(k * plane_size + np.flatnonzero(filled))
@@ -220,23 +227,29 @@ def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to
     return mask, np.concatenate(voxels)
 
 
-def _check_slices(planes: dict[str, dict[int, list]], mapping: dict[str, str], slice_z: np.ndarray,
-                  site: Site) -> list[str]:
+def _check_slices(planes: dict[str, dict[int, list]], gaps: dict[str, list[Gap]], mapping: dict[str, str],
+                  slice_z: np.ndarray, site: Site) -> list[str]:
     """Warnings about slices: an ROI with CT slices between its first and last contour that have
-    none (contoured on every other slice, or a slice forgotten: those slices stay empty in its
+    none (contoured on every other slice, or a slice forgotten: those runs of up to
+    ``MAX_FILLED_GAP_MM`` take the nearer contoured slice's contours, longer ones stay empty in its
     mask), and a scan shorter than the targets need, i.e. a target drawn on the scan's first or
     last slice (the scan may end inside it, and the model sees no anatomy beyond)."""
     lines = []
     for key in (*site.names, BODY):
-        slices = sorted(planes.get(key, {}))
-        if not slices:
+        runs = gaps.get(key, [])
+        if not runs:
             continue
+        slices = sorted(planes[key])
         span = slices[-1] - slices[0] + 1
-        if span > len(slices):
-            gap = next(k for k in range(slices[0], slices[-1]) if k not in planes[key])
-            lines.append(f"warning: {key} ({mapping[key]!r}) has contours on {len(slices)} of the {span} CT slices "
-                         f"from z = {slice_z[slices[0]]:g} to {slice_z[slices[-1]]:g} mm (none at z = "
-                         f"{slice_z[gap]:g} mm); the {span - len(slices)} slices without are empty in its mask")
+        missing = sum(gap.slices for gap in runs)
+        filled = sum(gap.slices for gap in runs if gap.filled)
+        what = ("filled from the nearer contoured slice" if filled == missing else
+                f"{filled} filled from the nearer contoured slice, the {missing - filled} in runs of more than "
+                f"{MAX_FILLED_GAP_MM:g} mm empty in its mask" if filled else
+                f"in runs of more than {MAX_FILLED_GAP_MM:g} mm, empty in its mask")
+        lines.append(f"warning: {key} ({mapping[key]!r}) has contours on {span - missing} of the {span} CT slices "
+                     f"from z = {slice_z[slices[0]]:g} to {slice_z[slices[-1]]:g} mm (none at z = "
+                     f"{slice_z[runs[0].first]:g} mm); the {missing} slices without are {what}")
     ends = {0: "first", len(slice_z) - 1: "last"}
     for key in site.targets:
         reached = [f"{ends[k]} (z = {slice_z[k]:g} mm)" for k in sorted(ends) if k in planes.get(key, {})]

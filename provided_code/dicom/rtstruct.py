@@ -5,7 +5,8 @@ its references, which the import, the archive's linking and the DICOM node ask).
 A closed planar contour is filled by the even-odd rule at pixel centres; all contours of an ROI on
 one slice are filled together, so a contour inside another is a hole (as planning systems draw
 them). Open contours, points and contours of fewer than three points are left out. Only the ROIs
-asked for are parsed.
+asked for are parsed. CT slices without contours between two slices with contours of one ROI, up
+to :data:`MAX_FILLED_GAP_MM` apart, take the nearer slice's contours (:func:`fill_slice_gaps`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 
 CONTOUR_DATA = 0x30060050
+# The longest run of CT slices without contours inside an ROI that is filled from its neighbours (mm,
+# from the last contoured slice before it to the first after it, less one slice): a slice or two left
+# out (an ROI contoured on every second or third slice, a slice forgotten) is filled; a longer gap is
+# taken for two parts of one ROI (nodal levels drawn apart) and stays empty.
+MAX_FILLED_GAP_MM = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +163,49 @@ def contours_by_slice(contours: list[np.ndarray], slice_z: np.ndarray, name: str
                                         f"(the CT runs from {slice_z[-1]:g} to {slice_z[0]:g} mm every {spacing:g} mm)")
         planes.setdefault(k, []).append(points[:, :2])
     return planes
+
+
+@dataclasses.dataclass(frozen=True)
+class Gap:
+    """A run of CT slices without contours inside an ROI (indices of ``slice_z``, ``first`` to
+    ``last``), and whether it was filled from its neighbours."""
+
+    first: int
+    last: int
+    filled: bool
+
+    @property
+    def slices(self) -> int:
+        return self.last - self.first + 1
+
+
+def fill_slice_gaps(planes: dict[int, list[np.ndarray]], slice_spacing: float,
+                    max_gap_mm: float = MAX_FILLED_GAP_MM) -> tuple[dict[int, list[np.ndarray]], list[Gap]]:
+    """``planes`` (as :func:`contours_by_slice` gives them) with every run of slices without
+    contours between two slices with contours, of at most ``max_gap_mm`` (its slices times
+    ``slice_spacing``), given the contours of the nearer contoured slice (of the superior one,
+    the lower index, when both are as near): a planning system's ROI between its contoured planes.
+    Returns the planes, sorted, and every gap, filled or not."""
+    slices = sorted(planes)
+    filled = {k: planes[k] for k in slices}
+    gaps = []
+    for above, below in zip(slices, slices[1:]):
+        if below - above < 2:
+            continue
+        fill = (below - above - 1) * abs(slice_spacing) <= max_gap_mm + 1e-6
+        gaps.append(Gap(above + 1, below - 1, fill))
+        if fill:
+            for k in range(above + 1, below):
+                filled[k] = planes[above] if k - above <= below - k else planes[below]
+    return dict(sorted(filled.items())), gaps
+
+
+def pixel_polygons(polygons: list[np.ndarray], origin_xy, pixel_spacing) -> list[np.ndarray]:
+    """Contours ``(points, 2)`` in mm (x, y) in a CT's pixel units, (column, row), as
+    :func:`fill_polygons` takes them: ``origin_xy`` the centre of pixel (row 0, column 0),
+    ``pixel_spacing`` between rows, between columns (DICOM's order)."""
+    return [np.stack([(p[:, 0] - origin_xy[0]) / pixel_spacing[1], (p[:, 1] - origin_xy[1]) / pixel_spacing[0]], axis=1)
+            for p in polygons]
 
 
 def fill_polygons(polygons: list[np.ndarray], shape: tuple[int, int]) -> np.ndarray:

@@ -106,6 +106,82 @@ def fine_hu(ct: np.ndarray, factor: int) -> np.ndarray:
     return np.repeat(np.repeat(ct.astype(np.float32) - 1000.0, factor, 0), factor, 1)
 
 
+def new_study(patient_id: str = "PHANTOM1", patient_name: str = "Test^Phantom", birth_date: str = "19700101",
+              study_tags: dict[str, str] | None = None) -> Dataset:
+    """The patient and study tags every object of one patient carries (a new StudyInstanceUID)."""
+    study = Dataset()
+    study.PatientName, study.PatientID, study.PatientBirthDate, study.PatientSex = patient_name, patient_id, birth_date, "O"
+    study.StudyInstanceUID, study.StudyDate, study.StudyTime, study.StudyID = generate_uid(), "20260101", "120000", "1"
+    study.ReferringPhysicianName, study.AccessionNumber = "", ""
+    for tag, value in (study_tags or {}).items():
+        setattr(study, tag, value)
+    return study
+
+
+def write_ct_series(ct_dir: Path, planes, study: Dataset, frame_uid: str, series_uid: str, origin, spacing,
+                    slice_z: np.ndarray, slice_thickness: float, rng: np.random.Generator) -> None:
+    """One CT file per slice ``k`` (``planes(k)``: HU, ``(rows, columns)``) at ``slice_z[k]``, in
+    shuffled order under random names, int16-style pixels with a rescale intercept."""
+    ct_dir = Path(ct_dir)
+    ct_dir.mkdir(parents=True, exist_ok=True)
+    for k in rng.permutation(len(slice_z)):
+        plane = planes(int(k))
+        ds = _base(CT_STORAGE, "CT", study, frame_uid)
+        ds.SeriesInstanceUID = series_uid
+        ds.ImagePositionPatient = [origin[0], origin[1], float(slice_z[k])]
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+        ds.PixelSpacing = [float(spacing[0]), float(spacing[1])]
+        ds.SliceThickness = slice_thickness
+        ds.Rows, ds.Columns = plane.shape
+        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 0
+        ds.RescaleIntercept, ds.RescaleSlope = -1024, 1
+        ds.InstanceNumber = int(k) + 1
+        ds.PixelData = np.round(plane + 1024).astype(np.uint16).tobytes()
+        ds.save_as(ct_dir / f"{rng.integers(1 << 40):x}.dcm", enforce_file_format=True)
+
+
+def write_structure_set(path: Path, study: Dataset, frame_uid: str, series_uid: str,
+                        rois: dict[str, list[np.ndarray]]) -> str:
+    """An RTSTRUCT on the CT series ``series_uid``: ``rois`` maps an ROI name to its closed planar
+    contours, each ``(points, 3)`` mm (x, y, z; not repeating the first point); returns its SOP
+    Instance UID."""
+    rs = _base(RTSTRUCT_STORAGE, "RTSTRUCT", study, frame_uid)
+    rs.StructureSetLabel, rs.StructureSetDate, rs.StructureSetTime = "RS", "20260101", "120000"
+    frame = Dataset()
+    frame.FrameOfReferenceUID = frame_uid
+    referenced_series = Dataset()
+    referenced_series.SeriesInstanceUID = series_uid
+    referenced_study = Dataset()
+    referenced_study.ReferencedSOPClassUID = "1.2.840.10008.3.1.2.3.1"  # Detached Study Management (as TPSs write)
+    referenced_study.ReferencedSOPInstanceUID = study.StudyInstanceUID
+    referenced_study.RTReferencedSeriesSequence = Sequence([referenced_series])
+    frame.RTReferencedStudySequence = Sequence([referenced_study])
+    rs.ReferencedFrameOfReferenceSequence = Sequence([frame])
+    items, roi_contours = [], []
+    for number, (name, polygons) in enumerate(rois.items(), start=1):
+        roi = Dataset()
+        roi.ROINumber, roi.ROIName, roi.ReferencedFrameOfReferenceUID = number, name, frame_uid
+        items.append(roi)
+        contours = []
+        for points in polygons:
+            contour = Dataset()
+            contour.ContourGeometricType = "CLOSED_PLANAR"
+            contour.NumberOfContourPoints = len(points)
+            _set_decimal_strings(contour, "ContourData", np.asarray(points, np.float64).reshape(-1), 4)
+            contours.append(contour)
+        item = Dataset()
+        item.ReferencedROINumber = number
+        item.ContourSequence = Sequence(contours)
+        roi_contours.append(item)
+    rs.StructureSetROISequence = Sequence(items)
+    rs.ROIContourSequence = Sequence(roi_contours)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rs.save_as(path, enforce_file_format=True)
+    return str(rs.SOPInstanceUID)
+
+
 def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], voxel_dimensions, dose=None,
                   factor: int = 2, extra_slices: tuple[int, int] = (0, 0), origin=(-251.3, -180.7), top_z=95.0,
                   seed: int = 0, names: dict[str, str] = CLINICAL_NAMES, series_uid: str | None = None,
@@ -118,14 +194,7 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
 
     rng = np.random.default_rng(seed)
     folder = Path(folder)
-    ct_dir = folder / "ct"
-    ct_dir.mkdir(parents=True, exist_ok=True)
-    study = Dataset()
-    study.PatientName, study.PatientID, study.PatientBirthDate, study.PatientSex = patient_name, patient_id, birth_date, "O"
-    study.StudyInstanceUID, study.StudyDate, study.StudyTime, study.StudyID = generate_uid(), "20260101", "120000", "1"
-    study.ReferringPhysicianName, study.AccessionNumber = "", ""
-    for tag, value in (study_tags or {}).items():
-        setattr(study, tag, value)
+    study = new_study(patient_id, patient_name, birth_date, study_tags)
     frame_uid = generate_uid()
     d0, d1, d2 = (float(v) for v in voxel_dimensions)
     spacing = np.array([d0 / factor, d1 / factor])  # rows (y), columns (x)
@@ -134,39 +203,12 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
     slice_z = top_z - np.arange(slices) * d2
     hu = fine_hu(ct, factor)
     series = series_uid or generate_uid()
-    for k in rng.permutation(slices):
-        plane = np.full(hu.shape[:2], -1000.0, np.float32) if not above <= k < above + ct.shape[2] else hu[:, :, k - above]
-        ds = _base(CT_STORAGE, "CT", study, frame_uid)
-        ds.SeriesInstanceUID = series
-        ds.ImagePositionPatient = [origin[0], origin[1], float(slice_z[k])]
-        ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
-        ds.PixelSpacing = [float(spacing[0]), float(spacing[1])]
-        ds.SliceThickness = d2
-        ds.Rows, ds.Columns = plane.shape
-        ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 0
-        ds.RescaleIntercept, ds.RescaleSlope = -1024, 1
-        ds.InstanceNumber = int(k) + 1
-        ds.PixelData = np.round(plane + 1024).astype(np.uint16).tobytes()
-        ds.save_as(ct_dir / f"{rng.integers(1 << 40):x}.dcm", enforce_file_format=True)
+    write_ct_series(folder / "ct", lambda k: np.full(hu.shape[:2], -1000.0, np.float32)
+                    if not above <= k < above + ct.shape[2] else hu[:, :, k - above],
+                    study, frame_uid, series, origin, spacing, slice_z, d2, rng)
 
-    rs = _base(RTSTRUCT_STORAGE, "RTSTRUCT", study, frame_uid)
-    rs.StructureSetLabel, rs.StructureSetDate, rs.StructureSetTime = "RS", "20260101", "120000"
-    frame = Dataset()
-    frame.FrameOfReferenceUID = frame_uid
-    referenced_series = Dataset()
-    referenced_series.SeriesInstanceUID = series
-    referenced_study = Dataset()
-    referenced_study.ReferencedSOPClassUID = "1.2.840.10008.3.1.2.3.1"  # Detached Study Management (as TPSs write)
-    referenced_study.ReferencedSOPInstanceUID = study.StudyInstanceUID
-    referenced_study.RTReferencedSeriesSequence = Sequence([referenced_series])
-    frame.RTReferencedStudySequence = Sequence([referenced_study])
-    rs.ReferencedFrameOfReferenceSequence = Sequence([frame])
-    rois, roi_contours = [], []
-    for number, (key, mask) in enumerate(masks.items(), start=1):
-        roi = Dataset()
-        roi.ROINumber, roi.ROIName, roi.ReferencedFrameOfReferenceUID = number, names.get(key, key), frame_uid
-        rois.append(roi)
+    rois = {}
+    for key, mask in masks.items():
         contours = []
         for b in range(mask.shape[2]):
             if not mask[:, :, b].any():
@@ -174,24 +216,14 @@ def write_patient(folder: Path, ct: np.ndarray, masks: dict[str, np.ndarray], vo
             fine = np.pad(np.repeat(np.repeat(mask[:, :, b], factor, 0), factor, 1), 1).astype(np.float32)
             for line in find_contours(fine, 0.5):
                 row, column = line[:, 0] - 1, line[:, 1] - 1
-                points = np.stack([origin[0] + column * spacing[1], origin[1] + row * spacing[0],
-                                   np.full(row.size, slice_z[above + b])], axis=1)[:-1]  # closed: last = first
-                contour = Dataset()
-                contour.ContourGeometricType = "CLOSED_PLANAR"
-                contour.NumberOfContourPoints = len(points)
-                _set_decimal_strings(contour, "ContourData", points.reshape(-1), 4)
-                contours.append(contour)
-        item = Dataset()
-        item.ReferencedROINumber = number
-        item.ContourSequence = Sequence(contours)
-        roi_contours.append(item)
-    rs.StructureSetROISequence = Sequence(rois)
-    rs.ROIContourSequence = Sequence(roi_contours)
+                contours.append(np.stack([origin[0] + column * spacing[1], origin[1] + row * spacing[0],
+                                          np.full(row.size, slice_z[above + b])], axis=1)[:-1])  # closed: last = first
+        rois[names.get(key, key)] = contours
     rtstruct = folder / "RS.dcm"
-    rs.save_as(rtstruct, enforce_file_format=True)
+    rtstruct_uid = write_structure_set(rtstruct, study, frame_uid, series, rois)
 
-    written = WrittenPatient(ct_dir, rtstruct, None, frame_uid, slice_z, np.array(origin), spacing, study, series,
-                             rs.SOPInstanceUID, (above, below), factor)
+    written = WrittenPatient(folder / "ct", rtstruct, None, frame_uid, slice_z, np.array(origin), spacing, study, series,
+                             rtstruct_uid, (above, below), factor)
     if dose is not None:
         written.rtdose = write_dose(folder / "RD.dcm", dose, written)
     return written
