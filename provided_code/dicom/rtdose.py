@@ -26,7 +26,6 @@ MAX_PIXEL = 2**32 - 1
 # from a planning system's (the DICOM node does not predict on a dose it sent itself).
 MANUFACTURER = "provided_code"
 
-MANUFACTURER = "provided_code"  # the Manufacturer of every RT Dose written here (the node knows its own by it)
 # Dose Summation Type (3004,000A) of a predicted dose. Each Defined Term of PS3.3 C.8.8.3 makes a Type 1C
 # reference required: Referenced RT Plan Sequence for PLAN, MULTI_PLAN, FRACTION, BEAM, BRACHY and their
 # _SESSION values and CONTROL_POINT (the plan the dose was calculated for), Referenced Treatment Record
