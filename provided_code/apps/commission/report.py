@@ -241,7 +241,8 @@ def _flagged(report: dict) -> str:
                  "other training patients"
                  + (f" (above {escape(_fmt(thresholds.get('geometric'), 2))})"
                     if _finite(thresholds.get("geometric")) else "")
-                 + ": the model learned little from anatomy like theirs.</p>")
+                 + ", or by one feature far outside the other patients' range: the model learned little from "
+                   "anatomy like theirs.</p>")
     scores = [entry.get("score") for entry in report.get("geometric_scores") or []]
     if scores:
         threshold = thresholds.get("geometric")
@@ -254,8 +255,10 @@ def _flagged(report: dict) -> str:
         reasons = entry.get("reasons") or []
         parts.append(f'<div class="card" id="geometric-{escape(entry["patient"])}">'
                      f'<h3>{escape(entry["patient"])} <span class="muted">local outlier factor '
-                     f'{escape(_fmt(entry.get("score"), 2))} (threshold {escape(_fmt(entry.get("threshold"), 2))})'
-                     "</span></h3>"
+                     f'{escape(_fmt(entry.get("score"), 2))} (threshold {escape(_fmt(entry.get("threshold"), 2))}'
+                     + ("" if not _finite(entry.get("score")) or not _finite(entry.get("threshold"))
+                        or entry["score"] > entry["threshold"] else "; flagged for a feature far outside the range")
+                     + ")</span></h3>"
                      + ("<ul>" + "".join(f"<li>{escape(reason)}</li>" for reason in reasons) + "</ul>"
                         if reasons else '<p class="muted">No single feature stands out: the combination does.</p>')
                      + _dvh(entry["patient"], curves) + "</div>")
