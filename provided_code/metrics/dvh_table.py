@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from provided_code.metrics.scoring import dvh_metrics, structure_indices
 from provided_code.sites import CLINICAL_METRICS, Site  # noqa: F401 (the table's metric names; a site's goals name them too)
 
 _PERCENTILES = (1.0, 5.0, 50.0)
@@ -19,6 +20,19 @@ def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray], site: Site) -> dic
     :func:`provided_code.metrics.scoring.structure_indices` gives them (flat, per structure)."""
     flat = np.asarray(dose, dtype=np.float64).reshape(-1)
     return clinical_dvh_of_values({name: flat[voxels] for name, voxels in zip(site.names, indices)})
+
+
+def patient_table(dose: np.ndarray, structure_masks: np.ndarray, voxel_dimensions, site: Site) -> dict[str, dict[str, float]]:
+    """``{structure: {metric: Gy}}`` of one 128³ dose for every structure of ``site`` with voxels:
+    the site's metrics (the challenge's DVH score's, :func:`provided_code.metrics.scoring.dvh_metrics`)
+    that apply to it, then the clinical ones; the metrics commissioning assesses (``plans.csv``)."""
+    flat = np.asarray(dose, dtype=np.float64).reshape(-1)
+    indices = structure_indices(structure_masks, len(site.names))
+    metrics = dvh_metrics(lambda voxels: flat[voxels], indices, voxel_dimensions, site)
+    clinical = clinical_dvh(flat, indices, site)
+    return {name: {**{metric: float(metrics[k, m]) for m, metric in enumerate(site.metric_names)
+                      if np.isfinite(metrics[k, m])}, **clinical[name]}
+            for k, name in enumerate(site.names) if name in clinical}
 
 
 def clinical_dvh_of_values(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
