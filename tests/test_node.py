@@ -536,7 +536,7 @@ def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal
         trust, history = json.loads(node.journal.patient(uid)["trust"]), dict(node.journal.history(uid))
         node.stop()
     assert trust["band"] == 0.5 and trust["inside"] is False and trust["threshold"] == 0.0 and trust["score"] > 0
-    assert "outside the training cohort" in history["predicted"]
+    assert history["predicted"].endswith("; 50 % bands; outside the training cohort")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert f"Patient PHANTOM29 (structure set {uid}): Outside the training cohort (local outlier factor " \
            f"{trust['score']:.2f} above its threshold 0.00)" in "\n".join(warned)

@@ -207,6 +207,7 @@ class Patients:
         journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else "")
+                           + (f"; {100 * band:g} % bands" if band is not None else "")
                            + (f"; {OUTSIDE}" if checked is not None and not checked["inside"] else ""),
                            expect=(PREDICTING,), output=str(final), send_attempts=0, warnings="\n".join(warnings),
                            trust=json.dumps(trust))
