@@ -18,9 +18,11 @@ bands file's format)::
   whose errors it partly cancels, so its own errors are likely smaller than the single folds' out-of-
   fold errors the band is made of: the band is conservative for it (measured: docs/trust.md).
 - **The in-distribution check**: the patient's anatomy features scored against the cohort (a local
-  outlier factor, :mod:`provided_code.metrics.anatomy`); above the cohort's threshold the patient
-  is flagged "outside the training cohort" with the features that drive it, in words. It depends on
-  the anatomy only (not on the checkpoints), so it applies to the model's folds at any epoch.
+  outlier factor, and how far its features lie outside the cohort's range:
+  :func:`provided_code.metrics.anatomy.check`); above the cohort's threshold, or a feature far
+  outside the range, the patient is flagged "outside the training cohort" with the features that
+  drive it, in words. It depends on the anatomy only (not on the checkpoints), so it applies to the
+  model's folds at any epoch.
 
 A model without them (a single run, an ensemble of several models, a model not commissioned, or
 commissioned before bands existed) predicts as before; :attr:`Trust.why_no_bands` says why in one line.
@@ -118,15 +120,13 @@ class Trust:
 
     def in_distribution(self, structure_masks, possible_dose_mask, voxel_dimensions, site) -> dict | None:
         """The in-distribution check of one patient (its 128³ packed masks, body and voxel size):
-        ``inside`` (False: flagged), ``score`` (local outlier factor), ``threshold``, ``reasons``
-        (sentences), ``method`` and ``cohort_patients``. None: the model has no cohort."""
+        :func:`provided_code.metrics.anatomy.check`'s ``inside`` (False: flagged), ``score`` (local
+        outlier factor), ``threshold``, ``outside_scales``, ``outside_feature`` and ``reasons``, and
+        the cohort's ``method`` and ``cohort_patients``. None: the model has no cohort."""
         if self.cohort is None:
             return None
         features = anatomy.anatomy_features(structure_masks, possible_dose_mask, voxel_dimensions, site)
-        score, reasons = anatomy.score(self.cohort, features)
-        threshold = float(self.cohort["threshold"])
-        return {"inside": bool(score <= threshold), "score": float(score), "threshold": threshold,
-                "reasons": list(reasons), "method": self.cohort["method"],
+        return {**anatomy.check(self.cohort, features), "method": self.cohort["method"],
                 "cohort_patients": len(self.cohort["patients"])}
 
     def lines(self) -> list[str]:
@@ -157,8 +157,11 @@ def flag_line(checked: dict) -> str:
         return (f"In the training cohort (local outlier factor {checked['score']:.2f}, threshold "
                 f"{checked['threshold']:.2f})")
     reasons = "; ".join(checked["reasons"]) or "no single feature stands out: the combination does"
-    return (f"{OUTSIDE[0].upper()}{OUTSIDE[1:]} (local outlier factor {checked['score']:.2f} above its threshold "
-            f"{checked['threshold']:.2f}): {reasons}")
+    why = (f"local outlier factor {checked['score']:.2f} above its threshold {checked['threshold']:.2f}"
+           if checked["score"] > checked["threshold"] else
+           f"local outlier factor {checked['score']:.2f}; a feature {checked['outside_scales']:.1f} robust scales "
+           f"beyond the cohort's range")
+    return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]} ({why}): {reasons}"
 
 
 def band_lines(band: dict, predicted: Mapping[str, Mapping[str, float]], metrics: Iterable[str]) -> list[str]:

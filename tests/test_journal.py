@@ -252,6 +252,7 @@ def test_a_patient_outside_the_training_cohort_is_counted_and_named_with_its_rea
         for state in (READY, PREDICTING):
             journal.transition(uid, state)
         trust = {"band": 0.9, "inside": inside, "score": 2.5 if inside is False else 1.0, "threshold": 1.3,
+                 "outside_scales": 3.0 if inside is False else 0.0, "outside_feature": "PTV70.volume_cc",
                  "reasons": ["PTV70 volume 1,480 cc; the training cohort's largest was 610 cc"] if inside is False
                  else []}
         journal.transition(uid, PREDICTED, "epoch 3", trust=json.dumps(trust if inside is not None else

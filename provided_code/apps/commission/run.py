@@ -248,12 +248,9 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
     predictions = {row: read_prediction(folder, arrays.patient_ids[row])
                    for row in progress(rows, len(rows), "Reading validation predictions")}
     scored = [row for row in rows if arrays.has_dose[row]]
-    in_distribution = []
-    for row in rows:
-        score, reasons = anatomy.score(cohort, anatomy.anatomy_features(
-            arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site))
-        in_distribution.append({"patient": arrays.patient_ids[row], "score": score,
-                                "inside": bool(score <= cohort["threshold"]), "reasons": reasons})
+    in_distribution = [{"patient": arrays.patient_ids[row], **anatomy.check(cohort, anatomy.anatomy_features(
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site))}
+        for row in rows]
     figures = {"split": str(stage_dir), "patients": [arrays.patient_ids[row] for row in scored],
                "levels": list(calibration.LEVELS), "method": calibration.METHOD,
                "calibration_patients": bands["patients"], "threshold": float(cohort["threshold"]),
