@@ -355,8 +355,9 @@ def _calibration(report: dict) -> str:
         outside = [entry for entry in scores if not entry.get("inside")]
         parts.append(f"<h3>In-distribution check of the validation patients ({len(outside)} of {len(scores)} "
                      f"outside the training cohort)</h3><p>Each new patient's anatomy is scored against the training "
-                     f"cohort's (section 5, geometric outliers); above the threshold its prediction says it is outside "
-                     f"the training cohort, and why.</p>")
+                     f"cohort's (section 5, geometric outliers); above the threshold (the dashed line), or with a "
+                     f"feature a robust scale or more beyond every training patient's value, its prediction says it "
+                     f"is outside the training cohort, and why.</p>")
         parts.append('<div class="figures">' + svg.histogram(
             [entry.get("score") for entry in scores], title="Local outlier factor of the validation patients",
             x_label="local outlier factor", markers=[(threshold, "threshold")] if _finite(threshold) else [],
