@@ -163,7 +163,8 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
                                             arrays.voxel_dimensions[row], site)
         entry = next(e for e in calibration["in_distribution"] if e["patient"] == pid)
         assert entry["score"] == pytest.approx(anatomy.score(cohort, features)[0], rel=1e-12)
-        assert entry["inside"] == (entry["score"] <= cohort["threshold"])
+        scales, _ = anatomy.outside_range(cohort, features)
+        assert entry["inside"] == (entry["score"] <= cohort["threshold"] and scales < anatomy.FAR_SCALES)
     assert held, "4 training patients give 50 % bands"
     found = {(r["structure"], r["metric"], r["nominal"]): r for r in calibration["by_structure_metric"]}
     for key, covered in held.items():  # the site's metrics: the clinical ones are recomputed by the same rows

@@ -317,8 +317,9 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
     report = predict(config, stage="validation")
     assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
     assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()
-    # the challenge's order: the dose score, then the DVH score
-    assert report.summary().splitlines()[-1] == (f"dose score {report.scores.dose_score:.4f} Gy, "
+    # the challenge's order: the dose score, then the DVH score; then the one line on why no bands
+    assert len(report.trust) == 1 and report.trust[0].startswith("No prediction bands")
+    assert report.summary().splitlines()[-2] == (f"dose score {report.scores.dose_score:.4f} Gy, "
                                                  f"DVH score {report.scores.dvh_score:.4f} Gy")
     summary = json.loads(report.scores_path.read_text())
     assert summary["patients"] == 1 and summary["patients_without_reference_dose"] == ["pt_202"]

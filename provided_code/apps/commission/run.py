@@ -243,6 +243,9 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
                         f"commissioned epochs ({', '.join(str(fold.epoch) for fold in folds)}): {command}."}
     site = folds[0].config.site
     stage_dir = split_dir(data_dir, VALIDATION_STAGE)
+    if not stage_dir.is_dir():
+        return {"note": f"The validation patients of {folder} are not in {stage_dir}: pass the data folder they "
+                        f"were predicted from (--data-dir)."}
     arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, progress=progress, site=site)
     rows = [row for row, pid in enumerate(arrays.patient_ids) if (folder / f"{pid}.csv").is_file()]
     predictions = {row: read_prediction(folder, arrays.patient_ids[row])
