@@ -146,6 +146,25 @@ def cv_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
     return made_once(tmp_path_factory, "cv-model", make) / "results" / "cv"
 
 
+@pytest.fixture(scope="session")
+def commissioned_cv(cv_model, phantom_data, phantom_cache, tmp_path_factory) -> Path:
+    """A copy of ``cv_model`` (``results/cv``) whose folds predicted the validation phantoms together
+    (``--predict-only --ensemble cv``), then commissioned (``openkbp-commission``): its
+    ``commissioning/`` with bands.json, cohort.json and the report's calibration. Made once per test
+    run; to read, not to change (copy it)."""
+    from provided_code.apps.commission.run import commission
+    from provided_code.apps.predict import predict_stage
+
+    def make(root):
+        model = root / "results" / "cv"
+        shutil.copytree(cv_model, model)
+        predict_stage(model, phantom_data, stage="validation", ensemble=["cv"], cache_dir=phantom_cache)
+        forget_models()
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+    return made_once(tmp_path_factory, "commissioned-cv", make) / "results" / "cv"
+
+
 @pytest.fixture
 def phantom_split(tmp_path, phantom_data) -> Path:
     """A writable split of 3 phantoms (pt_1, pt_2, pt_3: copies of ``phantom_data``'s first three

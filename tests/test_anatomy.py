@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from provided_code.data.csv_io import read_patient
-from provided_code.metrics.anatomy import (OVH_DISTANCES_MM, anatomy_features, cohort_scores, feature_names,
-                                           fit_cohort, score)
+from provided_code.metrics.anatomy import (FAR_SCALES, OVH_DISTANCES_MM, anatomy_features, check, cohort_scores,
+                                           feature_names, fit_cohort, outside_range, score)
 from provided_code.sites import openkbp, site_from_dict
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
@@ -181,3 +181,35 @@ def test_an_absent_structure_the_cohort_has_is_a_reason_and_its_overlap_is_left_
     factor, reasons = score(cohort, lacking)
     assert math.isfinite(factor)
     assert reasons[0] == "Larynx is absent (not contoured); 30 of the 30 training patients have it"
+
+
+def test_outside_the_range_is_how_many_robust_scales_beyond_the_furthest_training_value():
+    features = _cohort(40, seed=5)
+    cohort = fit_cohort(features)
+    median = features.median().to_dict()
+    assert outside_range(cohort, median) == (0.0, None)
+    volumes = features["PTV70.volume_cc"]
+    scale = 1.4826 * (volumes - volumes.median()).abs().median()
+    longer = {**median, "PTV70.volume_cc": volumes.max() + 2.5 * scale, "Larynx.volume_cc": math.nan}
+    assert outside_range(cohort, longer) == (pytest.approx(2.5, rel=1e-9), "PTV70.volume_cc")
+    shorter = {**median, "body.right_left_mm": features["body.right_left_mm"].min() - 0.5 * (
+        1.4826 * (features["body.right_left_mm"] - features["body.right_left_mm"].median()).abs().median())}
+    assert outside_range(cohort, shorter) == (pytest.approx(0.5, rel=1e-9), "body.right_left_mm")
+
+
+def test_a_new_patient_is_outside_above_the_threshold_or_a_robust_scale_beyond_the_range():
+    features = _cohort(40, seed=6)
+    cohort = fit_cohort(features)
+    median = features.median().to_dict()
+    found = check(cohort, median)
+    assert found["inside"] and found["score"] == score(cohort, median)[0] and found["outside_scales"] == 0.0
+    volumes = features["PTV70.volume_cc"]
+    scale = 1.4826 * (volumes - volumes.median()).abs().median()
+    lenient = {**cohort, "threshold": 1e9}  # the range alone decides
+    for beyond, inside in ((FAR_SCALES * 0.9, True), (FAR_SCALES * 1.1, False)):
+        found = check(lenient, {**median, "PTV70.volume_cc": volumes.max() + beyond * scale})
+        assert found["inside"] is inside and found["outside_feature"] == "PTV70.volume_cc"
+    strict = check({**cohort, "threshold": 0.5}, median)  # the score alone decides
+    assert not strict["inside"] and strict["outside_scales"] == 0.0
+    odd = {**median, **{f"Parotid.within_{d}mm": 0.98 for d in OVH_DISTANCES_MM}, "PTV70.volume_cc": 3 * volumes.max()}
+    assert not check(cohort, odd)["inside"] and check(cohort, odd)["reasons"] == score(cohort, odd)[1]

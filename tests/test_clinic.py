@@ -1,6 +1,7 @@
 """``openkbp-dicom predict``: a clinic's DICOM through a trained model to RT Dose, NIfTI and a DVH table."""
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -264,6 +265,85 @@ def test_a_cross_validated_models_folds_predict_a_clinics_patient_together(cv_mo
     np.testing.assert_allclose(doses["cv"], (doses["fold-1"] + doses["fold-2"]) / 2, atol=2e-5)
     assert np.abs(doses["fold-1"] - doses["fold-2"]).max() > 1e-3  # the folds differ: the mean is not either
     assert pydicom.dcmread(tmp_path / "cv" / "RD.dcm").SeriesDescription.endswith("cv 2 folds")
+
+
+def _clinic_patient(folder, seed: int, with_dose: bool = True):
+    volumes = make_phantom(seed)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    return write_patient(folder, volumes["ct"], masks, volumes["voxel_dimensions"],
+                         volumes["dose"] if with_dose else None, factor=1)
+
+
+def _predict(model, clinic, out, *options):
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(model), "--ct", str(clinic.ct_dir), "--rtstruct",
+                                       str(clinic.rtstruct), "--rtdose", str(clinic.rtdose), "--out", str(out),
+                                       "--no-plots", *options])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.slow
+def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside_its_cohort_is_named(
+        commissioned_cv, tmp_path):
+    """The band of each clinical metric beside its prediction (dvh.csv, dvh.json, the printed
+    summary); a patient above the cohort's threshold (made 0 here: every patient is) is flagged with
+    its score and reasons, and its RT Dose's series description says so first."""
+    from provided_code.metrics.calibration import band
+
+    model = tmp_path / "results" / "cv"
+    shutil.copytree(commissioned_cv, model)
+    cohort_file = model / "commissioning" / "cohort.json"
+    cohort = json.loads(cohort_file.read_text())
+    cohort_file.write_text(json.dumps({**cohort, "threshold": 0.0}))
+    bands = json.loads((model / "commissioning" / "bands.json").read_text())
+    output = _predict(model, _clinic_patient(tmp_path / "clinic", 14), tmp_path / "out", "--band", "0.5")
+    report = json.loads((tmp_path / "out" / "dvh.json").read_text())
+    table = pd.read_csv(tmp_path / "out" / "dvh.csv").set_index("structure")
+    assert list(table.columns[:4]) == ["D99_predicted", "D99_low", "D99_high", "D99_reference"]
+    assert report["band"]["coverage"] == 0.5 and report["band"]["patients"] == 4
+    for structure, values in report["predicted"].items():
+        for metric in CLINICAL_METRICS:
+            low, high = band(values[metric], bands["residuals"][structure][metric], 0.5)
+            assert (report["band"]["low"][structure][metric], report["band"]["high"][structure][metric]) == (low, high)
+            # dvh.csv keeps 3 decimals: half a unit of the last
+            assert table.loc[structure, [f"{metric}_low", f"{metric}_high"]].tolist() == pytest.approx([low, high],
+                                                                                                      abs=5e-4)
+    flag = report["in_distribution"]
+    assert not flag["inside"] and flag["threshold"] == 0.0 and flag["score"] > 0
+    assert flag["cohort_patients"] == 4 and flag["method"] == cohort["method"]
+    assert pydicom.dcmread(tmp_path / "out" / "RD.dcm").SeriesDescription == (
+        "Outside the training cohort: predicted dose, cv 2 folds")
+    assert "Bands (50 % nominal; split-conformal, equal-tailed, on out-of-fold residuals of 4 training" in output
+    low, high = report["band"]["low"]["PTV70"]["D95"], report["band"]["high"]["PTV70"]["D95"]
+    assert f"D95 {report['predicted']['PTV70']['D95']:.1f} ({low:.1f} to {high:.1f})" in output
+    assert f"Outside the training cohort (local outlier factor {flag['score']:.2f} above its threshold 0.00)" in output
+
+
+@pytest.mark.slow
+def test_without_commissioning_the_clinics_outputs_are_the_commissioned_ones_without_bands(
+        cv_model, commissioned_cv, tmp_path):
+    """The same folds with and without commissioning predict the same dose and table; without, the
+    table has no band columns or keys, the RT Dose's description is today's, and one line says why."""
+    clinic = _clinic_patient(tmp_path / "clinic", 14)
+    plain, commissioned = tmp_path / "plain" / "cv", tmp_path / "commissioned" / "cv"
+    shutil.copytree(cv_model, plain)
+    shutil.copytree(commissioned_cv, commissioned)
+    output = _predict(plain, clinic, tmp_path / "without")
+    _predict(commissioned, clinic, tmp_path / "with", "--band", "0.5")
+    for name in ("prediction.csv", "dose.nii.gz"):
+        assert (tmp_path / "without" / name).read_bytes() == (tmp_path / "with" / name).read_bytes()
+    without, banded = (json.loads((tmp_path / case / "dvh.json").read_text()) for case in ("without", "with"))
+    assert "band" in banded and "in_distribution" in banded
+    del banded["band"], banded["in_distribution"]
+    without["model"]["folder"] = banded["model"]["folder"]
+    assert without == banded
+    table = pd.read_csv(tmp_path / "with" / "dvh.csv", dtype=str)
+    unbanded = table[[c for c in table.columns if not c.endswith(("_low", "_high"))]]
+    assert (tmp_path / "without" / "dvh.csv").read_text() == unbanded.to_csv(index=False, lineterminator="\n")
+    assert pydicom.dcmread(tmp_path / "without" / "RD.dcm").SeriesDescription == "Predicted dose, cv 2 folds"
+    assert (f"No prediction bands or in-distribution check: cv is not commissioned (no {plain}/commissioning/"
+            f"bands.json): run openkbp-commission {plain}") in output.splitlines()
 
 
 def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_model, tmp_path, monkeypatch):

@@ -113,3 +113,68 @@ def test_a_missing_or_unfinished_fold_is_named(commissioned, tmp_path, phantom_d
         commission(broken, data_dir=phantom_data, cache_dir=phantom_cache)
     with pytest.raises(CommissioningError, match="is not a cross-validated model"):
         commission(tmp_path, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_folds_that_made_them(commissioned_cv):
+    folder = commissioned_cv / "commissioning"
+    bands = json.loads((folder / "bands.json").read_text())
+    plans = pd.read_csv(folder / "plans.csv")
+    assert bands["patients"] == plans.patient.nunique() == 4
+    for (structure, metric), group in plans.groupby(["structure", "metric"]):
+        # plans.csv keeps 4 decimals: half a unit of the last
+        assert bands["residuals"][structure][metric] == pytest.approx(sorted(group.difference), abs=5e-5)
+    assert sum(len(metrics) for metrics in bands["residuals"].values()) == len(plans.groupby(["structure", "metric"]))
+    for entry in bands["folds"]:
+        best = json.loads((commissioned_cv / f"fold-{entry['fold']}" / "models" / "best.json").read_text())
+        assert (entry["epoch"], entry["val_dose_score"]) == (best["epoch"], best["val_dose_score"])
+
+
+def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_recomputed_plainly(
+        commissioned_cv, phantom_data, phantom_cache):
+    from provided_code.metrics import anatomy
+    from provided_code.metrics.calibration import band
+
+    folder = commissioned_cv / "commissioning"
+    bands = json.loads((folder / "bands.json").read_text())
+    cohort = json.loads((folder / "cohort.json").read_text())
+    calibration = json.loads((folder / "report.json").read_text())["calibration"]
+    arrays = load_split(phantom_data / "validation-pats", cache_dir=phantom_cache, site=openkbp())
+    site = arrays.site
+    held = {}  # (structure, metric, level) -> [covered, ...]
+    for row, pid in enumerate(arrays.patient_ids):
+        indices, values = read_sparse_csv(commissioned_cv / "validation-predictions" / f"{pid}.csv", pid,
+                                          with_values=True)
+        predicted = np.zeros(arrays.dose[row].size)
+        predicted[indices] = values
+        plan = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
+        voxels = structure_indices(arrays.structure_masks[row], len(site.names))
+        tables = [dvh_metrics(lambda v: dose[v], voxels, arrays.voxel_dimensions[row], site, metric_columns(site))
+                  for dose in (plan, predicted)]
+        for k, structure in enumerate(site.names):
+            for m, metric in enumerate(site.metric_names):
+                if np.isnan(tables[0][k, m]):
+                    continue
+                for level in calibration["levels"]:
+                    bounds = band(tables[1][k, m], bands["residuals"][structure][metric], level)
+                    if bounds is not None:
+                        held.setdefault((structure, metric, level), []).append(
+                            bounds[0] <= tables[0][k, m] <= bounds[1])
+        features = anatomy.anatomy_features(arrays.structure_masks[row], arrays.possible_dose_mask[row],
+                                            arrays.voxel_dimensions[row], site)
+        entry = next(e for e in calibration["in_distribution"] if e["patient"] == pid)
+        assert entry["score"] == pytest.approx(anatomy.score(cohort, features)[0], rel=1e-12)
+        scales, _ = anatomy.outside_range(cohort, features)
+        assert entry["inside"] == (entry["score"] <= cohort["threshold"] and scales < anatomy.FAR_SCALES)
+    assert held, "4 training patients give 50 % bands"
+    found = {(r["structure"], r["metric"], r["nominal"]): r for r in calibration["by_structure_metric"]}
+    for key, covered in held.items():  # the site's metrics: the clinical ones are recomputed by the same rows
+        assert found[key]["n"] == len(covered) and found[key]["observed"] == pytest.approx(np.mean(covered))
+    assert calibration["patients"] == arrays.patient_ids
+    page = (folder / "report.html").read_text()
+    assert 'id="calibration"' in page and "Reliability: observed against nominal coverage" in page
+
+
+def test_without_validation_predictions_the_report_says_how_to_make_them(commissioned):
+    _, report = commissioned
+    assert report.report["calibration"]["note"].startswith("No scored validation predictions of the folds' ensemble")
+    assert "--predict-only --stage validation --ensemble cv --model-name cv" in report.report["calibration"]["note"]

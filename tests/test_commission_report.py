@@ -211,3 +211,34 @@ def test_the_page_opens_in_a_browser_with_the_network_off(tmp_path):
         pixels = np.asarray(png.convert("L"))
     assert pixels.shape == (2400, 1200)
     assert pixels.std() > 10 and (pixels < 100).mean() > 0.005  # text and charts drawn, not a blank page
+
+
+def test_the_calibration_shows_observed_against_nominal_coverage_and_the_validation_patients_outside():
+    from provided_code.metrics import calibration
+
+    rng = np.random.default_rng(5)
+    residuals = {"PTV70": {"D95": sorted(rng.normal(0, 2, 40))}, "Brainstem": {"Dmax": sorted(rng.normal(1, 3, 40))}}
+    rows = [{"patient": f"pt_{200 + p}", "structure": s, "metric": m, "plan": plan, "predicted": plan + rng.normal(0, 2)}
+            for p in range(25) for s, m in (("PTV70", "D95"), ("Brainstem", "Dmax")) for plan in [rng.uniform(30, 70)]]
+    held = calibration.coverage_rows(pd.DataFrame(rows), residuals)
+    overall = calibration.coverage_summary(held)
+    report = _report()
+    report["calibration"] = {
+        "split": "validation-pats", "patients": [f"pt_{200 + p}" for p in range(25)], "levels": list(calibration.LEVELS),
+        "method": calibration.METHOD, "calibration_patients": 40, "threshold": 1.3,
+        "in_distribution": [{"patient": "pt_200", "score": 2.4, "inside": False,
+                             "reasons": [f"PTV70 volume 1,480 cc; the training cohort's largest was 610 cc {HOSTILE}"]},
+                            {"patient": "pt_201", "score": 1.0, "inside": True, "reasons": []}],
+        "overall": _json_rows(overall),
+        "by_structure": _json_rows(calibration.coverage_summary(held, by=("structure",))),
+        "by_structure_metric": _json_rows(calibration.coverage_summary(held, by=("structure", "metric")).assign(
+            exact=0.9))}
+    page = render_report(report)
+    section = page[page.index('<section id="calibration">'):page.index('<section id="method">')]
+    assert "Reliability: observed against nominal coverage" in section
+    assert _table(section, "coverage-table")[1:] == [[f"{100 * r.nominal:.0f} %", f"{100 * r.observed:.0f} %",
+                                                      str(r.n), f"{r.median_width:.2f}"] for r in overall.itertuples()]
+    assert "1 of 2 outside the training cohort" in section and svg.escape(HOSTILE) in section and HOSTILE not in section
+    assert len(_table(section, "coverage-by-metric")) == 3  # its header and the two structure-metrics
+    note = render_report({**_report(), "calibration": {"note": "No scored validation predictions"}})
+    assert "No scored validation predictions" in note[note.index('<section id="calibration">'):]

@@ -1,6 +1,7 @@
 """The node's journal: objects, patients' states and reasons, send attempts; readable while the
 node runs and after it was killed."""
 
+import json
 import os
 import sqlite3
 
@@ -13,6 +14,8 @@ from provided_code.apps.node.journal import (
     PREDICTING,
     READY,
     RECEIVING,
+    SCHEMA,
+    SCHEMA_VERSION,
     SENT,
     Journal,
     JournalError,
@@ -191,7 +194,7 @@ def format_1_journal(tmp_path):
     return path
 
 
-def test_a_format_1_journal_reads_as_format_2_and_is_left_unchanged_by_status(format_1_journal):
+def test_a_format_1_journal_reads_as_the_current_format_and_is_left_unchanged_by_status(format_1_journal):
     reader = Journal(format_1_journal, readonly=True)
     summary = reader.summary()
     reader.close()
@@ -203,16 +206,63 @@ def test_a_format_1_journal_reads_as_format_2_and_is_left_unchanged_by_status(fo
     db.close()
 
 
-def test_a_node_brings_a_format_1_journal_to_format_2(format_1_journal):
+def test_a_node_brings_a_format_1_journal_to_the_current_format(format_1_journal):
     journal = Journal(format_1_journal)
     try:
         assert [row["outcome"] for row in journal.sends("1.8")] == [FAILED_SEND]
         assert journal.patient("1.8")["warnings"] == "" and journal.refusals() == []
+        assert journal.patient("1.8")["trust"] == ""
         add_ct(journal, "1.9.1")
         assert journal.reopen_failed("1.7", "1.5") == ["1.8"] and journal.patient("1.8")["state"] == PREDICTED
     finally:
         journal.close()
-    assert Journal(format_1_journal, readonly=True).version == 2
+    assert Journal(format_1_journal, readonly=True).version == SCHEMA_VERSION == 3
+
+
+@pytest.fixture
+def format_2_journal(tmp_path):
+    """A format-2 journal (before patients.trust) with one predicted patient."""
+    path = tmp_path / "journal.sqlite"
+    format_2 = SCHEMA.replace(", trust TEXT NOT NULL DEFAULT ''", "")
+    assert format_2 != SCHEMA
+    with sqlite3.connect(path) as db:
+        db.executescript(format_2)
+        db.execute("INSERT INTO patients VALUES ('1.8', 'P1', '1.4', '1.5', '1.7', 'predicted', 'epoch 3, 1.0 s', '', "
+                   "'/s/results/1.8', 0, 1.0, 2.0, '')")
+        db.execute("PRAGMA user_version=2")
+    db.close()
+    return path
+
+
+def test_a_format_2_journal_reads_without_checks_and_a_node_brings_it_to_format_3(format_2_journal):
+    reader = Journal(format_2_journal, readonly=True)
+    lines = summary_lines(reader)
+    reader.close()
+    assert lines[-1].endswith("P1 predicted 1.8: epoch 3, 1.0 s") and not any("outside" in line for line in lines)
+    journal = Journal(format_2_journal)
+    try:
+        assert journal.version == 3 and journal.patient("1.8")["trust"] == ""
+    finally:
+        journal.close()
+
+
+def test_a_patient_outside_the_training_cohort_is_counted_and_named_with_its_reasons_by_status(journal):
+    for uid, inside in (("1.8", False), ("1.18", True), ("1.28", None)):
+        add_structure_set(journal, uid=uid)
+        for state in (READY, PREDICTING):
+            journal.transition(uid, state)
+        trust = {"band": 0.9, "inside": inside, "score": 2.5 if inside is False else 1.0, "threshold": 1.3,
+                 "outside_scales": 3.0 if inside is False else 0.0, "outside_feature": "PTV70.volume_cc",
+                 "reasons": ["PTV70 volume 1,480 cc; the training cohort's largest was 610 cc"] if inside is False
+                 else []}
+        journal.transition(uid, PREDICTED, "epoch 3", trust=json.dumps(trust if inside is not None else
+                                                                      {"band": None, "inside": None}))
+    lines = summary_lines(journal)
+    assert "Predictions outside the training cohort: 1 of the 2 checked" in lines
+    at = next(k for k, line in enumerate(lines) if line.endswith("P1 predicted 1.8: epoch 3"))
+    assert lines[at + 1] == ("    Outside the training cohort (local outlier factor 2.50 above its threshold 1.30): "
+                             "PTV70 volume 1,480 cc; the training cohort's largest was 610 cc")
+    assert sum(line.startswith("    Outside") for line in lines) == 1
 
 
 def test_a_refusal_is_kept_with_what_it_named_made_printable(journal):

@@ -317,8 +317,9 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
     report = predict(config, stage="validation")
     assert report.scores.patient_ids == ["pt_201"] and report.scores.without_reference == ["pt_202"]
     assert "Scored the 1 of 2 patients that have a reference dose (none for pt_202)." in report.summary()
-    # the challenge's order: the dose score, then the DVH score
-    assert report.summary().splitlines()[-1] == (f"dose score {report.scores.dose_score:.4f} Gy, "
+    # the challenge's order: the dose score, then the DVH score; then the one line on why no bands
+    assert len(report.trust) == 1 and report.trust[0].startswith("No prediction bands")
+    assert report.summary().splitlines()[-2] == (f"dose score {report.scores.dose_score:.4f} Gy, "
                                                  f"DVH score {report.scores.dvh_score:.4f} Gy")
     summary = json.loads(report.scores_path.read_text())
     assert summary["patients"] == 1 and summary["patients_without_reference_dose"] == ["pt_202"]
@@ -363,3 +364,79 @@ def test_plan_files_a_model_of_run_wide_beams_does_not_take_are_named_in_one_war
                         f"{data / 'validation-pats' / 'pt_202' / 'beams.csv'}): beams.csv as it was trained with the "
                         f"run-wide beams (gantry 0,40,80,120,160,200,240,280,320°); those patients get the run-wide "
                         f"values"]
+
+
+@pytest.mark.slow
+def test_a_commissioned_models_folds_write_each_patients_bands_and_check_and_sum_them_up(
+        commissioned_cv, phantom_data, phantom_cache, tmp_path):
+    from provided_code.metrics.calibration import band
+    from provided_code.metrics.scoring import dvh_metrics, structure_indices
+
+    model = tmp_path / "results" / "cv"
+    shutil.copytree(commissioned_cv, model)
+    bands = json.loads((model / "commissioning" / "bands.json").read_text())
+    cohort = json.loads((model / "commissioning" / "cohort.json").read_text())
+    report = predict_stage_of(model, phantom_data, phantom_cache, band=0.5)  # 4 training patients: 60 % at most
+    arrays = load_split(phantom_data / "validation-pats", cache_dir=phantom_cache, site=openkbp())
+    site, held = arrays.site, []
+    for row, pid in enumerate(arrays.patient_ids):
+        table = json.loads((report.predictions_dir / "dvh" / f"{pid}.json").read_text())
+        csv = pd.read_csv(report.predictions_dir / "dvh" / f"{pid}.csv").set_index("structure")
+        indices, values = read_sparse_csv(report.predictions_dir / f"{pid}.csv", pid, with_values=True)
+        predicted = np.zeros(arrays.dose[row].size)
+        predicted[indices] = values
+        expected = dvh_metrics(lambda v: predicted[v], structure_indices(arrays.structure_masks[row], len(site.names)),
+                               arrays.voxel_dimensions[row], site)
+        for k, structure in enumerate(site.names):
+            for m, metric in enumerate(site.metric_names):
+                if np.isnan(expected[k, m]):
+                    continue
+                value = table["predicted"][structure][metric]
+                assert value == pytest.approx(expected[k, m], rel=1e-12)
+                low, high = band(value, bands["residuals"][structure][metric], 0.5)
+                assert (table["band"]["low"][structure][metric], table["band"]["high"][structure][metric]) == (low, high)
+                # the CSV keeps 3 decimals: half a unit of the last
+                assert csv.loc[structure, [f"{metric}_low", f"{metric}_high"]].tolist() == pytest.approx(
+                    [low, high], abs=5e-4)
+        for structure, values in table["predicted"].items():  # the site's metrics and the clinical ones
+            held += [table["band"]["low"][structure][metric] <= table["reference"][structure][metric]
+                     <= table["band"]["high"][structure][metric] for metric in values]
+        assert list(csv.columns[:4]) == ["D_0.1_cc_predicted", "D_0.1_cc_low", "D_0.1_cc_high", "D_0.1_cc_reference"]
+        assert table["in_distribution"]["threshold"] == cohort["threshold"]
+    scores = json.loads(report.scores_path.read_text())
+    assert scores["band"]["coverage"] == 0.5 and scores["band"]["values"] == len(held)
+    assert scores["band"]["observed"] == pytest.approx(np.mean(held))
+    assert scores["in_distribution"]["patients"] == 2 and scores["in_distribution"]["threshold"] == cohort["threshold"]
+    assert any(line.startswith("Bands of 50 % nominal coverage: the plans' values held") for line in report.trust)
+
+
+@pytest.mark.slow
+def test_a_model_without_commissioning_predicts_as_before_and_says_why_it_has_no_bands(
+        cv_model, commissioned_cv, phantom_data, phantom_cache, tmp_path):
+    """The same folds with and without commissioning: the same predictions, byte for byte, and the
+    same scores; without, nothing more is written and one line says why."""
+    plain, commissioned = tmp_path / "plain" / "cv", tmp_path / "commissioned" / "cv"
+    shutil.copytree(cv_model, plain)
+    shutil.copytree(commissioned_cv, commissioned)
+    without = predict_stage_of(plain, phantom_data, phantom_cache)
+    with_bands = predict_stage_of(commissioned, phantom_data, phantom_cache, band=0.5)
+    assert sorted(p.name for p in without.predictions_dir.iterdir()) == sorted(
+        p.name for p in with_bands.predictions_dir.iterdir() if p.name != "dvh")
+    for path in without.predictions_dir.glob("pt_*.csv"):
+        assert path.read_bytes() == (with_bands.predictions_dir / path.name).read_bytes()
+    scores = json.loads(with_bands.scores_path.read_text())
+    assert json.loads(without.scores_path.read_text()) == {key: value for key, value in scores.items()
+                                                          if key not in ("band", "in_distribution")}
+    assert without.trust == [f"No prediction bands or in-distribution check: cv is not commissioned (no "
+                             f"{plain}/commissioning/bands.json): run openkbp-commission {plain}"]
+    assert without.summary().endswith(without.trust[0])
+
+
+def predict_stage_of(model, phantom_data, phantom_cache, **options):
+    """The validation phantoms predicted by the folds of the cross-validated ``model`` together."""
+    from provided_code.apps.predict import predict_stage
+
+    report = predict_stage(model, phantom_data, stage="validation", ensemble=[model.name], cache_dir=phantom_cache,
+                           **options)
+    keras.backend.clear_session()
+    return report

@@ -23,6 +23,7 @@ from provided_code.config import (
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.data_folder import STAGES, require_split
 from provided_code.infra.preflight import check_writable
+from provided_code.metrics.calibration import DEFAULT_COVERAGE
 from provided_code.beams import BEAM_CHANNELS
 from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
@@ -129,12 +130,15 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="With --predict-only: NAME,NAME,... trained runs in --results-dir (each once), each at --epoch "
                    "[default: best], averaged; outputs go to results/<model-name>/ (not a member's name).")
 @click.option("--plots", is_flag=True, help="With --predict-only: DVH and slice PNGs per patient (needs matplotlib).")
+@click.option("--band", type=float, default=DEFAULT_COVERAGE, show_default=True,
+              help="With --predict-only --ensemble of a commissioned cross-validated model: the nominal coverage of "
+                   "each DVH metric's band (0.9: it holds the value a plan achieves 90 % of the time).")
 @click.option("--preset", type=click.Choice(tuple(PRESETS)), default=None,
               help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
                    "term) to a documented set: starter (the 2020 recipe), v1, default; flags given override it.")
 @click.pass_context
 def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, change_recipe, ensemble, preset,
-         **options):
+         band, **options):
     """Train (or, with --predict-only, apply) the OpenKBP dose-prediction U-Net.
 
     Example: python runpod_train.py --filters 64 --epochs 100
@@ -165,6 +169,9 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
             raise click.BadParameter("Expected --change-recipe only when resuming training (it changes a model's "
                                      "recipe from the resumed epoch on). Received: --change-recipe with --predict-only",
                                      param_hint="--change-recipe")
+        if "band" in given and not predict_only:
+            raise click.BadParameter("Expected --predict-only with --band. Received: --band without it",
+                                     param_hint="--band")
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")
@@ -183,7 +190,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
             report = predict_stage(config.run_dir, config.data_dir, stage=stage, epoch=epoch, tta=tta, plots=plots,
                                    progress=click_progress, ensemble=members, batch_size=config.batch_size,
                                    cache_dir=config.cache_dir, skip_incomplete=config.skip_incomplete,
-                                   site=options["site"] if "site" in given else None)
+                                   site=options["site"] if "site" in given else None, band=band)
             click.echo(report.summary())
             return
         from provided_code.training.train import train

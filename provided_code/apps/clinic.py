@@ -8,6 +8,13 @@ patient the import returns (its folder is not read back) with the model at its o
 beside it and the challenge's scores when ``--rtdose`` is given). The DVH table is computed on the
 CT's grid, as a planning system computes it from ``RD.dcm`` and the RTSTRUCT; the challenge's
 scores on the 128³ grid they are defined on.
+
+A commissioned cross-validated model's prediction also says how far to trust it
+(:mod:`provided_code.trust`): ``dvh.json`` gains ``band`` and ``in_distribution``, ``dvh.csv`` the
+columns ``<metric>_low`` and ``<metric>_high`` beside each ``<metric>_predicted``, and the RT
+Dose's series description begins "Outside the training cohort" when the patient is flagged. The
+bands are calibrated on DVH metrics on the 128³ grid and applied, as offsets from the prediction,
+to the CT grid's table. Another model predicts as before and says why it has no bands.
 """
 
 from __future__ import annotations
@@ -34,9 +41,11 @@ from provided_code.folds import fold_members
 from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
 from provided_code.metrics.scoring import score_split
 from provided_code.run_folder import RunFolder, TrainedModel, check_site
 from provided_code.sites import Site
+from provided_code.trust import Trust, band_lines, described, flag_line, load_trust
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,7 @@ class ClinicReport:
     dvh: dict  # the dvh.json content
     plots: list[Path]
     members: list[dict] = dataclasses.field(default_factory=list)  # {"model", "epoch"} of each model predicted with
+    trust: Trust | None = None  # what the model's commissioning lets the prediction say
 
     def summary(self) -> str:
         used = (f"the epoch {self.epoch} checkpoint" if self.epoch != "ensemble" else
@@ -65,7 +75,19 @@ class ClinicReport:
         if "scores" in self.dvh:
             lines.append(f"Against the clinic's dose: dose score {self.dvh['scores']['dose_score']:.3f} Gy, "
                          f"DVH score {self.dvh['scores']['dvh_score']:.3f} Gy")
+        lines += trust_lines(self.dvh, self.trust)
         return "\n".join(lines)
+
+
+def trust_lines(dvh: dict, trust: Trust | None) -> list[str]:
+    """The band of each structure, and the in-distribution check, as ``openkbp-dicom predict``
+    prints them (or why there are none)."""
+    lines = band_lines(dvh["band"], dvh["predicted"], dvh["metrics"]) if "band" in dvh else []
+    if "in_distribution" in dvh:
+        lines.append(flag_line(dvh["in_distribution"]))
+    if trust is not None:
+        lines += [line for line in trust.lines() if line.startswith("No ")]
+    return lines
 
 
 def model_folders(model_dir: os.PathLike | str) -> list[RunFolder]:
@@ -86,7 +108,8 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
                           epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
                           allow_missing_targets: bool = False, plots: bool = True,
                           progress: Progress = no_progress, loaded: Sequence[TrainedModel] | None = None,
-                          site: Site | str | None = None, dvh_supersample: int = 1) -> ClinicReport:
+                          site: Site | str | None = None, dvh_supersample: int = 1, band: float = DEFAULT_COVERAGE,
+                          trust: Trust | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring).
 
     ``model_dir``: a run folder (``results/<model-name>``), or a cross-validated model's folder,
@@ -96,10 +119,13 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     node's): then nothing of the model's folder is read again. ``site``: None (the model's), or
     the model's own (``--site``): another is refused in one line. ``dvh_supersample``: sub-voxels
     per axis of the DVH table's sampling (:mod:`provided_code.dicom.dvh`; 1: the CT's voxels, and
-    sub-voxels for small structures only).
+    sub-voxels for small structures only). ``band``: the bands' nominal coverage (``--band``);
+    ``trust``: what :func:`provided_code.trust.load_trust` read for ``loaded`` (the node's, read once;
+    None: read here, for ``band``).
     """
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_supersample(dvh_supersample)
+    band = check_coverage(band)
     if loaded is None:
         folders = model_folders(model_dir)
         epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
@@ -127,15 +153,24 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     if len(members) > 1:
         predicted /= np.float32(len(members))
     epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
+    if trust is None:
+        trust = load_trust(model_dir, [(trained.folder, trained.epoch) for trained in models], band)
+    checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
+                                    arrays.voxel_dimensions[0], site_of_model)
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
     used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                          description=f"Predicted dose, {model_dir.name} {used}")
+                          description=described(f"Predicted dose, {model_dir.name} {used}", checked))
     dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
     del dose_ct
     dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
                     **({"members": members} if len(members) > 1 else {})}
+    banded = trust.band(dvh["predicted"])
+    if banded is not None:
+        dvh["band"] = banded
+    if checked is not None:
+        dvh["in_distribution"] = checked
     write_dvh_files(out_dir, dvh)
     written = []
     if plots:
@@ -145,7 +180,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
             written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
         else:
             logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
-    return ClinicReport(out_dir, epoch, imported, dvh, written, members)
+    return ClinicReport(out_dir, epoch, imported, dvh, written, members, trust)
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,
@@ -170,5 +205,6 @@ def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportRepor
 
 
 def write_dvh_files(out_dir: Path, report: dict) -> None:
-    """``dvh.json`` (the report) and ``dvh.csv`` (one row per structure, predicted and reference)."""
+    """``dvh.json`` (the report) and ``dvh.csv`` (one row per structure: its volume, and per metric the
+    prediction, the band's low and high when there is one, and the reference)."""
     write_dvh_tables(out_dir / OUTPUTS["dvh_csv"], out_dir / OUTPUTS["dvh_json"], report)

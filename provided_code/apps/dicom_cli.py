@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
+from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
 
 _PATHS = {"exists": False, "dir_okay": True, "file_okay": True}
 
@@ -30,6 +31,8 @@ def _import_options(command):
 
 
 _SITES = "openkbp, prostate or a site file (.json)"
+_BAND_HELP = ("Nominal coverage of the prediction bands of a commissioned cross-validated model (0.9: each band holds "
+              "the value a plan achieves 90 % of the time).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -139,7 +142,8 @@ def export_command(patient_dir, prediction, out, nifti, rtstruct, dvh_csv, dvh_s
 
 
 @main.command("predict")
-@click.option("--model-dir", required=True, help="A trained run's folder, e.g. results/unet.")
+@click.option("--model-dir", required=True,
+              help="A trained run's folder, e.g. results/unet, or a cross-validated model's (its folds predict together).")
 @click.option("--epoch", default=None,
               help="Checkpoint epoch or 'best' [default: best if the run has one, else newest].")
 @click.option("--tta", is_flag=True, help="Average with the mirrored patient's prediction.")
@@ -151,8 +155,9 @@ def export_command(patient_dir, prediction, out, nifti, rtstruct, dvh_csv, dvh_s
 @click.option("--site", default=None,
               help=f"The treatment site ({_SITES}): the model's own, from its config.json, whose structures and "
                    f"ROI names the import uses; another is refused [default: the model's].")
+@click.option("--band", type=float, default=DEFAULT_COVERAGE, show_default=True, help=_BAND_HELP)
 def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allow_missing_targets, out_dir, no_plots,
-                    dvh_supersample, site):
+                    dvh_supersample, site, band):
     """Import, predict with a trained model, export RTDOSE and NIfTI, and tabulate the DVH."""
     setup_logging()
     epoch = parse_epoch(epoch)
@@ -162,7 +167,7 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
         report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
                                        names=names, allow_missing_targets=allow_missing_targets,
                                        plots=not no_plots, progress=click_progress, site=site,
-                                       dvh_supersample=dvh_supersample)
+                                       dvh_supersample=dvh_supersample, band=band)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())
@@ -207,11 +212,12 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--names", default=None, help="JSON mapping structures to ROI names (as for 'predict').")
 @click.option("--allow-missing-targets", is_flag=True,
               help="Predict without ROIs for the model's required targets (OpenKBP's: PTV70).")
+@click.option("--band", type=float, default=DEFAULT_COVERAGE, show_default=True, help=_BAND_HELP)
 @click.option("--verbose", is_flag=True,
               help="Also pynetdicom's own log (every association and message) and pydicom's warnings about the data.")
 def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
                   completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, max_associations,
-                  max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets, verbose):
+                  max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets, band, verbose):
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
     setup_logging()
     if status:
@@ -243,6 +249,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
         logging.getLogger("pydicom").setLevel(logging.ERROR)  # many lines per object (a bad UID, an ESC byte)
         warnings.filterwarnings("ignore", module="pydicom")
     try:
+        check_coverage(band)
         settings = NodeSettings(
             store=Path(store_dir), ae_title=check_ae_title(ae_title, "ae_title"), host=host, port=port,
             send_to=parse_destination(send_to) if send_to else None,
@@ -261,7 +268,7 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
         from provided_code.apps.node.predictor import ModelPredictor
 
         predictor = ModelPredictor(model_dir, epoch=epoch, tta=tta, names=names,
-                                   allow_missing_targets=allow_missing_targets)
+                                   allow_missing_targets=allow_missing_targets, band=band)
         node = Node(settings, predictor).start()
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None

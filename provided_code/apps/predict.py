@@ -1,9 +1,18 @@
-"""``--predict-only``: a trained model's predictions for a stage, in the challenge's format, scored."""
+"""``--predict-only``: a trained model's predictions for a stage, in the challenge's format, scored.
+
+A commissioned cross-validated model's folds (``--ensemble <model>``) also say how far to trust
+each prediction (:mod:`provided_code.trust`): ``<stage>-predictions/dvh/<patient>.csv`` and
+``.json`` hold its DVH table (the site's metrics and the clinical ones, on the 128³ grid, as
+commissioning assessed them) with the band of each and the in-distribution check, and
+``scores.json`` sums them up (``band``: the observed coverage of the plans' values;
+``in_distribution``: the patients outside the training cohort). Another model predicts as before
+and says why it has none."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -12,21 +21,30 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pandas as pd
 
 from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
-from provided_code.data.csv_io import write_dose_csv
+from provided_code.data.csv_io import exact_dose, write_dose_csv
 from provided_code.data_folder import split_dir
 from provided_code.exclusions import excluded_patients
 from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_members, read_dealing
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
 from provided_code.infra.progress import Progress, no_progress
+from provided_code.infra.atomic import write_text_atomic
+from provided_code.metrics import calibration
+from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, patient_table
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 from provided_code.sites import Site
+from provided_code.metrics.dvh_table import dvh_cell, dvh_columns
+from provided_code.trust import OUTSIDE, Trust, load_trust, no_trust
+
+DVH_FOLDER = "dvh"  # <stage>-predictions/dvh/<patient>.csv and .json: each prediction's table, bands and check
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +58,7 @@ class PredictionReport:
     submission: Path
     scores: Scores | None
     scores_path: Path | None
+    trust: list[str] = dataclasses.field(default_factory=list)  # what the predictions say about themselves, or why not
 
     def summary(self) -> str:
         model = "an ensemble" if self.epoch == "ensemble" else f"the epoch {self.epoch} checkpoint"
@@ -53,14 +72,15 @@ class PredictionReport:
                       f"dose score {self.scores.dose_score:.4f} Gy, DVH score {self.scores.dvh_score:.4f} Gy"]
         else:
             lines.append("No reference doses in this stage: not scored.")
-        return "\n".join(lines)
+        return "\n".join(lines + self.trust)
 
 
 def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage: str = "validation",
                   epoch: int | str | None = None, tta: bool = False, plots: bool = False,
                   progress: Progress = no_progress, ensemble: list[str] | None = None,
                   batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
-                  skip_incomplete: bool = False, site: Site | str | None = None) -> PredictionReport:
+                  skip_incomplete: bool = False, site: Site | str | None = None,
+                  band: float = DEFAULT_COVERAGE) -> PredictionReport:
     """Predict every patient of ``<data_dir>/<stage>-pats`` with the model trained in ``run_dir``
     (``results/<model-name>``; its architecture and resolution from its saved config); write and score.
 
@@ -81,7 +101,11 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     stage's patients are read, as training reads its splits. The stage is read as data of the
     model's own site (``config.json``'s ``site``; an ensemble's members must share one); ``site``,
     if given (``--site``), must be that site; None: not given.
+
+    ``band``: the nominal coverage of the bands a commissioned cross-validated model's folds give
+    each prediction (``--ensemble <model>``; the module docstring).
     """
+    band = check_coverage(band)
     folder = RunFolder(run_dir)
     if plots:
         from provided_code.plots import require_matplotlib
@@ -100,8 +124,15 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         stage_dir = split_dir(data_dir, stage)
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
                             progress=progress, site=model_site)
+
+        def trusting(used):  # the commissioning of the model it names, if any
+            if ensemble is not None and len(ensemble) > 1:
+                return no_trust(folder.name, band, f"an ensemble of {len(ensemble)} models ({', '.join(ensemble)}): "
+                                                   f"no commissioning assesses it")
+            return load_trust(_beside(folder, ensemble[0]).path if ensemble else folder.path, used, band)
+
         return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress,
-                              members if ensemble is not None else None, batch_size)
+                              members if ensemble is not None else None, batch_size, trusting)
 
 
 def ensemble_members(folder: RunFolder, names: list[str]) -> list[RunFolder]:
@@ -181,8 +212,11 @@ def _beside(folder: RunFolder, name: str) -> RunFolder:
 
 def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
                    plots: bool, progress: Progress, ensemble: list[RunFolder] | None,
-                   batch_size: int) -> PredictionReport:
+                   batch_size: int, trusting=None) -> PredictionReport:
+    """``trusting(used)``: the :class:`~provided_code.trust.Trust` of the predictions made with
+    ``used`` (``[(run folder, epoch)]``); None: none asked (a fold's out-of-fold predictions)."""
     members = []  # {"model": name, "epoch": epoch} of each model predicted with
+    used = []  # (run folder, epoch) of each
     predictions = None
     member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
     for member in ensemble or [folder]:
@@ -197,6 +231,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
                                   f"{member.log}); nothing was written.") from None
         predictions = predicted if predictions is None else predictions + predicted
         members.append({"model": name, "epoch": trained.epoch})
+        used.append((member, trained.epoch))
         del trained
         keras.backend.clear_session()
     if ensemble:
@@ -205,6 +240,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
         logger.info("Ensemble of %s", ", ".join(f"{m['model']} (epoch {m['epoch']})" for m in members))
     else:
         epoch = members[0]["epoch"]
+    trust = trusting(used) if trusting is not None else None
 
     # The whole set (CSVs, zip, scores) is written into a new folder and moved into place whole.
     predictions_dir = folder.predictions(stage)
@@ -215,14 +251,16 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
         for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
             write_dose_csv(new / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
         _write_submission(new, arrays.patient_ids, new / zip_name)
+        trusted = (_write_trust(new, arrays, trust, progress)
+                   if trust is not None and (trust.bands is not None or trust.cohort is not None) else {})
         if arrays.has_dose.any():  # those with reference doses; a warning names the others
             # The scores of the predictions as written (the CSVs' decimals, which a submission is
             # judged on), read back as openkbp-score reads them: both report one number, on any processor.
             scores = score_split(arrays, lambda row: read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
-            extra = {"model": folder.name, "stage": stage, "epoch": epoch}
-            write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"),
-                                extra={**extra, "members": members} if ensemble else extra)
+            extra = {"model": folder.name, "stage": stage, "epoch": epoch, **({"members": members} if ensemble else {}),
+                     **trusted}
+            write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"), extra=extra)
         replace_folder(new, predictions_dir)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
@@ -241,7 +279,77 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
         for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Plotting")):
             plot_patient(plot_dir, pid, arrays, row, predictions[row])
         logger.info("Wrote plots to %s", plot_dir)
-    return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path)
+    said = _trust_lines(trusted, trust, predictions_dir) if trust is not None else []
+    for line in said:
+        logger.info("%s", line)
+    return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path, said)
+
+
+def _write_trust(new: Path, arrays, trust: Trust, progress: Progress) -> dict:
+    """Each patient's DVH table with its bands and in-distribution check, ``dvh/<patient>.csv`` and
+    ``.json`` in the predictions folder being written (``new``), from the predictions as written
+    (the CSVs' decimals, as commissioning reads the folds'); returns what ``scores.json`` sums up:
+    ``band`` (nominal coverage, method, the patients' values held by their bands and the median
+    width) and ``in_distribution`` (threshold, patients checked, those outside)."""
+    site = arrays.site
+    folder = new / DVH_FOLDER
+    folder.mkdir()
+    metrics = [*site.metric_names, *CLINICAL_METRICS]
+    rows, checked = [], []  # (patient, structure, metric, plan, predicted) with a reference; in-distribution checks
+    for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Bands")):
+        masks, voxel_dimensions = arrays.structure_masks[row], arrays.voxel_dimensions[row]
+        predicted = patient_table(read_prediction(new, pid), masks, voxel_dimensions, site)
+        report = {"patient": pid, "metrics": metrics, "predicted": predicted}
+        if arrays.has_dose[row]:
+            plan = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
+            report["reference"] = patient_table(plan, masks, voxel_dimensions, site)
+            rows += [(pid, structure, metric, report["reference"][structure].get(metric), value)
+                     for structure, values in predicted.items() for metric, value in values.items()]
+        banded = trust.band(predicted)
+        if banded is not None:
+            report["band"] = banded
+        found = trust.in_distribution(masks, arrays.possible_dose_mask[row], voxel_dimensions, site)
+        if found is not None:
+            report["in_distribution"] = found
+            checked.append((pid, found))
+        write_text_atomic(folder / f"{pid}.json", json.dumps(report, indent=2) + "\n")
+        sources = [source for source in ("predicted", "reference") if source in report]
+        columns = dvh_columns(metrics, sources, banded is not None)
+        lines = [",".join(["structure", *[f"{m}_{s}" for m, s in columns]])]
+        lines += [",".join([structure, *[dvh_cell(report, structure, m, s) for m, s in columns]])
+                  for structure in predicted]
+        write_text_atomic(folder / f"{pid}.csv", "\n".join(lines) + "\n")
+    summary = {}
+    if trust.bands is not None:
+        table = pd.DataFrame(rows, columns=["patient", "structure", "metric", "plan", "predicted"]).dropna()
+        held = calibration.coverage_rows(table, trust.bands["residuals"], levels=(trust.coverage,))
+        summary["band"] = {"coverage": trust.coverage, "method": calibration.METHOD,
+                           "calibration_patients": trust.bands["patients"], "values": int(len(held)),
+                           "observed": float(held["covered"].mean()) if len(held) else None,
+                           "median_width": float(held["width"].median()) if len(held) else None}
+    if trust.cohort is not None:
+        summary["in_distribution"] = {
+            "threshold": float(trust.cohort["threshold"]), "patients": len(checked),
+            "outside": [{"patient": pid, "score": found["score"], "reasons": found["reasons"]}
+                        for pid, found in checked if not found["inside"]]}
+    return summary
+
+
+def _trust_lines(summary: dict, trust: Trust, predictions_dir: Path) -> list[str]:
+    """What the predictions said about themselves, for the summary (or why they said nothing)."""
+    lines = [line for line in trust.lines() if line.startswith("No ")]
+    band = summary.get("band")
+    if band is not None:
+        held = (f": the plans' values held {100 * band['observed']:.1f} % of the time ({band['values']} values), "
+                f"median width {band['median_width']:.2f} Gy" if band["observed"] is not None else "")
+        lines.append(f"Bands of {100 * band['coverage']:g} % nominal coverage{held}; per patient in "
+                     f"{predictions_dir / DVH_FOLDER}")
+    checked = summary.get("in_distribution")
+    if checked is not None:
+        outside = checked["outside"]
+        lines.append(f"{len(outside)} of {checked['patients']} patients {OUTSIDE}"
+                     + (f": {', '.join(entry['patient'] for entry in outside)}" if outside else ""))
+    return lines
 
 
 # Deflate level of the submission zip: a real OpenKBP dose CSV's zip is a fifth larger than at zlib's

@@ -7,8 +7,12 @@ maximum; numpy's linear interpolation, in float64, as the challenge's scores use
 
 from __future__ import annotations
 
+import math
+from typing import Iterable
+
 import numpy as np
 
+from provided_code.metrics.scoring import dvh_metrics, structure_indices
 from provided_code.sites import CLINICAL_METRICS, Site  # noqa: F401 (the table's metric names; a site's goals name them too)
 
 _PERCENTILES = (1.0, 5.0, 50.0)
@@ -19,6 +23,19 @@ def clinical_dvh(dose: np.ndarray, indices: list[np.ndarray], site: Site) -> dic
     :func:`provided_code.metrics.scoring.structure_indices` gives them (flat, per structure)."""
     flat = np.asarray(dose, dtype=np.float64).reshape(-1)
     return clinical_dvh_of_values({name: flat[voxels] for name, voxels in zip(site.names, indices)})
+
+
+def patient_table(dose: np.ndarray, structure_masks: np.ndarray, voxel_dimensions, site: Site) -> dict[str, dict[str, float]]:
+    """``{structure: {metric: Gy}}`` of one 128³ dose for every structure of ``site`` with voxels:
+    the site's metrics (the challenge's DVH score's, :func:`provided_code.metrics.scoring.dvh_metrics`)
+    that apply to it, then the clinical ones; the metrics commissioning assesses (``plans.csv``)."""
+    flat = np.asarray(dose, dtype=np.float64).reshape(-1)
+    indices = structure_indices(structure_masks, len(site.names))
+    metrics = dvh_metrics(lambda voxels: flat[voxels], indices, voxel_dimensions, site)
+    clinical = clinical_dvh(flat, indices, site)
+    return {name: {**{metric: float(metrics[k, m]) for m, metric in enumerate(site.metric_names)
+                      if np.isfinite(metrics[k, m])}, **clinical[name]}
+            for k, name in enumerate(site.names) if name in clinical}
 
 
 def clinical_dvh_of_values(values: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -33,3 +50,27 @@ def clinical_dvh_of_values(values: dict[str, np.ndarray]) -> dict[str, dict[str,
         table[name] = {"D99": float(d99), "D95": float(d95), "D50": float(d50), "Dmean": float(doses.mean()),
                        "D1": float(np.percentile(doses, 99.0)), "Dmax": float(doses.max())}
     return table
+
+
+BAND_SOURCES = ("low", "high")  # the band's columns, beside each <metric>_predicted
+
+
+def dvh_columns(metrics: Iterable[str], sources: Iterable[str], banded: bool) -> list[tuple[str, str]]:
+    """``(metric, source)`` of each column of a DVH table (``<metric>_<source>``): per metric each
+    source (``predicted``, ``reference``), the band's ``low`` and ``high`` right after ``predicted``."""
+    sources = list(sources)
+    columns = []
+    for metric in metrics:
+        for source in sources:
+            columns.append((metric, source))
+            if source == "predicted" and banded:
+                columns += [(metric, bound) for bound in BAND_SOURCES]
+    return columns
+
+
+def dvh_cell(report: dict, structure: str, metric: str, source: str) -> str:
+    """A DVH table's cell: ``report[source]``'s value (the band's for ``low``/``high``) to 0.001 Gy;
+    empty where there is none."""
+    table = report["band"][source] if source in BAND_SOURCES else report[source]
+    value = table.get(structure, {}).get(metric)
+    return "" if value is None or not math.isfinite(value) else f"{value:.3f}"

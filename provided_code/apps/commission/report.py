@@ -41,7 +41,14 @@ page shows comes from it):
     ``{patient: {structure: {"plan": [[Gy, %], ...], "predicted": [[Gy, %], ...]}}}`` for the flagged
     patients (:func:`provided_code.metrics.commissioning.dvh_curve`).
 ``calibration`` (optional)
-    For a later issue; not drawn by this version.
+    The prediction bands' coverage on the validation split and its patients' in-distribution
+    scores (``provided_code.apps.commission.run``'s ``_calibration``): ``split``, ``patients``,
+    ``levels`` (nominal coverages), ``method``, ``calibration_patients``, ``threshold``,
+    ``in_distribution`` (``[{"patient", "score", "inside", "reasons"}]``), and the rows of
+    :func:`provided_code.metrics.calibration.coverage_summary` (``nominal``, ``n``, ``observed``,
+    ``median_width``) ``overall``, ``by_structure`` (with ``structure``) and
+    ``by_structure_metric`` (with ``structure``, ``metric`` and ``exact``, the coverage
+    exchangeable patients would have); or ``note`` (why there is none) alone.
 
 ``model``, ``site``, ``cohort``, ``summary`` and ``plans`` are required; the other sections show
 "none" when absent or empty.
@@ -58,7 +65,8 @@ from provided_code.apps.commission.svg import escape
 REQUIRED = ("model", "site", "cohort", "summary", "plans")
 SECTIONS = (("cohort", "The cohort"), ("summary", "How well the model predicts the plans"),
             ("scatter", "Predicted against achieved"), ("residuals", "Residual distributions"),
-            ("flagged", "Flagged patients"), ("goals", "Clinical goals"), ("method", "How to read this report"))
+            ("flagged", "Flagged patients"), ("goals", "Clinical goals"),
+            ("calibration", "Prediction bands and the in-distribution check"), ("method", "How to read this report"))
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif; margin: 0;
@@ -101,7 +109,7 @@ def render_report(report: dict) -> str:
             _section("cohort", _cohort(report)), _section("summary", _summary(report)),
             _section("scatter", _scatter(report)), _section("residuals", _residuals(report)),
             _section("flagged", _flagged(report)), _section("goals", _goals(report)),
-            _section("method", _method(report))]
+            _section("calibration", _calibration(report)), _section("method", _method(report))]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body><main>" + "\n".join(body) + "</main></body></html>\n")
@@ -297,6 +305,71 @@ def _goals(report: dict) -> str:
             "expects the goal met where the plan did not meet it.</p>"
             + _table(["goal", "n", "plans meeting", "predictions meeting", "agreement", "plan only", "prediction only"],
                      rows, text_columns=(0,), table_id="goals-table"))
+
+
+def _calibration(report: dict) -> str:
+    calibration = report.get("calibration") or {}
+    if not calibration.get("overall") and not calibration.get("in_distribution"):
+        return f'<p class="muted">{escape(calibration.get("note") or "No calibration figures.")}</p>'
+    parts = [f"<p>Every prediction of the model (its folds together) carries, per structure and DVH metric, a "
+             f"<b>band</b>: a lower and an upper value that hold the value a plan achieves with at least the nominal "
+             f"coverage (90 % unless asked otherwise). The bands are made of the out-of-fold residuals of the "
+             f"{escape(calibration.get('calibration_patients', '?'))} training patients above "
+             f"({escape(calibration.get('method', ''))}). Here they are tried on the "
+             f"{len(calibration.get('patients', []))} validation patients, which took no part in them, as the folds' "
+             f"ensemble predicted them: how often the band held the plan, against the coverage it claims.</p>"]
+    if calibration.get("note"):
+        parts.append(f'<p class="muted">{escape(calibration["note"])}</p>')
+    overall = calibration.get("overall") or []
+    if overall:
+        series = [{"label": "nominal", "points": [(0.0, 0.0), (1.0, 1.0)], "colour": "#8c959f", "dashed": True},
+                  {"label": "all metrics", "points": [(row["nominal"], row["observed"]) for row in overall],
+                   "colour": "#1b1f24"}]
+        by_structure: dict[str, list] = {}
+        for row in calibration.get("by_structure") or []:
+            by_structure.setdefault(row["structure"], []).append((row["nominal"], row["observed"]))
+        series += [{"label": structure, "points": points, "colour": svg.PALETTE[k % len(svg.PALETTE)]}
+                   for k, (structure, points) in enumerate(by_structure.items())]
+        parts.append('<div class="figures">' + svg.lines(
+            series, title="Reliability: observed against nominal coverage", x_label="nominal coverage",
+            y_label="observed coverage (validation)", y_range=(0.0, 1.02), width=420, height=320,
+            legend_width=150) + "</div>")
+        parts.append(_table(["nominal", "observed", "rows", "median width (Gy)"],
+                            [[_percent(row["nominal"]), _percent(row["observed"]), row["n"],
+                              _fmt(row["median_width"], 2)] for row in overall], table_id="coverage-table"))
+        shown = [level for level in (0.9, 0.68) if any(abs(row["nominal"] - level) < 1e-9 for row in overall)]
+        pairs: dict[tuple, dict] = {}
+        for row in calibration.get("by_structure_metric") or []:
+            for level in shown:
+                if abs(row["nominal"] - level) < 1e-9:
+                    pairs.setdefault((row["structure"], row["metric"]), {})[level] = row
+        if pairs:
+            header = ["structure", "metric"] + [f"{title} {_percent(level)}" for level in shown
+                                                for title in ("observed", "expected", "width")]
+            rows = [[structure, metric] + [cell for level in shown for cell in (
+                _percent((found.get(level) or {}).get("observed")), _percent((found.get(level) or {}).get("exact")),
+                _fmt((found.get(level) or {}).get("median_width"), 2))] for (structure, metric), found in pairs.items()]
+            parts.append("<details><summary>Per structure and metric (observed on the validation patients; expected: "
+                         "the coverage exchangeable patients would have; the median band width in Gy)</summary>"
+                         + _table(header, rows, text_columns=(0, 1), table_id="coverage-by-metric") + "</details>")
+    scores = calibration.get("in_distribution") or []
+    threshold = calibration.get("threshold")
+    if scores:
+        outside = [entry for entry in scores if not entry.get("inside")]
+        parts.append(f"<h3>In-distribution check of the validation patients ({len(outside)} of {len(scores)} "
+                     f"outside the training cohort)</h3><p>Each new patient's anatomy is scored against the training "
+                     f"cohort's (section 5, geometric outliers); above the threshold (the dashed line), or with a "
+                     f"feature a robust scale or more beyond every training patient's value, its prediction says it "
+                     f"is outside the training cohort, and why.</p>")
+        parts.append('<div class="figures">' + svg.histogram(
+            [entry.get("score") for entry in scores], title="Local outlier factor of the validation patients",
+            x_label="local outlier factor", markers=[(threshold, "threshold")] if _finite(threshold) else [],
+            width=520, height=220) + "</div>")
+        parts += [f'<div class="card"><h3>{escape(entry["patient"])} <span class="muted">local outlier factor '
+                  f'{escape(_fmt(entry.get("score"), 2))}</span></h3><ul>'
+                  + "".join(f"<li>{escape(reason)}</li>" for reason in entry.get("reasons") or []) + "</ul></div>"
+                  for entry in outside]
+    return "".join(parts)
 
 
 def _method(report: dict) -> str:

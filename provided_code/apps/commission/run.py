@@ -17,8 +17,11 @@ cohort's, from features computed once per patient). :mod:`provided_code.metrics.
     summary.csv        per structure and metric: n, bias, sd, mae, r2
     anatomy.csv        the anatomy features of every training patient
     cohort.json        the cohort's statistics the in-distribution check of a new patient needs
+    bands.json         per structure and metric the sorted out-of-fold residuals a prediction's
+                       band is computed from (provided_code/trust.py: both files' home)
     report.json        every figure of the report (flagged patients under dosimetric_outliers and
-                       geometric_outliers, each with its reason)
+                       geometric_outliers, each with its reason; the bands' coverage on the
+                       validation split under calibration)
     report.html        one self-contained page, read top to bottom
     MODEL_CARD.md      what the model was trained on and how well it did (and model_card.json)
 """
@@ -47,16 +50,17 @@ from provided_code.errors import UserError
 from provided_code.folds import HELD_OUT_STAGE, Dealing, fold_dir, read_dealing
 from provided_code.infra.atomic import new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.metrics import anatomy, commissioning
+from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split, structure_indices
-from provided_code.run_folder import RunFolder
+from provided_code.run_folder import SCORES_FILE, RunFolder
+from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder, fold_identity
 
 logger = logging.getLogger(__name__)
 
-COMMISSIONING_FOLDER = "commissioning"
-FILES = {"plans": "plans.csv", "summary": "summary.csv", "anatomy": "anatomy.csv", "cohort": "cohort.json",
-         "report_json": "report.json", "report_html": "report.html", "card": "MODEL_CARD.md",
+VALIDATION_STAGE = "validation"  # the split whose ensemble predictions show the bands' coverage
+FILES = {"plans": "plans.csv", "summary": "summary.csv", "anatomy": "anatomy.csv", "cohort": COHORT_FILE,
+         "bands": BANDS_FILE, "report_json": "report.json", "report_html": "report.html", "card": "MODEL_CARD.md",
          "card_json": "model_card.json"}
 
 
@@ -89,10 +93,6 @@ class CommissioningReport:
         lines += [f"{name}: {self.folder / FILES[key]}" for key, name in (
             ("report_html", "Report"), ("report_json", "Figures"), ("plans", "Plans"), ("card", "Model card"))]
         return "\n".join(lines)
-
-
-def commissioning_folder(model_dir: os.PathLike | str) -> Path:
-    return Path(model_dir) / COMMISSIONING_FOLDER
 
 
 def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
@@ -170,6 +170,9 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
                   "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
+    bands = bands_record(residuals, site_name=site.name,
+                         folds=[fold_identity(fold.folder, fold.epoch) for fold in folds])
+    calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
 
     flagged = list(dict.fromkeys([o["patient"] for o in dosimetric] + [o["patient"] for o in geometric]))
     row_of = {pid: row for row, pid in enumerate(arrays.patient_ids)}
@@ -193,6 +196,7 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
         "goals": goals,
         "dvh_curves": {pid: _dvh_curves(arrays, row_of[pid], predictions[row_of[pid]])
                        for pid in flagged if row_of[pid] in predictions},
+        "calibration": calibration_figures,
     }
     card_text, card = model_card(model_dir, dealing, [(fold.number, fold.folder, fold.config, fold.epoch,
                                                       fold.checkpoint) for fold in folds], report)
@@ -204,6 +208,7 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
         features.to_csv(new / FILES["anatomy"], index_label="patient", float_format="%.6g")
         report = jsonable(report)
         (new / FILES["cohort"]).write_text(_json(cohort))
+        (new / FILES["bands"]).write_text(_json(bands))
         (new / FILES["report_json"]).write_text(_json(report))
         (new / FILES["report_html"]).write_text(render_report(report))
         (new / FILES["card"]).write_text(card_text)
@@ -229,6 +234,55 @@ class OutOfFold(dict):
     def __getitem__(self, row: int) -> np.ndarray:
         voxels, values = super().__getitem__(row)
         return as_volume(voxels, values, np.float64)
+def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
+                 progress: Progress) -> dict:
+    """The report's ``calibration``: the bands' observed coverage on the validation split, as the
+    folds' ensemble predicted it (``--predict-only --ensemble <model> --model-name <model>``:
+    ``results/<model>/validation-predictions/``), at each nominal level of
+    :data:`provided_code.metrics.calibration.LEVELS`, overall, per structure and per structure and
+    metric (with the coverage exchangeable patients would have, ``exact``), and the in-distribution
+    scores of the validation patients. Without those predictions (or made by other checkpoints than
+    the commissioned ones): ``{"note": why}``."""
+    folder = RunFolder(model_dir).predictions(VALIDATION_STAGE)
+    command = (f"predict the validation split with the folds (--predict-only --stage {VALIDATION_STAGE} --ensemble "
+               f"{model_dir.name} --model-name {model_dir.name}), then commission again")
+    scores_path = folder / SCORES_FILE
+    if not scores_path.is_file():
+        return {"note": f"No scored validation predictions of the folds' ensemble ({scores_path} is missing): {command}."}
+    written = json.loads(scores_path.read_text())
+    made_with = [member.get("epoch") for member in written.get("members", [])]
+    if made_with != [fold.epoch for fold in folds]:
+        return {"note": f"The validation predictions in {folder} were not made by the {len(folds)} folds at their "
+                        f"commissioned epochs ({', '.join(str(fold.epoch) for fold in folds)}): {command}."}
+    site = folds[0].config.site
+    stage_dir = split_dir(data_dir, VALIDATION_STAGE)
+    if not stage_dir.is_dir():
+        return {"note": f"The validation patients of {folder} are not in {stage_dir}: pass the data folder they "
+                        f"were predicted from (--data-dir)."}
+    arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, progress=progress, site=site)
+    rows = [row for row, pid in enumerate(arrays.patient_ids) if (folder / f"{pid}.csv").is_file()]
+    predictions = OutOfFold()  # the ensemble's validation doses, kept as their non-zero voxels
+    for row in progress(rows, len(rows), "Reading validation predictions"):
+        predictions[row] = read_prediction(folder, arrays.patient_ids[row])
+    scored = [row for row in rows if arrays.has_dose[row]]
+    in_distribution = [{"patient": arrays.patient_ids[row], **anatomy.check(cohort, anatomy.anatomy_features(
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site))}
+        for row in rows]
+    figures = {"split": str(stage_dir), "patients": [arrays.patient_ids[row] for row in scored],
+               "levels": list(calibration.LEVELS), "method": calibration.METHOD,
+               "calibration_patients": bands["patients"], "threshold": float(cohort["threshold"]),
+               "in_distribution": in_distribution}
+    if not scored:
+        return {**figures, "note": f"No validation patient of {stage_dir} has a dose: no coverage to observe."}
+    scores = score_split(arrays, lambda row: predictions[row], progress, rows=scored)
+    table = _plan_table(arrays, scored, predictions, scores, progress)
+    covered = calibration.coverage_rows(table, bands["residuals"])
+    by_pair = calibration.coverage_summary(covered, by=("structure", "metric"))
+    by_pair["exact"] = [calibration.exact_coverage(len(bands["residuals"][s][m]), level)
+                        for s, m, level in zip(by_pair["structure"], by_pair["metric"], by_pair["nominal"])]
+    return {**figures, "overall": _records(calibration.coverage_summary(covered)),
+            "by_structure": _records(calibration.coverage_summary(covered, by=("structure",))),
+            "by_structure_metric": _records(by_pair)}
 
 
 def _plan_table(arrays, rows: list[int], predictions: dict, scores, progress: Progress) -> pd.DataFrame:

@@ -16,13 +16,18 @@ committed); a ``failed`` one is tried again when any of its objects is sent agai
 ``receiving``, or to ``predicted`` when only the send had failed).
 
 Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and the send outcome
-``error`` (format 1 wrote ``failed``, the patients' state's word): a format-1 journal is brought
-to format 2 when a node opens it, and read as format 2 by ``--status`` without being changed.
+``error`` (format 1 wrote ``failed``, the patients' state's word); format 3 ``patients.trust``
+(what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
+the in-distribution check's ``inside``, ``score``, ``threshold``, ``outside_scales``,
+``outside_feature`` and ``reasons``; empty before the prediction or for a node of format 2). An
+older journal is brought to format 3 when a node opens it, and read as format 3 by ``--status``
+without being changed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -32,6 +37,7 @@ from pathlib import Path
 from provided_code.errors import UserError
 from provided_code.apps.node.readiness import READY, References, SeriesStatus
 from provided_code.apps.node.text import printable
+from provided_code.trust import OUTSIDE, flag_line
 
 # A patient's states; READY is also readiness's decision that the patient is complete
 RECEIVING, PREDICTING, PREDICTED = "receiving", "predicting", "predicted"
@@ -45,7 +51,7 @@ NEXT = {
     SENT: set(),
     FAILED: {RECEIVING, PREDICTED},
 }
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
@@ -58,7 +64,7 @@ CREATE TABLE IF NOT EXISTS patients (
     structure_set_uid TEXT PRIMARY KEY, patient_id TEXT NOT NULL, study_uid TEXT NOT NULL,
     frame_uid TEXT NOT NULL, series_uid TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
     failed_in TEXT NOT NULL, output TEXT NOT NULL, send_attempts INTEGER NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL, warnings TEXT NOT NULL DEFAULT '');
+    created REAL NOT NULL, updated REAL NOT NULL, warnings TEXT NOT NULL DEFAULT '', trust TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS patients_by_state ON patients (state);
 CREATE TABLE IF NOT EXISTS referenced_images (
     structure_set_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL,
@@ -87,6 +93,10 @@ def _format_1_to_2(db) -> None:
     """A format-1 journal's tables as format 2 has them (the new table is made by SCHEMA)."""
     db.execute("ALTER TABLE patients ADD COLUMN warnings TEXT NOT NULL DEFAULT ''")
     db.execute("UPDATE sends SET outcome = ? WHERE outcome = ?", (FAILED_SEND, FORMAT_1_FAILED_SEND))
+
+
+def _format_2_to_3(db) -> None:
+    db.execute("ALTER TABLE patients ADD COLUMN trust TEXT NOT NULL DEFAULT ''")
 
 
 class JournalError(UserError, RuntimeError):
@@ -120,6 +130,8 @@ class Journal:
             with self._transaction() as db:
                 if self.version == 1:
                     _format_1_to_2(db)
+                if self.version in (1, 2):
+                    _format_2_to_3(db)
                 for statement in SCHEMA.split(";"):  # executescript would commit on its own
                     if statement.strip():
                         db.execute(statement)
@@ -358,9 +370,12 @@ class Journal:
             for outcome, count in db.execute("SELECT outcome, COUNT(*) FROM sends GROUP BY outcome").fetchall():
                 outcome = FAILED_SEND if self.version < 2 and outcome == FORMAT_1_FAILED_SEND else outcome
                 sends[outcome] = sends.get(outcome, 0) + count
+            trust = "trust" if self.version >= 3 else "'' AS trust"  # format 2 kept none
             recent = [dict(row) for row in db.execute(
-                "SELECT structure_set_uid, patient_id, state, reason, updated FROM patients "
+                f"SELECT structure_set_uid, patient_id, state, reason, updated, {trust} FROM patients "
                 "ORDER BY updated DESC LIMIT 20")]
+            checked = [json.loads(row[0]) for row in db.execute(f"SELECT {trust} FROM patients")
+                       if row[0]] if self.version >= 3 else []
             failed_sends = [dict(row) for row in db.execute(
                 "SELECT structure_set_uid, attempt, destination, finished, detail FROM sends WHERE outcome != ? "
                 "ORDER BY id DESC LIMIT 5", (OK,))]
@@ -376,6 +391,8 @@ class Journal:
                     "FROM refusals ORDER BY id DESC LIMIT 5")]
         return {"objects": objects, "last_object": last_object, "states": states, "sends": sends,
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
+                "checked": sum(entry.get("inside") is not None for entry in checked),
+                "outside": sum(entry.get("inside") is False for entry in checked),
                 "refusals": refusals, "latest_refusals": latest_refusals}
 
 
@@ -410,10 +427,15 @@ def summary_lines(journal: Journal) -> list[str]:
         lines.append(f"  {when(refusal['time'])} {refusal['modality'] or 'object'} {refusal['sop_instance_uid']} of "
                      f"{refusal['patient_id'] or '(no PatientID)'} from {refusal['calling_ae']}, status "
                      f"0x{refusal['status']:04X}: {refusal['reason']}")
+    if summary["checked"]:
+        lines.append(f"Predictions {OUTSIDE}: {summary['outside']} of the {summary['checked']} checked")
     if summary["recent"]:
         lines.append("Latest patients (PatientID, state, structure set, reason):")
     for row in summary["recent"]:
         patient = printable(row["patient_id"]) or "(no PatientID)"
         reason = f": {row['reason']}" if row["reason"] else ""
         lines.append(f"  {when(row['updated'])} {patient} {row['state']} {row['structure_set_uid']}{reason}")
+        trust = json.loads(row["trust"]) if row["trust"] else {}
+        if trust.get("inside") is False:
+            lines.append(f"    {flag_line(trust)}")
     return lines

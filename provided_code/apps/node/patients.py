@@ -7,7 +7,9 @@ its patient, when a patient is complete, its prediction, and where each patient 
 - A patient becomes ``ready`` when every CT image it names is here and no open association is
   still delivering its objects (see ``readiness``); one worker predicts the ready patients one at
   a time with the node's predictor: its outputs are written into a staging folder and committed
-  by one rename; the import's warnings go to the log and the patient's journal entry.
+  by one rename; the import's warnings go to the log and the patient's journal entry, and so does
+  what the prediction says about itself (its bands' coverage; a patient outside the training
+  cohort, a warning with the reasons).
 - At start (:meth:`Patients.resume`): a patient caught ``predicting`` is predicted again (or is
   ``predicted`` if its outputs were committed), the ``ready`` ones are queued, the ``predicted``
   ones sent.
@@ -15,6 +17,7 @@ its patient, when a patient is complete, its prediction, and where each patient 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -36,6 +39,7 @@ from provided_code.apps.node.journal import (
 from provided_code.apps.node.readiness import FAIL, decide
 from provided_code.apps.node.store import Store
 from provided_code.apps.node.text import one_line, printable
+from provided_code.trust import OUTSIDE, flag_line
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +50,9 @@ HOLD_VARIABLE = "OPENKBP_NODE_TEST_HOLD"
 
 class Patients:
     """The node's patients. ``predictor(ct_dir, rtstruct, out_dir, rtdose)`` writes a patient's
-    outputs into ``out_dir`` and returns what it predicted with (``.epoch``) and the import's
-    ``.warnings``; its ``rtdose_file`` names the RT Dose among the outputs. ``send(uid)`` hands a
+    outputs into ``out_dir`` and returns what it predicted with (``.epoch``), the import's
+    ``.warnings``, the bands' nominal coverage (``.band``, None without) and the in-distribution
+    check (``.in_distribution``, None without); its ``rtdose_file`` names the RT Dose among the outputs. ``send(uid)`` hands a
     predicted patient to the send queue (None: the node sends nothing)."""
 
     def __init__(self, journal: Journal, store: Store, predictor: Callable, completion_timeout: float,
@@ -194,10 +199,19 @@ class Patients:
         warnings = [printable(line, 400) for line in predicted.warnings]
         for line in warnings:
             logger.warning("Patient %s, import: %s", name, line)
+        checked, band = predicted.in_distribution, predicted.band
+        if checked is not None:
+            (logger.info if checked["inside"] else logger.warning)("Patient %s: %s", name, flag_line(checked))
+        trust = {"band": band, **({key: checked[key] for key in ("inside", "score", "threshold", "outside_scales",
+                                                                 "outside_feature", "reasons")}
+                                  if checked is not None else {"inside": None})}
         journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
-                                                                 else ""),
-                           expect=(PREDICTING,), output=str(final), send_attempts=0, warnings="\n".join(warnings))
+                                                                 else "")
+                           + (f"; {100 * band:g} % bands" if band is not None else "")
+                           + (f"; {OUTSIDE}" if checked is not None and not checked["inside"] else ""),
+                           expect=(PREDICTING,), output=str(final), send_attempts=0, warnings="\n".join(warnings),
+                           trust=json.dumps(trust))
         logger.info("Patient %s: predicted in %.1f s: %s", name, seconds, final / self.predictor.rtdose_file)
         if self.send is not None:
             self.send(uid)

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.apps.clinic import OUTPUTS, load_models, model_folders, predict_dicom_patient
+from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
+from provided_code.trust import load_trust
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ LOCK_HOLDER = "a DICOM node serving it (openkbp-dicom serve)"  # what a refused 
 class Prediction:
     epoch: int | str  # the checkpoint's; "ensemble" for a cross-validated model's folds
     warnings: tuple[str, ...] = ()  # the import's warnings (skipped contours, missing structures, ...)
+    band: float | None = None  # the nominal coverage of the dvh table's bands (None: the model has none)
+    in_distribution: dict | None = None  # the in-distribution check (provided_code.trust.Trust.in_distribution)
 
 
 class ModelPredictor:
@@ -32,19 +36,24 @@ class ModelPredictor:
     From construction to :meth:`close` (or the process's end) it holds the model folder's lock
     shared (a cross-validated model's: each fold's, whose folds predict together): a training run
     (or ``--start-over``) on the folder is refused in one line naming this process, while other
-    readers (another node, an ensemble) may read it too."""
+    readers (another node, an ensemble) may read it too. What the model's commissioning lets its
+    predictions say (bands of nominal coverage ``band``, the in-distribution check) is read once
+    too, at construction, and logged."""
 
     rtdose_file = OUTPUTS["rtdose"]  # the RT Dose among the outputs
 
     def __init__(self, model_dir: os.PathLike | str, epoch: int | str | None = None, tta: bool = False,
-                 names: os.PathLike | str | None = None, allow_missing_targets: bool = False):
+                 names: os.PathLike | str | None = None, allow_missing_targets: bool = False,
+                 band: float = DEFAULT_COVERAGE):
         self.model_dir = Path(model_dir)
+        band = check_coverage(band)  # before the models load
         self._locks = contextlib.ExitStack()
         try:
             for folder in model_folders(self.model_dir):
                 self._locks.enter_context(folder.lock(LOCK_HOLDER, shared=True))
             self.loaded = load_models(self.model_dir, epoch)
             self.epoch = self.loaded[0].epoch if len(self.loaded) == 1 else "ensemble"
+            self.trust = load_trust(self.model_dir, [(trained.folder, trained.epoch) for trained in self.loaded], band)
             self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
             self._warm_up()
         except BaseException:
@@ -52,6 +61,8 @@ class ModelPredictor:
             raise
         logger.info("Model %s loaded: %s", self.model_dir,
                     ", ".join(f"{trained.name} at epoch {trained.epoch}" for trained in self.loaded))
+        for line in self.trust.lines():
+            logger.info("Model %s: %s", self.model_dir, line)
 
     def _warm_up(self) -> None:
         """One prediction on zeros, so that the first patient does not pay for tracing the models."""
@@ -64,9 +75,11 @@ class ModelPredictor:
     def __call__(self, ct_dir: Path, rtstruct: Path, out_dir: Path, rtdose: Path | None = None) -> Prediction:
         report = predict_dicom_patient(self.model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=self.tta,
                                        names=self.names, allow_missing_targets=self.allow_missing_targets,
-                                       plots=False, loaded=self.loaded)
+                                       plots=False, loaded=self.loaded, trust=self.trust)
         warnings = tuple(line for line in report.imported.lines if line.startswith(("warning:", "missing:")))
-        return Prediction(report.epoch, warnings)
+        band = report.dvh.get("band")
+        return Prediction(report.epoch, warnings, band=band["coverage"] if band else None,
+                          in_distribution=report.dvh.get("in_distribution"))
 
     def close(self) -> None:
         """Release the model folder's lock (each fold's)."""

@@ -1,0 +1,265 @@
+"""How far to trust a prediction: what a commissioned model's ``commissioning/`` folder lets every
+prediction say about itself, read once (:func:`load_trust`) and applied per patient.
+
+A cross-validated model's ``openkbp-commission`` writes, beside its report, the two files
+prediction reads (this module is their one home: the folder's name, the files' names and the
+bands file's format)::
+
+    results/<model>/commissioning/
+        bands.json     per structure and DVH metric, the out-of-fold residuals (predicted − plan,
+                       Gy) of every training patient, sorted: any nominal coverage is computed from
+                       them when asked (:mod:`provided_code.metrics.calibration`)
+        cohort.json    the training cohort's anatomy (:func:`provided_code.metrics.anatomy.fit_cohort`)
+
+- **The band** of a predicted DVH metric: ``[low, high]`` holding the achieved plan's value with at
+  least the nominal coverage (``--band``, default 90 %), split-conformal on the residuals of the
+  folds that never saw each patient. It applies to the model they were made with: the deployed
+  ensemble of all its folds, each at its commissioned checkpoint. The ensemble averages the folds,
+  whose errors it partly cancels, so its own errors are likely smaller than the single folds' out-of-
+  fold errors the band is made of: the band is conservative for it (measured: docs/trust.md).
+- **The in-distribution check**: the patient's anatomy features scored against the cohort (a local
+  outlier factor, and how far its features lie outside the cohort's range:
+  :func:`provided_code.metrics.anatomy.check`); above the cohort's threshold, or a feature far
+  outside the range, the patient is flagged "outside the training cohort" with the features that
+  drive it, in words. It depends on the anatomy only (not on the checkpoints), so it applies to the
+  model's folds at any epoch.
+
+A model without them (a single run, an ensemble of several models, a model not commissioned, or
+commissioned before bands existed) predicts as before; :attr:`Trust.why_no_bands` says why in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from provided_code.errors import UserError
+from provided_code.folds import fold_members, fold_of_folder
+from provided_code.metrics import anatomy, calibration
+from provided_code.run_folder import RunFolder
+
+logger = logging.getLogger(__name__)
+
+COMMISSIONING_FOLDER = "commissioning"  # results/<model>/commissioning/
+BANDS_FILE = "bands.json"
+COHORT_FILE = "cohort.json"
+BANDS_FORMAT = 1
+OUTSIDE = "outside the training cohort"  # what a flagged patient's RT Dose description and messages say
+
+
+class TrustError(UserError, ValueError):
+    """A commissioning file that cannot be read: one line naming it."""
+
+
+def commissioning_folder(model_dir: os.PathLike | str) -> Path:
+    return Path(model_dir) / COMMISSIONING_FOLDER
+
+
+def bands_record(residual_table, *, site_name: str, folds: list[dict]) -> dict:
+    """``bands.json``'s content from commissioning's residual table (columns ``patient``,
+    ``structure``, ``metric``, ``difference``): the sorted residuals per structure and metric, the
+    site, and the folds that made them (``[{"fold": K, "epoch": E, "val_dose_score": Gy or None}]``:
+    what a prediction checks it is made with)."""
+    return {"format": BANDS_FORMAT, "method": calibration.METHOD, "site": site_name, "folds": folds,
+            "patients": int(residual_table["patient"].nunique()),
+            "residuals": calibration.sorted_residuals(residual_table)}
+
+
+def fold_identity(folder: RunFolder, epoch: int) -> dict:
+    """What identifies the checkpoint a fold predicts with: its fold number, epoch and, when it is
+    the fold's best, the best record's validation dose score (a fold trained again differs there)."""
+    best = folder.read_best()
+    score = best.get("val_dose_score") if best is not None and best.get("epoch") == epoch else None
+    return {"fold": fold_of_folder(folder.path), "epoch": int(epoch),
+            "val_dose_score": None if score is None else float(score)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trust:
+    """What a model's commissioning lets its predictions say (module docstring). ``bands``: the
+    bands file's content, None without (``why_no_bands`` says why); ``cohort``: the cohort's, None
+    without (``why_no_check``); ``coverage``: the bands' nominal coverage."""
+
+    model: str
+    coverage: float
+    bands: dict | None = None
+    cohort: dict | None = None
+    why_no_bands: str = ""
+    why_no_check: str = ""
+
+    def band(self, predicted: Mapping[str, Mapping[str, float]]) -> dict | None:
+        """The band of a predicted DVH table ``{structure: {metric: Gy}}``, as dvh.json holds it:
+        ``coverage`` (nominal), ``method``, ``patients`` (of the calibration), ``low`` and ``high``
+        (``{structure: {metric: Gy or None}}``), and ``without`` (the structure-metrics with no band
+        and why: no residuals, or too few for the coverage). None: the model has no bands."""
+        if self.bands is None:
+            return None
+        residuals = self.bands["residuals"]
+        low, high, without = {}, {}, []
+        for structure, values in predicted.items():
+            low[structure], high[structure] = {}, {}
+            for metric, value in values.items():
+                found = residuals.get(structure, {}).get(metric)
+                bounds = calibration.band(value, found, self.coverage) if found else None
+                low[structure][metric], high[structure][metric] = bounds if bounds is not None else (None, None)
+                if bounds is None:
+                    n = len(found or ())
+                    without.append({"structure": structure, "metric": metric, "patients": n,
+                                    "reason": (f"no training patient has {structure} {metric}" if not n else
+                                               f"{n} training patients give at most "
+                                               f"{100 * calibration.largest_coverage(n):.0f} %; "
+                                               f"{calibration.patients_needed(self.coverage)} needed")})
+        return {"coverage": self.coverage, "method": f"{calibration.METHOD} of {self.bands['patients']} training "
+                                                     f"patients (commissioning/{BANDS_FILE})",
+                "patients": self.bands["patients"], "low": low, "high": high, "without": without}
+
+    def in_distribution(self, structure_masks, possible_dose_mask, voxel_dimensions, site) -> dict | None:
+        """The in-distribution check of one patient (its 128³ packed masks, body and voxel size):
+        :func:`provided_code.metrics.anatomy.check`'s ``inside`` (False: flagged), ``score`` (local
+        outlier factor), ``threshold``, ``outside_scales``, ``outside_feature`` and ``reasons``, and
+        the cohort's ``method`` and ``cohort_patients``. None: the model has no cohort."""
+        if self.cohort is None:
+            return None
+        features = anatomy.anatomy_features(structure_masks, possible_dose_mask, voxel_dimensions, site)
+        return {**anatomy.check(self.cohort, features), "method": self.cohort["method"],
+                "cohort_patients": len(self.cohort["patients"])}
+
+    def lines(self) -> list[str]:
+        """What the model's predictions carry, in a line each, or why not (one line when neither,
+        for one reason)."""
+        if self.bands is None and self.cohort is None and self.why_no_bands == self.why_no_check:
+            return [f"No prediction bands or in-distribution check: {self.why_no_bands}"]
+        return [f"Bands: {100 * self.coverage:g} % nominal coverage, {calibration.METHOD} of "
+                f"{self.bands['patients']} training patients" if self.bands is not None else
+                f"No prediction bands: {self.why_no_bands}",
+                f"In-distribution check: against the anatomy of the {len(self.cohort['patients'])} training patients "
+                f"(a local outlier factor above {self.cohort['threshold']:.2f}: {OUTSIDE})" if self.cohort is not None
+                else f"No in-distribution check: {self.why_no_check}"]
+
+
+def described(description: str, checked: dict | None) -> str:
+    """An RT Dose's series description, begun with "Outside the training cohort: " for a flagged
+    patient (first: a description is cut to 64 characters), so the planner sees it in the planning
+    system."""
+    if checked is None or checked["inside"]:
+        return description
+    return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]}: {description[:1].lower()}{description[1:]}"
+
+
+def flag_line(checked: dict) -> str:
+    """An in-distribution check's outcome in one line (:meth:`Trust.in_distribution`'s dict)."""
+    if checked["inside"]:
+        return (f"In the training cohort (local outlier factor {checked['score']:.2f}, threshold "
+                f"{checked['threshold']:.2f})")
+    reasons = "; ".join(checked["reasons"]) or "no single feature stands out: the combination does"
+    why = (f"local outlier factor {checked['score']:.2f} above its threshold {checked['threshold']:.2f}"
+           if checked["score"] > checked["threshold"] else
+           f"local outlier factor {checked['score']:.2f}; a feature {checked['outside_scales']:.1f} robust scales "
+           f"beyond the cohort's range")
+    return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]} ({why}): {reasons}"
+
+
+def band_lines(band: dict, predicted: Mapping[str, Mapping[str, float]], metrics: Iterable[str]) -> list[str]:
+    """A predicted DVH table with its band (:meth:`Trust.band`'s dict), a line per structure:
+    ``PTV70: D99 66.1 (63.0 to 68.2), ... Gy``."""
+    metrics = list(metrics)
+    lines = [f"Bands ({100 * band['coverage']:g} % nominal; {band['method']}):"]
+    for structure, values in predicted.items():
+        cells = []
+        for metric in metrics:
+            if metric not in values:
+                continue
+            low, high = band["low"][structure].get(metric), band["high"][structure].get(metric)
+            cells.append(f"{metric} {values[metric]:.1f}" + (f" ({low:.1f} to {high:.1f})" if low is not None else
+                                                              " (no band)"))
+        lines.append(f"  {structure}: {', '.join(cells)} Gy")
+    return lines
+
+
+def no_trust(model: str, coverage: float, why: str) -> Trust:
+    """A model whose predictions carry neither bands nor the check, for the reason ``why``."""
+    return Trust(model, coverage, why_no_bands=why, why_no_check=why)
+
+
+def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int]],
+               coverage: float = calibration.DEFAULT_COVERAGE) -> Trust:
+    """What the predictions of ``model_dir``'s model carry when it predicts with ``used``: each
+    ``(run folder, epoch)`` it predicts with. Bands when those are all the folds of the
+    cross-validated model in ``model_dir``, each at the checkpoint commissioning assessed; the
+    check when they are its folds at any checkpoints (module docstring). ``coverage``: the bands'
+    nominal coverage, checked (a ValueError in the package's style). A commissioning file that is
+    there but unreadable is a :class:`TrustError`."""
+    coverage = calibration.check_coverage(coverage)
+    model_dir = Path(model_dir)
+    used = list(used)
+    name = model_dir.name
+    folds = fold_members(model_dir)
+    if folds is None and fold_of_folder(model_dir) is not None and fold_members(model_dir.parent) is not None:
+        return no_trust(name, coverage, f"{name} is one fold of {model_dir.parent.name}: its commissioning assesses "
+                                        f"the folds together (predict with {model_dir.parent})")
+    if folds is None:
+        return no_trust(name, coverage, f"{name} is a single run, not a cross-validated model: bands and the check "
+                                        f"are calibrated on the out-of-fold predictions of a model's folds (train it "
+                                        f"with --folds N --fold K, then run openkbp-commission)")
+    wanted = {path.resolve() for path in folds}
+    got = {folder.path.resolve() for folder, _ in used}
+    if got != wanted:
+        return no_trust(name, coverage, f"the prediction is made with {len(got)} model(s), not the {len(folds)} folds "
+                                        f"of {name} together: its commissioning assesses those")
+    folder = commissioning_folder(model_dir)
+    cohort = _read(folder / COHORT_FILE)
+    bands = _read(folder / BANDS_FILE)
+    command = f"run openkbp-commission {model_dir}"
+    if bands is None and cohort is None:
+        return no_trust(name, coverage, f"{name} is not commissioned (no {folder / BANDS_FILE}): {command}")
+    why_no_check = "" if cohort is not None else f"{folder / COHORT_FILE} is missing: {command} again"
+    if bands is None:
+        why_no_bands = f"{name} was commissioned before bands existed (no {folder / BANDS_FILE}): {command} again"
+    else:
+        why_no_bands = _checked_bands(bands, folder / BANDS_FILE, used, command)
+    return Trust(name, coverage, bands=bands if not why_no_bands else None, cohort=cohort,
+                 why_no_bands=why_no_bands, why_no_check=why_no_check)
+
+
+def _checked_bands(bands: dict, path: Path, used: list[tuple[RunFolder, int]], command: str) -> str:
+    """Why ``bands`` do not apply to the checkpoints ``used`` ('' when they do)."""
+    if bands.get("format") != BANDS_FORMAT or not isinstance(bands.get("residuals"), dict):
+        raise TrustError(f"{path}: not a bands file of format {BANDS_FORMAT} (format {bands.get('format')!r}): "
+                         f"{command} again")
+    commissioned = {entry["fold"]: entry for entry in bands.get("folds", [])}
+    differ = []
+    for folder, epoch in used:
+        now = fold_identity(folder, epoch)
+        then = commissioned.get(now["fold"])
+        if then is None or then["epoch"] != now["epoch"] or not _same_score(then.get("val_dose_score"),
+                                                                           now["val_dose_score"]):
+            differ.append(f"fold {now['fold']} at epoch {now['epoch']}" + (
+                f" (commissioned at epoch {then['epoch']})" if then is not None and then["epoch"] != now["epoch"] else
+                " (trained again since)" if then is not None else ""))
+    if differ:
+        return (f"the bands were calibrated on other checkpoints than those predicting ({'; '.join(differ)}): "
+                f"predict with each fold's commissioned checkpoint (the default), or {command} again")
+    return ""
+
+
+def _same_score(then, now) -> bool:
+    if then is None or now is None:
+        return then is None and now is None
+    return math.isclose(float(then), float(now), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _read(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise TrustError(f"{path}: unreadable ({error}); run openkbp-commission again") from None
+    if not isinstance(data, dict):
+        raise TrustError(f"{path}: not a JSON object; run openkbp-commission again")
+    return data

@@ -1,0 +1,173 @@
+"""What a commissioned model lets a prediction say (provided_code/trust.py): the bands and the
+in-distribution check apply to the folds they were made for, and every other model says why it has
+none in one line; the band of a table against the arithmetic; the DVH table's columns; the RT
+Dose's description. On model folders made of their files (no training)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from provided_code.folds import SPLITS_FILE, Dealing
+from provided_code.metrics import anatomy, calibration
+from provided_code.run_folder import RunFolder
+from provided_code.sites import site_from_dict
+from provided_code.metrics.dvh_table import dvh_cell, dvh_columns
+from provided_code.trust import (BANDS_FILE, COHORT_FILE, OUTSIDE, TrustError, bands_record, commissioning_folder,
+                                 described, fold_identity, load_trust)
+
+SITE = site_from_dict({"name": "geometry", "beams": {"type": "none"}, "structures": [
+    {"name": "Organ", "kind": "oar"}, {"name": "PTV", "kind": "target", "prescription_gy": 60}]}, "test")
+EPOCHS = {1: 7, 2: 9}  # each fold's best epoch
+
+
+def _residual_table(patients: int = 25) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = [{"patient": f"pt_{p}", "structure": structure, "metric": metric, "difference": rng.normal(0.5, 2.0)}
+            for p in range(patients) for structure, metric in (("Organ", "Dmean"), ("PTV", "D95"))]
+    rows += [{"patient": f"pt_{p}", "structure": "PTV", "metric": "Dmax", "difference": 1.0} for p in range(3)]
+    return pd.DataFrame(rows)
+
+
+def _box(shape, low, high):
+    box = np.zeros(shape, bool)
+    box[tuple(slice(a, b) for a, b in zip(low, high))] = True
+    return box
+
+
+def _patient(size: int, organ: int = 5, body: int = 24):
+    """Packed masks (Organ bit 0, PTV bit 1) and the body of a 24³ patient: the target ``size``
+    voxels wide, the organ ``organ`` wide, the body ``body`` voxels long."""
+    shape = (24, 24, 24)
+    masks = _box(shape, (2, 2, 2), (2 + organ, 2 + organ, 2 + organ)).astype(np.uint16) | (
+        _box(shape, (10, 10, 10), (10 + size, 10 + size, 10 + size)).astype(np.uint16) << 1)
+    return masks, _box(shape, (0, 0, 0), (24, 24, body)), (2.0, 2.0, 2.0)
+
+
+def _cohort() -> dict:
+    """12 patients, their targets 5 to 7 voxels wide, organs 4 to 6, bodies 20 to 24 voxels long."""
+    features = pd.DataFrame({f"pt_{k}": anatomy.anatomy_features(*_patient(5 + k % 3, 4 + k % 4 // 2 + k // 8,
+                                                                           20 + k % 5), SITE)
+                             for k in range(12)}).T
+    return anatomy.fit_cohort(features)
+
+
+@pytest.fixture
+def model(tmp_path):
+    """A cross-validated model's folder as training and commissioning leave it: splits.json, two
+    folds with their best records, commissioning/bands.json and cohort.json."""
+    model_dir = tmp_path / "results" / "cv"
+    model_dir.mkdir(parents=True)
+    (model_dir / SPLITS_FILE).write_text(json.dumps(Dealing(2, 0, (("pt_1",), ("pt_2",))).to_dict()))
+    for fold, epoch in EPOCHS.items():
+        models = model_dir / f"fold-{fold}" / "models"
+        models.mkdir(parents=True)
+        (models / "best.json").write_text(json.dumps({"epoch": epoch, "val_dose_score": 3.0 + fold, "val_dvh_score": 5.0}))
+        (models / "best.keras").write_bytes(b"")  # a best record is read beside its checkpoint
+    folds = [fold_identity(RunFolder(model_dir / f"fold-{fold}"), epoch) for fold, epoch in EPOCHS.items()]
+    folder = commissioning_folder(model_dir)
+    folder.mkdir()
+    (folder / BANDS_FILE).write_text(json.dumps(bands_record(_residual_table(), site_name=SITE.name, folds=folds)))
+    (folder / COHORT_FILE).write_text(json.dumps(_cohort()))
+    return model_dir
+
+
+def _used(model_dir, epochs=EPOCHS):
+    return [(RunFolder(model_dir / f"fold-{fold}"), epoch) for fold, epoch in epochs.items()]
+
+
+def test_the_folds_at_their_commissioned_checkpoints_have_bands_and_the_check(model):
+    trust = load_trust(model, _used(model), 0.8)
+    assert trust.bands is not None and trust.cohort is not None and not trust.why_no_bands
+    assert trust.lines()[0] == ("Bands: 80 % nominal coverage, split-conformal, equal-tailed, on out-of-fold "
+                                "residuals of 25 training patients")
+    assert trust.bands["folds"] == [{"fold": 1, "epoch": 7, "val_dose_score": 4.0},
+                                    {"fold": 2, "epoch": 9, "val_dose_score": 5.0}]
+
+
+def test_the_band_of_a_table_is_the_arithmetics_and_says_where_there_is_none(model):
+    trust = load_trust(model, _used(model), 0.9)
+    residuals = calibration.sorted_residuals(_residual_table())
+    found = trust.band({"Organ": {"Dmean": 20.0}, "PTV": {"D95": 58.0, "Dmax": 66.0, "D50": 60.0}})
+    assert (found["coverage"], found["patients"]) == (0.9, 25)
+    for structure, metric, value in (("Organ", "Dmean", 20.0), ("PTV", "D95", 58.0)):
+        low, high = calibration.band(value, residuals[structure][metric], 0.9)
+        assert (found["low"][structure][metric], found["high"][structure][metric]) == (low, high)
+        assert low < value < high
+    assert found["low"]["PTV"]["Dmax"] is None and found["high"]["PTV"]["D50"] is None
+    assert found["without"] == [
+        {"structure": "PTV", "metric": "Dmax", "patients": 3, "reason": "3 training patients give at most 50 %; 19 needed"},
+        {"structure": "PTV", "metric": "D50", "patients": 0, "reason": "no training patient has PTV D50"}]
+
+
+def test_a_patient_unlike_the_cohort_is_flagged_with_its_reason_and_one_like_it_is_not(model):
+    trust = load_trust(model, _used(model))
+    inside = trust.in_distribution(*_patient(6, 5, 22), SITE)
+    assert inside["inside"] and inside["score"] <= inside["threshold"] == trust.cohort["threshold"]
+    outside = trust.in_distribution(*_patient(12, 5, 22), SITE)
+    assert not outside["inside"] and outside["score"] > outside["threshold"]
+    assert outside["reasons"][0].startswith("PTV volume 13.8 cc; the training cohort's largest was 2.7 cc")
+    assert described("Predicted dose, cv 2 folds", outside) == f"Outside the training cohort: predicted dose, cv 2 folds"
+    assert described("Predicted dose, cv 2 folds", inside) == "Predicted dose, cv 2 folds"
+    assert OUTSIDE == "outside the training cohort"
+
+
+def test_other_checkpoints_than_the_commissioned_have_the_check_but_no_bands(model):
+    trust = load_trust(model, _used(model, {1: 7, 2: 8}))
+    assert trust.bands is None and trust.cohort is not None
+    assert trust.why_no_bands == (f"the bands were calibrated on other checkpoints than those predicting (fold 2 at "
+                                  f"epoch 8 (commissioned at epoch 9)): predict with each fold's commissioned checkpoint "
+                                  f"(the default), or run openkbp-commission {model} again")
+    (model / "fold-2" / "models" / "best.json").write_text(json.dumps({"epoch": 9, "val_dose_score": 2.5, "val_dvh_score": 5.0}))
+    assert "fold 2 at epoch 9 (trained again since)" in load_trust(model, _used(model)).why_no_bands
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("single run", "m is a single run, not a cross-validated model: bands and the check are calibrated on the "
+                   "out-of-fold predictions of a model's folds (train it with --folds N --fold K, then run "
+                   "openkbp-commission)"),
+    ("one fold", "fold-1 is one fold of cv: its commissioning assesses the folds together (predict with {model})"),
+    ("some folds", "the prediction is made with 1 model(s), not the 2 folds of cv together: its commissioning "
+                   "assesses those"),
+    ("not commissioned", "cv is not commissioned (no {model}/commissioning/bands.json): run "
+                         "openkbp-commission {model}"),
+])
+def test_a_model_without_bands_says_why_in_one_line(model, case, expected):
+    if case == "single run":
+        single = model.parent / "m"
+        (single / "models").mkdir(parents=True)
+        trust = load_trust(single, [(RunFolder(single), 3)])
+    elif case == "one fold":
+        trust = load_trust(model / "fold-1", [(RunFolder(model / "fold-1"), 7)])
+    elif case == "some folds":
+        trust = load_trust(model, _used(model, {1: 7}))
+    else:
+        for path in commissioning_folder(model).iterdir():
+            path.unlink()
+        trust = load_trust(model, _used(model))
+    assert trust.bands is None and trust.cohort is None
+    assert trust.lines() == [f"No prediction bands or in-distribution check: {expected.format(model=model)}"]
+
+
+def test_a_model_commissioned_before_bands_has_the_check_and_says_why_it_has_no_bands(model):
+    (commissioning_folder(model) / BANDS_FILE).unlink()
+    trust = load_trust(model, _used(model))
+    assert trust.cohort is not None and trust.lines()[0] == (
+        f"No prediction bands: cv was commissioned before bands existed (no {model}/commissioning/bands.json): "
+        f"run openkbp-commission {model} again")
+
+
+def test_an_unreadable_bands_file_is_one_line_naming_it(model):
+    (commissioning_folder(model) / BANDS_FILE).write_text("{not json")
+    with pytest.raises(TrustError, match=r"bands\.json: unreadable .*; run openkbp-commission again"):
+        load_trust(model, _used(model))
+
+
+def test_the_bands_columns_come_right_after_each_predicted_one_and_empty_cells_stay_empty():
+    assert dvh_columns(["D99", "Dmax"], ["predicted", "reference"], True) == [
+        ("D99", "predicted"), ("D99", "low"), ("D99", "high"), ("D99", "reference"),
+        ("Dmax", "predicted"), ("Dmax", "low"), ("Dmax", "high"), ("Dmax", "reference")]
+    assert dvh_columns(["D99"], ["predicted"], False) == [("D99", "predicted")]
+    report = {"predicted": {"PTV": {"D99": 55.12345}}, "band": {"low": {"PTV": {"D99": None}}, "high": {"PTV": {}}}}
+    assert [dvh_cell(report, "PTV", "D99", source) for source in ("predicted", "low", "high")] == ["55.123", "", ""]
