@@ -300,7 +300,7 @@ def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside
     output = _predict(model, _clinic_patient(tmp_path / "clinic", 14), tmp_path / "out", "--band", "0.5")
     report = json.loads((tmp_path / "out" / "dvh.json").read_text())
     table = pd.read_csv(tmp_path / "out" / "dvh.csv").set_index("structure")
-    assert list(table.columns[:4]) == ["D99_predicted", "D99_low", "D99_high", "D99_reference"]
+    assert list(table.columns[:5]) == ["volume_cc", "D99_predicted", "D99_low", "D99_high", "D99_reference"]
     assert report["band"]["coverage"] == 0.5 and report["band"]["patients"] == 4
     for structure, values in report["predicted"].items():
         for metric in CLINICAL_METRICS:
