@@ -345,3 +345,11 @@ def test_arrays_that_would_not_fit_are_mapped_and_the_log_says_why(config, phant
     with caplog.at_level(logging.INFO):
         assert not train_module._memory_map(config, phantom_data / "train-pats", phantom_data / "validation-pats")
     assert "Data: stacked in memory; 6 patients stacked would take" in caplog.text
+
+
+def test_change_recipe_on_a_new_run_is_said_not_ignored(config, caplog):
+    from provided_code.training.train import _settings
+
+    with caplog.at_level(logging.WARNING):
+        _settings(config, RunFolder(config.run_dir), given=None, change_recipe=True)
+    assert f"--change-recipe changes nothing: model 'tiny' in {config.run_dir} is new" in caplog.text
