@@ -82,7 +82,10 @@ class Dealing:
         return self.held_out[fold - 1]
 
     def fold_of(self, patient: str) -> int:
-        return next(k + 1 for k, part in enumerate(self.held_out) if patient in part)
+        found = [k + 1 for k, part in enumerate(self.held_out) if patient in part]
+        if not found:
+            raise FoldsError(f"{patient} was not dealt into the folds ({self.source or 'the training split'})")
+        return found[0]
 
     def to_dict(self) -> dict:
         return {"format": SPLITS_FORMAT, "folds": self.folds, "seed": self.seed, "source": self.source,
@@ -144,15 +147,23 @@ def dealing_for(model_dir: os.PathLike | str, patients: list[str], folds: int, s
     saved = read_dealing(model_dir)
     if saved is None:
         dealing = deal(patients, folds, seed, source)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(dealing.to_dict(), indent=1) + "\n")
-        return dealing
+        if _create(path, json.dumps(dealing.to_dict(), indent=1) + "\n"):
+            return dealing
+        saved = read_dealing(model_dir)  # another fold, started at the same moment, dealt first: held to its
     if (saved.folds, saved.seed) != (folds, seed):
         raise FoldsError(f"{path}: the model's patients were dealt into {saved.folds} folds with --seed {saved.seed}; "
                          f"requested --folds {folds} --seed {seed}. Every fold of a model is dealt alike: pass "
                          f"--folds {saved.folds} --seed {saved.seed}, or choose a new --model-name.")
-    added = sorted(set(patients) - set(saved.patients), key=natural_key)
-    gone = sorted(set(saved.patients) - set(patients), key=natural_key)
+    check_patients(saved, patients, path, source)
+    return saved
+
+
+def check_patients(dealing: Dealing, patients: list[str], path: os.PathLike | str, source: str = "") -> None:
+    """A :class:`FoldsError` naming the patients of ``patients`` (the training split's, all of
+    them) that were not dealt, and those dealt that are gone: a model's folds hold the patients they
+    were dealt (``path``: its dealing, for the message)."""
+    added = sorted(set(patients) - set(dealing.patients), key=natural_key)
+    gone = sorted(set(dealing.patients) - set(patients), key=natural_key)
     if added or gone:
         said = "; ".join(part for part in (
             f"{_listed(added)} {'is' if len(added) == 1 else 'are'} in {source or 'the training split'} but not "
@@ -162,7 +173,22 @@ def dealing_for(model_dir: os.PathLike | str, patients: list[str], folds: int, s
         raise FoldsError(f"{path}: the training patients changed since the folds were dealt ({said}). A model's folds "
                          f"hold the patients they were dealt: train a new --model-name for the new cohort (or "
                          f"restore the data folder).")
-    return saved
+
+
+def _create(path: Path, text: str) -> bool:
+    """Write ``text`` at ``path`` whole, unless a file is there already (False): a temporary file
+    linked to the name, which fails if another process created it first (two folds started at once,
+    with other settings: the second is held to the first's dealing, not the last writer's)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_text_atomic(temporary, text)
+    try:
+        os.link(temporary, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _listed(names: list[str], most: int = 5) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data_folder import STAGES
-from provided_code.folds import HELD_OUT_STAGE, fold_of_folder
+from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, fold_of_folder
 from provided_code.errors import UserError
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
@@ -151,17 +151,30 @@ class RunFolder:
         check_site(saved.spec, requested_site, self.config_file)
         return saved.spec
 
+    @property
+    def is_fold(self) -> bool:
+        """Whether this is a fold of a cross-validated model (``<model>/fold-<K>``, beside its dealing)."""
+        return fold_of_folder(self.path) is not None and (self.path.parent / SPLITS_FILE).is_file()
+
     def epoch_to_apply(self, epoch: int | str | None = None) -> int | str | None:
-        """The checkpoint a clinic's prediction uses: ``epoch`` if given, else ``"best"`` when the run
-        has a best checkpoint, else None (the newest). Raises if no model was trained here."""
+        """The checkpoint a prediction uses: ``epoch`` if given, else ``"best"`` when the run has a
+        best checkpoint, else None (the newest). A fold's model is its final checkpoint (None): its
+        best was picked on its own held-out patients, so their out-of-fold predictions, which the
+        commissioning and the bands are made of, must not come from it (as nnU-Net deploys each fold's
+        final checkpoint). Raises if no model was trained here."""
         if not self.config_file.is_file():
             raise FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
         if epoch is None:
-            return "best" if self.best_checkpoint.is_file() else None
+            return "best" if self.best_checkpoint.is_file() and not self.is_fold else None
         return epoch
 
     def missing_model(self) -> FileNotFoundError:
-        """The error for a model that was never trained here."""
+        """The error for a model that was never trained here (a cross-validated model's folder:
+        what to ask of it instead)."""
+        if (self.path / SPLITS_FILE).is_file():
+            return FileNotFoundError(f"{self.path} is a cross-validated model: its folds are its models. Predict "
+                                     f"with them together (--predict-only --ensemble {self.name} --model-name "
+                                     f"{self.name}), or with one (--folds N --fold K).")
         return FileNotFoundError(f"No trained model {self.name!r}: {self.models} has no {CONFIG_FILE}. "
                                  f"Train it first, or pass the --model-name and --results-dir it was trained with.")
 
@@ -334,6 +347,22 @@ def check_site(spec: ModelSpec, requested: Site | str | None, source) -> None:
     if requested is not None and not load_site(requested).same_as(spec.site):
         raise ConfigError(f"Invalid `site`. Expected the model's own site, {spec.site.name} ({source}), or no "
                           f"--site. Received: site={str(requested)!r}")
+
+
+def read_scores(path: os.PathLike | str, needed: tuple[str, ...] = ()) -> dict:
+    """A ``scores.json`` a stage's predictions hold (their scores, model, epoch, members); a
+    :class:`CheckpointError` naming the file when it is not one (cut off, edited) or lacks a key of
+    ``needed``."""
+    path = Path(path)
+    try:
+        scores = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a scores file ({error}); predict the stage again") from None
+    missing = [key for key in needed if not isinstance(scores, dict) or key not in scores]
+    if not isinstance(scores, dict) or missing:
+        raise CheckpointError(f"{path}: not a scores file (no {', '.join(missing) or 'object'}); predict the stage "
+                              f"again")
+    return scores
 
 
 class _NotAKerasFile(ValueError):

@@ -115,6 +115,22 @@ def test_a_missing_or_unfinished_fold_is_named(commissioned, tmp_path, phantom_d
         commission(tmp_path, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+def test_a_training_split_that_is_not_the_one_dealt_is_refused(commissioned, tmp_path, phantom_data):
+    """The folds' figures are of the patients they were dealt: a data folder whose training split
+    lost one (or gained one) is refused naming the patient, before anything is written."""
+    from provided_code.folds import FoldsError
+
+    model, _ = commissioned
+    data = tmp_path / "data"
+    shutil.copytree(phantom_data, data)
+    gone = sorted(read_dealing(model).patients)[0]
+    shutil.rmtree(data / "train-pats" / gone)
+    before = sorted(p.name for p in (model / "commissioning").rglob("*"))
+    with pytest.raises(FoldsError, match=f"{gone} was dealt but is not in {data / 'train-pats'} any more"):
+        commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+    assert sorted(p.name for p in (model / "commissioning").rglob("*")) == before
+
+
 def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_folds_that_made_them(commissioned_cv):
     folder = commissioned_cv / "commissioning"
     bands = json.loads((folder / "bands.json").read_text())

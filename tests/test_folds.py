@@ -47,6 +47,27 @@ def test_the_first_fold_writes_the_dealing_and_later_ones_are_held_to_it(tmp_pat
         dealing_for(model, PATIENTS[1:], 5, 0)
 
 
+def test_a_fold_started_at_the_same_moment_with_other_settings_is_held_to_the_first_dealing(tmp_path,
+                                                                                          monkeypatch):
+    """Two folds dealing at once: the one whose dealing reaches splits.json second is held to the
+    first's (refused, naming its settings), not written over it."""
+    import provided_code.folds as folds
+
+    model = tmp_path / "cv"
+    first = deal(PATIENTS, 5, 0)
+
+    def dealt_meanwhile(*args, **kwargs):  # the other fold writes its dealing while this one deals
+        (model / SPLITS_FILE).write_text(json.dumps(first.to_dict()))
+        return deal(*args, **kwargs)
+
+    model.mkdir()
+    monkeypatch.setattr(folds, "deal", dealt_meanwhile)
+    with pytest.raises(FoldsError, match=r"dealt into 5 folds with --seed 0; requested --folds 4 --seed 0"):
+        dealing_for(model, PATIENTS, 4, 0)
+    assert json.loads((model / SPLITS_FILE).read_text()) == first.to_dict()
+    assert sorted(p.name for p in model.iterdir()) == [SPLITS_FILE]  # no temporary left
+
+
 def test_a_damaged_dealing_is_named(tmp_path):
     (tmp_path / SPLITS_FILE).write_text('{"format": 1, "folds": 2, "seed": 0, "held_out": [["pt_1"], ["pt_1"]]}')
     with pytest.raises(FoldsError, match=f"{tmp_path / SPLITS_FILE}: not a dealing of folds \\(a patient is in two"):
@@ -65,8 +86,8 @@ def test_each_patients_out_of_fold_prediction_comes_from_the_fold_that_never_saw
                                                                                   phantom_cache):
     """Each fold trained on the other fold's patients and predicted its own held-out ones: a
     patient's out-of-fold CSV is what its own fold's model predicts, not the other fold's (the two
-    models differ: trained on other patients), and the fold's best checkpoint was picked on its
-    held-out patients alone."""
+    models differ: trained on other patients), made with the fold's final checkpoint (its best was
+    picked on those very patients)."""
     import numpy as np
 
     from provided_code.data.cache import load_split
@@ -79,13 +100,13 @@ def test_each_patients_out_of_fold_prediction_comes_from_the_fold_that_never_saw
     dealing = read_dealing(cv_model)
     assert dealing.folds == 2 and sorted(dealing.patients) == ["pt_1", "pt_2", "pt_3", "pt_4"]
     arrays = load_split(phantom_data / "train-pats", cache_dir=phantom_cache, site=openkbp())
-    folds = {k: RunFolder(cv_model / f"fold-{k}").load_trained_model("best") for k in (1, 2)}
+    folds = {k: RunFolder(cv_model / f"fold-{k}").load_trained_model(None) for k in (1, 2)}  # the newest
     for k, fold in folds.items():
         held_out = dealing.held_out_of(k)
         assert sorted(p.name for p in (cv_model / f"fold-{k}" / "held-out-predictions").glob("pt_*.csv")) == \
             sorted(f"{pid}.csv" for pid in held_out)
         scores = json.loads((cv_model / f"fold-{k}" / "held-out-predictions" / "scores.json").read_text())
-        assert scores["epoch"] == fold.epoch and scores["patients"] == len(held_out)
+        assert scores["epoch"] == fold.epoch == fold.config.epochs and scores["patients"] == len(held_out)
         rows = [row for row, pid in enumerate(arrays.patient_ids) if pid in held_out]
         part = arrays.select(rows)
         own = predict_full_resolution(fold.model, part, fold.spec, batch_size=2)
@@ -137,3 +158,36 @@ def test_excluded_patients_are_left_out_of_a_fold_recorded_and_another_list_is_r
     assert (f"Cannot train fold 2 of model 'cv' with another exclusion list than fold 1's (excluded there: "
             f"{patient}; here: none)") in refused.output
     assert not (model / "fold-2" / "models").exists()
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_fold_with_another_network_or_in_a_single_runs_folder_is_refused_before_training(cv_model, phantom_data,
+                                                                                         phantom_cache, tmp_path):
+    """A model's folder holds one model: a fold whose network is not its other folds', a single run
+    where folds were dealt and a fold where a single run was trained are each refused in one line,
+    naming what differs, before anything is trained."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+    from tests.conftest import CV_RUN
+
+    results = tmp_path / "results"
+    shutil.copytree(cv_model / "fold-1", results / "cv" / "fold-1")
+    shutil.copy(cv_model / SPLITS_FILE, results / "cv" / SPLITS_FILE)
+    where = ["--data-dir", str(phantom_data), "--results-dir", str(results), "--cache-dir", str(phantom_cache)]
+    wider = [*(value if value != "4" else "8" for value in CV_RUN), "--fold", "2", *where]  # --filters 8
+    refused = CliRunner().invoke(cli.main, wider)
+    assert refused.exit_code == 1 and "\n" not in refused.output.strip()
+    assert "Cannot train fold 2 of model 'cv' with other settings than fold 1's (filters: fold 1 4, requested 8)" \
+        in refused.output
+    single = [value for value in CV_RUN if value not in ("--folds", "2")]
+    refused = CliRunner().invoke(cli.main, [*single, *where])
+    assert refused.exit_code == 1 and "holds a cross-validated model (its splits.json and fold folders)" \
+        in refused.output
+    shutil.copytree(cv_model / "fold-1" / "models", results / "solo" / "models")  # a single run's folder
+    solo = [*(value if value != "cv" else "solo" for value in CV_RUN), "--fold", "1", *where]
+    refused = CliRunner().invoke(cli.main, solo)
+    assert refused.exit_code == 1 and "a single run was trained there" in refused.output
+    assert not (results / "cv" / "fold-2" / "models").exists() and not (results / "solo" / "fold-1" / "models").exists()

@@ -65,3 +65,19 @@ def test_the_models_spec_and_site_are_its_configs_and_another_requested_is_refus
     del values["site"]  # a model saved before sites: OpenKBP's
     folder.config_file.write_text(json.dumps(values))
     assert folder.spec().site.name == "openkbp"
+
+
+def test_a_fold_applies_its_final_checkpoint_and_a_single_run_its_best(tmp_path):
+    """A fold's best was picked on its own held-out patients, whose out-of-fold predictions the
+    commissioning is made of: its model is its final checkpoint. A single run's is its best."""
+    from provided_code.folds import SPLITS_FILE
+
+    for folder in (tmp_path / "single", tmp_path / "cv" / "fold-1"):
+        (folder / "models").mkdir(parents=True)
+        (folder / "models" / "config.json").write_text("{}")
+        (folder / "models" / "best.keras").write_bytes(b"")
+    (tmp_path / "cv" / SPLITS_FILE).write_text("{}")
+    assert RunFolder(tmp_path / "single").epoch_to_apply() == "best"
+    assert RunFolder(tmp_path / "cv" / "fold-1").epoch_to_apply() is None  # the newest: the final
+    assert RunFolder(tmp_path / "cv" / "fold-1").epoch_to_apply(3) == 3  # one asked for is taken
+    assert "is a cross-validated model: its folds are its models" in str(RunFolder(tmp_path / "cv").missing_model())

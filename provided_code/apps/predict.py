@@ -88,7 +88,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     dose score while training), or None for the newest.
 
     ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
-    ``"best"``); their 128³ predictions (each with its own mirror flips under ``tta``) are
+    ``"best"``; a cross-validated model's folds: their final checkpoints); their 128³ predictions (each with its own mirror flips under ``tta``) are
     averaged, then written and scored like one model's into ``run_dir``, which must not be a
     member's folder. The scores JSON names the members. Each member's folder is locked shared
     meanwhile: a member still training (or being predicted) refuses the ensemble.
@@ -188,7 +188,7 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=True, skip_incomplete=skip_incomplete,
                             progress=progress, site=saved.site)
         arrays = arrays.select([row for row, pid in enumerate(arrays.patient_ids) if pid in held_out])
-        epoch = "best" if folder.read_best() is not None else None
+        epoch = folder.epoch_to_apply(None)  # a fold's final checkpoint: not its best, picked on these patients
         return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, epoch, False, False, progress, None,
                               batch_size)
 
@@ -218,8 +218,10 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     members = []  # {"model": name, "epoch": epoch} of each model predicted with
     used = []  # (run folder, epoch) of each
     predictions = None
-    member_epoch = "best" if ensemble and epoch is None else epoch  # an ensemble's members: best by default
-    for member in ensemble or [folder]:
+    models = ensemble or [folder]
+    # an ensemble's members: each at its best by default (a fold: its final), all resolved before any is loaded
+    epochs = [member.epoch_to_apply(epoch) for member in models] if ensemble else [epoch]
+    for member, member_epoch in zip(models, epochs):
         name = member.name
         trained = member.load_trained_model(member_epoch)
         warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {name!r}")

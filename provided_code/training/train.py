@@ -199,6 +199,7 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
     elif change_recipe:
         logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe given",
                        config.model_name, config.run_dir)
+    _check_kind_of_model(config)
     if config.folds:
         _check_other_folds(config, change_recipe)
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -209,12 +210,44 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
     return config, saved, changes
 
 
+def _check_kind_of_model(config: TrainConfig) -> None:
+    """A model's folder holds one model: a single run (its ``models/``) or a cross-validated one
+    (its ``splits.json`` and ``fold-<K>/``), never both (prediction, commissioning and the node
+    would take one for the other)."""
+    single = RunFolder(config.model_dir)
+    if config.folds and single.config_file.is_file():
+        raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} in {config.model_dir}: a "
+                          f"single run was trained there ({single.config_file}). Choose a new --model-name for the "
+                          f"cross-validated model.")
+    if not config.folds and (config.model_dir / SPLITS_FILE).is_file():
+        raise ConfigError(f"Cannot train model {config.model_name!r} as a single run: {config.model_dir} holds a "
+                          f"cross-validated model (its {SPLITS_FILE} and fold folders). Pass --folds N --fold K to "
+                          f"train one of its folds, or choose a new --model-name.")
+
+
 def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
-    """The folds of one model leave the same patients out: a fold whose exclusion list is not
-    the other folds' is refused, naming the fold and both lists, unless ``change_recipe``."""
+    """The folds of one model are one model's: a fold whose network differs from another fold's is
+    refused, naming the settings; one whose recipe or exclusion list is not the other folds' is
+    refused, naming the fold and both, unless ``change_recipe``."""
     for fold, path in fold_folders(config.model_dir).items():
         other = RunFolder(path).read_config() if fold != config.fold else None
-        if other is not None and excluded_patients(other.excluded) != excluded_patients(config.excluded):
+        if other is None:
+            continue
+        fixed = [name for name in TrainConfig.ARCHITECTURE if name not in ("fold", *TrainConfig.FROM_DATA)]
+        recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
+        differing = [name for name in (*fixed, *recipe)
+                     if not (other.site.same_as(config.site) if name == "site" else
+                             getattr(other, name) == getattr(config, name))]
+        if differing:
+            raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
+                              f"than fold {fold}'s (" + "; ".join(
+                                  f"site: fold {fold} {other.site.name!r}, requested {config.site.name!r}"
+                                  if name == "site" else
+                                  f"{name}: fold {fold} {getattr(other, name)!r}, requested {getattr(config, name)!r}"
+                                  for name in differing)
+                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings (a recipe "
+                                f"change: --change-recipe), or choose a new --model-name.")
+        if excluded_patients(other.excluded) != excluded_patients(config.excluded):
             said = ", ".join(entry["patient"] for entry in other.excluded) or "none"
             if not change_recipe:
                 raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with another "

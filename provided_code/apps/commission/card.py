@@ -9,14 +9,13 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib.metadata
-import json
 import os
 import platform
 from pathlib import Path
 
 from provided_code.config import TrainConfig
 from provided_code.folds import Dealing
-from provided_code.run_folder import SCORES_FILE, RunFolder
+from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
 
 SOFTWARE = ("provided_code", "tensorflow", "keras", "numpy", "pandas", "h5py", "pydicom")
 
@@ -55,7 +54,7 @@ def _deployed(model_dir: Path) -> dict | None:
     path = RunFolder(model_dir).predictions("validation") / SCORES_FILE
     if not path.is_file():
         return None
-    scores = json.loads(path.read_text())
+    scores = read_scores(path)
     return {"stage": "validation", "dose_score": scores.get("dose_score"), "dvh_score": scores.get("dvh_score"),
             "patients": scores.get("patients"), "members": scores.get("members")}
 

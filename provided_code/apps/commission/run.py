@@ -47,13 +47,13 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import as_volume, exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
-from provided_code.folds import HELD_OUT_STAGE, Dealing, fold_dir, read_dealing
+from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, read_dealing
 from provided_code.infra.atomic import new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
 from provided_code.metrics.scoring import score_split, structure_indices
-from provided_code.run_folder import SCORES_FILE, RunFolder
+from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
 from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder, fold_identity
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,9 @@ VALIDATION_STAGE = "validation"  # the split whose ensemble predictions show the
 FILES = {"plans": "plans.csv", "summary": "summary.csv", "anatomy": "anatomy.csv", "cohort": COHORT_FILE,
          "bands": BANDS_FILE, "report_json": "report.json", "report_html": "report.html", "card": "MODEL_CARD.md",
          "card_json": "model_card.json"}
+
+
+MIN_PATIENTS = 3  # the fewest training patients the statistics are made of (a robust scale, a cohort)
 
 
 class CommissioningError(UserError, RuntimeError):
@@ -116,15 +119,13 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
             problems.append(f"fold {number} is trained to epoch {newest[0][0]} of {config.epochs}")
             continue
         scores = folder.predictions(HELD_OUT_STAGE) / "scores.json"
-        best = folder.read_best()
-        expected = best["epoch"] if best is not None else newest[0][0]
-        written = json.loads(scores.read_text()).get("epoch") if scores.is_file() else None
+        expected = newest[0][0]  # a fold's model is its final checkpoint (RunFolder.epoch_to_apply)
+        written = read_scores(scores).get("epoch") if scores.is_file() else None
         if written != expected:
             problems.append(f"fold {number} has no out-of-fold predictions of its epoch {expected} "
                             f"({folder.predictions(HELD_OUT_STAGE)})")
             continue
-        checkpoint = folder.best_checkpoint if best is not None else folder.checkpoint(expected)
-        folds.append(Fold(number, folder, config, expected, checkpoint))
+        folds.append(Fold(number, folder, config, expected, folder.checkpoint(expected)))
     if problems:
         raise CommissioningError(f"Cannot commission {model_dir.name} yet: {'; '.join(problems)}. Run the same "
                                  f"command with --fold K for each (it resumes, then writes the out-of-fold "
@@ -147,9 +148,13 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
     data_dir = Path(data_dir) if data_dir is not None else Path(first.data_dir)
     arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
                         site=site)
+    check_patients(dealing, arrays.patient_ids, model_dir / SPLITS_FILE, str(split_dir(data_dir, "train")))
     excluded = {entry["patient"]: entry["reason"] for fold in folds for entry in fold.config.excluded}
     fold_of = {pid: dealing.fold_of(pid) for pid in dealing.patients}
     rows = [row for row, pid in enumerate(arrays.patient_ids) if pid not in excluded]
+    if len(rows) < MIN_PATIENTS:
+        raise CommissioningError(f"Cannot commission {model_dir.name}: {len(rows)} training patients once the excluded "
+                                 f"are left out; the statistics need at least {MIN_PATIENTS}")
     predictions = OutOfFold()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
         pid = arrays.patient_ids[row]
@@ -249,7 +254,7 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
     scores_path = folder / SCORES_FILE
     if not scores_path.is_file():
         return {"note": f"No scored validation predictions of the folds' ensemble ({scores_path} is missing): {command}."}
-    written = json.loads(scores_path.read_text())
+    written = read_scores(scores_path)
     made_with = [member.get("epoch") for member in written.get("members", [])]
     if made_with != [fold.epoch for fold in folds]:
         return {"note": f"The validation predictions in {folder} were not made by the {len(folds)} folds at their "
@@ -321,7 +326,7 @@ def _dvh_curves(arrays, row: int, prediction: np.ndarray) -> dict:
 
 
 def _held_out_scores(fold: Fold) -> dict:
-    scores = json.loads((fold.folder.predictions(HELD_OUT_STAGE) / "scores.json").read_text())
+    scores = read_scores(fold.folder.predictions(HELD_OUT_STAGE) / SCORES_FILE, ("dose_score", "dvh_score", "patients"))
     return {"dose_score": scores["dose_score"], "dvh_score": scores["dvh_score"], "patients": scores["patients"]}
 
 
