@@ -134,12 +134,24 @@ class Trust:
         for one reason)."""
         if self.bands is None and self.cohort is None and self.why_no_bands == self.why_no_check:
             return [f"No prediction bands or in-distribution check: {self.why_no_bands}"]
-        return [f"Bands: {100 * self.coverage:g} % nominal coverage, {calibration.METHOD} of "
-                f"{self.bands['patients']} training patients" if self.bands is not None else
-                f"No prediction bands: {self.why_no_bands}",
+        return [self._bands_line(),
                 f"In-distribution check: against the anatomy of the {len(self.cohort['patients'])} training patients "
                 f"(a local outlier factor above {self.cohort['threshold']:.2f}: {OUTSIDE})" if self.cohort is not None
                 else f"No in-distribution check: {self.why_no_check}"]
+
+
+    def _bands_line(self) -> str:
+        if self.bands is None:
+            return f"No prediction bands: {self.why_no_bands}"
+        most = max((len(values) for metrics in self.bands["residuals"].values() for values in metrics.values()),
+                   default=0)
+        needed = calibration.patients_needed(self.coverage)
+        if most < needed:  # every structure-metric is without: said once, not on each table
+            return (f"No prediction bands at {100 * self.coverage:g} % nominal coverage: a metric's residuals come "
+                    f"from {most} training patients at most, {needed} are needed (--band "
+                    f"{math.floor(100 * calibration.largest_coverage(most)) / 100:.2f} or lower gives bands)")
+        return (f"Bands: {100 * self.coverage:g} % nominal coverage, {calibration.METHOD} of "
+                f"{self.bands['patients']} training patients")
 
 
 def described(description: str, checked: dict | None) -> str:

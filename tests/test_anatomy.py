@@ -213,3 +213,20 @@ def test_a_new_patient_is_outside_above_the_threshold_or_a_robust_scale_beyond_t
     assert not strict["inside"] and strict["outside_scales"] == 0.0
     odd = {**median, **{f"Parotid.within_{d}mm": 0.98 for d in OVH_DISTANCES_MM}, "PTV70.volume_cc": 3 * volumes.max()}
     assert not check(cohort, odd)["inside"] and check(cohort, odd)["reasons"] == score(cohort, odd)[1]
+
+
+def test_an_overlap_a_fraction_of_a_percent_beyond_a_cohort_that_has_almost_none_is_not_far_beyond():
+    """Most patients' organ is clear of the targets (fractions of 0 to 0.2 %): 1 % is beyond their
+    range by many of their robust scales, but by a fraction of the 0.05 floor that both the rule
+    (outside_range) and the reasons measure in: more than in any training patient, not far more."""
+    features = _cohort(40, seed=7)
+    rng = np.random.default_rng(7)
+    for distance in OVH_DISTANCES_MM:
+        features[f"Parotid.within_{distance}mm"] = rng.uniform(0, 0.002, len(features))
+    cohort = fit_cohort(features)
+    slightly = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": 0.01 for d in OVH_DISTANCES_MM}}
+    assert outside_range(cohort, slightly)[0] < 1.0
+    said = [reason for reason in score(cohort, slightly)[1] if reason.startswith("Parotid overlaps")]
+    assert len(said) == 1 and said[0].startswith("Parotid overlaps the targets more than in any training patient")
+    far = {**slightly, **{f"Parotid.within_{d}mm": 0.5 for d in OVH_DISTANCES_MM}}
+    assert any(reason.startswith("Parotid overlaps the targets far more") for reason in score(cohort, far)[1])

@@ -51,8 +51,9 @@ def test_ninety_percent_of_55_patients_takes_the_second_smallest_and_second_larg
     assert ranks(55, 0.68) == (8, 48) and exact_coverage(55, 0.68) == pytest.approx(40 / 56)
 
 
-def test_the_lower_bound_is_never_below_zero_gy():
+def test_neither_bound_is_below_zero_gy():
     assert band(1.0, [-1.0, 0.0, 5.0, 6.0, 7.0], 0.6) == (0.0, 2.0)
+    assert band(1.0, [3.0, 4.0, 5.0, 6.0, 7.0], 0.6) == (0.0, 0.0)  # a model that always overdoses here
 
 
 def test_on_exchangeable_residuals_the_band_holds_as_often_as_it_says():

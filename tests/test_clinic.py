@@ -1,6 +1,7 @@
 """``openkbp-dicom predict``: a clinic's DICOM through a trained model to RT Dose, NIfTI and a DVH table."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -385,6 +386,19 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
             f"--site. Received: site='prostate'") in result.output
     assert not (tmp_path / "out").exists()
     assert clinic_module.RunFolder(tiny_model).spec("openkbp").site.name == "openkbp"
+
+
+def test_predict_refuses_a_model_being_trained_in_one_line_before_importing(tiny_model, tmp_path):
+    """The model's folder is read under its lock, shared: a training run on it (which holds it) is
+    named, and nothing is written."""
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model, model)
+    with clinic_module.RunFolder(model).lock("training"):
+        result = CliRunner().invoke(main, ["predict", "--model-dir", str(model), "--ct", str(tmp_path / "ct"),
+                                           "--rtstruct", str(tmp_path / "RS.dcm"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"{model} is in use by another run (pid {os.getpid()}" in result.output and "training since" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

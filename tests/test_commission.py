@@ -131,6 +131,24 @@ def test_a_training_split_that_is_not_the_one_dealt_is_refused(commissioned, tmp
     assert sorted(p.name for p in (model / "commissioning").rglob("*")) == before
 
 
+def test_a_fold_still_training_or_another_commissioning_is_named_and_nothing_is_written(commissioned, tmp_path,
+                                                                                     phantom_data, phantom_cache):
+    from provided_code.errors import RunLockedError
+    from provided_code.run_folder import RunFolder
+
+    model, _ = commissioned
+    copy = tmp_path / "cv"
+    shutil.copytree(model, copy)
+    before = sorted(p.name for p in (copy / "commissioning").rglob("*"))
+    with RunFolder(copy / "fold-2").lock("training"):
+        with pytest.raises(RunLockedError, match=r"fold-2 is in use by another run \(pid \d+ on .*, training since"):
+            commission(copy, data_dir=phantom_data, cache_dir=phantom_cache)
+    with RunFolder(copy).lock("commissioning"):
+        with pytest.raises(RunLockedError, match=r"cv is in use by another run \(pid \d+ on .*, commissioning since"):
+            commission(copy, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert sorted(p.name for p in (copy / "commissioning").rglob("*")) == before
+
+
 def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_folds_that_made_them(commissioned_cv):
     folder = commissioned_cv / "commissioning"
     bands = json.loads((folder / "bands.json").read_text())

@@ -174,6 +174,26 @@ def test_twenty_patients_from_four_clients_are_each_predicted_and_sent_once(star
     assert len({ds.SOPInstanceUID for ds in listener.datasets()}) == 20
 
 
+def test_a_node_that_cannot_listen_lets_go_of_its_store_and_another_starts_on_it(start_node):
+    """The port taken: start raises, and leaves the store unlocked and no thread behind, so that
+    the same process starts a node on the store at once."""
+    import socket
+    import threading
+
+    taken = socket.socket()
+    taken.bind((LOCALHOST, 0))
+    taken.listen()
+    before = {thread.name for thread in threading.enumerate()}
+    try:
+        with pytest.raises(OSError):
+            start_node(port=taken.getsockname()[1])
+    finally:
+        taken.close()
+    assert not {thread.name for thread in threading.enumerate()} - before
+    node = start_node()
+    assert node.port > 0
+
+
 def test_a_sop_class_it_does_not_take_is_refused_at_its_presentation_context(start_node, phantom):
     node = start_node()
     image = clone_patient(phantom, 2)[0]

@@ -113,6 +113,15 @@ def test_a_patient_unlike_the_cohort_is_flagged_with_its_reason_and_one_like_it_
     assert OUTSIDE == "outside the training cohort"
 
 
+def test_a_coverage_no_metric_has_patients_enough_for_is_said_once_with_the_widest_that_has(model):
+    trust = load_trust(model, _used(model), coverage=0.97)
+    needed = calibration.patients_needed(0.97)
+    assert trust.lines()[0] == (f"No prediction bands at 97 % nominal coverage: a metric's residuals come from 25 "
+                                f"training patients at most, {needed} are needed (--band 0.92 or lower gives bands)")
+    assert load_trust(model, _used(model), coverage=0.92).band({"Organ": {"Dmean": 20.0}})["low"]["Organ"]["Dmean"] \
+        is not None  # the widest it names gives one
+
+
 def test_other_checkpoints_than_the_commissioned_have_the_check_but_no_bands(model):
     trust = load_trust(model, _used(model, {1: 7, 2: 8}))
     assert trust.bands is None and trust.cohort is not None

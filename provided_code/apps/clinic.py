@@ -19,6 +19,8 @@ to the CT grid's table. Another model predicts as before and says why it has no 
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import logging
 import os
@@ -126,61 +128,64 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     check_supersample(dvh_supersample)
     band = check_coverage(band)
-    if loaded is None:
-        folders = model_folders(model_dir)
-        epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
-        specs = [folder.spec(site) for folder in folders]  # the model's own site; another --site is refused now
-    else:
-        specs = [trained.spec for trained in loaded]
-        for spec in specs:
-            check_site(spec, site, model_dir)
-    if not all(spec.site.same_as(specs[0].site) for spec in specs):
-        raise ConfigError(f"Invalid `model_dir`. Expected folds of one site. Received: {model_dir} with folds of "
-                          f"{', '.join(sorted({spec.site.name for spec in specs}))}")
-    site_of_model = specs[0].site
-    imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
-                              allow_missing_targets=allow_missing_targets, site=site_of_model)
-    arrays = SplitArrays.from_patients([imported.patient], site=site_of_model)  # the folder's patient, in memory
-    arrays.folder = out_dir  # (its files: out_dir/patient/...)
-    models = loaded if loaded is not None else [folder.load_trained_model(e) for folder, e in zip(folders, epochs)]
-    predicted, members = None, []
-    for trained in models:
-        warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {trained.folder.path}")
-        one = predict_full_resolution(trained.model, arrays, trained.spec, batch_size=1, tta=tta, progress=progress,
-                                      label=f"Model {trained.folder.path} at epoch {trained.epoch}")[0]
-        predicted = one if predicted is None else predicted + one
-        members.append({"model": trained.name, "epoch": trained.epoch})
-    if len(members) > 1:
-        predicted /= np.float32(len(members))
-    epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
-    if trust is None:
-        trust = load_trust(model_dir, [(trained.folder, trained.epoch) for trained in models], band)
-    checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
-                                    arrays.voxel_dimensions[0], site_of_model)
-    write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
-    dose_ct = dose_on_ct_grid(predicted, imported.geometry)
-    used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
-    write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                          description=described(f"Predicted dose, {model_dir.name} {used}", checked))
-    dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
-    del dose_ct
-    dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
-                    **({"members": members} if len(members) > 1 else {})}
-    banded = trust.band(dvh["predicted"])
-    if banded is not None:
-        dvh["band"] = banded
-    if checked is not None:
-        dvh["in_distribution"] = checked
-    write_dvh_files(out_dir, dvh)
-    written = []
-    if plots:
-        from provided_code.plots import has_matplotlib, plot_patient
-
-        if has_matplotlib():
-            written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
+    with contextlib.ExitStack() as locks:
+        if loaded is None:
+            folders = model_folders(model_dir)
+            epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
+            for folder in folders:  # read while no training changes them (the node holds its own)
+                locks.enter_context(folder.lock("read by openkbp-dicom predict", shared=True))
+            specs = [folder.spec(site) for folder in folders]  # the model's own site; another --site is refused now
         else:
-            logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
-    return ClinicReport(out_dir, epoch, imported, dvh, written, members, trust)
+            specs = [trained.spec for trained in loaded]
+            for spec in specs:
+                check_site(spec, site, model_dir)
+        if not all(spec.site.same_as(specs[0].site) for spec in specs):
+            raise ConfigError(f"Invalid `model_dir`. Expected folds of one site. Received: {model_dir} with folds of "
+                              f"{', '.join(sorted({spec.site.name for spec in specs}))}")
+        site_of_model = specs[0].site
+        imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
+                                  allow_missing_targets=allow_missing_targets, site=site_of_model)
+        arrays = SplitArrays.from_patients([imported.patient], site=site_of_model)  # the folder's patient, in memory
+        arrays.folder = out_dir  # (its files: out_dir/patient/...)
+        models = loaded if loaded is not None else [folder.load_trained_model(e) for folder, e in zip(folders, epochs)]
+        if trust is None:  # before predicting: a damaged commissioning is said before the work
+            trust = load_trust(model_dir, [(trained.folder, trained.epoch) for trained in models], band)
+        predicted, members = None, []
+        for trained in models:
+            warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {trained.folder.path}")
+            one = predict_full_resolution(trained.model, arrays, trained.spec, batch_size=1, tta=tta, progress=progress,
+                                          label=f"Model {trained.folder.path} at epoch {trained.epoch}")[0]
+            predicted = one if predicted is None else predicted + one
+            members.append({"model": trained.name, "epoch": trained.epoch})
+        if len(members) > 1:
+            predicted /= np.float32(len(members))
+        epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
+        checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
+                                        arrays.voxel_dimensions[0], site_of_model)
+        write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
+        dose_ct = dose_on_ct_grid(predicted, imported.geometry)
+        used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
+        write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
+                              description=described(f"Predicted dose, {model_dir.name} {used}", checked))
+        dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
+        del dose_ct
+        dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
+                        **({"members": members} if len(members) > 1 else {})}
+        banded = trust.band(dvh["predicted"])
+        if banded is not None:
+            dvh["band"] = banded
+        if checked is not None:
+            dvh["in_distribution"] = checked
+        write_dvh_files(out_dir, dvh)
+        written = []
+        if plots:
+            from provided_code.plots import has_matplotlib, plot_patient
+
+            if has_matplotlib():
+                written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
+            else:
+                logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
+        return ClinicReport(out_dir, epoch, imported, dvh, written, members, trust)
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

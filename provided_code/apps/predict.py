@@ -32,16 +32,14 @@ from provided_code.data_folder import split_dir
 from provided_code.exclusions import excluded_patients
 from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_members, read_dealing
 from provided_code.inference import PredictionError, predict_full_resolution
-from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder
+from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.infra.atomic import write_text_atomic
 from provided_code.metrics import calibration
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, patient_table
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, dvh_cell, dvh_columns, patient_table
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 from provided_code.sites import Site
-from provided_code.metrics.dvh_table import dvh_cell, dvh_columns
 from provided_code.trust import OUTSIDE, Trust, load_trust, no_trust
 
 DVH_FOLDER = "dvh"  # <stage>-predictions/dvh/<patient>.csv and .json: each prediction's table, bands and check
@@ -88,8 +86,8 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     dose score while training), or None for the newest.
 
     ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
-    ``"best"``; a cross-validated model's folds: their final checkpoints); their 128³ predictions (each with its own mirror flips under ``tta``) are
-    averaged, then written and scored like one model's into ``run_dir``, which must not be a
+    ``"best"``; a cross-validated model's folds: their final checkpoints); their 128³ predictions
+    (each with its own mirror flips under ``tta``) are averaged, then written and scored like one model's into ``run_dir``, which must not be a
     member's folder. The scores JSON names the members. Each member's folder is locked shared
     meanwhile: a member still training (or being predicted) refuses the ensemble.
 

@@ -176,9 +176,12 @@ def replace_folder(new: os.PathLike | str, final: os.PathLike | str) -> None:
     or the new one, complete. Where that call is missing (another system, a file system without
     it) the old folder is first renamed to ``.<name>.old-<pid>``: killed in the instant between the
     two renames, ``final`` is absent and the old folder waits whole under that name, and
-    :func:`tidy_folder` (called by the next :func:`new_folder_beside`) puts it back.
+    :func:`tidy_folder` (called by the next :func:`new_folder_beside`) puts it back. Every file in
+    ``new`` and its folders are made durable first, so a power cut after the swap leaves none empty.
     """
     new, final = Path(new), Path(final)
+    for path in sorted(new.rglob("*"), reverse=True):  # files, then the folders that hold them
+        _fsync_path(path)
     fsync_folder(new)
     if not final.exists():
         os.replace(new, final)
@@ -242,8 +245,13 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def fsync_folder(folder: Path) -> None:
     """Make a folder's entries durable (where the system allows opening a folder)."""
+    _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    """Make a file's contents, or a folder's entries, durable (where the system allows it)."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:

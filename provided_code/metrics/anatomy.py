@@ -376,7 +376,8 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray) -> list[str]:
     against the cohort's patients ``others``, in words, at most :data:`MOST_REASONS`: a structure
     the patient lacks and three quarters of them have, or has and none of them has; a value outside
     their range by more than :data:`OUTSIDE_SCALES` robust scales (by how far); a value within it
-    :data:`NOTABLE_Z` robust scales or more from the median (by how far)."""
+    :data:`NOTABLE_Z` robust scales or more from the median (by how far): scales of at least
+    :func:`scale_floor`, as :func:`outside_range` measures (a reason never contradicts the rule)."""
     names, centre, scale = cohort["features"], _array(cohort["centre"]), _array(cohort["scale"])
     cohort_raw = _raw(cohort)[others]
     found = []  # (scales beyond the range, robust z, subject, sentence)
@@ -396,8 +397,9 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray) -> list[str]:
         if np.isnan(value) or np.all(np.isnan(seen)):
             continue
         low, high = float(np.nanmin(seen)), float(np.nanmax(seen))
-        if np.isfinite(scale[column]):
-            spread, z = scale[column], abs(value - centre[column]) / scale[column]
+        if np.isfinite(scale[column]):  # in scales of at least scale_floor, as outside_range measures them
+            spread = max(scale[column], scale_floor(name, centre[column]))
+            z = abs(value - centre[column]) / spread
         else:  # the same value in every patient: any other is outside, by its distance relative to that value
             spread, z = max(abs(high), abs(value - high)) or 1.0, 0.0
         beyond = max(value - high, low - value, 0.0) / spread

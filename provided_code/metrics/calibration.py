@@ -106,13 +106,14 @@ def offsets(sorted_residuals, coverage: float) -> tuple[float, float] | None:
 
 
 def band(predicted: float, sorted_residuals, coverage: float) -> tuple[float, float] | None:
-    """``(low, high)`` for a prediction of ``predicted`` Gy (module docstring), low at least 0 Gy;
+    """``(low, high)`` for a prediction of ``predicted`` Gy (module docstring), both at least 0 Gy
+    (no dose is below zero: a model that overdoses a near-zero metric has a band of 0 Gy there);
     None when the residuals are too few for ``coverage``."""
     found = offsets(sorted_residuals, coverage)
     if found is None:
         return None
     below, above = found
-    return max(0.0, float(predicted) - above), float(predicted) - below
+    return max(0.0, float(predicted) - above), max(0.0, float(predicted) - below)
 
 
 def sorted_residuals(residual_table) -> dict[str, dict[str, list[float]]]:

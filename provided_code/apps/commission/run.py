@@ -28,6 +28,7 @@ cohort's, from features computed once per patient). :mod:`provided_code.metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -47,7 +48,8 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import as_volume, exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
-from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, read_dealing
+from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, fold_folders,
+                                 read_dealing)
 from provided_code.infra.atomic import new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
@@ -140,8 +142,23 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
                cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> CommissioningReport:
     """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
     ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
-    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them."""
+    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them.
+
+    Meanwhile the model's folder is locked (another commissioning, or the folds' ensemble predicting
+    the validation patients the calibration reads, is refused in one line) and each fold's is locked
+    shared (a fold training is refused; a node serving the model is not)."""
     model_dir = Path(model_dir)
+    with contextlib.ExitStack() as locks:
+        if (model_dir / SPLITS_FILE).is_file():  # else complete_folds says what the folder is not
+            locks.enter_context(RunFolder(model_dir).lock("commissioning"))
+            for path in fold_folders(model_dir).values():
+                locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
+                                                         shared=True))
+        return _commission(model_dir, data_dir, cache_dir, progress)
+
+
+def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: os.PathLike | str | None,
+                progress: Progress) -> CommissioningReport:
     dealing, folds = complete_folds(model_dir)
     first = folds[0].config
     site = first.site

@@ -235,6 +235,16 @@ class Node:
     # Life
 
     def start(self) -> "Node":
+        """Take the store, resume its patients, listen and start the workers; a failure on the way
+        (the port taken, a TLS file, a damaged journal) undoes what was done (the lock, the journal, the
+        threads) before it is raised, so that the same process may start a node on the store again."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop(timeout=10.0)
+            raise
+
+    def _start(self) -> "Node":
         settings = self.settings
         self._lock_file = RunLock(self.store.root / ".lock", "a DICOM node", advice="stop it, or give this node another --store")
         self._lock_file.__enter__()  # one node per store, released by stop() or by the process's end
@@ -281,9 +291,11 @@ class Node:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.1))
-        if self.journal is not None and not any(thread.is_alive() for thread in self._threads):
-            self.journal.close()
-            self._lock_file.__exit__(None, None, None)
+        if not any(thread.is_alive() for thread in self._threads):
+            if self.journal is not None:
+                self.journal.close()
+            if self._lock_file is not None:
+                self._lock_file.__exit__(None, None, None)
 
     def __enter__(self) -> "Node":
         return self.start()
