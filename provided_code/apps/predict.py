@@ -167,8 +167,8 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
                      batch_size: int = TrainConfig.batch_size, cache_dir: os.PathLike | str | None = None,
                      skip_incomplete: bool = False) -> PredictionReport:
     """A trained fold's out-of-fold predictions (``--folds``): its held-out patients (of the
-    model's dealing, the excluded left out) predicted with its best checkpoint (its newest without
-    one), written and scored as ``--predict-only`` writes a stage, into
+    model's dealing, the excluded left out) predicted with its final checkpoint (not its best,
+    which was picked on these very patients: :meth:`RunFolder.epoch_to_apply`), written and scored as ``--predict-only`` writes a stage, into
     ``fold-<K>/held-out-predictions/`` (replaced whole). Each patient of the training split is
     predicted so by the one fold that never saw it; ``openkbp-commission`` reads them."""
     folder = RunFolder(run_dir)

@@ -124,7 +124,8 @@ def _markdown(card: dict) -> str:
     out += ["", "## Commissioning", "",
             f"- Dosimetric outliers (|z| > {commissioning['thresholds']['z']}): "
             f"{', '.join(commissioning['dosimetric_outliers']) or 'none'}.",
-            f"- Geometric outliers (local outlier factor > {commissioning['thresholds']['geometric']:.3g}): "
+            f"- Geometric outliers (local outlier factor > {commissioning['thresholds']['geometric']:.3g}, or a "
+            f"feature more than a robust scale beyond the other patients' range): "
             f"{', '.join(commissioning['geometric_outliers']) or 'none'}.",
             "- The report: report.html beside this card."]
     out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]

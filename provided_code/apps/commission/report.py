@@ -381,7 +381,9 @@ def _method(report: dict) -> str:
             "<li>A patient is a geometric outlier when its local outlier factor (its neighbours' density over its "
             "own, among the training patients; 1: as surrounded as they are) is above "
             f"{escape(_fmt(thresholds.get('geometric'), 2))}: the 95th percentile of the training patients' own "
-            "scores, each scored against the others.</li>"
+            "scores, each scored against the others; or when one of its features lies more than a robust scale "
+            "beyond the range of every other training patient's (a scale of at least 0.05 for an overlap, a tenth "
+            "of the median volume, 10 mm for the body).</li>"
             "<li>Flags are prompts to look at a plan or a patient, not verdicts.</li></ul>")
 
 
