@@ -333,10 +333,13 @@ class TrainConfig:
         has the parent's network (its ``ARCHITECTURE`` settings, but for those its data sets,
         ``FROM_DATA``, and its folds) wherever ``given`` does not say otherwise (None: the caller's
         config says everything; nothing is taken), so that every weight fits; and the names of the
-        settings that took another value from the parent."""
+        settings that took another value from the parent. A site given that is not the parent's
+        keeps its own beams (the beams are the site's technique, not the network's)."""
         if given is None:
             return self, []
         given = set(given) | ({"beams", "beam_angles"} if set(given) & {"beams", "beam_angles"} else set())
+        if "site" in given and not self.site.same_as(parent.site):
+            given |= {"beams", "beam_angles"}
         names = [name for name in self.ARCHITECTURE if name not in given and name not in self.FROM_DATA
                  and name not in ("folds", "fold")]
         taken = [name for name in names if not _same(name, getattr(self, name), getattr(parent, name))]

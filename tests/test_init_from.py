@@ -235,9 +235,3 @@ def test_the_command_line_refuses_a_bad_parent_in_one_line(tmp_path, phantom_dat
         result.output
     with pytest.raises(ConfigError, match=r"Invalid `init_epoch`. Expected --init-epoch only with --init-from"):
         TrainConfig(init_epoch=3)
-    saved = TrainConfig(init_from="/p", parent={"model": "p", "epoch": 4})
-    with pytest.raises(ConfigError, match=r"it started from 'p' \(epoch 4\), and a resume"):
-        TrainConfig(init_from="/p").resume(saved, given={"init_from"})
-    assert TrainConfig().resume(saved, given=set())[0].parent == saved.parent  # the bare command keeps it
-    with pytest.raises(ConfigError, match="it started from random weights"):
-        TrainConfig(init_from="/p").resume(TrainConfig(), given={"init_from"})
