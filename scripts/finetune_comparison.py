@@ -123,8 +123,8 @@ def run_record(run_dir: Path, updates_per_epoch: int) -> dict:
 
 
 def epochs_to_reach(curve: list[list], target: float) -> int | None:
-    """The first scored epoch at or below ``target`` (None: never)."""
-    return next((epoch for epoch, dose in curve if dose <= target), None)
+    """The first scored epoch at or below ``target`` (None: never), both as the curve rounds them."""
+    return next((epoch for epoch, dose in curve if dose <= round(target, 3)), None)
 
 
 def summarise(values: list[float]) -> dict:
@@ -278,11 +278,16 @@ def main(data_dir, work, parent_patients, clinics, seeds, deal_seed, filters, re
                 "clinic": size, "arm": arm, "flags": ARMS[arm],
                 **{key: summarise([run[key] for run in mine]) for key in
                    ("best_dose_score", "best_dvh_score", "last_dose_score", "last_dvh_score", "best_epoch")},
-                "epochs_to_scratch_best": reach, "epochs": mine[0]["epochs"], "updates_per_epoch": mine[0]["per_epoch"]}
-    cross_runs = {name: {**info, **run_record(results / name, 0)} for name, info in cross.items()}
+                "epochs_to_scratch_best": reach, "epochs": mine[0]["epochs"], "updates_per_epoch": mine[0]["per_epoch"],
+                "updates_to_scratch_best": [None if epoch is None else epoch * mine[0]["per_epoch"] for epoch in reach]}
+    cross_runs = {name: {**info, **run_record(results / name, math.ceil(cross_site / batch_size))}
+                  for name, info in cross.items()}
 
     print("| clinic | arm | best dose score | its DVH score | last dose score | last DVH score | epoch of the best | "
           "epochs to reach scratch's best (seeds) |\n|---|---|---|---|---|---|---|---|", file=sys.stderr)
+    print(f"| 0 | the parent as it is ({len(parents)} other patients) | {parent['best_dose_score']:.2f} | "
+          f"{parent['best_dvh_score']:.2f} | {parent['last_dose_score']:.2f} | {parent['last_dvh_score']:.2f} | "
+          f"{parent['best_epoch']} | |", file=sys.stderr)
     for row in table.values():
         def cell(key, digits=2):
             return f"{row[key]['mean']:.{digits}f} ± {row[key]['sd']:.{digits}f}"

@@ -3,7 +3,6 @@ refusals, the parent recorded in config.json, a resume that keeps the fine-tuned
 folds of one model all starting alike."""
 
 import dataclasses
-import json
 import logging
 import shutil
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -40,8 +39,6 @@ from provided_code.run_folder import (
     checkpoint_change,
     recorded_checkpoint,
 )
-
-logger = logging.getLogger(__name__)
 
 # A layer's weights as matched: (weight name, shape) each, in the layer's order
 Shapes = Sequence[tuple[str, tuple[int, ...]]]
