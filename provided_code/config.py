@@ -26,6 +26,7 @@ XLA_MODES = ("auto", "on", "off")
 LOSSES = ("mae", "masked-mae")
 LR_SCHEDULES = ("constant", "cosine")
 NORMS = ("batch", "instance")
+FREEZES = ("none", "encoder")
 logger = logging.getLogger(__name__)
 
 
@@ -57,6 +58,14 @@ class TrainConfig:
     folds: int = 0  # 0: no cross-validation; N >= 2: N-fold cross-validation over train-pats/ (provided_code/folds.py)
     fold: int = 0  # with folds: the fold this run trains, 1..N (its held-out patients validate it); its run folder
     #                is results/<model_name>/fold-<fold>/
+    # -- where the weights start: set when the model starts, fixed for its life (a resume never gives them) --
+    init_from: str = ""  # a trained model's run folder (--init-from): the new model starts from its weights
+    #                      (training/init_from.py); "": from random weights
+    init_epoch: "int | str" = "best"  # with init_from, the parent's checkpoint: "best" (models/best.keras) or an epoch
+    parent: dict = dataclasses.field(default_factory=dict)  # set by training from init_from when the model
+    #                                                         starts: the parent's model name, folder, site,
+    #                                                         epoch, checkpoint file and its SHA-256, and the
+    #                                                         layers taken and not taken (training/init_from.py)
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
@@ -65,6 +74,9 @@ class TrainConfig:
     ema: bool = False  # keep a moving average of the weights over about training.ema.EMA_EPOCHS epochs; the
     #                    averaged weights are validated, scored, kept as best.keras and predicted with
     warmup_epochs: int = 0  # rise linearly to the peak over the first N epochs (set per epoch)
+    freeze: str = "none"  # encoder: the encoder's weights taken from the parent stay fixed for the first
+    #                       freeze_epochs epochs (their gradients zeroed: training/freeze.py); none
+    freeze_epochs: int = 0  # with freeze encoder: how many epochs (>= 1)
     loss: str = "masked-mae"  # masked-mae: mean |dose - prediction| inside the possible-dose mask (what the
     #                           dose score measures); mae: over the whole volume (the 2020 starter recipe)
     dvh_weight: float = 0.0  # weight of the DVH term (losses.dvh_difference: per structure, the dose's
@@ -120,13 +132,17 @@ class TrainConfig:
     #   schedule that bends is said in the log). ``batch_size`` and ``accumulate``: how an update is
     #   split over devices and micro-batches; a resume on other hardware sets them so that batch ×
     #   replicas × accumulate, the patients per update, stays the same.
+    # - STARTED_FROM (where the weights started: --init-from, --init-epoch and the parent they
+    #   resolved to): set when the model starts; a resume keeps the saved ones and refuses
+    #   --init-from (it continues from the run's own checkpoints, never the parent's weights).
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
     ARCHITECTURE = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
                     "beam_channels", "patient_prescriptions", "beam_slots", "folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
-              "seed", "excluded")
+              "seed", "excluded", "freeze", "freeze_epochs")
     KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate", "excluded_by")
     FROM_DATA = ("patient_prescriptions", "beam_slots")  # architecture that training sets from its data
+    STARTED_FROM = ("init_from", "init_epoch", "parent")
 
     def __post_init__(self):
         for name in ("filters", "epochs", "batch_size", "save_every", "keep", "accumulate"):
@@ -175,6 +191,17 @@ class TrainConfig:
             "a list of {\"patient\", \"reason\"}")
         self.excluded = tuple(dict(entry) for entry in self.excluded)
         self._check("excluded_by", isinstance(self.excluded_by, dict), "{\"file\", \"command\"}")
+        self._check("init_from", isinstance(self.init_from, str), "a trained model's folder, or \"\" (none)")
+        self._check("init_epoch", self.init_epoch == "best" or _is_integer(self.init_epoch, 1),
+                    "'best' or a checkpoint's epoch (an integer >= 1)")
+        self._check("init_epoch", self.init_epoch == "best" or bool(self.init_from),
+                    "--init-epoch only with --init-from")
+        self._check("parent", isinstance(self.parent, dict), "the parent's record (a JSON object)")
+        self._check_choice("freeze", FREEZES)
+        self._check("freeze_epochs", _is_integer(self.freeze_epochs, 1) if self.freeze != "none"
+                    else self.freeze_epochs == 0,
+                    f"an integer >= 1 with --freeze {self.freeze}" if self.freeze != "none"
+                    else "0 without --freeze (--freeze encoder --freeze-epochs N)")
 
     def _check(self, name: str, valid: bool, expected: str) -> None:
         """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
@@ -244,6 +271,12 @@ class TrainConfig:
         if self.beams:
             concerns += [f"--beams/--beam-angles: {concern}" for concern in
                          beam_concerns(self.gantry_angles, self.resolution)]
+        if self.freeze != "none" and not (self.init_from or self.parent):
+            concerns.append(f"--freeze {self.freeze} without --init-from: the {self.freeze}'s random starting weights "
+                            f"stay fixed for {self.freeze_epochs} epoch(s)")
+        if self.freeze != "none" and self.freeze_epochs >= self.epochs:
+            concerns.append(f"--freeze-epochs {self.freeze_epochs} with --epochs {self.epochs}: the {self.freeze} "
+                            f"never trains")
         return concerns
 
     def resume(self, saved: "TrainConfig", given: set[str] | None = None,
@@ -255,15 +288,26 @@ class TrainConfig:
         ``--preset``'s fields); None: every field (a library caller's config says what it wants).
         A field in ``ARCHITECTURE``, ``RECIPE`` or ``KEPT_ON_RESUME`` that is not given takes the
         saved value. Raises :class:`ConfigError` for a given architecture field (or precision) that
-        differs, an ``ema`` toggle, and, without ``change_recipe``, a given recipe field that differs,
-        naming each field's saved and requested value. The result keeps the saved ``history``.
+        differs, an ``ema`` toggle, a given ``init_from`` (a resume continues from the run's own
+        checkpoints), and, without ``change_recipe``, a given recipe field that differs, naming each
+        field's saved and requested value. The result keeps the saved ``history`` and where the
+        weights started (``STARTED_FROM``).
         """
         given = {field.name for field in dataclasses.fields(self)} if given is None else set(given)
         if given & {"beams", "beam_angles"}:  # one setting: the angles, or their number
             given |= {"beams", "beam_angles"}
         given -= set(self.FROM_DATA)  # the model's, whatever the caller's config says: the data set them
+        if self.init_from and "init_from" in given:
+            started = (f"it started from {saved.parent.get('model', saved.init_from)!r} (epoch "
+                       f"{saved.parent.get('epoch', saved.init_epoch)})" if saved.init_from else
+                       "it started from random weights")
+            raise ConfigError(
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --init-from {self.init_from}: "
+                f"{started}, and a resume continues from its own checkpoints, never a parent's weights. Run the "
+                f"command without --init-from and --init-epoch, or train a new --model-name (or --start-over).")
         names = self.ARCHITECTURE + self.RECIPE + self.KEPT_ON_RESUME
         config = dataclasses.replace(self, history=saved.history, **{
+            name: getattr(saved, name) for name in self.STARTED_FROM}, **{
             name: getattr(self if name in given else saved, name) for name in names})
         config.check_resume(saved)
         if config.ema != saved.ema:
@@ -283,6 +327,23 @@ class TrainConfig:
                 + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
                   "it from the resumed epoch on (recorded in config.json's history).")
         return config, changes
+
+    def with_parents_network(self, parent: "TrainConfig", given: set[str] | None) -> tuple["TrainConfig", list[str]]:
+        """``(config, taken)``: a new model that starts from ``parent``'s weights (``--init-from``)
+        has the parent's network (its ``ARCHITECTURE`` settings, but for those its data sets,
+        ``FROM_DATA``, and its folds) wherever ``given`` does not say otherwise (None: the caller's
+        config says everything; nothing is taken), so that every weight fits; and the names of the
+        settings that took another value from the parent. A site given that is not the parent's
+        keeps its own beams (the beams are the site's technique, not the network's)."""
+        if given is None:
+            return self, []
+        given = set(given) | ({"beams", "beam_angles"} if set(given) & {"beams", "beam_angles"} else set())
+        if "site" in given and not self.site.same_as(parent.site):
+            given |= {"beams", "beam_angles"}
+        names = [name for name in self.ARCHITECTURE if name not in given and name not in self.FROM_DATA
+                 and name not in ("folds", "fold")]
+        taken = [name for name in names if not _same(name, getattr(self, name), getattr(parent, name))]
+        return dataclasses.replace(self, **{name: getattr(parent, name) for name in names}), taken
 
     def with_changes_recorded(self, changes: list[tuple[str, object, object]], first_epoch: int) -> "TrainConfig":
         """This config with ``changes`` (see :meth:`resume`) added to its ``history``, as made

@@ -6,6 +6,10 @@
   constant rate, batch norm, CT and masks only.
 - ``default``: ``TrainConfig``'s defaults, chosen by docs/recipe.md's longer comparison: ``v1`` with
   instance norm, the prescription channel, the nine beams' channel and a cosine schedule.
+- ``finetune``: the recipe of a small cohort's model started from a trained one (``--init-from``),
+  chosen by docs/recipe.md's fine-tuning comparison (``scripts/finetune_comparison.py``). It sets
+  the recipe only (``FINETUNE_FIELDS``: the rate, warm-up, schedule and freezing among them): the
+  network is the parent's.
 
 ``models/config.json`` records the resolved values, so a resume or a ``--predict-only`` needs no
 preset.
@@ -20,18 +24,25 @@ _DEFAULTS = field_defaults()
 PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
                  "beam_angles", "beam_channels", "dvh_weight")
 _NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
+# The recipe of a fine-tune: no network choice (those are the parent's), and the rate and the freezing
+FINETUNE_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "dvh_weight", "learning_rate", "freeze",
+                   "freeze_epochs")
 PRESETS: dict[str, dict] = {
     "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
                 "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
            "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "default": {name: _DEFAULTS[name] for name in PRESET_FIELDS},
+    # the middle of the comparison's rates: never its worst arm, within 0.07 Gy dose / 0.16 Gy DVH score of its best
+    "finetune": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "cosine", "warmup_epochs": 2, "ema": False,
+                 "dvh_weight": 0.0, "learning_rate": 1e-4, "freeze": "none", "freeze_epochs": 0},
 }
 
 
 def apply_preset(name: str | None, options: dict, given: set[str]) -> dict:
     """``options`` (flag values by field name) with the preset's values for every field the user
-    did not give explicitly (``given``)."""
+    did not give explicitly (``given``). The fields a preset sets are its keys (``PRESET_FIELDS``,
+    or ``FINETUNE_FIELDS`` for ``finetune``)."""
     if name is None:
         return dict(options)
     if name not in PRESETS:

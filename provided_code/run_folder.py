@@ -37,6 +37,7 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.data_folder import STAGES
 from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, fold_of_folder
 from provided_code.errors import UserError
+from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
 from provided_code.model_spec import ModelSpec
@@ -273,6 +274,17 @@ class RunFolder:
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
             raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
 
+    def checkpoint_record(self, epoch: int | str) -> dict:
+        """A record of one checkpoint of this folder that finds it changed later
+        (:func:`checkpoint_change`): the model's name, the folder (absolute), the epoch (``"best"``:
+        ``best.keras``'s, from its record), the file's path in the folder and its SHA-256. The
+        caller checked that the checkpoint is there."""
+        path = self.best_checkpoint if epoch == "best" else self.checkpoint(int(epoch))
+        if epoch == "best":
+            epoch = self.read_best()["epoch"]
+        return {"model": self.name, "folder": str(self.path.resolve()), "epoch": int(epoch),
+                "checkpoint": path.relative_to(self.path).as_posix(), "sha256": file_checksum(path)}
+
     # -- the trained model -----------------------------------------------------------------------
     def load_trained_model(self, epoch: int | str | None = None) -> TrainedModel:
         """The model trained here (:class:`TrainedModel`: its spec, saved config, epoch and Keras
@@ -338,6 +350,22 @@ class RunFolder:
 
     def _earlier_scores(self, stage: str) -> list[Path]:
         return [self.path / f"{stage}-scores.json", self.path / f"{stage}-scores.csv"]
+
+
+def recorded_checkpoint(record: dict) -> Path:
+    """The file a :meth:`RunFolder.checkpoint_record` names."""
+    return Path(record["folder"]) / record["checkpoint"]
+
+
+def checkpoint_change(record: dict) -> str | None:
+    """None when the file a :meth:`RunFolder.checkpoint_record` names is still the one recorded
+    (its SHA-256); else how it changed, for a message: gone, or its SHA-256 now."""
+    path = recorded_checkpoint(record)
+    if not path.is_file():
+        return f"{path} is gone (recorded SHA-256 {record['sha256'][:12]}…)"
+    now = file_checksum(path)
+    return None if now == record["sha256"] else (f"{path} changed since it was recorded (SHA-256 "
+                                                 f"{record['sha256'][:12]}…, now {now[:12]}…)")
 
 
 def check_site(spec: ModelSpec, requested: Site | str | None, source) -> None:

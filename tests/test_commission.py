@@ -4,6 +4,7 @@ model card's checksums."""
 
 import hashlib
 import json
+import logging
 import shutil
 
 import numpy as np
@@ -212,3 +213,42 @@ def test_without_validation_predictions_the_report_says_how_to_make_them(commiss
     _, report = commissioned
     assert report.report["calibration"]["note"].startswith("No scored validation predictions of the folds' ensemble")
     assert "--predict-only --stage validation --ensemble cv --model-name cv" in report.report["calibration"]["note"]
+def test_the_card_names_the_parent_and_a_parent_checkpoint_changed_since(commissioned, tmp_path, phantom_data,
+                                                                         phantom_cache, caplog):
+    """Folds started from a parent (--init-from; config.json's record, as training writes it): the
+    card says from which checkpoint, what was taken, and that the file is no longer the one recorded."""
+    model, _ = commissioned
+    tuned = tmp_path / "cv"
+    shutil.copytree(model, tuned)
+    checkpoint = tmp_path / "parent" / "models" / "best.keras"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"the parent's weights")
+    record = {"model": "parent", "folder": str(tmp_path / "parent"), "site": "openkbp", "epoch": 40,
+              "checkpoint": "models/best.keras", "sha256": hashlib.sha256(b"the parent's weights").hexdigest(),
+              "taken": ["encoder_2_conv", "dose_conv"],
+              "not_taken": [{"layer": "encoder_1_conv", "why": "kernel 4×4×4×12×4 in the parent, 4×4×4×5×4 here"}],
+              "taken_fingerprint": "0123456789abcdef"}
+    for fold in ("fold-1", "fold-2"):
+        path = tuned / fold / "models" / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "parent": record, "init_from": record["folder"]}))
+    commission(tuned, data_dir=phantom_data, cache_dir=phantom_cache)
+    card = json.loads((tuned / "commissioning" / "model_card.json").read_text())
+    assert card["parent"] == {**record, "changed": None}
+    text = (tuned / "commissioning" / "MODEL_CARD.md").read_text()
+    assert (f"Every fold started from model parent (site openkbp, {tmp_path / 'parent'}): its epoch 40 checkpoint "
+            f"models/best.keras, SHA-256 `{record['sha256']}`.") in text
+    assert "- Taken: 2 layers (encoder_2_conv, dose_conv)." in text
+    assert "- Not taken (initialised as usual): encoder_1_conv (kernel 4×4×4×12×4 in the parent" in text
+    assert "- The parent's checkpoint is unchanged since (SHA-256)." in text
+
+    checkpoint.write_bytes(b"the parent, trained on")  # a newer best.keras
+    with caplog.at_level(logging.WARNING):
+        commission(tuned, data_dir=phantom_data, cache_dir=phantom_cache)
+    card = json.loads((tuned / "commissioning" / "model_card.json").read_text())
+    now = hashlib.sha256(b"the parent, trained on").hexdigest()
+    assert card["parent"]["changed"] == (f"{checkpoint} changed since it was recorded (SHA-256 {record['sha256'][:12]}…, "
+                                         f"now {now[:12]}…)")
+    assert (f"- **The parent's checkpoint is not the one the folds started from**: {card['parent']['changed']}."
+            in (tuned / "commissioning" / "MODEL_CARD.md").read_text())
+    assert f"The parent of these folds, 'parent': its checkpoint {checkpoint} changed since" in caplog.text
+    assert "Random weights (no --init-from)." in (model / "commissioning" / "MODEL_CARD.md").read_text()

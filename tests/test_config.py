@@ -142,3 +142,33 @@ def test_a_model_saved_before_optional_targets_takes_todays_shipped_site():
         structure.pop("required", None)
     restored = TrainConfig.from_json(json.dumps(saved))
     assert restored.site is load_site("openkbp") and restored.site.required_targets == ("PTV70",)
+
+
+def test_a_resume_refuses_init_from_and_keeps_where_the_weights_started():
+    saved = TrainConfig(init_from="/p", init_epoch=4, parent={"model": "p", "epoch": 4})
+    with pytest.raises(ConfigError, match=r"with --init-from /p: it started from 'p' \(epoch 4\), and a resume "
+                                          r"continues from its own checkpoints, never a parent's weights. Run the "
+                                          r"command without --init-from and --init-epoch") as refused:
+        TrainConfig(init_from="/p").resume(saved, given={"init_from"})
+    assert "\n" not in str(refused.value)
+    config, _ = TrainConfig().resume(saved, given=set())  # the bare command
+    assert (config.init_from, config.init_epoch, config.parent) == ("/p", 4, saved.parent)
+    with pytest.raises(ConfigError, match="it started from random weights"):
+        TrainConfig(init_from="/p").resume(TrainConfig(), given={"init_from"})
+    assert TrainConfig.from_json(saved.to_json()) == saved
+
+
+def test_a_new_model_from_a_parent_takes_its_network_where_no_flag_is_given_and_its_own_sites_beams():
+    parent = TrainConfig(filters=8, resolution=64, norm="batch", prescription_channel=False, dropout=0.1,
+                         beam_channels="each", folds=5, fold=2)
+    config, taken = TrainConfig(filters=16).with_parents_network(parent, given={"filters"})
+    assert (config.filters, config.resolution, config.norm, config.prescription_channel, config.dropout,
+            config.beam_channels, config.folds) == (16, 64, "batch", False, 0.1, "each", 0)
+    assert taken == ["resolution", "dropout", "norm", "prescription_channel", "beam_channels"]
+    prostate = load_site("prostate")
+    config, _ = TrainConfig(site=prostate).with_parents_network(parent, given={"site"})
+    assert config.site.same_as(prostate) and config.gantry_angles == prostate.beams.gantry_angles()
+    assert config.filters == 8
+    no_beams = dataclasses.replace(parent, beams=0, beam_angles="")
+    assert TrainConfig().with_parents_network(no_beams, given=set())[0].beams == 0  # the same site: the parent's
+    assert TrainConfig(filters=16).with_parents_network(parent, given=None) == (TrainConfig(filters=16), [])

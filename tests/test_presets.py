@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import provided_code.apps.cli as cli
 from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import UserError
-from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
+from provided_code.presets import FINETUNE_FIELDS, PRESET_FIELDS, PRESETS, apply_preset
 
 # What the default recipe trained before --preset existed (the README's comparison chose it).
 V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
@@ -18,7 +18,7 @@ V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmu
 
 def test_v1_resolves_to_the_old_defaults_default_to_todays_and_starter_to_the_2020_recipe():
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    assert all(set(values) == set(PRESET_FIELDS) <= fields for values in PRESETS.values())
+    assert all(set(PRESETS[name]) == set(PRESET_FIELDS) <= fields for name in ("starter", "v1", "default"))
     defaults = field_defaults()
     v1 = TrainConfig(**apply_preset("v1", defaults, given=set()))
     assert {field: getattr(v1, field) for field in PRESET_FIELDS} == V1 == PRESETS["v1"]
@@ -66,3 +66,31 @@ def test_the_command_line_without_flags_trains_the_defaults_and_every_default_ca
     CliRunner().invoke(cli.main, ["--no-prescription-channel", "--beams", "0", "--norm", "batch",
                                   "--lr-schedule", "constant"])
     assert seen.pop() == TrainConfig(**{**field_defaults(), **V1})
+
+
+def test_finetune_sets_the_recipe_and_leaves_the_network_to_the_parent(phantom_data, tmp_path, monkeypatch):
+    """--preset finetune gives its recipe fields on purpose (a resume compares them) and no network
+    field, so that a new model started with --init-from takes the parent's network."""
+    import provided_code.training.train as training
+
+    assert set(PRESETS["finetune"]) == set(FINETUNE_FIELDS) <= {field.name for field in dataclasses.fields(TrainConfig)}
+    assert not set(FINETUNE_FIELDS) & set(TrainConfig.ARCHITECTURE)
+    seen = []
+
+    class Stop(UserError):
+        pass
+
+    def capture(config, given=None, **options):
+        seen.append((config, given))
+        raise Stop("stopped before any work")
+
+    monkeypatch.setattr(training, "train", capture)
+    result = CliRunner().invoke(cli.main, ["--preset", "finetune", "--init-from", str(tmp_path / "parent"),
+                                           "--learning-rate", "3e-5", "--data-dir", str(phantom_data),
+                                           "--results-dir", str(tmp_path / "results")])
+    assert result.exit_code == 1 and "stopped before any work" in result.output
+    config, given = seen[0]
+    assert set(FINETUNE_FIELDS) | {"init_from"} <= given and not given & set(TrainConfig.ARCHITECTURE)
+    assert config.learning_rate == 3e-5  # the flag over the preset
+    assert {name: getattr(config, name) for name in FINETUNE_FIELDS if name != "learning_rate"} == {
+        name: value for name, value in PRESETS["finetune"].items() if name != "learning_rate"}

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 
 from provided_code.apps.console import USER_ERRORS, click_progress, one_line, parse_epoch, setup_logging
 from provided_code.config import (
+    FREEZES,
     LOSSES,
     LR_SCHEDULES,
     NORMS,
@@ -25,7 +26,7 @@ from provided_code.data_folder import STAGES, require_split
 from provided_code.infra.preflight import check_writable
 from provided_code.metrics.calibration import DEFAULT_COVERAGE
 from provided_code.beams import BEAM_CHANNELS
-from provided_code.presets import PRESET_FIELDS, PRESETS, apply_preset
+from provided_code.presets import PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
 
 DEFAULTS = TrainConfig()
@@ -120,6 +121,16 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 @click.option("--exclude", "exclude_file", default=None,
               help="CSV of patient,reason: training patients left out of training (of every fold), recorded with the "
                    "model; a resume with another list needs --change-recipe.")
+@click.option("--init-from", default=DEFAULTS.init_from, metavar="MODEL_DIR",
+              help="Start a new model from a trained model's weights (its run folder, e.g. results/parent; a "
+                   "cross-validated model's: one fold's): the layers of the same name and shapes are taken, the "
+                   "network flags not given are the parent's; recorded in config.json. Refused on a resume.")
+@click.option("--init-epoch", default=str(DEFAULTS.init_epoch), show_default=True,
+              help="With --init-from: the parent's checkpoint, 'best' (models/best.keras) or an epoch.")
+@click.option("--freeze", type=click.Choice(FREEZES), default=DEFAULTS.freeze,
+              help="encoder: the encoder's weights taken from the parent stay fixed for --freeze-epochs epochs.")
+@click.option("--freeze-epochs", type=int, default=DEFAULTS.freeze_epochs,
+              help="With --freeze: how many epochs, from the first.")
 @click.option("--predict-only", is_flag=True, help="Predict with a trained model instead of training.")
 @click.option("--epoch", default=None,
               help="With --predict-only: the checkpoint epoch, or 'best' (models/best.keras) [default: newest].")
@@ -135,7 +146,9 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "each DVH metric's band (0.9: it holds the value a plan achieves 90 % of the time).")
 @click.option("--preset", type=click.Choice(tuple(PRESETS)), default=None,
               help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
-                   "term) to a documented set: starter (the 2020 recipe), v1, default; flags given override it.")
+                   "term) to a documented set: starter (the 2020 recipe), v1, default; or, for a small cohort "
+                   "started with --init-from, finetune (the recipe only: rate, warm-up, schedule, freezing); flags "
+                   "given override it.")
 @click.pass_context
 def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_over, change_recipe, ensemble, preset,
          band, **options):
@@ -149,6 +162,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         if {"beams", "beam_angles"} <= given:
             check_beam_flags(options["beams"], options["beam_angles"])
         options = apply_preset(preset, options, given)
+        options["init_epoch"] = parse_epoch(options["init_epoch"], "--init-epoch")
         if no_xla:
             options["xla"] = "off"
         exclude_file = options.pop("exclude_file")
@@ -161,7 +175,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         config = TrainConfig(resolution=int(resolution), **options)
         # What this command asks for on purpose (a resume takes the saved value of everything else):
         # the flags given, and every field of a preset given.
-        given |= ({"xla"} if no_xla else set()) | (set(PRESET_FIELDS) if preset is not None else set())
+        given |= ({"xla"} if no_xla else set()) | (set(PRESETS[preset]) if preset is not None else set())
         # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
         cluster = read_tf_config() if config.multi_worker and not predict_only else None
         epoch = parse_epoch(epoch)

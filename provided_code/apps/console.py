@@ -40,12 +40,12 @@ def one_line(error: Exception) -> str:
     return str(error)
 
 
-def parse_epoch(value: str | None) -> int | str | None:
-    """``--epoch``: a checkpoint's epoch as an integer, ``"best"``, or None when not given; anything
-    else is a usage error."""
+def parse_epoch(value: str | None, param_hint: str = "--epoch") -> int | str | None:
+    """``--epoch`` (or ``param_hint``'s flag): a checkpoint's epoch as an integer, ``"best"``, or None
+    when not given; anything else is a usage error."""
     if value is None or value == "best":
         return value
     if not value.isdigit():
         raise click.BadParameter(f"Expected a checkpoint epoch (an integer) or 'best'. Received: {value!r}",
-                                 param_hint="--epoch")
+                                 param_hint=param_hint)
     return int(value)

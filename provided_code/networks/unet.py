@@ -19,6 +19,7 @@ LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
 # at a time), the output layers with the last decoder block. Dropout layers belong to no block
 # (a second run would draw other numbers); so does anything not named here.
 _BLOCK_PREFIX = re.compile(r"^((?:encoder|decoder)_\d+)_")
+_ENCODER_LAYER = re.compile(r"^encoder_\d+_")
 _BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
                    "dose_smooth": "decoder_0", "dose": "decoder_0"}
 
@@ -29,6 +30,12 @@ def block_of(layer_name: str) -> str | None:
         return None
     match = _BLOCK_PREFIX.match(layer_name)
     return _BLOCK_OF_LAYER.get(layer_name, match.group(1) if match else None)
+
+
+def in_encoder(layer_name: str) -> bool:
+    """Whether the U-Net layer called ``layer_name`` is the encoder's: ``encoder_<k>_*``, its
+    convolutions and their normalisations (what ``--freeze encoder`` holds fixed)."""
+    return _ENCODER_LAYER.match(layer_name) is not None
 
 
 def num_levels(resolution: int) -> int:

@@ -43,10 +43,13 @@ class TrainStep:
     Loss normalisation lives in the data layer alone: each patient's ``weight`` (the update's real
     patients sum to 1, padding weighs 0), so a replica's share of any term, the regularisers too,
     is its patients' weight sum, and the update's summed gradient is its mean loss's.
+
+    ``frozen``: trainable variables whose gradients are zeroed while :meth:`set_frozen` says so
+    (``--freeze``, :mod:`provided_code.training.freeze`: Adam then leaves them exactly as they are).
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy, batch_size: int, xla: bool,
-                 accumulate: int = 1, recompute: bool = False, *, loss_fn, spec: ModelSpec):
+                 accumulate: int = 1, recompute: bool = False, *, loss_fn, spec: ModelSpec, frozen=()):
         self.model = model
         self.inputs = spec.inputs
         self.input_names = spec.input_names
@@ -68,6 +71,13 @@ class TrainStep:
             logger.warning("XLA off for the training step: batch norm synchronised over %d replicas cannot run "
                            "inside a compiled function (--norm instance compiles the whole step on any number of "
                            "replicas)", self.replicas)
+        frozen_paths = {variable.path for variable in frozen}
+        self._frozen = frozenset(index for index, variable in enumerate(model.trainable_variables)
+                                 if variable.path in frozen_paths)
+        if len(self._frozen) != len(frozen_paths):
+            raise ValueError(f"Invalid `frozen`. Expected trainable variables of the model. Received: "
+                             f"{sorted(frozen_paths - {v.path for v in model.trainable_variables})}")
+        self._freezing = tf.Variable(False, trainable=False, name="freezing") if self._frozen else None
         self._forward = training_forward(model, recompute_blocks=recompute, block_of=unet_block_of)
         compile_whole = xla and not synchronised
         self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
@@ -108,6 +118,9 @@ class TrainStep:
             total_loss += loss
             total_grads = grads if total_grads is None else [
                 a if b is None else (b if a is None else a + b) for a, b in zip(total_grads, grads)]
+        if self._frozen:  # zero, not None: every variable keeps its place in the optimizer's update
+            total_grads = [tf.where(self._freezing, tf.zeros_like(g), g) if index in self._frozen and g is not None
+                           else g for index, g in enumerate(total_grads)]
         if self.loss_scaling:
             total_grads = self._agree_on_finite(total_grads)
         self.model.optimizer.apply(total_grads, self.model.trainable_variables)
@@ -137,6 +150,15 @@ class TrainStep:
     def _replica_eval_loss_body(self, element: TrainingElement):
         predicted = self.model({name: element[name] for name in self.input_names}, training=False)
         return tf.reduce_sum(element["weight"] * self.loss_fn(element, predicted))
+
+    def set_frozen(self, frozen: bool) -> bool:
+        """Hold the ``frozen`` variables (True) or let them train (False) from the next update on;
+        returns the previous state (False without frozen variables, which nothing holds)."""
+        if self._freezing is None:
+            return False
+        before = bool(self._freezing.numpy())
+        self._freezing.assign(frozen)
+        return before
 
     # -- across replicas ----------------------------------------------------------------------
     def _distributed_train(self, element):

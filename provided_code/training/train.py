@@ -42,6 +42,8 @@ from provided_code.training.epoch_timer import EpochTimer
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import describe_devices, resolve_precision
 from provided_code.training.feeds import fit_patient_inputs, training_input, validation_input
+from provided_code.training.freeze import FreezeForEpochs, frozen_layers, frozen_variables
+from provided_code.training.init_from import load_parent, parent_label, parent_record, resolve_parent, take_weights
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
@@ -119,7 +121,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
-    initial_epoch, model = _new_or_resumed_model(config, spec, folder, hardware, updates)  # 4. newest that loads, or new
+    initial_epoch, model, config = _new_or_resumed_model(config, spec, folder, hardware, updates,  # 4. newest that
+                                                         restarting=saved is not None)  # loads, or new (or the parent's)
     if initial_epoch >= config.epochs:  # config.json stays as it is: nothing was trained with these settings
         logger.info("Model %s is already trained to epoch %d (--epochs %d): nothing to do%s",
                     config.model_name, initial_epoch, config.epochs,
@@ -141,10 +144,14 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     strategy = placement.strategy
     train_data = training_input(strategy, train_arrays, config, spec, first_epoch=initial_epoch)
     validation_data = validation_input(strategy, validation.arrays, config, spec) if validation is not None else None
+    frozen = _frozen_layers(config, model, initial_epoch)
     step = TrainStep(model, strategy, config.batch_size, xla=hardware.xla, accumulate=config.accumulate,
-                     recompute=config.recompute, spec=spec, loss_fn=loss_function(config.loss, config.dvh_weight, spec))
+                     recompute=config.recompute, spec=spec, loss_fn=loss_function(config.loss, config.dvh_weight, spec),
+                     frozen=frozen_variables(model, frozen))
     callbacks, measures = _callbacks_and_measures(config, spec, folder, hardware, model, validation, initial_epoch,
                                                   len(train_arrays))
+    if frozen:  # on every worker
+        callbacks.append(FreezeForEpochs(step, config.freeze_epochs))
     show_bar = verbose == 1 and placement.is_chief
     callback_list = keras.callbacks.CallbackList(callbacks, model=model, add_progbar=show_bar,
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
@@ -196,9 +203,12 @@ def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
     elif folder.checkpoints():
         raise ConfigError(f"{folder.models} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
                           f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
-    elif change_recipe:
-        logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe given",
-                       config.model_name, config.run_dir)
+    else:
+        if change_recipe:
+            logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe "
+                           "given", config.model_name, config.run_dir)
+        if config.init_from:
+            config = _started_from(config, given)
     _check_kind_of_model(config)
     if config.folds:
         _check_other_folds(config, change_recipe)
@@ -225,14 +235,44 @@ def _check_kind_of_model(config: TrainConfig) -> None:
                           f"train one of its folds, or choose a new --model-name.")
 
 
+def _started_from(config: TrainConfig, given: set[str] | None) -> TrainConfig:
+    """A new model with ``--init-from``: the parent resolved and recorded in ``config.parent`` (its
+    checkpoint's SHA-256; the weights are taken when the model is made), and the parent's network
+    wherever ``given`` does not say otherwise (:meth:`TrainConfig.with_parents_network`)."""
+    record, parent = resolve_parent(config.init_from, config.init_epoch)
+    config, inherited = config.with_parents_network(parent, given)
+    if inherited:
+        logger.info("Network of the %s, for the flags not given: %s", parent_label(record), ", ".join(
+            f"{name} {config.site.name if name == 'site' else getattr(config, name)!r}" for name in inherited))
+    return dataclasses.replace(config, parent=record)
+
+
+_PARENT_IDENTITY = ("folder", "epoch", "checkpoint", "sha256")
+
+
+def _same_parent(one: dict, other: dict) -> bool:
+    return all(one.get(key) == other.get(key) for key in _PARENT_IDENTITY)
+
+
+def _parent_text(record: dict) -> str:
+    return (f"{record['model']!r} epoch {record['epoch']}, {record['checkpoint']}, SHA-256 {record['sha256'][:12]}…"
+            if record else "random weights")
+
+
 def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
     """The folds of one model are one model's: a fold whose network differs from another fold's is
     refused, naming the settings; one whose recipe or exclusion list is not the other folds' is
-    refused, naming the fold and both, unless ``change_recipe``."""
+    refused, naming the fold and both, unless ``change_recipe``; one whose parent (``--init-from``:
+    its checkpoint, by SHA-256) is not the other folds' is refused, naming both."""
     for fold, path in fold_folders(config.model_dir).items():
         other = RunFolder(path).read_config() if fold != config.fold else None
         if other is None:
             continue
+        if not _same_parent(other.parent, config.parent):
+            raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} from another start "
+                              f"than fold {fold}'s (fold {fold}: {_parent_text(other.parent)}; here: "
+                              f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
+                              f"{fold}'s --init-from and --init-epoch, or train the folds again from this start.")
         fixed = [name for name in TrainConfig.ARCHITECTURE if name not in ("fold", *TrainConfig.FROM_DATA)]
         recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
         differing = [name for name in (*fixed, *recipe)
@@ -378,23 +418,50 @@ def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig |
 
 
 def _new_or_resumed_model(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
-                          updates: int) -> tuple[int, keras.Model]:
-    """``(epochs done, model)``: the newest checkpoint that loads, else a new model (with
-    ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates); the optimizer
-    built eagerly, under the strategy; every worker checked to resume from the same epoch."""
-    with hardware.placement.strategy.scope():
+                          updates: int, restarting: bool) -> tuple[int, keras.Model, TrainConfig]:
+    """``(epochs done, model, config)``: the newest checkpoint that loads, else a new model (with
+    ``--ema``, averaging over about ``EMA_EPOCHS`` epochs of ``updates`` updates) that, with a
+    parent (``config.parent``), takes the parent's weights, recorded in the config returned; the
+    optimizer built eagerly, under the strategy; every worker checked to resume from the same epoch.
+    ``restarting``: the run has a saved config (a model started from the parent before, with no
+    checkpoint of its own yet)."""
+    strategy = hardware.placement.strategy
+    with strategy.scope():
         resumed = folder.load_newest()
-        if resumed is not None:
-            initial_epoch, model = resumed
-            logger.info("Resuming %s from epoch %d", config.model_name, initial_epoch)
-        else:
-            initial_epoch, model = 0, new_model(spec, hardware.learning_rate, ema=config.ema,
-                                                ema_momentum=ema_momentum(updates))
+    if resumed is not None:
+        initial_epoch, model = resumed
+        logger.info("Resuming %s from epoch %d%s", config.model_name, initial_epoch,
+                    f" (it started from the {parent_label(config.parent)}; not loaded again)" if config.parent else "")
+    else:
+        initial_epoch = 0
+        parent = None
+        if config.parent:  # read before the new model, outside the strategy's scope
+            parent = load_parent(config.parent, "pass --start-over (with --init-from) to start from it as it is now"
+                                 if restarting else "run the command again to start from it as it is now")
+        with strategy.scope():
+            model = new_model(spec, hardware.learning_rate, ema=config.ema, ema_momentum=ema_momentum(updates))
+            if parent is not None:
+                matching = take_weights(model, spec, parent)
+                config = dataclasses.replace(config, parent=parent_record(parent, matching))
+                for line in matching.describe(parent_label(config.parent)):
+                    logger.info("%s", line)
+    with strategy.scope():
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     if hardware.placement.workers > 1:
         _check_workers_agree(hardware.placement.strategy, initial_epoch)
-    return initial_epoch, model
+    return initial_epoch, model, config
+
+
+def _frozen_layers(config: TrainConfig, model: keras.Model, initial_epoch: int) -> list[str]:
+    """With ``--freeze`` and epochs of it left: the layers the training step holds (said in the log)."""
+    frozen, thawed = frozen_layers(model, config)
+    if not frozen or initial_epoch >= config.freeze_epochs:
+        return []
+    logger.info("Frozen for the first %d epoch(s) (--freeze %s): %s%s", config.freeze_epochs, config.freeze,
+                ", ".join(frozen),
+                f"; training from the start, not taken from the parent: {', '.join(thawed)}" if thawed else "")
+    return frozen
 
 
 def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, model: keras.Model,
@@ -410,6 +477,11 @@ def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, mode
                 config.augment, config.lr_schedule,
                 f" after {config.warmup_epochs} warm-up epoch(s)" if config.warmup_epochs else "",
                 "; weights averaged (validated, scored and kept as best: the average)" if config.ema else "", scoring)
+    if config.parent:
+        logger.info("Started from the %s of site %s (%s, SHA-256 %s…): %d layers taken%s", parent_label(config.parent),
+                    config.parent["site"], config.parent["folder"], config.parent["sha256"][:12],
+                    len(config.parent.get("taken", ())), f", {len(config.parent['not_taken'])} not"
+                    if config.parent.get("not_taken") else " (every weight)")
     broken = augmentations_that_move_beams(spec.gantry_angles, config.augmentations, ROTATION_STEP_DEGREES)
     if broken and not spec.beam_slots:  # per-patient angles turn with the patient
         logger.warning("The beam angles %s are not carried into themselves by the augmentation %s: after it, "

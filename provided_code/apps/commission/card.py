@@ -7,26 +7,20 @@ describes (so that a file changed since is found)."""
 from __future__ import annotations
 
 import datetime
-import hashlib
 import importlib.metadata
+import logging
 import os
 import platform
 from pathlib import Path
 
 from provided_code.config import TrainConfig
 from provided_code.folds import Dealing
-from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
+from provided_code.infra.checksum import file_checksum
+from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores
+
+logger = logging.getLogger(__name__)
 
 SOFTWARE = ("provided_code", "tensorflow", "keras", "numpy", "pandas", "h5py", "pydicom")
-
-
-def file_checksum(path: os.PathLike | str) -> str:
-    """SHA-256 of a file, read in blocks (a checkpoint is hundreds of MB at 128³)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _versions() -> dict[str, str]:
@@ -59,6 +53,19 @@ def _deployed(model_dir: Path) -> dict | None:
             "patients": scores.get("patients"), "members": scores.get("members")}
 
 
+def _parent(config: TrainConfig) -> dict | None:
+    """The model the folds started from (``--init-from``; every fold alike), as their
+    ``config.json`` records it, and whether its checkpoint is still the one recorded (a parent
+    trained on since has another ``best.keras``): ``changed`` says how, and is logged."""
+    if not config.parent:
+        return None
+    parent = dict(config.parent)
+    parent["changed"] = checkpoint_change(parent)
+    if parent["changed"] is not None:
+        logger.warning("The parent of these folds, %r: its checkpoint %s", parent["model"], parent["changed"])
+    return parent
+
+
 def model_card(model_dir: os.PathLike | str, dealing: Dealing, folds: list[tuple], report: dict) -> tuple[str, dict]:
     """``(markdown, card)`` of the model in ``model_dir``; ``folds``: ``(number, RunFolder, config,
     epoch, checkpoint)`` of each; ``report``: the commissioning's figures (:mod:`.run`)."""
@@ -77,6 +84,7 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, folds: list[tuple
                      "excluded_by": first.excluded_by or None,
                      "data": report["cohort"]["data"]},
         "settings": _settings(first),
+        "parent": _parent(first),
         "software": _versions(),
         "scores": {"out_of_fold": report["scores"], "folds": report["folds"], "deployed": _deployed(model_dir)},
         "commissioning": {"dosimetric_outliers": [o["patient"] for o in report["dosimetric_outliers"]],
@@ -106,6 +114,7 @@ def _markdown(card: dict) -> str:
                        f"(list: {card['patients']['excluded_by'].get('file', '')})")
     else:
         out.append("- Excluded from training: none.")
+    out += _parent_markdown(card["parent"])
     out += ["", "## Recipe and network", "", "| setting | value |", "|---|---|"]
     out += [f"| {name} | {value} |" for name, value in card["settings"].items()]
     out += ["", "## Software", "", ", ".join(f"{name} {version}" for name, version in card["software"].items()), "",
@@ -131,3 +140,19 @@ def _markdown(card: dict) -> str:
     out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]
     out += [f"| {c['fold']} | {c['epoch']} | {c['path']} | `{c['sha256']}` |" for c in card["checkpoints"]]
     return "\n".join(out) + "\n"
+
+
+def _parent_markdown(parent: dict | None) -> list[str]:
+    out = ["", "## Started from", ""]
+    if parent is None:
+        return out + ["Random weights (no --init-from)."]
+    out.append(f"Every fold started from model {parent['model']} (site {parent['site']}, {parent['folder']}): its "
+               f"epoch {parent['epoch']} checkpoint {parent['checkpoint']}, SHA-256 `{parent['sha256']}`.")
+    out.append("")
+    out.append(f"- Taken: {len(parent.get('taken', []))} layers ({', '.join(parent.get('taken', []))}).")
+    not_taken = parent.get("not_taken", [])
+    out.append("- Not taken (initialised as usual): " + ("; ".join(f"{entry['layer']} ({entry['why']})"
+                                                                   for entry in not_taken) or "none") + ".")
+    out.append(f"- **The parent's checkpoint is not the one the folds started from**: {parent['changed']}."
+               if parent["changed"] is not None else "- The parent's checkpoint is unchanged since (SHA-256).")
+    return out
