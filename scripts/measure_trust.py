@@ -165,7 +165,7 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame) -> dict:
     chosen = arrays.select(rows)
     values = {}  # (patient, structure, metric) -> [each fold's value]
     for fold in folds:
-        trained = fold.load_trained_model("best")
+        trained = fold.load_trained_model(fold.epoch_to_apply())  # the fold's final checkpoint
         doses = predict_full_resolution(trained.model, chosen, trained.spec, batch_size=1)
         for row, pid in enumerate(chosen.patient_ids):
             found = patient_table(doses[row], chosen.structure_masks[row], chosen.voxel_dimensions[row], chosen.site)
@@ -190,7 +190,7 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame) -> dict:
 
 def measure(model: Path, data_dir: Path, altered: list[Path], phantoms: int, cache_dir, members: bool) -> dict:
     folds = [RunFolder(path) for path in fold_members(model)]
-    used = [(fold, fold.read_best()["epoch"]) for fold in folds]
+    used = [(fold, fold.checkpoints()[0][0]) for fold in folds]  # each fold's final checkpoint, as predicted
     trust = load_trust(model, used)
     if trust.bands is None or trust.cohort is None:
         raise SystemExit(f"{model}: {trust.why_no_bands or trust.why_no_check}")
