@@ -40,6 +40,7 @@ from typing import Iterable, Mapping
 
 from provided_code.errors import UserError
 from provided_code.folds import fold_members, fold_of_folder
+from provided_code.infra.checksum import file_checksum
 from provided_code.metrics import anatomy, calibration
 from provided_code.run_folder import RunFolder
 
@@ -63,7 +64,7 @@ def commissioning_folder(model_dir: os.PathLike | str) -> Path:
 def bands_record(residual_table, *, site_name: str, folds: list[dict]) -> dict:
     """``bands.json``'s content from commissioning's residual table (columns ``patient``,
     ``structure``, ``metric``, ``difference``): the sorted residuals per structure and metric, the
-    site, and the folds that made them (``[{"fold": K, "epoch": E, "val_dose_score": Gy or None}]``:
+    site, and the folds that made them (``[{"fold": K, "epoch": E, "sha256": the checkpoint's}]``:
     what a prediction checks it is made with)."""
     return {"format": BANDS_FORMAT, "method": calibration.METHOD, "site": site_name, "folds": folds,
             "patients": int(residual_table["patient"].nunique()),
@@ -71,12 +72,12 @@ def bands_record(residual_table, *, site_name: str, folds: list[dict]) -> dict:
 
 
 def fold_identity(folder: RunFolder, epoch: int) -> dict:
-    """What identifies the checkpoint a fold predicts with: its fold number, epoch and, when it is
-    the fold's best, the best record's validation dose score (a fold trained again differs there)."""
-    best = folder.read_best()
-    score = best.get("val_dose_score") if best is not None and best.get("epoch") == epoch else None
-    return {"fold": fold_of_folder(folder.path), "epoch": int(epoch),
-            "val_dose_score": None if score is None else float(score)}
+    """What identifies the checkpoint a fold predicts with: its fold number, epoch and the SHA-256
+    of its checkpoint file (a fold trained again, or a checkpoint replaced, differs there)."""
+    checkpoint = folder.checkpoint(epoch)
+    if not checkpoint.is_file():
+        raise TrustError(f"{folder.path}: no checkpoint of epoch {epoch} ({checkpoint} is missing)")
+    return {"fold": fold_of_folder(folder.path), "epoch": int(epoch), "sha256": file_checksum(checkpoint)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,21 +249,14 @@ def _checked_bands(bands: dict, path: Path, used: list[tuple[RunFolder, int]], c
     for folder, epoch in used:
         now = fold_identity(folder, epoch)
         then = commissioned.get(now["fold"])
-        if then is None or then["epoch"] != now["epoch"] or not _same_score(then.get("val_dose_score"),
-                                                                           now["val_dose_score"]):
+        if then is None or then["epoch"] != now["epoch"] or then.get("sha256") != now["sha256"]:
             differ.append(f"fold {now['fold']} at epoch {now['epoch']}" + (
                 f" (commissioned at epoch {then['epoch']})" if then is not None and then["epoch"] != now["epoch"] else
-                " (trained again since)" if then is not None else ""))
+                " (its checkpoint changed since: trained again, or the file replaced)" if then is not None else ""))
     if differ:
         return (f"the bands were calibrated on other checkpoints than those predicting ({'; '.join(differ)}): "
                 f"predict with each fold's commissioned checkpoint (the default), or {command} again")
     return ""
-
-
-def _same_score(then, now) -> bool:
-    if then is None or now is None:
-        return then is None and now is None
-    return math.isclose(float(then), float(now), rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _read(path: Path) -> dict | None:

@@ -10,7 +10,8 @@ MODEL_DIR is ``results/<model>`` after ``openkbp-commission`` (its ``commissioni
 (its ``validation-predictions/``: the folds' ensemble, as deployed). Prints JSON:
 
 - ``coverage``: at each nominal level, the share of the validation patients' (structure, metric)
-  values that their band held, overall and per structure-metric (the spread of those against what
+  values that their band held, overall (with the coverage exchangeable residuals give at those
+  ranks, ``expected``, and a patient-level bootstrap interval) and per structure-metric (the spread of those against what
   the binomial law allows at that many patients, and how many lie in the acceptance windows of
   85-95 % for 90 % bands and 63-73 % for 68 % bands), with the median band width in Gy;
 - ``ensemble_against_folds``: per structure-metric the median |error| of the ensemble's validation
@@ -22,7 +23,8 @@ MODEL_DIR is ``results/<model>`` after ``openkbp-commission`` (its ``commissioni
 - with ``--members``, ``member_spread``: each fold predicts the validation patients alone; per
   structure-metric the Spearman correlation, across patients, of the folds' spread (their standard
   deviation) with the ensemble's |error|: whether a band scaled by the spread would track the
-  error (the bands are not scaled: docs/trust.md says why).
+  error (the bands are not scaled: docs/trust.md says why), and the bands' coverage had each fold
+  predicted alone.
 """
 
 from __future__ import annotations
@@ -83,10 +85,21 @@ def _rows(model: Path, data_dir: Path, cache_dir) -> tuple[pd.DataFrame, object]
     return pd.DataFrame(records, columns=["patient", "structure", "metric", "plan", "predicted"]), arrays
 
 
+def _patient_bootstrap(rows: pd.DataFrame, draws: int = 2000, seed: int = 0) -> list[float]:
+    """The 2.5 and 97.5 percentiles of the overall coverage over ``draws`` resamplings of the
+    validation patients with replacement (a patient's values are not independent of each other)."""
+    per_patient = rows.groupby("patient")["covered"].agg(["sum", "count"])
+    covered, counts = per_patient["sum"].to_numpy(float), per_patient["count"].to_numpy(float)
+    picks = np.random.default_rng(seed).integers(0, len(per_patient), size=(draws, len(per_patient)))
+    shares = covered[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    return [round(float(q), 4) for q in np.quantile(shares, [0.025, 0.975])]
+
+
 def _coverage(table: pd.DataFrame, bands: dict) -> dict:
     held = calibration.coverage_rows(table, bands["residuals"])
     overall = calibration.coverage_summary(held).set_index("nominal")
     pairs = calibration.coverage_summary(held, by=("structure", "metric"))
+    structures = calibration.coverage_summary(held, by=("structure",))
     result = {}
     for level in calibration.LEVELS:
         at = pairs[np.isclose(pairs["nominal"], level)]
@@ -100,7 +113,10 @@ def _coverage(table: pd.DataFrame, bands: dict) -> dict:
                            "binomial_95": [round(low, 4), round(high, 4)],
                            "consistent": bool(low <= row.observed <= high),
                            "median_width_gy": round(float(row.median_width), 3)})
+        expected_overall = sum(e["expected"] * e["n"] for e in spread) / sum(e["n"] for e in spread)
         entry = {"observed": round(float(overall.loc[level, "observed"]), 4), "values": int(overall.loc[level, "n"]),
+                 "expected": round(expected_overall, 4),
+                 "bootstrap_95": _patient_bootstrap(held[np.isclose(held["nominal"], level)]),
                  "median_width_gy": round(float(overall.loc[level, "median_width"]), 3),
                  "structure_metrics": len(spread),
                  "consistent_with_exchangeability": sum(e["consistent"] for e in spread),
@@ -108,6 +124,8 @@ def _coverage(table: pd.DataFrame, bands: dict) -> dict:
         if within is not None:
             entry["in_acceptance_window"] = sum(within[0] <= e["observed"] <= within[1] + 1e-12 for e in spread)
             entry["acceptance_window"] = list(within)
+        entry["per_structure"] = {row.structure: round(float(row.observed), 4) for row in
+                                  structures[np.isclose(structures["nominal"], level)].itertuples()}
         entry["per_structure_metric"] = spread
         result[f"{level:g}"] = entry
     return result
@@ -154,9 +172,11 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ranks_a, ranks_b)[0, 1])
 
 
-def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame) -> dict:
+def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame, bands: dict) -> dict:
     """Each fold's predictions of the validation patients with a dose, their spread per (patient,
-    structure, metric) against the ensemble's |error| (module docstring)."""
+    structure, metric) against the ensemble's |error| (module docstring), and the bands' overall
+    coverage of the plans had each fold predicted alone (what the out-of-fold residuals the bands
+    are made of describe: one fold, on patients it did not see)."""
     import keras
 
     from provided_code.inference import predict_full_resolution
@@ -181,7 +201,13 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame) -> dict:
         if len(group) >= 10 and group["spread"].std() > 0 and group["error"].std() > 0:
             correlations.append(_spearman(group["spread"].to_numpy(), group["error"].to_numpy()))
     correlations = np.array(correlations)
-    return {"structure_metrics": len(correlations), "median_spearman": round(float(np.median(correlations)), 3),
+    alone = {}
+    for k in range(len(folds)):
+        single = table.assign(predicted=[values[(r.patient, r.structure, r.metric)][k] for r in table.itertuples()])
+        summary = calibration.coverage_summary(calibration.coverage_rows(single, bands["residuals"])).set_index("nominal")
+        for level in WINDOWS:
+            alone.setdefault(f"{level:g}", []).append(round(float(summary.loc[level, "observed"]), 4))
+    return {"coverage_of_each_fold_alone": alone, "structure_metrics": len(correlations), "median_spearman": round(float(np.median(correlations)), 3),
             "quartiles": [round(float(q), 3) for q in np.quantile(correlations, [0.25, 0.75])],
             "positive": int((correlations > 0).sum()),
             "median_spread_gy": round(float(table["spread"].median()), 3),
@@ -217,7 +243,7 @@ def measure(model: Path, data_dir: Path, altered: list[Path], phantoms: int, cac
                                                                                   site, set(names))))
     result["in_distribution"] = flags
     if members:
-        result["member_spread"] = _member_spread(folds, arrays, table)
+        result["member_spread"] = _member_spread(folds, arrays, table, trust.bands)
     return result
 
 

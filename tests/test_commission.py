@@ -17,6 +17,7 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, read_sparse_csv
 from provided_code.folds import read_dealing
 from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure_indices
+from provided_code.run_folder import RunFolder
 from provided_code.sites import openkbp
 
 pytestmark = pytest.mark.slow
@@ -159,9 +160,9 @@ def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_
         # plans.csv keeps 4 decimals: half a unit of the last
         assert bands["residuals"][structure][metric] == pytest.approx(sorted(group.difference), abs=5e-5)
     assert sum(len(metrics) for metrics in bands["residuals"].values()) == len(plans.groupby(["structure", "metric"]))
-    for entry in bands["folds"]:
-        best = json.loads((commissioned_cv / f"fold-{entry['fold']}" / "models" / "best.json").read_text())
-        assert (entry["epoch"], entry["val_dose_score"]) == (best["epoch"], best["val_dose_score"])
+    for entry in bands["folds"]:  # each fold's final checkpoint, by its SHA-256
+        epoch, checkpoint = RunFolder(commissioned_cv / f"fold-{entry['fold']}").checkpoints()[0]
+        assert (entry["epoch"], entry["sha256"]) == (epoch, hashlib.sha256(checkpoint.read_bytes()).hexdigest())
 
 
 def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_recomputed_plainly(

@@ -3,6 +3,7 @@ in-distribution check apply to the folds they were made for, and every other mod
 none in one line; the band of a table against the arithmetic; the DVH table's columns; the RT
 Dose's description. On model folders made of their files (no training)."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -65,6 +66,8 @@ def model(tmp_path):
         models.mkdir(parents=True)
         (models / "best.json").write_text(json.dumps({"epoch": epoch, "val_dose_score": 3.0 + fold, "val_dvh_score": 5.0}))
         (models / "best.keras").write_bytes(b"")  # a best record is read beside its checkpoint
+        for saved in (epoch - 1, epoch):
+            (models / f"epoch_{saved}.keras").write_bytes(f"fold {fold} weights at epoch {saved}".encode())
     folds = [fold_identity(RunFolder(model_dir / f"fold-{fold}"), epoch) for fold, epoch in EPOCHS.items()]
     folder = commissioning_folder(model_dir)
     folder.mkdir()
@@ -82,8 +85,9 @@ def test_the_folds_at_their_commissioned_checkpoints_have_bands_and_the_check(mo
     assert trust.bands is not None and trust.cohort is not None and not trust.why_no_bands
     assert trust.lines()[0] == ("Bands: 80 % nominal coverage, split-conformal, equal-tailed, on out-of-fold "
                                 "residuals of 25 training patients")
-    assert trust.bands["folds"] == [{"fold": 1, "epoch": 7, "val_dose_score": 4.0},
-                                    {"fold": 2, "epoch": 9, "val_dose_score": 5.0}]
+    assert trust.bands["folds"] == [
+        {"fold": fold, "epoch": epoch, "sha256": hashlib.sha256(f"fold {fold} weights at epoch {epoch}".encode()).hexdigest()}
+        for fold, epoch in EPOCHS.items()]
 
 
 def test_the_band_of_a_table_is_the_arithmetics_and_says_where_there_is_none(model):
@@ -128,8 +132,9 @@ def test_other_checkpoints_than_the_commissioned_have_the_check_but_no_bands(mod
     assert trust.why_no_bands == (f"the bands were calibrated on other checkpoints than those predicting (fold 2 at "
                                   f"epoch 8 (commissioned at epoch 9)): predict with each fold's commissioned checkpoint "
                                   f"(the default), or run openkbp-commission {model} again")
-    (model / "fold-2" / "models" / "best.json").write_text(json.dumps({"epoch": 9, "val_dose_score": 2.5, "val_dvh_score": 5.0}))
-    assert "fold 2 at epoch 9 (trained again since)" in load_trust(model, _used(model)).why_no_bands
+    (model / "fold-2" / "models" / "epoch_9.keras").write_bytes(b"fold 2 trained again")
+    assert ("fold 2 at epoch 9 (its checkpoint changed since: trained again, or the file replaced)"
+            in load_trust(model, _used(model)).why_no_bands)
 
 
 @pytest.mark.parametrize("case, expected", [
