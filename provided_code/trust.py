@@ -14,9 +14,10 @@ bands file's format)::
 - **The band** of a predicted DVH metric: ``[low, high]`` holding the achieved plan's value with at
   least the nominal coverage (``--band``, default 90 %), split-conformal on the residuals of the
   folds that never saw each patient. It applies to the model they were made with: the deployed
-  ensemble of all its folds, each at its commissioned checkpoint. The ensemble averages the folds,
-  whose errors it partly cancels, so its own errors are likely smaller than the single folds' out-of-
-  fold errors the band is made of: the band is conservative for it (measured: docs/trust.md).
+  ensemble of all its folds, each at its commissioned checkpoint (by SHA-256). The ensemble averages
+  the folds, whose errors it partly cancels, so its own errors are likely smaller than the single
+  folds' out-of-fold errors the band is made of: the band is conservative for it (measured, with
+  what else made it so: docs/trust.md).
 - **The in-distribution check**: the patient's anatomy features scored against the cohort (a local
   outlier factor, and how far its features lie outside the cohort's range:
   :func:`provided_code.metrics.anatomy.check`); above the cohort's threshold, or a feature far
