@@ -202,6 +202,16 @@ class TrainConfig:
                     else self.freeze_epochs == 0,
                     f"an integer >= 1 with --freeze {self.freeze}" if self.freeze != "none"
                     else "0 without --freeze (--freeze encoder --freeze-epochs N)")
+        self._check("freeze", self.freeze == "none" or self.norm != "batch",
+                    "none with --norm batch (batch normalisation's moving statistics follow the new patients "
+                    "in training whatever the gradients, so the encoder would not stay the parent's)")
+
+    def _same_start(self, saved: "TrainConfig") -> bool:
+        """Whether ``--init-from`` and ``--init-epoch`` name the parent ``saved`` started from (the
+        same command run again, to resume: the parent is not loaded again)."""
+        recorded = saved.parent.get("folder", saved.init_from) if saved.init_from else ""
+        return bool(recorded) and str(self.init_epoch) == str(saved.init_epoch) and \
+            os.path.realpath(self.init_from) == os.path.realpath(recorded)
 
     def _check(self, name: str, valid: bool, expected: str) -> None:
         """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
@@ -288,8 +298,8 @@ class TrainConfig:
         ``--preset``'s fields); None: every field (a library caller's config says what it wants).
         A field in ``ARCHITECTURE``, ``RECIPE`` or ``KEPT_ON_RESUME`` that is not given takes the
         saved value. Raises :class:`ConfigError` for a given architecture field (or precision) that
-        differs, an ``ema`` toggle, a given ``init_from`` (a resume continues from the run's own
-        checkpoints), and, without ``change_recipe``, a given recipe field that differs, naming each
+        differs, an ``ema`` toggle, a given ``init_from`` other than the parent the run started from
+        (a resume continues from the run's own checkpoints; the same command again is a resume), and, without ``change_recipe``, a given recipe field that differs, naming each
         field's saved and requested value. The result keeps the saved ``history`` and where the
         weights started (``STARTED_FROM``).
         """
@@ -297,14 +307,15 @@ class TrainConfig:
         if given & {"beams", "beam_angles"}:  # one setting: the angles, or their number
             given |= {"beams", "beam_angles"}
         given -= set(self.FROM_DATA)  # the model's, whatever the caller's config says: the data set them
-        if self.init_from and "init_from" in given:
+        if self.init_from and "init_from" in given and not self._same_start(saved):
             started = (f"it started from {saved.parent.get('model', saved.init_from)!r} (epoch "
                        f"{saved.parent.get('epoch', saved.init_epoch)})" if saved.init_from else
                        "it started from random weights")
             raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --init-from {self.init_from}: "
-                f"{started}, and a resume continues from its own checkpoints, never a parent's weights. Run the "
-                f"command without --init-from and --init-epoch, or train a new --model-name (or --start-over).")
+                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --init-from {self.init_from} "
+                f"(--init-epoch {self.init_epoch}): {started}, and a resume continues from its own checkpoints (or "
+                f"from that parent when it has none yet). Run the command with the parent it started from, or "
+                f"without --init-from and --init-epoch, or train a new --model-name (or --start-over).")
         names = self.ARCHITECTURE + self.RECIPE + self.KEPT_ON_RESUME
         config = dataclasses.replace(self, history=saved.history, **{
             name: getattr(saved, name) for name in self.STARTED_FROM}, **{

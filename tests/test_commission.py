@@ -234,7 +234,7 @@ def test_the_card_names_the_parent_and_a_parent_checkpoint_changed_since(commiss
         path.write_text(json.dumps({**json.loads(path.read_text()), "parent": record, "init_from": record["folder"]}))
     commission(tuned, data_dir=phantom_data, cache_dir=phantom_cache)
     card = json.loads((tuned / "commissioning" / "model_card.json").read_text())
-    assert card["parent"] == {**record, "changed": None}
+    assert card["parent"] == {**record, "changed": None, "checkable": True}
     text = (tuned / "commissioning" / "MODEL_CARD.md").read_text()
     assert (f"Every fold started from model parent (site openkbp, {tmp_path / 'parent'}): its epoch 40 checkpoint "
             f"models/best.keras, SHA-256 `{record['sha256']}`.") in text
@@ -252,4 +252,9 @@ def test_the_card_names_the_parent_and_a_parent_checkpoint_changed_since(commiss
     assert (f"- **The parent's checkpoint is not the one the folds started from**: {card['parent']['changed']}."
             in (tuned / "commissioning" / "MODEL_CARD.md").read_text())
     assert f"The parent of these folds, 'parent': its checkpoint {checkpoint} changed since" in caplog.text
+    checkpoint.unlink()  # commissioned where the parent is not: nothing to say it changed
+    commission(tuned, data_dir=phantom_data, cache_dir=phantom_cache)
+    text = (tuned / "commissioning" / "MODEL_CARD.md").read_text()
+    assert f"- The parent's checkpoint cannot be checked here: {checkpoint} is gone" in text
+    assert "is not the one the folds started from" not in text
     assert "Random weights (no --init-from)." in (model / "commissioning" / "MODEL_CARD.md").read_text()

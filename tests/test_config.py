@@ -144,18 +144,28 @@ def test_a_model_saved_before_optional_targets_takes_todays_shipped_site():
     assert restored.site is load_site("openkbp") and restored.site.required_targets == ("PTV70",)
 
 
-def test_a_resume_refuses_init_from_and_keeps_where_the_weights_started():
-    saved = TrainConfig(init_from="/p", init_epoch=4, parent={"model": "p", "epoch": 4})
-    with pytest.raises(ConfigError, match=r"with --init-from /p: it started from 'p' \(epoch 4\), and a resume "
-                                          r"continues from its own checkpoints, never a parent's weights. Run the "
-                                          r"command without --init-from and --init-epoch") as refused:
-        TrainConfig(init_from="/p").resume(saved, given={"init_from"})
+def test_a_resume_refuses_another_init_from_and_keeps_where_the_weights_started(tmp_path):
+    parent, other = tmp_path / "p", tmp_path / "q"
+    saved = TrainConfig(init_from=str(parent), init_epoch=4, parent={"model": "p", "epoch": 4, "folder": str(parent)})
+    with pytest.raises(ConfigError, match=rf"with --init-from {other} \(--init-epoch 4\): it started from 'p' "
+                                          rf"\(epoch 4\), and a resume continues from its own checkpoints") as refused:
+        TrainConfig(init_from=str(other), init_epoch=4).resume(saved, given={"init_from", "init_epoch"})
     assert "\n" not in str(refused.value)
-    config, _ = TrainConfig().resume(saved, given=set())  # the bare command
-    assert (config.init_from, config.init_epoch, config.parent) == ("/p", 4, saved.parent)
+    with pytest.raises(ConfigError, match=r"\(--init-epoch best\): it started from 'p' \(epoch 4\)"):
+        TrainConfig(init_from=str(parent)).resume(saved, given={"init_from"})  # the same parent, another checkpoint
+    for command in (TrainConfig(), TrainConfig(init_from=str(parent / "." / ""), init_epoch=4)):  # bare, or the same
+        config, _ = command.resume(saved, given={"init_from", "init_epoch"} if command.init_from else set())
+        assert (config.init_from, config.init_epoch, config.parent) == (str(parent), 4, saved.parent)
     with pytest.raises(ConfigError, match="it started from random weights"):
-        TrainConfig(init_from="/p").resume(TrainConfig(), given={"init_from"})
+        TrainConfig(init_from=str(parent)).resume(TrainConfig(), given={"init_from"})
     assert TrainConfig.from_json(saved.to_json()) == saved
+
+
+def test_freezing_a_batch_normalised_encoder_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"Invalid `freeze`. Expected none with --norm batch \(batch "
+                                          r"normalisation's moving statistics .*Received: freeze='encoder'"):
+        TrainConfig(norm="batch", freeze="encoder", freeze_epochs=2)
+    assert TrainConfig(norm="instance", freeze="encoder", freeze_epochs=2).freeze == "encoder"
 
 
 def test_a_new_model_from_a_parent_takes_its_network_where_no_flag_is_given_and_its_own_sites_beams():

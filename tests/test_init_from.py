@@ -170,8 +170,8 @@ def test_a_fine_tune_takes_the_parents_network_and_records_the_parent_in_config_
 @pytest.mark.slow
 def test_a_resume_keeps_the_fine_tuned_weights_and_never_loads_the_parent_again(child, tiny_model, tmp_path):
     """A fine-tune that loses its last epoch's checkpoint resumes from the one before, though the
-    parent's checkpoint is gone by then, and ends with the uninterrupted run's weights; --init-from
-    on the resume is refused."""
+    parent's checkpoint is gone by then, and ends with the uninterrupted run's weights: the same
+    command again is the resume; --init-from with another parent is refused."""
     parent = tmp_path / "parent"
     shutil.copytree(tiny_model, parent)
     started = dataclasses.replace(child, init_from=str(parent), epochs=3)
@@ -182,9 +182,9 @@ def test_a_resume_keeps_the_fine_tuned_weights_and_never_loads_the_parent_again(
     keras.backend.clear_session()
     with pytest.raises(ConfigError, match=r"with --init-from .*: it started from 'parent' \(epoch 1\), and a resume "
                                           r"continues from its own checkpoints") as refused:
-        train(started)
+        train(dataclasses.replace(started, init_from=str(tiny_model)))
     assert "\n" not in str(refused.value)
-    result = train(dataclasses.replace(started, init_from="", init_epoch="best"))
+    result = train(started)  # the command that started it
     assert (result.first_epoch, result.last_epoch) == (2, 3)
     assert RunFolder(started.run_dir).read_config().parent["model"] == "parent"  # kept
     for x, y in zip(expected, model_weights(RunFolder(started.run_dir).load_newest()[1])):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -49,6 +50,9 @@ class InitFromError(UserError, ValueError):
     the parent's folder and what is wrong."""
 
 
+logger = logging.getLogger(__name__)
+
+
 @dataclasses.dataclass(frozen=True)
 class Matching:
     """Which of a new model's layers (those with weights) take the parent's weights."""
@@ -56,6 +60,7 @@ class Matching:
     taken: tuple[str, ...]  # layers whose every weight is the parent's
     not_taken: tuple[tuple[str, str], ...]  # (layer, why) of the others: initialised as usual
     unused: tuple[str, ...]  # the parent's layers with weights that have no layer of their name here
+    fingerprint: str = ""  # of the taken layers' weights, once set (take_weights): layers_fingerprint
 
     def describe(self, parent: str) -> list[str]:
         """What was taken and what was not, one log line each."""
@@ -159,6 +164,9 @@ def resolve_parent(init_from: str, init_epoch: int | str) -> tuple[dict, TrainCo
         raise InitFromError(f"Invalid `init_epoch`. Expected a checkpoint {folder.path} has: epochs {have}"
                             f"{' or best' if folder.read_best() is not None else ''}. "
                             f"Received: init_epoch={init_epoch}")
+    if init_epoch == "best" and folder.is_fold and folder.checkpoints():
+        logger.warning("%s is a fold: its best.keras was picked on its own held-out patients; its commissioned "
+                       "checkpoint is its final one (--init-epoch %d)", folder.path, folder.checkpoints()[0][0])
     record = {**folder.checkpoint_record(init_epoch), "site": config.site.name}
     return record, config
 
@@ -217,12 +225,17 @@ def take_weights(model: keras.Model, spec: ModelSpec, parent: ParentWeights) -> 
                            f"{matching.not_taken}, unused: {matching.unused}")
     for name in matching.taken:
         own[name].set_weights([values for _, values in parent.weights[name]])
-    return matching
+    taken = layers_fingerprint(layer_weights(model), matching.taken)  # read back from the new model
+    if taken != layers_fingerprint(parent.weights, matching.taken):
+        raise RuntimeError(f"The layers taken from {parent_label(parent.record)} do not hold its weights after "
+                           f"they were set: {', '.join(matching.taken)}")
+    return dataclasses.replace(matching, fingerprint=taken)
 
 
 def parent_record(parent: ParentWeights, matching: Matching) -> dict:
-    """The record ``config.json`` keeps: the parent's, what was taken and not, and the taken
-    weights' fingerprint (:func:`layers_fingerprint`)."""
+    """The record ``config.json`` keeps: the parent's, what was taken and not, and the fingerprint
+    of the taken layers as the new model holds them, read back after they were set (equal to the
+    parent's: :func:`take_weights` checks it)."""
     return {**parent.record, "taken": list(matching.taken),
             "not_taken": [{"layer": layer, "why": why} for layer, why in matching.not_taken],
-            "taken_fingerprint": layers_fingerprint(parent.weights, matching.taken)}
+            "taken_fingerprint": matching.fingerprint}

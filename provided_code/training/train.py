@@ -272,7 +272,8 @@ def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
             raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} from another start "
                               f"than fold {fold}'s (fold {fold}: {_parent_text(other.parent)}; here: "
                               f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
-                              f"{fold}'s --init-from and --init-epoch, or train the folds again from this start.")
+                              f"{fold}'s --init-from and --init-epoch while that file is unchanged, or train the "
+                              f"folds again from one start (an --init-epoch N the parent keeps).")
         fixed = [name for name in TrainConfig.ARCHITECTURE if name not in ("fold", *TrainConfig.FROM_DATA)]
         recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
         differing = [name for name in (*fixed, *recipe)

@@ -16,7 +16,7 @@ from pathlib import Path
 from provided_code.config import TrainConfig
 from provided_code.folds import Dealing
 from provided_code.infra.checksum import file_checksum
-from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores
+from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def _parent(config: TrainConfig) -> dict | None:
         return None
     parent = dict(config.parent)
     parent["changed"] = checkpoint_change(parent)
+    parent["checkable"] = recorded_checkpoint(parent).is_file()  # a parent gone (another machine) says nothing
     if parent["changed"] is not None:
         logger.warning("The parent of these folds, %r: its checkpoint %s", parent["model"], parent["changed"])
     return parent
@@ -153,6 +154,11 @@ def _parent_markdown(parent: dict | None) -> list[str]:
     not_taken = parent.get("not_taken", [])
     out.append("- Not taken (initialised as usual): " + ("; ".join(f"{entry['layer']} ({entry['why']})"
                                                                    for entry in not_taken) or "none") + ".")
-    out.append(f"- **The parent's checkpoint is not the one the folds started from**: {parent['changed']}."
-               if parent["changed"] is not None else "- The parent's checkpoint is unchanged since (SHA-256).")
+    if parent["changed"] is None:
+        out.append("- The parent's checkpoint is unchanged since (SHA-256).")
+    elif not parent.get("checkable", True):
+        out.append(f"- The parent's checkpoint cannot be checked here: {parent['changed']}. The folds do not need "
+                   f"it (their weights are their own); the SHA-256 above is what it was.")
+    else:
+        out.append(f"- **The parent's checkpoint is not the one the folds started from**: {parent['changed']}.")
     return out
