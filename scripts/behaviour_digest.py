@@ -78,7 +78,8 @@ def main() -> None:
                 raise SystemExit(f"{name} --predict-only failed:\n{predicted.stderr[-2000:]}")
             folder = results / name
             log = [",".join(line.split(",")[:5]) for line in (folder / "training_log.csv").read_text().splitlines()]
-            out[name] = {"fingerprint": fingerprint, "scores": predicted.stdout.strip().splitlines()[-1],
+            out[name] = {"fingerprint": fingerprint, "scores": next(line for line in predicted.stdout.splitlines()
+                                                                 if line.startswith("dose score")),
                          "log": hashlib.sha256("\n".join(log).encode()).hexdigest()[:16],
                          "files": {str(path.relative_to(folder)): digest(path) for path in sorted(
                              folder.glob("validation-predictions/*")) if path.suffix in (".csv", ".json")}}
