@@ -89,6 +89,17 @@ def test_change_recipe_with_predict_only_is_refused_not_ignored(tmp_path):
     assert result.returncode == 2 and "Expected --change-recipe only when resuming training" in result.stderr
 
 
+def test_init_from_with_predict_only_is_refused_not_ignored(tmp_path):
+    result = run("--predict-only", "--init-from", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2 and "Expected --init-from and --init-epoch only when training a new model" \
+        in result.stderr
+
+
+def test_the_finetune_preset_without_a_parent_is_warned_about(tmp_path):
+    result = run("--preset", "finetune", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
+    assert "Warning: --preset finetune without --init-from" in result.stderr and result.returncode == 1
+
+
 def test_a_gantry_angle_outside_0_to_360_is_refused_in_one_line(tmp_path):
     result = run("--beam-angles", "400", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr

@@ -186,6 +186,13 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         if "band" in given and not predict_only:
             raise click.BadParameter("Expected --predict-only with --band. Received: --band without it",
                                      param_hint="--band")
+        if given & {"init_from", "init_epoch"} and predict_only:
+            raise click.BadParameter("Expected --init-from and --init-epoch only when training a new model (its "
+                                     "starting weights). Received: --init-from with --predict-only",
+                                     param_hint="--init-from")
+        if preset == "finetune" and not predict_only and "init_from" not in given:
+            click.echo("Warning: --preset finetune without --init-from: its low rate and short warm-up suit a model "
+                       "started from a trained one (--init-from MODEL_DIR)", err=True)
         if ensemble is not None and not predict_only:
             raise click.BadParameter("Expected --predict-only with --ensemble. Received: --ensemble without it",
                                      param_hint="--ensemble")
