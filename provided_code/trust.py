@@ -134,26 +134,33 @@ class Trust:
     def lines(self) -> list[str]:
         """What the model's predictions carry, in a line each, or why not (one line when neither,
         for one reason)."""
+        return [line for line, _ in self._lines()]
+
+    def missing_lines(self) -> list[str]:
+        """The lines of :meth:`lines` that say what the predictions do not carry, and why."""
+        return [line for line, missing in self._lines() if missing]
+
+    def _lines(self) -> list[tuple[str, bool]]:
+        """:meth:`lines` each with whether it says something is missing."""
         if self.bands is None and self.cohort is None and self.why_no_bands == self.why_no_check:
-            return [f"No prediction bands or in-distribution check: {self.why_no_bands}"]
-        return [self._bands_line(),
-                f"In-distribution check: against the anatomy of the {len(self.cohort['patients'])} training patients "
-                f"(a local outlier factor above {self.cohort['threshold']:.2f}: {OUTSIDE})" if self.cohort is not None
-                else f"No in-distribution check: {self.why_no_check}"]
+            return [(f"No prediction bands or in-distribution check: {self.why_no_bands}", True)]
+        check = ((f"In-distribution check: against the anatomy of the {len(self.cohort['patients'])} training "
+                  f"patients (a local outlier factor above {self.cohort['threshold']:.2f}: {OUTSIDE})", False)
+                 if self.cohort is not None else (f"No in-distribution check: {self.why_no_check}", True))
+        return [self._bands_line(), check]
 
-
-    def _bands_line(self) -> str:
+    def _bands_line(self) -> tuple[str, bool]:
         if self.bands is None:
-            return f"No prediction bands: {self.why_no_bands}"
+            return f"No prediction bands: {self.why_no_bands}", True
         most = max((len(values) for metrics in self.bands["residuals"].values() for values in metrics.values()),
                    default=0)
         needed = calibration.patients_needed(self.coverage)
         if most < needed:  # every structure-metric is without: said once, not on each table
             return (f"No prediction bands at {100 * self.coverage:g} % nominal coverage: a metric's residuals come "
                     f"from {most} training patients at most, {needed} are needed (--band "
-                    f"{math.floor(100 * calibration.largest_coverage(most)) / 100:.2f} or lower gives bands)")
+                    f"{math.floor(100 * calibration.largest_coverage(most)) / 100:.2f} or lower gives bands)", True)
         return (f"Bands: {100 * self.coverage:g} % nominal coverage, {calibration.METHOD} of "
-                f"{self.bands['patients']} training patients")
+                f"{self.bands['patients']} training patients", False)
 
 
 def described(description: str, checked: dict | None) -> str:

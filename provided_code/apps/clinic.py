@@ -88,7 +88,7 @@ def trust_lines(dvh: dict, trust: Trust | None) -> list[str]:
     if "in_distribution" in dvh:
         lines.append(flag_line(dvh["in_distribution"]))
     if trust is not None:
-        lines += [line for line in trust.lines() if line.startswith("No ")]
+        lines += trust.missing_lines()
     return lines
 
 

@@ -337,7 +337,7 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress) -> dict:
 
 def _trust_lines(summary: dict, trust: Trust, predictions_dir: Path) -> list[str]:
     """What the predictions said about themselves, for the summary (or why they said nothing)."""
-    lines = [line for line in trust.lines() if line.startswith("No ")]
+    lines = trust.missing_lines()
     band = summary.get("band")
     if band is not None:
         held = (f": the plans' values held {100 * band['observed']:.1f} % of the time ({band['values']} values), "

@@ -94,6 +94,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from provided_code.metrics.commissioning import MAD_SCALE
 from provided_code.sites import Site
 
 OVH_DISTANCES_MM = (0, 5, 10, 20)  # the overlap-volume histogram's distances, mm
@@ -107,7 +108,6 @@ OUTSIDE_SCALES = 0.1  # a feature counts as outside the cohort's range from this
 FAR_SCALES = 1.0  # ... and as far outside from this many
 MOST_REASONS = 3
 COHORT_FORMAT = 1
-_MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this is its standard deviation
 _MEAN_DEVIATION_SCALE = 1.2533  # sqrt(π/2): the mean absolute deviation of a normal sample times this is its SD
 _DISTANCE_TOLERANCE_MM2 = 1e-6  # squared distances are sums of squared multiples of the spacing: equal to a
 # distance's square up to float rounding, far below this
@@ -228,7 +228,7 @@ def fit_cohort(features: pd.DataFrame) -> dict:
         warnings.simplefilter("ignore", RuntimeWarning)
         centre = np.nanmedian(values, axis=0)
         deviation = np.abs(values - centre)
-        scale = _MAD_SCALE * np.nanmedian(deviation, axis=0)
+        scale = MAD_SCALE * np.nanmedian(deviation, axis=0)
         fallback = _MEAN_DEVIATION_SCALE * np.nanmean(deviation, axis=0)
     scale = np.where(scale > 0, scale, np.where(fallback > 0, fallback, np.nan))
     cohort = {"format": COHORT_FORMAT,
@@ -238,7 +238,7 @@ def fit_cohort(features: pd.DataFrame) -> dict:
               "centre": _json_list(centre), "scale": _json_list(scale),
               "vectors": [_json_list(row) for row in (values - centre) / scale],
               "k": neighbours_for(len(features)), "order": ORDER, "quantile": QUANTILE, "threshold": None}
-    cohort["threshold"] = threshold_of(cohort_scores(cohort)["score"].to_numpy())
+    cohort["threshold"] = threshold_of(_left_out_factors(cohort))
     return cohort
 
 
@@ -308,19 +308,28 @@ def cohort_scores(cohort: dict) -> pd.DataFrame:
     """Each training patient scored leave-one-out, against the others only (module docstring):
     index ``patient``, columns ``score``, ``flagged`` (above the cohort's threshold, or one feature
     far outside the others' range; False before it has one) and ``reasons`` (a list of sentences)."""
-    vectors = _array(cohort["vectors"])
-    distances = _distances(vectors, vectors)
     raw = _raw(cohort)
     threshold = cohort["threshold"]
     rows = []
-    for patient in range(len(vectors)):
-        others = np.delete(np.arange(len(vectors)), patient)
-        factor = _local_outlier_factor(distances[np.ix_(others, others)], distances[patient, others], cohort["k"])
+    for patient, factor in enumerate(_left_out_factors(cohort)):
+        others = np.delete(np.arange(len(raw)), patient)
         far = outside_range(cohort, dict(zip(cohort["features"], raw[patient])), others)[0] >= FAR_SCALES
         rows.append({"patient": cohort["patients"][patient], "score": factor,
                      "flagged": bool(threshold is not None and (factor > threshold or far)),
                      "reasons": _reasons(cohort, raw[patient], others)})
     return pd.DataFrame(rows).set_index("patient")
+
+
+def _left_out_factors(cohort: dict) -> list[float]:
+    """Each training patient's local outlier factor against the others only (leave-one-out)."""
+    vectors = _array(cohort["vectors"])
+    distances = _distances(vectors, vectors)
+    factors = []
+    for patient in range(len(vectors)):
+        others = np.delete(np.arange(len(vectors)), patient)
+        factors.append(_local_outlier_factor(distances[np.ix_(others, others)], distances[patient, others],
+                                             cohort["k"]))
+    return factors
 
 
 def _local_outlier_factor(cohort_distances: np.ndarray, distances: np.ndarray, k: int) -> float:

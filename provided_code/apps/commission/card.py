@@ -14,8 +14,7 @@ import platform
 from pathlib import Path
 
 from provided_code.config import TrainConfig
-from provided_code.folds import Dealing
-from provided_code.infra.checksum import file_checksum
+from provided_code.folds import Dealing, fold_dir
 from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -67,11 +66,13 @@ def _parent(config: TrainConfig) -> dict | None:
     return parent
 
 
-def model_card(model_dir: os.PathLike | str, dealing: Dealing, folds: list[tuple], report: dict) -> tuple[str, dict]:
-    """``(markdown, card)`` of the model in ``model_dir``; ``folds``: ``(number, RunFolder, config,
-    epoch, checkpoint)`` of each; ``report``: the commissioning's figures (:mod:`.run`)."""
+def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfig, checkpoints: list[dict],
+               report: dict) -> tuple[str, dict]:
+    """``(markdown, card)`` of the model in ``model_dir``; ``first``: its first fold's config (the
+    folds are trained alike); ``checkpoints``: each fold's checkpoint as
+    :func:`provided_code.trust.fold_identity` names it (fold, epoch, SHA-256); ``report``: the
+    commissioning's figures (:mod:`.run`)."""
     model_dir = Path(model_dir)
-    first = folds[0][2]
     excluded = report["cohort"]["excluded"]
     card = {
         "model": model_dir.name,
@@ -92,8 +93,9 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, folds: list[tuple
                           "geometric_outliers": [o["patient"] for o in report["geometric_outliers"]],
                           "thresholds": report["thresholds"],
                           "goals": report["goals"]},
-        "checkpoints": [{"fold": number, "epoch": epoch, "path": str(Path(checkpoint).relative_to(model_dir)),
-                         "sha256": file_checksum(checkpoint)} for number, _, _, epoch, checkpoint in folds],
+        "checkpoints": [{"fold": c["fold"], "epoch": c["epoch"], "path": str(
+            RunFolder(fold_dir(model_dir, c["fold"])).checkpoint(c["epoch"]).relative_to(model_dir)),
+                         "sha256": c["sha256"]} for c in checkpoints],
     }
     return _markdown(card), card
 

@@ -53,7 +53,7 @@ from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_pat
 from provided_code.infra.atomic import new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
 from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
 from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder, fold_identity
@@ -78,8 +78,8 @@ class Fold:
     number: int
     folder: RunFolder
     config: TrainConfig
-    epoch: int  # the epoch of its out-of-fold predictions
-    checkpoint: Path  # the checkpoint that made them
+    epoch: int  # the epoch of its out-of-fold predictions (its final checkpoint made them)
+    scores: dict  # its held-out scores.json, written with them
 
 
 @dataclasses.dataclass
@@ -120,14 +120,14 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
         if newest[0][0] < config.epochs:
             problems.append(f"fold {number} is trained to epoch {newest[0][0]} of {config.epochs}")
             continue
-        scores = folder.predictions(HELD_OUT_STAGE) / "scores.json"
+        path = folder.predictions(HELD_OUT_STAGE) / SCORES_FILE
         expected = newest[0][0]  # a fold's model is its final checkpoint (RunFolder.epoch_to_apply)
-        written = read_scores(scores).get("epoch") if scores.is_file() else None
-        if written != expected:
+        scores = read_scores(path, ("dose_score", "dvh_score", "patients")) if path.is_file() else {}
+        if scores.get("epoch") != expected:
             problems.append(f"fold {number} has no out-of-fold predictions of its epoch {expected} "
                             f"({folder.predictions(HELD_OUT_STAGE)})")
             continue
-        folds.append(Fold(number, folder, config, expected, folder.checkpoint(expected)))
+        folds.append(Fold(number, folder, config, expected, scores))
     if problems:
         raise CommissioningError(f"Cannot commission {model_dir.name} yet: {'; '.join(problems)}. Run the same "
                                  f"command with --fold K for each (it resumes, then writes the out-of-fold "
@@ -181,8 +181,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     plans = _plan_table(arrays, rows, predictions, scores, progress)
     residuals = commissioning.residuals(plans)
     summary = commissioning.fit_summary(plans)
-    kinds = {structure.name: structure.kind for structure in site.structures}
-    dosimetric = commissioning.dosimetric_outliers(residuals, kinds=kinds, metrics=site.metric_names)
+    dosimetric = commissioning.dosimetric_outliers(residuals, kinds=site, metrics=site.metric_names)
 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
         arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
@@ -192,8 +191,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
                   "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
-    bands = bands_record(residuals, site_name=site.name,
-                         folds=[fold_identity(fold.folder, fold.epoch) for fold in folds])
+    identities = [fold_identity(fold.folder, fold.epoch) for fold in folds]  # each checkpoint hashed once
+    bands = bands_record(residuals, site_name=site.name, folds=identities)
     calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
 
     flagged = list(dict.fromkeys([o["patient"] for o in dosimetric] + [o["patient"] for o in geometric]))
@@ -206,7 +205,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
                    "excluded": [{"patient": pid, "reason": reason} for pid, reason in excluded.items()],
                    "data": str(split_dir(data_dir, "train"))},
         "folds": [{"fold": fold.number, "epoch": fold.epoch, "held_out": list(dealing.held_out_of(fold.number)),
-                   "scores": _held_out_scores(fold)} for fold in folds],
+                   "scores": {key: fold.scores[key] for key in ("dose_score", "dvh_score", "patients")}}
+                  for fold in folds],
         "scores": {"dose_score": scores.dose_score, "dvh_score": scores.dvh_score},
         "summary": _records(summary),
         "plans": _records(residuals),
@@ -220,8 +220,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
                        for pid in flagged if row_of[pid] in predictions},
         "calibration": calibration_figures,
     }
-    card_text, card = model_card(model_dir, dealing, [(fold.number, fold.folder, fold.config, fold.epoch,
-                                                      fold.checkpoint) for fold in folds], report)
+    card_text, card = model_card(model_dir, dealing, folds[0].config, identities, report)
     folder = commissioning_folder(model_dir)
     new = new_folder_beside(folder)
     try:
@@ -320,10 +319,9 @@ def _plan_table(arrays, rows: list[int], predictions: dict, scores, progress: Pr
                 if np.isfinite(plan) and np.isfinite(predicted):
                     records.append((pid, structure, metric, float(plan), float(predicted)))
         indices = structure_indices(arrays.structure_masks[row], len(site.names))
-        plan_dose = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
-        predicted_dose = np.asarray(predictions[row], np.float64).reshape(-1)
-        plan_table = clinical_dvh_of_values({name: plan_dose[v] for name, v in zip(site.names, indices)})
-        predicted_table = clinical_dvh_of_values({name: predicted_dose[v] for name, v in zip(site.names, indices)})
+        plan_table = clinical_dvh(exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row])), indices,
+                                  site)
+        predicted_table = clinical_dvh(predictions[row], indices, site)
         for structure, values in plan_table.items():
             records += [(pid, structure, metric, values[metric], predicted_table[structure][metric])
                         for metric in CLINICAL_METRICS]
@@ -340,11 +338,6 @@ def _dvh_curves(arrays, row: int, prediction: np.ndarray) -> dict:
     return {name: {"plan": commissioning.dvh_curve(plan_dose[voxels]),
                    "predicted": commissioning.dvh_curve(predicted_dose[voxels])}
             for name, voxels in zip(site.names, indices) if voxels.size}
-
-
-def _held_out_scores(fold: Fold) -> dict:
-    scores = read_scores(fold.folder.predictions(HELD_OUT_STAGE) / SCORES_FILE, ("dose_score", "dvh_score", "patients"))
-    return {"dose_score": scores["dose_score"], "dvh_score": scores["dvh_score"], "patients": scores["patients"]}
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:

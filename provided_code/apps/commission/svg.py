@@ -15,7 +15,6 @@ from typing import Iterable, Sequence
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")  # ten colours told apart (Tableau's)
-HIGHLIGHT = "#d62728"
 MARGIN = {"left": 52.0, "right": 14.0, "top": 26.0, "bottom": 42.0}
 
 
