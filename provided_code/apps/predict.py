@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import pandas as pd
 
-from provided_code.apps.score_folder import read_prediction, reference_rows, write_score_reports
+from provided_code.apps.score_folder import SparseDoses, read_prediction, reference_rows, write_score_reports
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
@@ -36,7 +36,7 @@ from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_f
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import calibration
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, dvh_cell, dvh_columns, patient_table
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, dvh_csv_text, patient_table
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 from provided_code.sites import Site
@@ -251,12 +251,14 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
         for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Writing")):
             write_dose_csv(new / f"{pid}.csv", predictions[row], arrays.possible_dose_mask[row])
         _write_submission(new, arrays.patient_ids, new / zip_name)
-        trusted = (_write_trust(new, arrays, trust, progress)
+        written = SparseDoses()  # the predictions as written, read back once for the bands and the scores
+        trusted = (_write_trust(new, arrays, trust, progress, written)
                    if trust is not None and (trust.bands is not None or trust.cohort is not None) else {})
         if arrays.has_dose.any():  # those with reference doses; a warning names the others
             # The scores of the predictions as written (the CSVs' decimals, which a submission is
             # judged on), read back as openkbp-score reads them: both report one number, on any processor.
-            scores = score_split(arrays, lambda row: read_prediction(new, arrays.patient_ids[row]), progress,
+            scores = score_split(arrays, lambda row: written[row] if row in written else
+                                 read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
             extra = {"model": folder.name, "stage": stage, "epoch": epoch, **({"members": members} if ensemble else {}),
                      **trusted}
@@ -285,12 +287,13 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path, said)
 
 
-def _write_trust(new: Path, arrays, trust: Trust, progress: Progress) -> dict:
+def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: SparseDoses) -> dict:
     """Each patient's DVH table with its bands and in-distribution check, ``dvh/<patient>.csv`` and
     ``.json`` in the predictions folder being written (``new``), from the predictions as written
     (the CSVs' decimals, as commissioning reads the folds'); returns what ``scores.json`` sums up:
     ``band`` (nominal coverage, method, the patients' values held by their bands and the median
-    width) and ``in_distribution`` (threshold, patients checked, those outside)."""
+    width) and ``in_distribution`` (threshold, patients checked, those outside). The predictions
+    read back are kept in ``written`` (by row) for the scores."""
     site = arrays.site
     folder = new / DVH_FOLDER
     folder.mkdir()
@@ -298,7 +301,9 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress) -> dict:
     rows, checked = [], []  # (patient, structure, metric, plan, predicted) with a reference; in-distribution checks
     for row, pid in enumerate(progress(arrays.patient_ids, len(arrays), "Bands")):
         masks, voxel_dimensions = arrays.structure_masks[row], arrays.voxel_dimensions[row]
-        predicted = patient_table(read_prediction(new, pid), masks, voxel_dimensions, site)
+        dose = read_prediction(new, pid)
+        written[row] = dose
+        predicted = patient_table(dose, masks, voxel_dimensions, site)
         report = {"patient": pid, "metrics": metrics, "predicted": predicted}
         if arrays.has_dose[row]:
             plan = exact_dose(arrays.dose[row].reshape(-1), int(arrays.dose_decimals[row]))
@@ -313,12 +318,7 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress) -> dict:
             report["in_distribution"] = found
             checked.append((pid, found))
         write_text_atomic(folder / f"{pid}.json", json.dumps(report, indent=2) + "\n")
-        sources = [source for source in ("predicted", "reference") if source in report]
-        columns = dvh_columns(metrics, sources, banded is not None)
-        lines = [",".join(["structure", *[f"{m}_{s}" for m, s in columns]])]
-        lines += [",".join([structure, *[dvh_cell(report, structure, m, s) for m, s in columns]])
-                  for structure in predicted]
-        write_text_atomic(folder / f"{pid}.csv", "\n".join(lines) + "\n")
+        write_text_atomic(folder / f"{pid}.csv", dvh_csv_text(report, metrics))
     summary = {}
     if trust.bands is not None:
         table = pd.DataFrame(rows, columns=["patient", "structure", "metric", "plan", "predicted"]).dropna()

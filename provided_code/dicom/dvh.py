@@ -20,8 +20,6 @@ volume in doses of known gradient (``python scripts/dvh_analytic.py``, docs/dico
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 from pathlib import Path
@@ -35,7 +33,7 @@ from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, sample_dose
 from provided_code.dicom.rtstruct import (contours_by_slice, fill_polygons, fill_slice_gaps, pixel_polygons,
                                           read_rtstruct)
 from provided_code.infra.atomic import write_text_atomic
-from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values, dvh_cell, dvh_columns
+from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values, dvh_csv_text
 
 # Fewer CT voxels than this: D99 (the 1st percentile) lies between the structure's two lowest voxels
 SMALL_STRUCTURE_VOXELS = 100
@@ -181,16 +179,8 @@ def structures_of_rtstruct(rtstruct: os.PathLike | str, geometry) -> tuple[dict[
 
 def write_dvh_files(csv_path: os.PathLike | str, json_path: os.PathLike | str, report: dict) -> None:
     """``report`` as JSON at ``json_path``, and as CSV at ``csv_path``: one row per structure, its
-    volume and each metric of each dose (``predicted``, its band's ``low`` and ``high`` when the
-    report has a ``band``, then ``reference`` when there is one: :func:`~provided_code.metrics.
-    dvh_table.dvh_columns`)."""
+    volume and each clinical metric of each dose (``predicted``, its band's ``low`` and ``high`` when
+    the report has a ``band``, then ``reference`` when there is one: :func:`~provided_code.metrics.
+    dvh_table.dvh_csv_text`)."""
     write_text_atomic(Path(json_path), json.dumps(report, indent=2) + "\n")
-    sources = [name for name in ("predicted", "reference") if name in report]
-    columns = dvh_columns(CLINICAL_METRICS, sources, "band" in report)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["structure", "volume_cc", *[f"{m}_{s}" for m, s in columns]])
-    for structure in report["predicted"]:
-        writer.writerow([structure, f"{report['volume_cc'][structure]:.3f}",
-                         *[dvh_cell(report, structure, m, s) for m, s in columns]])
-    write_text_atomic(Path(csv_path), buffer.getvalue())
+    write_text_atomic(Path(csv_path), dvh_csv_text(report, CLINICAL_METRICS))

@@ -7,6 +7,8 @@ maximum; numpy's linear interpolation, in float64, as the challenge's scores use
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from typing import Iterable
 
@@ -74,3 +76,19 @@ def dvh_cell(report: dict, structure: str, metric: str, source: str) -> str:
     table = report["band"][source] if source in BAND_SOURCES else report[source]
     value = table.get(structure, {}).get(metric)
     return "" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def dvh_csv_text(report: dict, metrics: Iterable[str]) -> str:
+    """A DVH report (``predicted``, optionally ``band``, ``reference`` and ``volume_cc``, each
+    ``{structure: ...}``) as CSV text: one row per predicted structure, its volume when the report
+    has one, then each of ``metrics`` for each source (:func:`dvh_columns`, :func:`dvh_cell`)."""
+    sources = [name for name in ("predicted", "reference") if name in report]
+    columns = dvh_columns(metrics, sources, "band" in report)
+    volume = "volume_cc" in report
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["structure", *(["volume_cc"] if volume else []), *[f"{m}_{s}" for m, s in columns]])
+    for structure in report["predicted"]:
+        writer.writerow([structure, *([f"{report['volume_cc'][structure]:.3f}"] if volume else []),
+                         *[dvh_cell(report, structure, m, s) for m, s in columns]])
+    return buffer.getvalue()

@@ -42,10 +42,10 @@ import pandas as pd
 
 from provided_code.apps.commission.card import model_card
 from provided_code.apps.commission.report import render_report
-from provided_code.apps.score_folder import read_prediction
+from provided_code.apps.score_folder import SparseDoses, read_prediction
 from provided_code.config import TrainConfig
 from provided_code.data.cache import load_split
-from provided_code.data.csv_io import as_volume, exact_dose
+from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
 from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, fold_folders,
@@ -172,7 +172,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     if len(rows) < MIN_PATIENTS:
         raise CommissioningError(f"Cannot commission {model_dir.name}: {len(rows)} training patients once the excluded "
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
-    predictions = OutOfFold()
+    predictions = SparseDoses()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
         pid = arrays.patient_ids[row]
         predictions[row] = read_prediction(folds[fold_of[pid] - 1].folder.predictions(HELD_OUT_STAGE), pid)
@@ -242,19 +242,6 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     return CommissioningReport(folder, report)
 
 
-class OutOfFold(dict):
-    """The out-of-fold doses by row, kept as their non-zero voxels (float64, as read: about a
-    twentieth of a dense 128³ volume, so 200 patients fit in under a gigabyte) and given back as
-    flat 128³ volumes."""
-
-    def __setitem__(self, row: int, dose: np.ndarray) -> None:
-        flat = np.asarray(dose, np.float64).reshape(-1)
-        voxels = np.flatnonzero(flat)
-        super().__setitem__(row, (voxels, flat[voxels]))
-
-    def __getitem__(self, row: int) -> np.ndarray:
-        voxels, values = super().__getitem__(row)
-        return as_volume(voxels, values, np.float64)
 def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
                  progress: Progress) -> dict:
     """The report's ``calibration``: the bands' observed coverage on the validation split, as the
@@ -282,7 +269,7 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
                         f"were predicted from (--data-dir)."}
     arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, progress=progress, site=site)
     rows = [row for row, pid in enumerate(arrays.patient_ids) if (folder / f"{pid}.csv").is_file()]
-    predictions = OutOfFold()  # the ensemble's validation doses, kept as their non-zero voxels
+    predictions = SparseDoses()  # the ensemble's validation doses, kept as their non-zero voxels
     for row in progress(rows, len(rows), "Reading validation predictions"):
         predictions[row] = read_prediction(folder, arrays.patient_ids[row])
     scored = [row for row in rows if arrays.has_dose[row]]
