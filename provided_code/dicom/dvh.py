@@ -30,8 +30,7 @@ from provided_code.dicom.errors import DicomInputError
 from provided_code.errors import ConfigError
 from provided_code.dicom.names import BODY
 from provided_code.dicom.rtdose import DoseGrid, dose_at_ct_voxels, sample_dose
-from provided_code.dicom.rtstruct import (contours_by_slice, fill_polygons, fill_slice_gaps, pixel_polygons,
-                                          read_rtstruct)
+from provided_code.dicom.rtstruct import fill_polygons, filled_slice, pixel_polygons, read_rtstruct, roi_planes
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh_of_values, dvh_csv_text
 
@@ -166,13 +165,10 @@ def structures_of_rtstruct(rtstruct: os.PathLike | str, geometry) -> tuple[dict[
         if roi not in structure_set.roi_names:
             raise DicomInputError(path, f"no ROI {roi!r}, which {key} was imported from (ROIs: "
                                         f"{', '.join(structure_set.roi_names)}); give the RTSTRUCT of the import")
-        drawn = contours_by_slice(structure_set.contours(roi), slice_z, roi, path)
-        contours[key], _ = fill_slice_gaps(drawn, geometry.slice_spacing)
+        contours[key], _ = roi_planes(structure_set, roi, slice_z, geometry.slice_spacing)
         voxels = [np.zeros(0, np.int64)]
         for k, polygons in contours[key].items():
-            filled = fill_polygons(pixel_polygons(polygons, geometry.origin_xy, geometry.pixel_spacing),
-                                   (geometry.rows, geometry.columns))
-            voxels.append(k * plane_size + np.flatnonzero(filled))
+            voxels.append(k * plane_size + np.flatnonzero(filled_slice(polygons, geometry)))
         ct_voxels[key] = np.concatenate(voxels)
     return ct_voxels, contours
 

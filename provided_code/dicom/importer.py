@@ -45,8 +45,7 @@ from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
-from provided_code.dicom.rtstruct import (MAX_FILLED_GAP_MM, Gap, contours_by_slice, fill_polygons, fill_slice_gaps, pixel_polygons,
-                                          read_rtstruct)
+from provided_code.dicom.rtstruct import MAX_FILLED_GAP_MM, Gap, filled_slice, read_rtstruct, roi_planes
 from provided_code.sites import Site, SiteError, openkbp
 
 logger = logging.getLogger(__name__)
@@ -127,8 +126,7 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
 
     planes, gaps = {}, {}
     for key, roi in mapping.items():  # only the mapped ROIs are parsed
-        drawn = contours_by_slice(structure_set.contours(roi), ct.slice_z, roi, structure_set.path)
-        planes[key], gaps[key] = fill_slice_gaps(drawn, ct.slice_spacing)
+        planes[key], gaps[key] = roi_planes(structure_set, roi, ct.slice_z, ct.slice_spacing)
     empty_targets = [key for key in site.targets if key in planes and not planes[key]]
     for target in empty_targets:
         if target in site.required_targets and not allow_missing_targets:
@@ -218,8 +216,7 @@ def _fill_roi(planes: dict[int, list[np.ndarray]], geometry: PatientGeometry, to
     for k in sorted(planes):
         if not ct_pixels and k not in box_of:
             continue
-        polygons = pixel_polygons(planes[k], geometry.origin_xy, geometry.pixel_spacing)
-        filled = fill_polygons(polygons, (geometry.rows, geometry.columns))
+        filled = filled_slice(planes[k], geometry)
         if ct_pixels:
             voxels.append(k * plane_size + np.flatnonzero(filled))
         if k in box_of:

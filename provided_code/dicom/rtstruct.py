@@ -200,6 +200,22 @@ def fill_slice_gaps(planes: dict[int, list[np.ndarray]], slice_spacing: float,
     return dict(sorted(filled.items())), gaps
 
 
+def roi_planes(structure_set: StructureSet, roi: str, slice_z: np.ndarray,
+               slice_spacing: float) -> tuple[dict[int, list[np.ndarray]], list[Gap]]:
+    """An ROI's contours by CT slice, the slices between its contoured ones filled
+    (:func:`contours_by_slice`, then :func:`fill_slice_gaps`): the planes its mask is made of, and
+    its gaps."""
+    drawn = contours_by_slice(structure_set.contours(roi), slice_z, roi, structure_set.path)
+    return fill_slice_gaps(drawn, slice_spacing)
+
+
+def filled_slice(polygons: list[np.ndarray], geometry) -> np.ndarray:
+    """A bool ``(rows, columns)`` mask of the CT pixels inside one slice's contours (mm);
+    ``geometry``: the CT's (``origin_xy``, ``pixel_spacing``, ``rows``, ``columns``)."""
+    return fill_polygons(pixel_polygons(polygons, geometry.origin_xy, geometry.pixel_spacing),
+                         (geometry.rows, geometry.columns))
+
+
 def pixel_polygons(polygons: list[np.ndarray], origin_xy, pixel_spacing) -> list[np.ndarray]:
     """Contours ``(points, 2)`` in mm (x, y) in a CT's pixel units, (column, row), as
     :func:`fill_polygons` takes them: ``origin_xy`` the centre of pixel (row 0, column 0),

@@ -22,7 +22,7 @@ from pydicom.uid import UID, CTImageStorage, RTDoseStorage, RTPlanStorage, RTStr
 from provided_code.apps.node.readiness import References, structure_set_references
 from provided_code.apps.node.store import InvalidUIDError, check_uid
 from provided_code.apps.node.text import one_line, text_of
-from provided_code.dicom.rtdose import MANUFACTURER
+from provided_code.dicom.rtdose import written_here
 
 SOP_CLASSES = {CTImageStorage: "CT", RTStructureSetStorage: "RTSTRUCT", RTPlanStorage: "RTPLAN",
                RTDoseStorage: "RTDOSE"}  # the storage classes the node takes, and their modality
@@ -77,7 +77,7 @@ def examine(dataset: Dataset | Callable[[], Dataset], sop_class_uid: str, sop_in
         sop_class, sop_instance = text_of(dataset.get("SOPClassUID")), text_of(dataset.get("SOPInstanceUID"))
         series, study = text_of(dataset.get("SeriesInstanceUID")), text_of(dataset.get("StudyInstanceUID"))
         frame, patient_id = text_of(dataset.get("FrameOfReferenceUID")), text_of(dataset.get("PatientID"))
-        manufacturer = text_of(dataset.get("Manufacturer"))
+        own = written_here(dataset)
     except Exception as error:  # noqa: BLE001 - pydicom fails in many ways on broken bytes
         raise Refusal(CANNOT_UNDERSTAND, f"cannot decode the data set ({type(error).__name__})") from None
     if sop_class != text_of(sop_class_uid):
@@ -107,7 +107,7 @@ def examine(dataset: Dataset | Callable[[], Dataset], sop_class_uid: str, sop_in
             raise Refusal(CANNOT_UNDERSTAND, one_line(error)) from None
         frame = references.frame_uid
     return Received(modality, sop_class, sop_instance, series, study, frame, patient_id,
-                    own=modality == "RTDOSE" and manufacturer == MANUFACTURER, references=references)
+                    own=modality == "RTDOSE" and own, references=references)
 
 
 def check_pixel_data(dataset: Dataset, transfer_syntax: str) -> None:

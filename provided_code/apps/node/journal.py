@@ -37,7 +37,6 @@ from pathlib import Path
 from provided_code.errors import UserError
 from provided_code.apps.node.readiness import READY, References, SeriesStatus
 from provided_code.apps.node.text import printable
-from provided_code.trust import OUTSIDE, flag_line
 
 # A patient's states; READY is also readiness's decision that the patient is complete
 RECEIVING, PREDICTING, PREDICTED = "receiving", "predicting", "predicted"
@@ -398,6 +397,8 @@ class Journal:
 
 def summary_lines(journal: Journal) -> list[str]:
     """``openkbp-dicom serve --status``: the journal's summary as lines of text."""
+    from provided_code.trust import OUTSIDE, flag_line  # here: the journal itself needs none of trust's imports
+
     summary = journal.summary()
 
     def when(seconds) -> str:

@@ -67,8 +67,7 @@ class Patients:
     def name(self, uid: str) -> str:
         """A patient as log lines name it: its PatientID and structure set."""
         row = self.journal.patient(uid)
-        patient_id = printable(row["patient_id"]) if row is not None else ""
-        return f"{patient_id or '(no PatientID)'} (structure set {uid})"
+        return _label(row["patient_id"] if row is not None else "", uid)
 
     # Receiving
 
@@ -101,7 +100,7 @@ class Patients:
 
     def _log_structure_set(self, obj: Received, calling: str, outcome: str) -> None:
         references = obj.references
-        name = f"{printable(obj.patient_id) or '(no PatientID)'} (structure set {obj.sop_instance_uid})"
+        name = _label(obj.patient_id, obj.sop_instance_uid)
         if outcome == "new":
             wanted = (f"{len(references.images)} CT images of series {references.series_uids[0]}"
                       if references.images and references.series_uids else
@@ -246,3 +245,8 @@ def _hold_for_tests(stop: threading.Event) -> None:
     hold = os.environ.get(HOLD_VARIABLE)
     while hold and os.path.exists(hold) and not stop.is_set():
         time.sleep(0.05)
+
+
+def _label(patient_id: str, structure_set_uid: str) -> str:
+    """A patient as log lines name it: its PatientID (printable) and structure set."""
+    return f"{printable(patient_id) or '(no PatientID)'} (structure set {structure_set_uid})"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from provided_code.apps.clinic import OUTPUTS, load_models, model_folders, predict_dicom_patient
+from provided_code.dicom.names import load_names
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
 from provided_code.trust import load_trust
 
@@ -54,7 +55,9 @@ class ModelPredictor:
             self.loaded = load_models(self.model_dir, epoch)
             self.epoch = self.loaded[0].epoch if len(self.loaded) == 1 else "ensemble"
             self.trust = load_trust(self.model_dir, [(trained.folder, trained.epoch) for trained in self.loaded], band)
-            self.tta, self.names, self.allow_missing_targets = tta, names, allow_missing_targets
+            # the names file read once (a broken one fails the node's start, not its first patient)
+            self.names = load_names(names, self.loaded[0].spec.site)
+            self.tta, self.allow_missing_targets = tta, allow_missing_targets
             self._warm_up()
         except BaseException:
             self.close()

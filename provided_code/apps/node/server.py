@@ -106,8 +106,8 @@ class _Server(ThreadedAssociationServer):
     loop, where one client that never completes it would hold up every other; and its errors as one
     log line rather than a traceback."""
 
-    acse_timeout = 30.0
-    max_pending = 100
+    acse_timeout: float  # set by start_server
+    max_pending: int
 
     def get_request(self):
         client, address = self.socket.accept()
