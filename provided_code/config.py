@@ -122,7 +122,8 @@ class TrainConfig:
     # What a resume may change. A resume takes the saved value of every field below that the
     # command line does not give (so the bare command resumes any run, preset or not); a field it
     # gives with another value is:
-    # - ARCHITECTURE (the network's shape and inputs): refused, always; the weights would not fit.
+    # - ARCHITECTURE (the network's shape and inputs, NETWORK, and the model's folds): refused, always;
+    #   the weights would not fit (or the folds would not be one model's).
     # - RECIPE (what the updates compute, epoch by epoch: the loss, the data's augmentation and
     #   order, the rate): refused unless --change-recipe, and then applied from the resumed epoch on
     #   and recorded in ``history``, so config.json still says what the earlier epochs were trained
@@ -136,8 +137,9 @@ class TrainConfig:
     #   resolved to): set when the model starts; a resume keeps the saved ones and refuses
     #   --init-from (it continues from the run's own checkpoints, never the parent's weights).
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
-    ARCHITECTURE = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
-                    "beam_channels", "patient_prescriptions", "beam_slots", "folds", "fold")
+    NETWORK = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
+               "beam_channels", "patient_prescriptions", "beam_slots")  # what the weights are shaped by
+    ARCHITECTURE = NETWORK + ("folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
               "seed", "excluded", "freeze", "freeze_epochs")
     KEPT_ON_RESUME = ("epochs", "batch_size", "accumulate", "excluded_by")
@@ -206,6 +208,14 @@ class TrainConfig:
                     "none with --norm batch (batch normalisation's moving statistics follow the new patients "
                     "in training whatever the gradients, so the encoder would not stay the parent's)")
 
+    def differing_from(self, other: "TrainConfig", names) -> list[str]:
+        """The fields of ``names`` whose values here are not ``other``'s (a site: by its contents)."""
+        return [name for name in names if not _same(name, getattr(other, name), getattr(self, name))]
+
+    def shown(self, name: str) -> str:
+        """A field's value as a message shows it (a site by its name, an exclusion list by its patients)."""
+        return _shown(self, name)
+
     def _same_start(self, saved: "TrainConfig") -> bool:
         """Whether ``--init-from`` and ``--init-epoch`` name the parent ``saved`` started from (the
         same command run again, to resume: the parent is not loaded again)."""
@@ -230,7 +240,7 @@ class TrainConfig:
     def run_dir(self) -> Path:
         """The run's folder (its layout: :mod:`provided_code.run_folder`): ``results/<model-name>``, or
         with ``--folds``, ``results/<model-name>/fold-<K>``."""
-        return self.model_dir / f"fold-{self.fold}" if self.folds else self.model_dir
+        return self.model_dir / f"fold-{self.fold}" if self.folds else self.model_dir  # folds.fold_dir, a layer up
 
     @functools.cached_property
     def spec(self) -> ModelSpec:
@@ -341,8 +351,8 @@ class TrainConfig:
 
     def with_parents_network(self, parent: "TrainConfig", given: set[str] | None) -> tuple["TrainConfig", list[str]]:
         """``(config, taken)``: a new model that starts from ``parent``'s weights (``--init-from``)
-        has the parent's network (its ``ARCHITECTURE`` settings, but for those its data sets,
-        ``FROM_DATA``, and its folds) wherever ``given`` does not say otherwise (None: the caller's
+        has the parent's network (its ``NETWORK`` settings, but for those its data sets,
+        ``FROM_DATA``) wherever ``given`` does not say otherwise (None: the caller's
         config says everything; nothing is taken), so that every weight fits; and the names of the
         settings that took another value from the parent. A site given that is not the parent's
         keeps its own beams (the beams are the site's technique, not the network's)."""
@@ -351,9 +361,8 @@ class TrainConfig:
         given = set(given) | ({"beams", "beam_angles"} if set(given) & {"beams", "beam_angles"} else set())
         if "site" in given and not self.site.same_as(parent.site):
             given |= {"beams", "beam_angles"}
-        names = [name for name in self.ARCHITECTURE if name not in given and name not in self.FROM_DATA
-                 and name not in ("folds", "fold")]
-        taken = [name for name in names if not _same(name, getattr(self, name), getattr(parent, name))]
+        names = [name for name in self.NETWORK if name not in given and name not in self.FROM_DATA]
+        taken = self.differing_from(parent, names)
         return dataclasses.replace(self, **{name: getattr(parent, name) for name in names}), taken
 
     def with_changes_recorded(self, changes: list[tuple[str, object, object]], first_epoch: int) -> "TrainConfig":
@@ -378,7 +387,7 @@ class TrainConfig:
         changed = [f"{name}: saved {_shown(saved, name)}, requested {_shown(self, name)}"
                    + (f" ({_site_changes(saved.site, self.site)})" if name == "site" and saved.site.name == self.site.name
                       else "")
-                   for name in self.ARCHITECTURE if not _same(name, getattr(saved, name), getattr(self, name))]
+                   for name in self.differing_from(saved, self.ARCHITECTURE)]
         if self.precision != "auto" and saved.precision != self.precision:
             changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
         if changed:
@@ -406,7 +415,10 @@ def _as_text(name: str, value) -> str:
 
 
 def _shown(config: TrainConfig, name: str) -> str:
-    """A field's value for a message; a site by its name (its whole JSON would hide the line)."""
+    """A field's value for a message; a site by its name (its whole JSON would hide the line), an
+    exclusion list by its patients."""
+    if name == "excluded":
+        return _as_text(name, config.excluded)
     if name == "site":
         site = config.site
         return repr(site.name) if site.name not in SHIPPED or site.same_as(load_site(site.name)) \

@@ -77,9 +77,11 @@ class Dealing:
     def patients(self) -> tuple[str, ...]:
         return tuple(sorted((p for part in self.held_out for p in part), key=natural_key))
 
-    def held_out_of(self, fold: int) -> tuple[str, ...]:
+    def held_out_of(self, fold: int, excluded=()) -> tuple[str, ...]:
+        """Fold ``fold``'s held-out patients, but for those in ``excluded`` (left out of every fold)."""
         check_fold(self.folds, fold)
-        return self.held_out[fold - 1]
+        left_out = set(excluded)
+        return tuple(pid for pid in self.held_out[fold - 1] if pid not in left_out)
 
     def fold_of(self, patient: str) -> int:
         found = [k + 1 for k, part in enumerate(self.held_out) if patient in part]

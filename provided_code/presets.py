@@ -24,19 +24,18 @@ _DEFAULTS = field_defaults()
 PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
                  "beam_angles", "beam_channels", "dvh_weight")
 _NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
-# The recipe of a fine-tune: no network choice (those are the parent's), and the rate and the freezing
-FINETUNE_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "dvh_weight", "learning_rate", "freeze",
-                   "freeze_epochs")
 PRESETS: dict[str, dict] = {
     "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
                 "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
            "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     "default": {name: _DEFAULTS[name] for name in PRESET_FIELDS},
-    # the middle of the comparison's rates: never its worst arm, within 0.07 Gy dose / 0.16 Gy DVH score of its best
+    # a fine-tune's recipe, no network choice (those are the parent's): FINETUNE_FIELDS.
+    # The middle of the comparison's rates: never its worst arm, within 0.07 Gy dose / 0.16 Gy DVH score of its best
     "finetune": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "cosine", "warmup_epochs": 2, "ema": False,
                  "dvh_weight": 0.0, "learning_rate": 1e-4, "freeze": "none", "freeze_epochs": 0},
 }
+FINETUNE_FIELDS = tuple(PRESETS["finetune"])
 
 
 def apply_preset(name: str | None, options: dict, given: set[str]) -> dict:

@@ -180,7 +180,7 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
         dealing = read_dealing(folder.path.parent)
         if dealing is None:
             raise FoldsError(f"{folder.path.parent / SPLITS_FILE} is missing: the dealing of the folds")
-        held_out = set(dealing.held_out_of(saved.fold)) - excluded_patients(saved.excluded)
+        held_out = set(dealing.held_out_of(saved.fold, excluded_patients(saved.excluded)))
         tidy_folder(folder.predictions(HELD_OUT_STAGE))
         stage_dir = split_dir(data_dir, "train")
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=True, skip_incomplete=skip_incomplete,

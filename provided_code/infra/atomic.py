@@ -55,13 +55,18 @@ def remove_temporaries(folder: os.PathLike | str, final_names: str) -> list[Path
     """Remove the temporary files that :func:`atomic_path` left in ``folder``, in a process killed
     while it wrote a file whose final name matches the glob pattern ``final_names`` (``"best.keras"``,
     ``"epoch_*.keras"``); return them."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    left = sorted(path for path in folder.glob(f".{final_names}.*") if _TEMPORARY_FILE.match(path.name))
+    left = _temporaries(folder, final_names)
     for path in left:
         path.unlink()
     return left
+
+
+def _temporaries(folder: os.PathLike | str, final_names: str) -> list[Path]:
+    """The temporary files of :func:`atomic_path` for ``final_names`` (a glob pattern) in ``folder``, sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.glob(f".{final_names}.*") if _TEMPORARY_FILE.match(path.name))
 
 
 @contextlib.contextmanager
@@ -109,13 +114,10 @@ def remove_dead_temporaries(folder: os.PathLike | str, final_names: str) -> list
     """Remove the temporary files that writers of ``final_names`` (a glob pattern) left in
     ``folder`` when they were killed, and return them: those nobody holds (:func:`held_atomic_path`;
     a live writer's is locked, and kept). Without ``flock`` (not POSIX) nothing is removed."""
-    folder = Path(folder)
-    if fcntl is None or not folder.is_dir():
+    if fcntl is None:
         return []
     removed = []
-    for path in sorted(folder.glob(f".{final_names}.*")):
-        if not _TEMPORARY_FILE.match(path.name):
-            continue
+    for path in _temporaries(folder, final_names):
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError:  # gone meanwhile (moved into place), or not ours to open

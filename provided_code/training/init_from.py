@@ -186,14 +186,16 @@ class ParentWeights:
 def load_parent(record: dict, changed_remedy: str) -> ParentWeights:
     """The weights of the checkpoint ``record`` names (averaged ones, for a parent trained with
     ``--ema``), loaded through its run folder under its own dtype policy, the caller's restored
-    after. Its SHA-256 is checked before and after: a checkpoint that is not the recorded one is an
-    :class:`InitFromError` that says so and ``changed_remedy``."""
-    _check_unchanged(record, changed_remedy)
+    after. Its SHA-256 is checked once the weights are read (and when they cannot be): a checkpoint
+    that is not the recorded one is an :class:`InitFromError` that says so and ``changed_remedy``."""
     policy = keras.mixed_precision.global_policy()
     try:
         trained = RunFolder(record["folder"]).load_trained_model(
             "best" if Path(record["checkpoint"]).name == BEST_FILE else int(record["epoch"]))
         weights = layer_weights(trained.model)
+    except Exception:
+        _check_unchanged(record, changed_remedy)  # a file replaced since is said as such
+        raise
     finally:
         keras.mixed_precision.set_global_policy(policy)
     _check_unchanged(record, changed_remedy)

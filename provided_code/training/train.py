@@ -274,26 +274,22 @@ def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
                               f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
                               f"{fold}'s --init-from and --init-epoch while that file is unchanged, or train the "
                               f"folds again from one start (an --init-epoch N the parent keeps).")
-        fixed = [name for name in TrainConfig.ARCHITECTURE if name not in ("fold", *TrainConfig.FROM_DATA)]
+        fixed = [name for name in (*TrainConfig.NETWORK, "folds") if name not in TrainConfig.FROM_DATA]
         recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
-        differing = [name for name in (*fixed, *recipe)
-                     if not (other.site.same_as(config.site) if name == "site" else
-                             getattr(other, name) == getattr(config, name))]
+        differing = config.differing_from(other, (*fixed, *recipe))
         if differing:
             raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
                               f"than fold {fold}'s (" + "; ".join(
-                                  f"site: fold {fold} {other.site.name!r}, requested {config.site.name!r}"
-                                  if name == "site" else
-                                  f"{name}: fold {fold} {getattr(other, name)!r}, requested {getattr(config, name)!r}"
+                                  f"{name}: fold {fold} {other.shown(name)}, requested {config.shown(name)}"
                                   for name in differing)
                               + f"): the folds of a model are trained alike. Pass fold {fold}'s settings (a recipe "
                                 f"change: --change-recipe), or choose a new --model-name.")
         if excluded_patients(other.excluded) != excluded_patients(config.excluded):
-            said = ", ".join(entry["patient"] for entry in other.excluded) or "none"
+            said = other.shown("excluded")
             if not change_recipe:
                 raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with another "
                                   f"exclusion list than fold {fold}'s (excluded there: {said}; here: "
-                                  f"{', '.join(e['patient'] for e in config.excluded) or 'none'}): every fold of a "
+                                  f"{config.shown('excluded')}): every fold of a "
                                   f"model leaves the same patients out. Pass --exclude "
                                   f"{other.excluded_by.get('file', 'FILE')}, or --change-recipe to train it so.")
             logger.warning("Fold %d leaves other patients out than fold %d (there: %s) (--change-recipe)",
@@ -358,8 +354,8 @@ def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, exclude
     fold trains on the others' and is validated (its loss, scores and best checkpoint) on its own
     held-out ones; excluded patients are in neither."""
     dealing = dealing_for(config.model_dir, full.patient_ids, config.folds, config.seed, source=str(train_dir))
-    held_out = set(dealing.held_out_of(config.fold))
-    validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out and pid not in excluded]
+    held_out = set(dealing.held_out_of(config.fold, excluded))
+    validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out]
     training = [row for row, pid in enumerate(full.patient_ids) if pid not in held_out and pid not in excluded]
     if not validating or not training:
         raise ConfigError(f"Fold {config.fold} of {config.folds} has {len(training)} patients to train on and "
@@ -514,7 +510,7 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
         EpochCSVLogger(folder.log),
         EpochLine(config.epochs),
         RotatingCheckpoint(folder, config.save_every, config.keep, config.epochs,
-                           kept_until_scored=_before_an_unscored_change(config, folder)),
+                           kept_until_scored=_before_an_unscored_change(config, folder, initial_epoch)),
     ]
     if config.score_every and validation is not None:
         predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
@@ -527,14 +523,15 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
     return callbacks, measures
 
 
-def _before_an_unscored_change(config: TrainConfig, folder: RunFolder) -> int | None:
+def _before_an_unscored_change(config: TrainConfig, folder: RunFolder, initial_epoch: int) -> int | None:
     """The epochs done before the run's last recipe change, while no epoch since has been scored
-    (its log), else None: the newest checkpoint of those epochs is kept until one is."""
+    (its log, up to the resumed ``initial_epoch``: later rows were not checkpointed and are trained
+    again), else None: the newest checkpoint of those epochs is kept until one is."""
     changed_at = config.recipe_changed_at()
     if changed_at <= 1:
         return None
-    scored = any(int(row["epoch"]) >= changed_at and row["val_dose_score"] and math.isfinite(float(row["val_dose_score"]))
-                 for row in read_log(folder.log))
+    scored = any(changed_at <= int(row["epoch"]) <= initial_epoch and row["val_dose_score"]
+                 and math.isfinite(float(row["val_dose_score"])) for row in read_log(folder.log))
     return None if scored else changed_at - 1
 
 
