@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from provided_code.sites import is_gantry_angle
+
 BEAM_CHANNELS = ("count", "each")
 MANY_BEAMS = 36  # more than this (10° apart) is warned about: each beam costs a segment maximum per voxel in
 #                  the first layer (1000 beams made a 32³ epoch take 114 s instead of 20), and the
@@ -39,7 +41,7 @@ def parse_beam_angles(text: str) -> tuple[float, ...]:
         angles = tuple(float(part) for part in str(text).split(",") if part.strip())
     except ValueError:
         angles = ()
-    if not angles or len(set(angles)) != len(angles) or not all(math.isfinite(a) and 0 <= a < 360 for a in angles):
+    if not angles or len(set(angles)) != len(angles) or not all(map(is_gantry_angle, angles)):
         raise ValueError(f"Invalid `beam_angles`. Expected a comma list of distinct gantry angles in degrees, each in "
                          f"[0, 360), e.g. '0,40,80'. Received: beam_angles={text!r}")
     return angles

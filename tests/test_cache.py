@@ -17,7 +17,7 @@ from provided_code.sites import openkbp
 from provided_code.data.cache import cache_path_for, load_cache, load_split
 from provided_code.data.chunks import CacheError
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
-from tests.kit.cache_files import flip_a_byte
+from tests.kit.cache_files import flip_a_byte, flip_a_table_byte
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
 
@@ -102,30 +102,13 @@ def test_a_flipped_byte_inside_a_chunk_fails_its_checksum_and_the_cache_is_rebui
     assert np.array_equal(arrays.dose, expected.dose) and np.array_equal(arrays.ct, expected.ct)
 
 
-def _flip_a_table_byte(path, table: str, row: int) -> None:
-    """Flip the lowest bit of the first byte of patient ``row``'s entry in a per-patient table
-    (has_dose 1 -> 0, dose_decimals 3 -> 2, a voxel spacing by an ulp), size and time kept."""
-    import h5py
-
-    with h5py.File(path, "r") as h5:
-        dataset = h5[table]
-        position = dataset.id.get_offset() + row * dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
-    stat = path.stat()
-    with open(path, "r+b") as handle:
-        handle.seek(position)
-        byte = handle.read(1)
-        handle.seek(position)
-        handle.write(bytes([byte[0] ^ 0x01]))
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-
-
 @pytest.mark.parametrize("table", ["voxel_dimensions", "has_dose", "dose_decimals"])
 def test_a_flipped_byte_in_a_per_patient_table_fails_its_checksum_and_the_cache_is_rebuilt(phantom_split, tmp_path,
                                                                                            caplog, table):
     cache_dir = tmp_path / "c"
     expected = load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
     path = cache_path_for(phantom_split, cache_dir, site=openkbp())
-    _flip_a_table_byte(path, table, 1)
+    flip_a_table_byte(path, table, 1)
     with pytest.raises(CacheError, match=f"{path}: the {table} table fails its checksum"):
         load_cache(path, site=openkbp())
     with caplog.at_level(logging.WARNING):
@@ -137,7 +120,7 @@ def test_a_flipped_byte_in_a_per_patient_table_fails_its_checksum_and_the_cache_
 def test_a_flipped_table_byte_is_found_before_the_volumes_are_mapped(phantom_split, tmp_path, caplog):
     load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
     path = cache_path_for(phantom_split, tmp_path / "c", site=openkbp())
-    _flip_a_table_byte(path, "has_dose", 2)  # would leave pt_3 out of scoring
+    flip_a_table_byte(path, "has_dose", 2)  # would leave pt_3 out of scoring
     with caplog.at_level(logging.WARNING):
         mapped = load_split(phantom_split, cache_dir=tmp_path / "c", require_dose=False, memory_map=True,
                             site=openkbp())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.data.patient_plan import BEAMS_FILE, PRESCRIPTIONS_FILE
+from provided_code.constants import BEAMS_FILE, PRESCRIPTIONS_FILE
 from provided_code.errors import UserError
 from provided_code.model_spec import ANGLES, InputSpec
 

@@ -21,7 +21,7 @@ import math
 import os
 from pathlib import Path
 
-from provided_code.constants import BEAMS_FILE, PRESCRIPTIONS_FILE  # noqa: F401  (importers take them from here too)
+from provided_code.constants import BEAMS_FILE, PRESCRIPTIONS_FILE
 from provided_code.data.errors import PatientDataError
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.sites import DIRECTIONS, MAX_DOSE_GY, Arc, Beams, Site, is_gantry_angle

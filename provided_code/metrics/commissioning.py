@@ -199,8 +199,8 @@ def goal_table(plans: pd.DataFrame, goals: Iterable) -> list[dict]:
         def fraction(mask):
             return float(mask.mean()) if n else None
 
-        bound = "max_gy" if goal.max_gy is not None else "min_gy"
-        entries.append({"structure": goal.structure, "metric": goal.metric, bound: getattr(goal, bound),
+        bound, value = goal.bound
+        entries.append({"structure": goal.structure, "metric": goal.metric, bound: value,
                         "goal": str(goal), "n": n, "plans_meeting": fraction(plan_meets),
                         "predictions_meeting": fraction(predicted_meets),
                         "agreement": fraction(plan_meets == predicted_meets),

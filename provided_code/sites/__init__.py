@@ -142,17 +142,23 @@ class Goal:
     max_gy: float | None = None
     min_gy: float | None = None
 
+    @property
+    def bound(self) -> tuple[str, float]:
+        """``("max_gy", Gy)`` or ``("min_gy", Gy)``: the goal's one bound."""
+        return ("max_gy", self.max_gy) if self.max_gy is not None else ("min_gy", self.min_gy)
+
     def met_by(self, gy: float) -> bool:
         """Whether a value meets the goal (one exactly at the bound does)."""
-        return gy <= self.max_gy if self.max_gy is not None else gy >= self.min_gy
+        key, value = self.bound
+        return gy <= value if key == "max_gy" else gy >= value
 
     def to_dict(self) -> dict:
-        bound = "max_gy" if self.max_gy is not None else "min_gy"
-        return {"structure": self.structure, "metric": self.metric, bound: _plain(getattr(self, bound))}
+        key, value = self.bound
+        return {"structure": self.structure, "metric": self.metric, key: _plain(value)}
 
     def __str__(self) -> str:
-        return (f"{self.structure} {self.metric} {'≤' if self.max_gy is not None else '≥'} "
-                f"{_plain(self.max_gy if self.max_gy is not None else self.min_gy)} Gy")
+        key, value = self.bound
+        return f"{self.structure} {self.metric} {'≤' if key == 'max_gy' else '≥'} {_plain(value)} Gy"
 
 
 @dataclasses.dataclass(frozen=True)
