@@ -18,7 +18,7 @@ from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
-from provided_code.model_spec import ModelSpec
+from provided_code.model_spec import ARCHS, ModelSpec
 from provided_code.sites import SHIPPED, Site, load_site
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -36,6 +36,8 @@ class TrainConfig:
     site: "str | dict | Site" = "openkbp"  # the treatment site (provided_code/sites): openkbp, prostate or a site
     #                                        file; resolved to its Site once, saved whole (its structures,
     #                                        prescriptions, names, beams) in config.json
+    arch: str = "generator"  # the network's body (model_spec.ARCHS): generator, the 2020 starter's (no convolution
+    #                          at full resolution); resunet, a residual U-Net with a full-resolution stem and head
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
@@ -137,7 +139,7 @@ class TrainConfig:
     #   resolved to): set when the model starts; a resume keeps the saved ones and refuses
     #   --init-from (it continues from the run's own checkpoints, never the parent's weights).
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
-    NETWORK = ("site", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
+    NETWORK = ("site", "arch", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
                "beam_channels", "patient_prescriptions", "beam_slots")  # what the weights are shaped by
     ARCHITECTURE = NETWORK + ("folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
@@ -153,6 +155,7 @@ class TrainConfig:
         self._check("score_every", _is_integer(self.score_every, 0), "an integer >= 0 (0: never)")
         self._check_choice("loss", LOSSES)
         self._check_choice("norm", NORMS)
+        self._check_choice("arch", ARCHS)
         self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
         self.site = load_site(self.site)  # once: a Site stays itself through dataclasses.replace; a SiteError
         #                                   names the file and the field
@@ -247,7 +250,7 @@ class TrainConfig:
         """The model these settings describe (its architecture fields), resolved once per config."""
         return ModelSpec(site=self.site, filters=self.filters, resolution=self.resolution, dropout=self.dropout,
                          norm=self.norm, prescription_channel=self.prescription_channel,
-                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels,
+                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels, arch=self.arch,
                          patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots)
 
     @property
@@ -398,7 +401,7 @@ class TrainConfig:
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
-ABSENT_MEANS = {"site": "openkbp", "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
                 "ema": False, "dvh_weight": 0.0}
 
 

@@ -27,6 +27,9 @@ STRUCTURE_BITS = "structure bits"  # resampled, and each mirror pair's bits swap
 ANGLES = "angles"  # gantry degrees turned with the patient: a flip takes g to -g, a turn by r takes g to g - r
 UNCHANGED = "unchanged"  # a fact of the patient that no move changes (a prescription)
 MOVES = (VOLUME, STRUCTURE_BITS, ANGLES, UNCHANGED)
+# The network's body (--arch): "generator", the OpenKBP 2020 starter's (networks/unet.py: strided 4³
+# convolutions, none at full resolution); "resunet", a residual U-Net (networks/resunet.py)
+ARCHS = ("generator", "resunet")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots:
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What a model is, resolved once: its site (a :class:`~provided_code.sites.Site`), the
-    network's architecture and the inputs it eats. Built at the edge, from a run's
+    network's architecture (``arch``, its body: one of ``ARCHS``) and the inputs it eats. Built at the edge, from a run's
     :class:`~provided_code.config.TrainConfig` (``config.spec``) for training and from a trained
     model's ``config.json`` when it is loaded (:meth:`provided_code.run_folder.RunFolder.load_trained_model`),
     and passed, never the config or a site name, to the network builder, the losses, the training
@@ -138,11 +141,14 @@ class ModelSpec:
     prescription_channel: bool
     gantry_angles: tuple[float, ...]
     beam_channels: str
+    arch: str
     patient_prescriptions: bool = False
     beam_slots: int = 0
     inputs: tuple[InputSpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"Invalid `arch`. Expected one of {ARCHS}. Received: arch={self.arch!r}")
         if not isinstance(self.site, Site):
             raise TypeError(f"Invalid `site`. Expected a resolved Site (provided_code.sites.load_site at the "
                             f"edge). Received: site={self.site!r:.60}")

@@ -4,8 +4,9 @@
   augmentation, constant rate, batch norm, CT and masks only.
 - ``v1``: this project's first recipe (docs/recipe.md's 30-epoch comparison): masked MAE, flips,
   constant rate, batch norm, CT and masks only.
-- ``default``: ``TrainConfig``'s defaults, chosen by docs/recipe.md's longer comparison: ``v1`` with
-  instance norm, the prescription channel, the nine beams' channel and a cosine schedule.
+- ``v2``: the second default, chosen by docs/recipe.md's longer comparison: ``v1`` with instance
+  norm, the prescription channel, the site's beams' channel and a cosine schedule, on the generator.
+- ``default``: ``TrainConfig``'s defaults.
 - ``finetune``: the recipe of a small cohort's model started from a trained one (``--init-from``),
   chosen by docs/recipe.md's fine-tuning comparison (``scripts/finetune_comparison.py``). It sets
   the recipe only (``FINETUNE_FIELDS``: the rate, warm-up, schedule and freezing among them): the
@@ -21,14 +22,19 @@ from provided_code.config import field_defaults
 from provided_code.errors import ConfigError
 
 _DEFAULTS = field_defaults()
-PRESET_FIELDS = ("loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
+PRESET_FIELDS = ("arch", "dropout", "loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
                  "beam_angles", "beam_channels", "dvh_weight")
 _NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
 PRESETS: dict[str, dict] = {
-    "starter": {"loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+    "starter": {"arch": "generator", "dropout": 0.2, "loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
                 "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
-    "v1": {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+    "v1": {"arch": "generator", "dropout": 0.2, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
            "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
+    # the default until the residual U-Net's comparison (docs/recipe.md): the generator, instance norm, the
+    # prescription and beams' channels, cosine
+    "v2": {"arch": "generator", "dropout": 0.2, "loss": "masked-mae", "augment": "flip", "lr_schedule": "cosine",
+           "warmup_epochs": 0, "ema": False, "norm": "instance", "prescription_channel": True, "beams": None,
+           "beam_angles": "", "beam_channels": "count", "dvh_weight": 0.0},
     "default": {name: _DEFAULTS[name] for name in PRESET_FIELDS},
     # a fine-tune's recipe, no network choice (those are the parent's): FINETUNE_FIELDS.
     # The middle of the comparison's rates: never its worst arm, within 0.07 Gy dose / 0.16 Gy DVH score of its best

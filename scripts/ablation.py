@@ -64,6 +64,11 @@ TABLES = {
         "combined-dvh-0.2": ["--preset", "default", "--dvh-weight", "0.2"],
         "combined-dvh-1": ["--preset", "default", "--dvh-weight", "1"],
     },
+    # issue 40's: the network's body (and its inputs) against --preset v2, the generator
+    "body": {
+        "v2": ["--preset", "v2"],
+        "resunet": ["--preset", "v2", "--arch", "resunet", "--dropout", "0"],
+    },
 }
 
 

@@ -22,6 +22,7 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.model_spec import ARCHS
 from provided_code.data_folder import STAGES, require_split
 from provided_code.infra.preflight import check_writable
 from provided_code.metrics.calibration import DEFAULT_COVERAGE
@@ -38,6 +39,9 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
 @click.option("--site", default="openkbp",
               help="The treatment site: openkbp, prostate, or a site file (docs/sites.md). A resume, "
                    "--predict-only and --ensemble use the model's own.")
+@click.option("--arch", type=click.Choice(ARCHS), default=DEFAULTS.arch,
+              help="The network's body: generator (the 2020 starter's, no convolution at full resolution) or resunet "
+                   "(a residual U-Net with a full-resolution stem and head; docs/recipe.md).")
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
@@ -146,7 +150,7 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "each DVH metric's band (0.9: it holds the value a plan achieves 90 % of the time).")
 @click.option("--preset", type=click.Choice(tuple(PRESETS)), default=None,
               help="Set every recipe and network choice (loss, augmentation, schedule, normalisation, inputs, DVH "
-                   "term) to a documented set: starter (the 2020 recipe), v1, default; or, for a small cohort "
+                   "term, body) to a documented set: starter (the 2020 recipe), v1, v2, default; or, for a small cohort "
                    "started with --init-from, finetune (the recipe only: rate, warm-up, schedule, freezing); flags "
                    "given override it.")
 @click.pass_context

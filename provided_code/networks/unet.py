@@ -21,11 +21,14 @@ LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
 _BLOCK_PREFIX = re.compile(r"^((?:encoder|decoder)_\d+)_")
 _ENCODER_LAYER = re.compile(r"^encoder_\d+_")
 _BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
-                   "dose_smooth": "decoder_0", "dose": "decoder_0"}
+                   "dose_smooth": "decoder_0", "dose": "decoder_0",
+                   # the residual U-Net's (networks/resunet.py): its stem with the inputs, its head with the last stage
+                   "encoder_0_stem_conv": "inputs", "dose_head": "decoder_0"}
 
 
 def block_of(layer_name: str) -> str | None:
-    """The recompute block of the U-Net layer called ``layer_name`` (None: no block)."""
+    """The recompute block of the layer called ``layer_name`` of either body (the generator's or
+    the residual U-Net's, whose names follow the same blocks; None: no block)."""
     if layer_name.endswith("_dropout"):
         return None
     match = _BLOCK_PREFIX.match(layer_name)
@@ -78,6 +81,9 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
     statistics are those of the global batch); ``instance``, per sample and channel over the
     volume (GroupNormalization with one group per channel), nothing shared between samples.
     """
+    if spec.arch != "generator":
+        raise ValueError(f"Invalid `spec`. Expected arch='generator' (networks.build.build_network builds every "
+                         f"body). Received: arch={spec.arch!r}")
     resolution, filters, dropout = spec.resolution, spec.filters, spec.dropout
 
     def normalisation(name: str) -> keras.layers.Layer:

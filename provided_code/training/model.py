@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 
 from provided_code.model_spec import ModelSpec
-from provided_code.networks.unet import build_unet
+from provided_code.networks.build import build_network
 from provided_code.training.ema import EMA_MOMENTUM
 
 
@@ -18,10 +18,10 @@ def new_optimizer(learning_rate: float, ema: bool = False, ema_momentum: float =
 
 def new_model(spec: ModelSpec, learning_rate: float, ema: bool = False, ema_momentum: float = EMA_MOMENTUM,
               keras_pooling: bool = False) -> keras.Model:
-    """The U-Net ``spec`` describes, compiled with its optimizer (``learning_rate``; with ``ema``,
+    """The network ``spec`` describes (its ``arch``), compiled with its optimizer (``learning_rate``; with ``ema``,
     weight averaging) under the current dtype policy (Keras wraps the optimizer for loss scaling
     under ``mixed_float16``). No loss is compiled: the training step computes its own
     (``provided_code.losses``)."""
-    model = build_unet(spec, keras_pooling=keras_pooling)
+    model = build_network(spec, keras_pooling=keras_pooling)
     model.compile(optimizer=new_optimizer(learning_rate, ema=ema, ema_momentum=ema_momentum))
     return model

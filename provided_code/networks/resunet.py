@@ -1,0 +1,107 @@
+"""A residual 3D U-Net from CT and structures to dose, in the manner of nnU-Net's residual-encoder
+U-Net (Isensee et al., 2024). A pure builder, no I/O.
+
+Unlike the 2020 generator (:mod:`provided_code.networks.unet`), the first convolution sees the
+volume at full resolution and the dose comes out of a full-resolution 1×1×1 convolution.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from provided_code.model_spec import ModelSpec
+from provided_code.networks.layers import CompactInputs, site_unpacking
+
+STAGE_MULTIPLIERS = (1, 2, 4, 8, 8, 8)  # features per stage, × filters (as the generator's levels)
+BLOCKS_PER_STAGE = 1  # residual blocks in each encoder stage
+NEGATIVE_SLOPE = 0.01  # nnU-Net's LeakyReLU
+
+
+def num_stages(resolution: int) -> int:
+    """Encoder stages for a cubic input: log2(resolution) - 1, at most 6 (128³ → 6: 128 … 4³;
+    64³ → 5; 32³ → 4); the deepest stage is 4³ (8³ at most stages)."""
+    if resolution < 8 or resolution & (resolution - 1):
+        raise ValueError(f"Invalid `resolution`. Expected a power of two >= 8. Received: resolution={resolution}")
+    return min(len(STAGE_MULTIPLIERS), resolution.bit_length() - 2)
+
+
+def build_resunet(spec: ModelSpec) -> keras.Model:
+    """Build (not compile) the residual U-Net ``spec`` describes (``spec.arch == "resunet"``).
+
+    Inputs and output as :func:`provided_code.networks.unet.build_unet`: the compact volumes
+    ``(batch, d, d, d)`` unpacked on the device by :class:`CompactInputs`, ``d = spec.resolution``
+    (a power of two >= 8; the volume is halved ``num_stages - 1`` times, so ``d`` must be divisible
+    by ``2 ** (num_stages - 1)``, which every power of two of at least 8 is); output ``dose``
+    ``(batch, d, d, d, 1)`` float32, in Gy, non-negative.
+
+    Layout (``F = spec.filters``, stage ``s`` at ``d / 2**s`` with ``F × STAGE_MULTIPLIERS[s]``
+    features):
+
+    - a stem at full resolution: Conv3D 3³ + normalisation + LeakyReLU(0.01);
+    - each stage: (stages after the first) a Conv3D 3³ of stride 2 down + normalisation + LeakyReLU,
+      then ``BLOCKS_PER_STAGE`` residual blocks: two Conv3D 3³ (normalisation after each, LeakyReLU
+      after the first) added to the block's input, then LeakyReLU;
+    - each decoder stage: Conv3DTranspose 2³ of stride 2 up, the encoder's features of the same
+      stage concatenated, Conv3D 3³ + normalisation + LeakyReLU (SpatialDropout3D(``spec.dropout``)
+      after alternate stages, as the generator, when ``spec.dropout`` > 0);
+    - the head: Conv3D 1³ to one channel and a ReLU, float32 whatever the dtype policy.
+
+    Convolutions have no bias (a normalisation follows each), but the head's. Normalisation as the
+    generator's (``spec.norm``: instance or synchronised batch norm).
+
+    Layer names follow the generator's blocks (``encoder_<s>_*``, ``decoder_<s>_*``: what
+    ``--recompute`` splits on and ``--freeze encoder`` holds, :func:`provided_code.networks.unet.block_of`)
+    with names of their own inside (``_stem``, ``_down``, ``_res<b>``, ``_up``, ``_fuse``), so
+    that ``--init-from`` never takes a generator's weights into this body by name.
+    """
+    filters, stages = spec.filters, num_stages(spec.resolution)
+
+    def normalisation(name: str) -> keras.layers.Layer:
+        if spec.norm == "instance":
+            return keras.layers.GroupNormalization(groups=-1, epsilon=1e-3, name=f"{name}_norm")
+        return keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True, name=f"{name}_bn")
+
+    def conv_norm(x, features: int, name: str, strides: int = 1, kernel: int = 3):
+        x = keras.layers.Conv3D(features, kernel, strides=strides, padding="same", use_bias=False,
+                                name=f"{name}_conv")(x)
+        return normalisation(name)(x)
+
+    def act(x, name: str):
+        return keras.layers.LeakyReLU(negative_slope=NEGATIVE_SLOPE, name=f"{name}_act")(x)
+
+    def residual_block(x, features: int, name: str):
+        y = act(conv_norm(x, features, f"{name}a"), f"{name}a")
+        y = conv_norm(y, features, f"{name}b")
+        if x.shape[-1] != features:  # the shortcut projected (a 1³ convolution) where the width changes
+            x = conv_norm(x, features, f"{name}_proj", kernel=1)
+        return act(keras.layers.Add(name=f"{name}_add")([x, y]), name)
+
+    inputs = {model_input.name: keras.Input(model_input.shape(spec.resolution), dtype=model_input.dtype,
+                                            name=model_input.name) for model_input in spec.inputs}
+    x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
+                      beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
+                      beam_slots=spec.beam_slots, **site_unpacking(spec.site),
+                      name="compact_inputs")([inputs[name] for name in spec.input_names])
+
+    skips = []
+    for stage in range(stages):
+        features = filters * STAGE_MULTIPLIERS[stage]
+        if stage == 0:
+            x = act(conv_norm(x, features, "encoder_0_stem"), "encoder_0_stem")
+        else:
+            x = act(conv_norm(x, features, f"encoder_{stage}_down", strides=2), f"encoder_{stage}_down")
+        for block in range(1, BLOCKS_PER_STAGE + 1):
+            x = residual_block(x, features, f"encoder_{stage}_res{block}")
+        skips.append(x)
+
+    for block, stage in enumerate(range(stages - 2, -1, -1)):
+        features = filters * STAGE_MULTIPLIERS[stage]
+        x = keras.layers.Conv3DTranspose(features, 2, strides=2, use_bias=False, name=f"decoder_{stage}_up")(x)
+        x = keras.layers.Concatenate(name=f"decoder_{stage}_skip")([x, skips[stage]])
+        x = act(conv_norm(x, features, f"decoder_{stage}_fuse"), f"decoder_{stage}_fuse")
+        if block % 2 == 1 and spec.dropout > 0:
+            x = keras.layers.SpatialDropout3D(spec.dropout, name=f"decoder_{stage}_dropout")(x)
+
+    x = keras.layers.Conv3D(1, 1, dtype="float32", name="dose_head")(x)
+    dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    return keras.Model(inputs=inputs, outputs=dose, name="resunet")
