@@ -50,6 +50,8 @@ class TrainConfig:
     beam_angles: str = ""  # the beams' IEC gantry angles, comma list of degrees (head-first supine); given,
     #                        it sets beams; resolved to the angles (and beams to their number) when saved
     beam_channels: str = "count"  # count: one channel, the beams crossing each voxel / beams; each: one per beam
+    physics: bool = False  # one more channel: the beams' primary fluence from the CT's electron density, depth,
+    #                        divergence and the targets' aperture (networks/physics.py); needs beams
     patient_prescriptions: bool = False  # the prescription channel from each patient's own prescriptions
     #                                      (prescriptions.csv; a model input): set by training when its
     #                                      data has them
@@ -140,7 +142,7 @@ class TrainConfig:
     #   --init-from (it continues from the run's own checkpoints, never the parent's weights).
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
     NETWORK = ("site", "arch", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
-               "beam_channels", "patient_prescriptions", "beam_slots")  # what the weights are shaped by
+               "beam_channels", "physics", "patient_prescriptions", "beam_slots")  # what the weights are shaped by
     ARCHITECTURE = NETWORK + ("folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
               "seed", "excluded", "freeze", "freeze_epochs")
@@ -167,6 +169,8 @@ class TrainConfig:
             self._gantry_angles = _parsed(resolve_beam_angles, self.beams or 0, self.beam_angles)  # parsed once, here
         self.beams, self.beam_angles = len(self._gantry_angles), ",".join(f"{a:g}" for a in self._gantry_angles)
         self._check_choice("beam_channels", BEAM_CHANNELS)
+        self._check("physics", isinstance(self.physics, bool) and (not self.physics or bool(self._gantry_angles)),
+                    "true or false; true only with beams (--beams or --beam-angles, or the site's)")
         self._check("patient_prescriptions", isinstance(self.patient_prescriptions, bool), "true or false")
         self._check("beam_slots", _is_integer(self.beam_slots, 0), "an integer >= 0 (0: the run-wide angles)")
         self._check_choice("lr_schedule", LR_SCHEDULES)
@@ -250,7 +254,7 @@ class TrainConfig:
         """The model these settings describe (its architecture fields), resolved once per config."""
         return ModelSpec(site=self.site, filters=self.filters, resolution=self.resolution, dropout=self.dropout,
                          norm=self.norm, prescription_channel=self.prescription_channel,
-                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels, arch=self.arch,
+                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels, arch=self.arch, physics=self.physics,
                          patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots)
 
     @property
@@ -401,7 +405,7 @@ class TrainConfig:
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
-ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "physics": False, "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
                 "ema": False, "dvh_weight": 0.0}
 
 

@@ -11,6 +11,7 @@ VOLUME_SHAPE = (128, 128, 128)
 NUM_VOXELS = VOLUME_SHAPE[0] * VOLUME_SHAPE[1] * VOLUME_SHAPE[2]
 
 CT_MAX = 4095  # CT grey values are clipped to [0, CT_MAX], as the challenge recommends.
+CT_HU_OFFSET = 1000.0  # a CT grey value is HU + this: OpenKBP's air sits at 0, fat near 908, soft tissue near 1045
 LEFT_RIGHT_AXIS = 1  # spatial axis that runs from the patient's right to left
 
 # File names inside a patient folder.

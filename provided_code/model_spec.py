@@ -85,8 +85,13 @@ def swap_mirror_bits(masks, mirror_bits, where):
     return swapped
 
 
+# A patient's voxel size for the physics channel where its arrays hold none (OpenKBP's usual, mm)
+NOMINAL_VOXEL_MM = (3.5, 3.5, 2.0)
+
+
 def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots: int = 0,
-                 beam_angles: tuple[float, ...] = (), all_beam_slots: bool = False) -> tuple[InputSpec, ...]:
+                 beam_angles: tuple[float, ...] = (), all_beam_slots: bool = False,
+                 physics: bool = False) -> tuple[InputSpec, ...]:
     """The inputs of a model of ``site``, in the order the network reads them.
 
     Always ``ct`` and ``structure_masks`` (the site's packing). ``patient_prescriptions``: each
@@ -94,7 +99,8 @@ def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots:
     ``beam_slots`` > 0: each patient's gantry angles ``(beam_slots,)`` (NaN: an unused slot),
     ``beam_angles`` (the run-wide angles) for patients without their own; 0: the angles are the
     run's, in the network itself (no input). ``all_beam_slots``: one channel per slot, so every
-    patient must fill every slot.
+    patient must fill every slot. ``physics``: each patient's ``voxel_dimensions`` (mm of the 128³
+    grid), what the physics channel measures depths and margins in.
     """
     inputs = [
         InputSpec("ct", "uint16", None, VOLUME, "grey values / CT_MAX, one channel"),
@@ -114,6 +120,10 @@ def model_inputs(site: Site, *, patient_prescriptions: bool = False, beam_slots:
                                 "gantry degrees, NaN unused: the beam channels, made per patient",
                                 default=tuple(float(a) for a in beam_angles),
                                 all_slots=all_beam_slots))
+    if physics:
+        inputs.append(InputSpec("voxel_dimensions", "float32", 3, UNCHANGED,
+                                "mm per voxel of the 128³ grid: the physics channel's depths and margins",
+                                default=NOMINAL_VOXEL_MM))
     return tuple(inputs)
 
 
@@ -127,6 +137,8 @@ class ModelSpec:
     step, the dataset and prediction.
 
     ``gantry_angles``: the run-wide beams' IEC gantry degrees, () for no beam channels.
+    ``physics``: one more channel, the beams' primary fluence (:mod:`provided_code.networks.physics`),
+    from the same beams (needs them) and each patient's voxel size.
     ``patient_prescriptions`` / ``beam_slots``: each patient's own prescriptions / gantry angles
     (up to ``beam_slots``) are inputs; they count only with a prescription channel / beams, and are
     stored so (``ModelSpec(..., patient_prescriptions=True, prescription_channel=False)`` has none).
@@ -142,6 +154,7 @@ class ModelSpec:
     gantry_angles: tuple[float, ...]
     beam_channels: str
     arch: str
+    physics: bool = False
     patient_prescriptions: bool = False
     beam_slots: int = 0
     inputs: tuple[InputSpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
@@ -156,9 +169,12 @@ class ModelSpec:
         object.__setattr__(self, "gantry_angles", angles)
         object.__setattr__(self, "patient_prescriptions", bool(self.prescription_channel and self.patient_prescriptions))
         object.__setattr__(self, "beam_slots", int(self.beam_slots) if angles else 0)
+        if self.physics and not angles:
+            raise ValueError("Invalid `physics`. Expected beams to make the physics channel of (gantry_angles). "
+                             "Received: physics=True with no beams")
         object.__setattr__(self, "inputs", model_inputs(
             self.site, patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots,
-            beam_angles=angles, all_beam_slots=self.beam_channels == "each"))
+            beam_angles=angles, all_beam_slots=self.beam_channels == "each", physics=bool(self.physics)))
 
     @property
     def input_names(self) -> tuple[str, ...]:

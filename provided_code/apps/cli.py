@@ -57,6 +57,10 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "e.g. 0,51,102,153,204,255,306 for another site's seven beams.")
 @click.option("--beam-channels", type=click.Choice(BEAM_CHANNELS), default=DEFAULTS.beam_channels,
               help="count: one channel, how many beams cross each voxel; each: one channel per beam.")
+@click.option("--physics/--no-physics", default=DEFAULTS.physics,
+              help="One more input channel: the beams' primary fluence (the CT's electron density, depth from the "
+                   "body surface, attenuation, inverse square, the targets' aperture with a margin and penumbra), "
+                   "made on the device after augmentation; needs beams.")
 @click.option("--epochs", type=int, default=DEFAULTS.epochs, help="Total epochs (a resumed run continues to this).")
 @click.option("--data-dir", default=DEFAULTS.data_dir, help="Folder holding train-pats/, validation-pats/, test-pats/.")
 @click.option("--results-dir", default=DEFAULTS.results_dir, help="Where results/<model-name>/ goes.")

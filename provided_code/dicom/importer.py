@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from provided_code.infra.atomic import new_folder_beside, replace_folder, write_text_atomic
-from provided_code.constants import (CT_FILE, CT_MAX, DOSE_FILE, PATIENT_FILES, POSSIBLE_DOSE_MASK_FILE,
+from provided_code.constants import (CT_FILE, CT_HU_OFFSET, CT_MAX, DOSE_FILE, PATIENT_FILES, POSSIBLE_DOSE_MASK_FILE,
                                      VOXEL_DIMENSIONS_FILE)
 from provided_code.data import patient_plan
 from provided_code.data.csv_io import Patient, as_volume, decimals_of, write_dose_csv, write_sparse_csv
@@ -50,7 +50,7 @@ from provided_code.sites import Site, SiteError, openkbp
 
 logger = logging.getLogger(__name__)
 
-HU_OFFSET = 1000.0  # ct.csv = HU + 1000: OpenKBP air sits at 0, fat near 908, soft tissue near 1045 (README)
+HU_OFFSET = CT_HU_OFFSET  # ct.csv = HU + 1000 (constants.CT_HU_OFFSET)
 BODY_THRESHOLD_HU = -400.0  # without a BODY contour, the possible-dose mask is the CT above this
 # The range of the OpenKBP patients' voxel sizes (mm); an import for OpenKBP outside it is warned about.
 OPENKBP_IN_PLANE_MM = (2.0, 5.5)

@@ -10,6 +10,7 @@ from keras import ops
 
 from provided_code.constants import CT_MAX
 from provided_code.beams import ray_bins, ray_count
+from provided_code.networks.physics import physics_volume
 from provided_code.sites import Site, openkbp
 
 
@@ -40,6 +41,11 @@ class CompactInputs(keras.layers.Layer):
     passes and one full-size temporary more. Above 12 (the table would have 2^13 rows or more) the
     bits are shifted out.
 
+    ``physics``: one more channel after the beams', the beams' primary fluence
+    (:mod:`provided_code.networks.physics`), from the CT, the targets and the beams (each
+    patient's own with ``beam_slots``, else ``beam_angles``), with a last input ``voxel_dimensions``
+    ``(batch, 3)`` mm.
+
     ``patient_prescriptions``: a third input, ``(batch, targets)`` Gy in the site's target order;
     the prescription channel is then each patient's own.
 
@@ -57,7 +63,8 @@ class CompactInputs(keras.layers.Layer):
 
     def __init__(self, prescription: bool = False, beam_angles=(), beam_channels: str = "count",
                  structures: int | None = None, prescriptions_gy=None, max_prescription_gy: float | None = None,
-                 patient_prescriptions: bool = False, beam_slots: int = 0, targets=None, **kwargs):
+                 patient_prescriptions: bool = False, beam_slots: int = 0, targets=None, physics: bool = False,
+                 **kwargs):
         kwargs.setdefault("autocast", False)  # per-patient angles and Gy stay float32 under mixed precision
         super().__init__(**kwargs)
         if structures is None:  # a checkpoint saved before sites: OpenKBP
@@ -75,6 +82,7 @@ class CompactInputs(keras.layers.Layer):
         self.patient_prescriptions = bool(patient_prescriptions)
         self.beam_slots = int(beam_slots)
         self.targets = tuple(int(k) for k in targets)
+        self.physics = bool(physics)
         if len(self.prescriptions_gy) != self.structures:
             raise ValueError(f"Invalid `prescriptions_gy`. Expected one value per structure ({self.structures}). "
                              f"Received: prescriptions_gy={list(self.prescriptions_gy)}")
@@ -84,7 +92,7 @@ class CompactInputs(keras.layers.Layer):
                 "beam_channels": self.beam_channels, "structures": self.structures,
                 "prescriptions_gy": list(self.prescriptions_gy), "max_prescription_gy": self.max_prescription_gy,
                 "patient_prescriptions": self.patient_prescriptions, "beam_slots": self.beam_slots,
-                "targets": list(self.targets)}
+                "targets": list(self.targets), "physics": self.physics}
 
     @property
     def target_bits(self) -> int:
@@ -106,6 +114,7 @@ class CompactInputs(keras.layers.Layer):
         ct, structure_masks, *rest = inputs
         prescriptions = rest.pop(0) if self.patient_prescriptions else None
         angles = rest.pop(0) if self.beams_per_patient else None
+        voxel_mm = rest.pop(0) if self.physics else None
         count = self.structures
         run_wide_prescription = self.prescription and not self.patient_prescriptions
         levels = np.array(self.prescriptions_gy) / self.max_prescription_gy  # per structure, 0 for an organ
@@ -134,7 +143,19 @@ class CompactInputs(keras.layers.Layer):
             channels.append(self._patient_beams(patterns, angles))
         elif self.beam_angles:
             channels.append(self._beams(patterns))
+        if self.physics:
+            channels.append(self._physics(inputs[0], patterns, angles, voxel_mm))
         return ops.concatenate(channels, axis=-1)
+
+    def _physics(self, ct, patterns, angles, voxel_mm):
+        """The beams' physics channel (:func:`~provided_code.networks.physics.physics_volume`) of
+        the CT as stored, the targets, the beams (each patient's own, or the run's) and each
+        patient's voxel size; no gradient flows through it (it depends on the inputs only)."""
+        if angles is None:
+            angles = ops.broadcast_to(ops.convert_to_tensor([self.beam_angles], dtype="float32"),
+                                      (ops.shape(ct)[0], len(self.beam_angles)))
+        channel = physics_volume(ct, ops.cast(self._target_voxels(patterns), "float32"), angles, voxel_mm)
+        return ops.cast(ops.stop_gradient(channel), self.compute_dtype)[..., None]
 
     def _highest(self, structure_channels, levels):
         """``(batch, ..., 1)``: per voxel the highest of ``levels`` ``(batch or 1, targets)`` over the
@@ -206,7 +227,8 @@ class CompactInputs(keras.layers.Layer):
         return ops.stack(each, axis=-1)
 
     def compute_output_shape(self, input_shape):
-        return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count)
+        return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count
+                + int(self.physics))
 
 
 def site_unpacking(site: Site) -> dict:

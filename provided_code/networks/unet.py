@@ -96,7 +96,7 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
                                             name=model_input.name) for model_input in spec.inputs}
     x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
                       beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
-                      beam_slots=spec.beam_slots, **site_unpacking(spec.site),
+                      beam_slots=spec.beam_slots, physics=spec.physics, **site_unpacking(spec.site),
                       name="compact_inputs")([inputs[name] for name in spec.input_names])
 
     skips = []
