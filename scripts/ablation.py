@@ -67,7 +67,7 @@ TABLES = {
     # issue 40's: the network's body (and its inputs) against --preset v2, the generator
     "body": {
         "v2": ["--preset", "v2"],
-        "resunet": ["--preset", "v2", "--arch", "resunet", "--dropout", "0"],
+        "resunet": ["--preset", "v2", "--arch", "resunet", "--dropout", "0", "--learning-rate", "1e-3"],
     },
 }
 

@@ -44,7 +44,10 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
     - each decoder stage: Conv3DTranspose 2³ of stride 2 up, the encoder's features of the same
       stage concatenated, Conv3D 3³ + normalisation + LeakyReLU (SpatialDropout3D(``spec.dropout``)
       after alternate stages, as the generator, when ``spec.dropout`` > 0);
-    - the head: Conv3D 1³ to one channel and a ReLU, float32 whatever the dtype policy.
+    - the head: Conv3D 1³ to one channel, times the site's highest prescription (Gy: the
+      convolution's output is dose relative to it, of the order of its normalised features, so
+      that Adam's small steps reach doses of tens of Gy), and a ReLU, all float32 whatever the
+      dtype policy.
 
     Convolutions have no bias (a normalisation follows each), but the head's. Normalisation as the
     generator's (``spec.norm``: instance or synchronised batch norm).
@@ -103,5 +106,6 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
             x = keras.layers.SpatialDropout3D(spec.dropout, name=f"decoder_{stage}_dropout")(x)
 
     x = keras.layers.Conv3D(1, 1, dtype="float32", name="dose_head")(x)
+    x = keras.layers.Rescaling(spec.site.max_prescription_gy, dtype="float32", name="dose_scale")(x)
     dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
     return keras.Model(inputs=inputs, outputs=dose, name="resunet")

@@ -23,7 +23,7 @@ _ENCODER_LAYER = re.compile(r"^encoder_\d+_")
 _BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
                    "dose_smooth": "decoder_0", "dose": "decoder_0",
                    # the residual U-Net's (networks/resunet.py): its stem with the inputs, its head with the last stage
-                   "encoder_0_stem_conv": "inputs", "dose_head": "decoder_0"}
+                   "encoder_0_stem_conv": "inputs", "dose_head": "decoder_0", "dose_scale": "decoder_0"}
 
 
 def block_of(layer_name: str) -> str | None:
