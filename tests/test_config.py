@@ -42,6 +42,7 @@ def test_a_config_saved_before_a_setting_existed_loads_as_what_it_trained():
     old = TrainConfig.from_json(json.dumps({"filters": 8, "resolution": 32, "model_name": "old"}))
     assert (old.norm, old.prescription_channel, old.beams, old.beam_angles, old.ema, old.dvh_weight) == \
         ("batch", False, 0, "", False, 0.0)
+    assert (old.arch, old.physics, old.spec.arch) == ("generator", False, "generator")  # before --arch, --physics
     assert set(ABSENT_MEANS) <= {field for field in TrainConfig.__dataclass_fields__}
     new = TrainConfig(filters=8, resolution=32, beams=9, norm="instance")
     assert TrainConfig.from_json(new.to_json()) == new
@@ -182,3 +183,16 @@ def test_a_new_model_from_a_parent_takes_its_network_where_no_flag_is_given_and_
     no_beams = dataclasses.replace(parent, beams=0, beam_angles="")
     assert TrainConfig().with_parents_network(no_beams, given=set())[0].beams == 0  # the same site: the parent's
     assert TrainConfig(filters=16).with_parents_network(parent, given=None) == (TrainConfig(filters=16), [])
+
+
+def test_the_body_and_the_physics_channel_are_architecture_a_resume_cannot_change():
+    saved = TrainConfig(filters=8, resolution=32, arch="resunet", physics=True)
+    assert TrainConfig.from_json(saved.to_json()) == saved
+    with pytest.raises(ConfigError, match="arch: saved 'resunet', requested 'generator'"):
+        TrainConfig(filters=8, resolution=32, arch="generator", physics=True).resume(saved, given={"arch"})
+    with pytest.raises(ConfigError, match="physics: saved True, requested False"):
+        TrainConfig(filters=8, resolution=32, arch="resunet").resume(saved, given={"physics"})
+    resumed, _ = TrainConfig(filters=8, resolution=32).resume(saved, given=set())  # the bare command
+    assert (resumed.arch, resumed.physics) == ("resunet", True)
+    with pytest.raises(ConfigError, match="Invalid `arch`"):
+        TrainConfig(arch="transformer")

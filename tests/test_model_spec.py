@@ -279,3 +279,43 @@ def test_one_mirror_swap_serves_numpy_and_tensorflow(dtype):
     np.testing.assert_array_equal(by_numpy, expected)
     np.testing.assert_array_equal(by_tf.numpy(), expected)
     assert swap_mirror_bits(masks, (), np.where) is masks
+
+
+def test_the_residual_unet_with_the_physics_channel_trains_augmented_recomputed_alike_and_predicts():
+    """The residual body with the physics channel, from each patient's own beams (moved on the device
+    with the patient) and voxel size: a model input declared once, in the element, the step's
+    augmentation, --recompute (the same loss: the channel is made again from the same inputs) and
+    prediction with --tta."""
+    spec = model_spec(arch="resunet", physics=True, resolution=SIZE, filters=2, dropout=0.0, beam_slots=9)
+    specs = spec.inputs
+    assert [s.name for s in specs] == ["ct", "structure_masks", "beam_angles", "voxel_dimensions"]
+    assert next(s for s in specs if s.name == "voxel_dimensions").moves == UNCHANGED
+    patients = Patients(2, voxel_dimensions=np.array([[3.5, 3.5, 2.0], [3.0, 3.2, 2.5]], np.float32),
+                        beam_angles=np.array([[10, 80, 150, 220, 290] + [np.nan] * 4, [0, 90, 180] + [np.nan] * 6],
+                                             np.float32))
+    draws = Augmenter(("flip", "rotate"), patients.possible_dose_mask, seed=3).draw(np.arange(2), 0, 3)
+    element = {name: tf.constant(value) for name, value in take_element(
+        fit_vectors(patients, specs), np.arange(2), np.full(2, 0.5, np.float32), specs, draws=draws).items()}
+    np.testing.assert_array_equal(element["voxel_dimensions"], patients.voxel_dimensions)
+    losses = []
+    for recompute in (False, True):
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(5)
+        model = new_model(spec, 1e-3)
+        model.optimizer.build(model.trainable_variables)
+        step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
+                         spec=spec, loss_fn=loss_function("mae", 0.0, spec))
+        losses.append(float(step.train(element)))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # recomputed one sample at a time: float32 ulps
+    assert model.get_layer("compact_inputs").output.shape[-1] == 1 + len(OPENKBP.names) + 1 + 1 + 1  # + physics
+    predicted = predict_arrays(lambda inputs: np.asarray(model(inputs, training=False)), patients, spec,
+                               batch_size=2, tta=True)
+    assert np.all(np.isfinite(predicted)) and predicted.shape[0] == 2
+
+
+def test_the_physics_channel_needs_beams():
+    with pytest.raises(ConfigError, match="Invalid `physics`"):
+        TrainConfig(physics=True, beams=0)
+    with pytest.raises(ValueError, match="Invalid `physics`"):
+        model_spec(physics=True, gantry_angles=())
+    assert [s.name for s in model_spec(physics=True).inputs][-1] == "voxel_dimensions"

@@ -47,9 +47,9 @@ PENUMBRA_SIGMA_MM = 3.5  # the aperture's edge blurred by a Gaussian of this sta
 # HU -> electron density relative to water, piecewise linear, flat beyond the ends
 DENSITY_TABLE = ((-1000.0, 0.0), (0.0, 1.0), (1000.0, 1.55), (3000.0, 2.6))
 MAX_TAPS = 4  # the margin and the blur reach at most this many voxels either side
-COARSENING = 2  # the channel is computed on a grid this many times coarser per axis, then repeated back:
-#                 each step costs about 2 % of a 64³ step this way, where at the volume's own grid it cost
-#                 more than the step itself (26 times the 32³ grid's time at 64³ on one core)
+COARSENING = 2  # the channel is computed on a grid this many times coarser per axis, then repeated back: at
+#                 the volume's own grid, 64³ took 26 times the 32³ grid's time on one core, more than a
+#                 residual U-Net's whole step (docs/performance.md has the step's share)
 
 
 def canvas_size(resolution: int) -> int:
@@ -93,25 +93,43 @@ def physics_channel(ct, targets, angles, voxel_mm):
     ``ct``: the CT as stored (``HU + CT_HU_OFFSET``), ``(batch, R, R, S)``; ``targets``: 0/1,
     the same shape; ``angles``: ``(batch, beams)`` gantry degrees, NaN for an unused slot;
     ``voxel_mm``: ``(batch, 3)`` the voxel size in mm of the 128³ grid (``voxel_dimensions``),
-    scaled here to the volume's resolution ``R``.
+    scaled here to the volume's resolution ``R``. Every beam of every patient is one item of one
+    batch of ``batch × beams`` (:func:`beam_fluence`), so the graph holds the arithmetic once.
     """
     ct = ops.cast(ct, "float32")
     targets = ops.cast(targets, "float32")
     angles = ops.cast(angles, "float32")
+    size, slices, beams = ct.shape[1], ct.shape[3], angles.shape[1]
+    used = ops.isfinite(angles)
+    fluence = beam_fluence(ops.repeat(ct, beams, axis=0), ops.repeat(targets, beams, axis=0),
+                           ops.reshape(ops.where(used, angles, 0.0), (-1,)),
+                           ops.repeat(ops.cast(voxel_mm, "float32"), beams, axis=0))
+    fluence = ops.reshape(fluence, (-1, beams, size, size, slices)) * ops.reshape(
+        ops.cast(used, "float32"), (-1, beams, 1, 1, 1))
+    mean = ops.sum(fluence, axis=1) / ops.reshape(
+        ops.maximum(ops.sum(ops.cast(used, "float32"), axis=1), 1.0), (-1, 1, 1, 1))
+    in_targets = ops.sum(mean * targets, axis=(1, 2, 3)) / ops.maximum(ops.sum(targets, axis=(1, 2, 3)), 1.0)
+    return ops.where(ops.reshape(in_targets, (-1, 1, 1, 1)) > 0,
+                     mean / ops.reshape(ops.maximum(in_targets, 1e-6), (-1, 1, 1, 1)), 0.0)
+
+
+def beam_fluence(ct, targets, angle, voxel_mm):
+    """``(items, R, R, S)`` float32: the primary fluence of one beam per item (a patient and one of
+    its beams): ``ct`` and ``targets`` ``(items, R, R, S)`` as :func:`physics_channel`'s, ``angle``
+    ``(items,)`` gantry degrees, ``voxel_mm`` ``(items, 3)``. An item without targets gets 0."""
     size, slices = ct.shape[1], ct.shape[3]
     canvas = canvas_size(size)
-    batch = ops.shape(ct)[0]
-    scale = VOLUME_SHAPE[0] / size  # block-averaged volumes have larger voxels
-    voxel_mm = ops.cast(voxel_mm, "float32") * scale
-    pitch = (voxel_mm[:, 0] + voxel_mm[:, 1]) / 2.0  # (batch,) in-plane mm per voxel
+    items = ops.shape(ct)[0]
+    voxel_mm = voxel_mm * (VOLUME_SHAPE[0] / size)  # block-averaged volumes have larger voxels
+    pitch = (voxel_mm[:, 0] + voxel_mm[:, 1]) / 2.0  # (items,) in-plane mm per voxel
     slice_pitch = voxel_mm[:, 2]
 
     density = electron_density(ct - CT_HU_OFFSET)
     plane = size * size
     padded = ops.concatenate([ops.reshape(ops.stack([density, targets], axis=-1), (-1, plane, slices, 2)),
-                              ops.zeros((batch, 1, slices, 2), "float32")], axis=1)  # the last row: outside
-    padded = ops.reshape(padded, (-1, slices, 2))  # (batch × (plane + 1), slices, 2)
-    offsets = ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1))
+                              ops.zeros((items, 1, slices, 2), "float32")], axis=1)  # the last row: outside
+    padded = ops.reshape(padded, (-1, slices, 2))  # (items × (plane + 1), slices, 2)
+    offsets = ops.reshape(ops.arange(items, dtype="int32"), (-1, 1))
 
     along, across = np.meshgrid(np.arange(canvas, dtype=np.float32) - canvas / 2,
                                 np.arange(canvas, dtype=np.float32) - canvas / 2, indexing="ij")
@@ -119,68 +137,58 @@ def physics_channel(ct, targets, angles, voxel_mm):
     i_plane, j_plane = np.meshgrid(np.arange(size, dtype=np.float32) - size / 2,
                                    np.arange(size, dtype=np.float32) - size / 2, indexing="ij")
     i_plane, j_plane = ops.convert_to_tensor(i_plane.reshape(1, -1)), ops.convert_to_tensor(j_plane.reshape(1, -1))
-    m_line = ops.convert_to_tensor(np.arange(canvas, dtype=np.float32).reshape(1, -1))  # (1, canvas)
+    line = ops.convert_to_tensor(np.arange(canvas, dtype=np.float32).reshape(1, -1))  # (1, canvas): a canvas axis
     s_line = ops.convert_to_tensor(np.arange(slices, dtype=np.float32).reshape(1, -1))
 
-    total = ops.zeros((batch, size, size, slices), "float32")
-    used_beams = ops.isfinite(angles)
-    for beam in range(angles.shape[1]):
-        used = used_beams[:, beam]
-        g = ops.where(used, angles[:, beam], 0.0) * (math.pi / 180.0)
-        cos_g, sin_g = ops.reshape(ops.cos(g), (-1, 1)), ops.reshape(ops.sin(g), (-1, 1))
-        # travel direction (cos g, -sin g), across it (sin g, cos g): ray_bins' "across"
-        i = size / 2 + along * cos_g + across * sin_g  # (batch, canvas²)
-        j = size / 2 - along * sin_g + across * cos_g
-        ii, jj = ops.floor(i + 0.5), ops.floor(j + 0.5)
-        inside = (ii >= 0) & (ii < size) & (jj >= 0) & (jj < size)
-        index = ops.where(inside, ops.cast(ii, "int32") * size + ops.cast(jj, "int32"), plane) + offsets * (plane + 1)
-        turned = ops.reshape(ops.take(padded, ops.reshape(index, (-1,)), axis=0), (-1, canvas, canvas, slices, 2))
-        dens, targ = turned[..., 0], turned[..., 1]
-        depth = (ops.cumsum(dens, axis=1) - 0.5 * dens) * ops.reshape(pitch, (-1, 1, 1, 1))  # mm
+    g = angle * (math.pi / 180.0)
+    cos_g, sin_g = ops.reshape(ops.cos(g), (-1, 1)), ops.reshape(ops.sin(g), (-1, 1))
+    # travel direction (cos g, -sin g), across it (sin g, cos g): ray_bins' "across"
+    i = size / 2 + along * cos_g + across * sin_g  # (items, canvas²)
+    j = size / 2 - along * sin_g + across * cos_g
+    ii, jj = ops.floor(i + 0.5), ops.floor(j + 0.5)
+    inside = (ii >= 0) & (ii < size) & (jj >= 0) & (jj < size)
+    index = ops.where(inside, ops.cast(ii, "int32") * size + ops.cast(jj, "int32"), plane) + offsets * (plane + 1)
+    turned = ops.reshape(ops.take(padded, ops.reshape(index, (-1,)), axis=0), (-1, canvas, canvas, slices, 2))
+    dens, targ = turned[..., 0], turned[..., 1]
+    depth = (ops.cumsum(dens, axis=1) - 0.5 * dens) * ops.reshape(pitch, (-1, 1, 1, 1))  # mm
 
-        # the isocentre: the targets' centre, in canvas coordinates
-        weight = ops.sum(targ, axis=(1, 2, 3))
-        has_targets = weight > 0
-        weight = ops.maximum(weight, 1e-6)
-        m_iso = ops.sum(targ * ops.reshape(m_line, (1, -1, 1, 1)), axis=(1, 2, 3)) / weight
-        n_iso = ops.sum(targ * ops.reshape(m_line, (1, 1, -1, 1)), axis=(1, 2, 3)) / weight
-        s_iso = ops.sum(targ * ops.reshape(s_line, (1, 1, 1, -1)), axis=(1, 2, 3)) / weight
+    # the isocentre: the targets' centre, in canvas coordinates
+    weight = ops.sum(targ, axis=(1, 2, 3))
+    has_targets = weight > 0
+    weight = ops.maximum(weight, 1e-6)
+    m_iso = ops.sum(targ * ops.reshape(line, (1, -1, 1, 1)), axis=(1, 2, 3)) / weight
+    n_iso = ops.sum(targ * ops.reshape(line, (1, 1, -1, 1)), axis=(1, 2, 3)) / weight
+    s_iso = ops.sum(targ * ops.reshape(s_line, (1, 1, 1, -1)), axis=(1, 2, 3)) / weight
 
-        aperture = ops.max(targ, axis=1)  # (batch, canvas across, slices): the beam's-eye projection
-        aperture = _widened(aperture, MARGIN_MM / pitch, MARGIN_MM / slice_pitch)
-        aperture = _blurred(aperture, PENUMBRA_SIGMA_MM / pitch, PENUMBRA_SIGMA_MM / slice_pitch)
+    aperture = ops.max(targ, axis=1)  # (items, canvas across, slices): the beam's-eye projection
+    aperture = _widened(aperture, MARGIN_MM / pitch, MARGIN_MM / slice_pitch)
+    aperture = _blurred(aperture, PENUMBRA_SIGMA_MM / pitch, PENUMBRA_SIGMA_MM / slice_pitch)
 
-        # divergence: a voxel z mm beyond the isocentre's plane sees the aperture magnified by (SAD + z) / SAD
-        z = (m_line - ops.reshape(m_iso, (-1, 1))) * ops.reshape(pitch, (-1, 1))  # (batch, canvas)
-        shrink = SAD_MM / ops.maximum(SAD_MM + z, 1.0)
-        n_src = ops.reshape(n_iso, (-1, 1, 1)) + (ops.reshape(m_line, (1, 1, -1)) - ops.reshape(n_iso, (-1, 1, 1))) \
-            * shrink[:, :, None]  # (batch, along, across)
-        s_src = ops.reshape(s_iso, (-1, 1, 1)) + (ops.reshape(s_line, (1, 1, -1)) - ops.reshape(s_iso, (-1, 1, 1))) \
-            * shrink[:, :, None]  # (batch, along, slices)
-        n_src = ops.cast(ops.clip(ops.floor(n_src + 0.5), 0, canvas - 1), "int32")
-        s_src = ops.cast(ops.clip(ops.floor(s_src + 0.5), 0, slices - 1), "int32")
-        flat = (ops.reshape(offsets, (-1, 1, 1, 1)) * (canvas * slices) + n_src[:, :, :, None] * slices
-                + s_src[:, :, None, :])  # (batch, along, across, slices)
-        seen = ops.reshape(ops.take(ops.reshape(aperture, (-1,)), ops.reshape(flat, (-1,)), axis=0),
-                           (-1, canvas, canvas, slices))
+    # divergence: a voxel z mm beyond the isocentre's plane sees the aperture magnified by (SAD + z) / SAD
+    z = (line - ops.reshape(m_iso, (-1, 1))) * ops.reshape(pitch, (-1, 1))  # (items, canvas)
+    shrink = SAD_MM / ops.maximum(SAD_MM + z, 1.0)
+    n_src = ops.reshape(n_iso, (-1, 1, 1)) + (ops.reshape(line, (1, 1, -1)) - ops.reshape(n_iso, (-1, 1, 1))) \
+        * shrink[:, :, None]  # (items, along, across)
+    s_src = ops.reshape(s_iso, (-1, 1, 1)) + (ops.reshape(s_line, (1, 1, -1)) - ops.reshape(s_iso, (-1, 1, 1))) \
+        * shrink[:, :, None]  # (items, along, slices)
+    n_src = ops.cast(ops.clip(ops.floor(n_src + 0.5), 0, canvas - 1), "int32")
+    s_src = ops.cast(ops.clip(ops.floor(s_src + 0.5), 0, slices - 1), "int32")
+    flat = (ops.reshape(offsets, (-1, 1, 1, 1)) * (canvas * slices) + n_src[:, :, :, None] * slices
+            + s_src[:, :, None, :])  # (items, along, across, slices)
+    seen = ops.reshape(ops.take(ops.reshape(aperture, (-1,)), ops.reshape(flat, (-1,)), axis=0),
+                       (-1, canvas, canvas, slices))
 
-        fluence = (seen * ops.reshape(shrink * shrink, (-1, canvas, 1, 1))
-                   * (1.0 - ops.exp(-BUILDUP_PER_MM * depth)) * ops.exp(-MU_PER_MM * depth))
-        fluence = fluence * ops.reshape(ops.cast(used & has_targets, "float32"), (-1, 1, 1, 1))
+    fluence = (seen * ops.reshape(shrink * shrink, (-1, canvas, 1, 1))
+               * (1.0 - ops.exp(-BUILDUP_PER_MM * depth)) * ops.exp(-MU_PER_MM * depth))
+    fluence = fluence * ops.reshape(ops.cast(has_targets, "float32"), (-1, 1, 1, 1))
 
-        # back onto the plane: each plane voxel's canvas cell
-        m_back = ops.floor(i_plane * cos_g - j_plane * sin_g + canvas / 2 + 0.5)
-        n_back = ops.floor(i_plane * sin_g + j_plane * cos_g + canvas / 2 + 0.5)
-        back = (ops.cast(ops.clip(m_back, 0, canvas - 1), "int32") * canvas
-                + ops.cast(ops.clip(n_back, 0, canvas - 1), "int32") + offsets * (canvas * canvas))
-        total = total + ops.reshape(ops.take(ops.reshape(fluence, (-1, slices)), ops.reshape(back, (-1,)), axis=0),
-                                    (-1, size, size, slices))
-
-    beams = ops.maximum(ops.sum(ops.cast(used_beams, "float32"), axis=1), 1.0)
-    mean = total / ops.reshape(beams, (-1, 1, 1, 1))
-    in_targets = ops.sum(mean * targets, axis=(1, 2, 3)) / ops.maximum(ops.sum(targets, axis=(1, 2, 3)), 1.0)
-    return ops.where(ops.reshape(in_targets, (-1, 1, 1, 1)) > 0,
-                     mean / ops.reshape(ops.maximum(in_targets, 1e-6), (-1, 1, 1, 1)), 0.0)
+    # back onto the plane: each plane voxel's canvas cell
+    m_back = ops.floor(i_plane * cos_g - j_plane * sin_g + canvas / 2 + 0.5)
+    n_back = ops.floor(i_plane * sin_g + j_plane * cos_g + canvas / 2 + 0.5)
+    back = (ops.cast(ops.clip(m_back, 0, canvas - 1), "int32") * canvas
+            + ops.cast(ops.clip(n_back, 0, canvas - 1), "int32") + offsets * (canvas * canvas))
+    return ops.reshape(ops.take(ops.reshape(fluence, (-1, slices)), ops.reshape(back, (-1,)), axis=0),
+                       (-1, size, size, slices))
 
 
 def _shifted(x, shift: int, axis: int):
