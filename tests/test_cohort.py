@@ -34,6 +34,7 @@ from tests.kit.skips import requires_sample  # noqa: E402
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
+DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 OPENKBP_BEAMS = [("static", float(angle)) for angle in range(0, 360, 40)]
 PRESCRIBED = {"PTV_7000": 70.0, "PTV63": 63.0, "PTV_56": 56.0}  # the writer's clinical ROI names
@@ -317,6 +318,24 @@ def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path)
     with pytest.raises(cohort.CohortError, match=r"no DICOM object among its 1 files"):
         cohort.import_cohort(tmp_path / "archive", tmp_path / "data", site=OPENKBP)
     assert not (tmp_path / "data").exists()
+
+
+def test_garbage_behind_a_valid_file_header_is_a_skipped_file_and_no_patient(tmp_path):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    plan = (DICOMPYLER / "rtplan.dcm").read_bytes()  # a patient of its own (an unapproved plan: skipped)
+    (archive / "plan").write_bytes(plan)
+    header = plan[:132 + 12 + int.from_bytes(plan[140:144], "little")]  # the preamble and the file meta, as written
+    (archive / "damaged").write_bytes(header + np.random.default_rng(7).bytes(4000))
+    out = tmp_path / "data"
+    report = import_cohort(archive, out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 0}
+    with open(out / "identity-map.csv", newline="") as handle:
+        assert [row["patient_id"] for row in csv.DictReader(handle)] == [pydicom.dcmread(archive / "plan").PatientID]
+    [damaged] = [r for r in rows(out) if r["kind"] == "file"]
+    assert damaged["pseudonym"] == "" and damaged["status"] == "skipped"
+    assert damaged["reason"].startswith("a DICOM file header without a data set")
+    assert {r["pseudonym"] for r in rows(out) if r["kind"] != "file"} == {"pt_1"}
 
 
 def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe_archive, tmp_path):

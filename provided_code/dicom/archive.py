@@ -133,6 +133,8 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
     if sop_class == MediaStorageDirectoryStorage or "DirectoryRecordSequence" in header:
         return None, "DICOMDIR (a media directory, not an object)"
     modality = _text(header.get("Modality")).upper()
+    if not modality and not _text(header.get("SOPInstanceUID")):  # a file header and no data set behind it
+        return None, "a DICOM file header without a data set (no Modality, no SOP Instance UID): damaged or cut short"
     fields = dict(path=path, size=stat.st_size, mtime_ns=stat.st_mtime_ns, modality=modality or "?",
                   sop_class_uid=sop_class, sop_instance_uid=_text(header.get("SOPInstanceUID")),
                   series_instance_uid=_text(header.get("SeriesInstanceUID")),

@@ -209,7 +209,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     identity.assign([p.patient_id for p in patients])
     refused = [p for p in patients if p.refusal]
     if strict and refused:
-        raise CohortError(f"{identity.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
+        raise CohortError(f"{identity.label(refused[0].patient_id)}: {refused[0].refusal}")
     assign_splits(ledger.splits, identity.pseudonyms, [p.patient_id for p in patients if p.chosen], validation, seed)
     settings = _settings(site, table)
 
@@ -277,8 +277,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             after_patient(pseudonym)
 
     for links in patients:
-        pseudonym = identity.pseudonyms[links.patient_id]
-        if not links.chosen:
+        pseudonym = identity.pseudonyms.get(links.patient_id, "")  # objects without a PatientID have none
+        if not links.chosen and pseudonym:
             ledger.withdraw(pseudonym)
         rows += _patient_rows(links, pseudonym, ledger.splits.get(pseudonym, ""), outcomes.get(links.patient_id))
         if pseudonym in ledger.withdrawn:
@@ -286,10 +286,10 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             for row in rows:
                 if row["pseudonym"] == pseudonym and row["kind"] in ("plan", "patient") and row["status"] != "imported":
                     row["reason"] += note
-        if not links.chosen:
+        if not links.chosen and (links.patient_id or links.refusal):  # objects without an ID and a plan: no patient
             counts["failed" if links.refusal else "skipped"] += 1
             if links.refusal:
-                lines.append(f"{pseudonym}: {links.refusal}")
+                lines.append(f"{identity.label(links.patient_id)}: {links.refusal}")
     for path, why in index.skipped_files:
         rows.append({"pseudonym": "", "status": "skipped", "kind": "file", "source": sources.ref(path),
                      "reason": sources.scrub(why, [path, index.duplicate_of.get(path)])})
@@ -310,7 +310,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
     rows = []
-    if not links.candidates:
+    if not links.candidates and links.patient_id:
         rows.append({"pseudonym": pseudonym, "status": "skipped", "kind": "patient",
                      "reason": "no RT Plan of this patient in the archive"})
     for candidate in links.candidates:

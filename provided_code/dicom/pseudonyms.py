@@ -81,8 +81,10 @@ class IdentityMap:
 
     def assign(self, patient_ids: list[str]) -> None:
         """Pseudonyms for new patients (after the highest given), written before anything is imported
-        (with the cohort's identifier, :attr:`cohort`, a new one if it has none)."""
-        new = sorted((p for p in patient_ids if p not in self.pseudonyms), key=lambda p: (unit_hash("pseudonym", p), p))
+        (with the cohort's identifier, :attr:`cohort`, a new one if it has none). An empty PatientID
+        is no patient (objects without one, refused by the linking): it gets no pseudonym and no row."""
+        new = sorted((p for p in patient_ids if p and p not in self.pseudonyms),
+                     key=lambda p: (unit_hash("pseudonym", p), p))
         self.cohort = self.cohort or uuid.uuid4().hex
         if not new and self.cohort == self._written_cohort:
             return
@@ -95,6 +97,11 @@ class IdentityMap:
         # the map re-identifies the cohort: its owner's only, from the temporary file's creation on
         write_text_atomic(self.path, csv_text(self.FIELDS, rows), mode=0o600)
         self._written_cohort = self.cohort
+
+    def label(self, patient_id: str) -> str:
+        """How the console and the manifest name a patient: its pseudonym (``(no PatientID)`` for the
+        objects without one, which have none)."""
+        return self.pseudonyms.get(patient_id) or "(no PatientID)"
 
     def check_belongs_to(self, out: Path, manifest_rows: list[dict[str, str]]) -> None:
         """Refuse, in one line, a map that is not the one of the data folder ``out`` whose manifest
