@@ -311,6 +311,30 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
         import_cohort(archive, tmp_path / "strict", site=PROSTATE, strict=True)
 
 
+def test_a_contour_left_out_is_in_the_manifest_and_the_console_names_no_archive_path(doe_archive, tmp_path, caplog):
+    archive = Path(shutil.copytree(doe_archive[0], tmp_path / "archive"))
+    structure_set = archive / DOE / "RS copy.dcm"  # (read first; RS.dcm is its copy)
+    dataset = pydicom.dcmread(structure_set)
+    number = {roi.ROIName: roi.ROINumber for roi in dataset.StructureSetROISequence}["PTV_7000"]
+    ptv70 = next(item for item in dataset.ROIContourSequence if item.ReferencedROINumber == number)
+    x, y, z = (float(v) for v in ptv70.ContourSequence[0].ContourData[:3])
+    lone = pydicom.Dataset()  # two points, as rt-utils writes a lone pixel
+    lone.ContourGeometricType, lone.NumberOfContourPoints = "CLOSED_PLANAR", 2
+    lone.ContourData = [f"{v:.4f}" for v in (x, y, z, x + 1, y, z)]
+    ptv70.ContourSequence.append(lone)
+    dataset.save_as(structure_set)
+    shutil.copy(structure_set, archive / DOE / "RS.dcm")
+    out = tmp_path / "data"
+    with caplog.at_level("DEBUG"):
+        report = import_cohort(archive, out, site=OPENKBP, identity_map=tmp_path / "ids.csv")
+    assert report.counts["imported"] == 1
+    [plan] = [r for r in rows(out) if r["kind"] == "plan"]
+    assert "PTV70 ('PTV_7000'): left out 1 contour(s) of fewer than three points" in plan["reason"]
+    console = [record.getMessage() for record in caplog.records] + report.lines + [report.summary()]
+    assert not [line for line in console if "DOE" in line or str(archive / DOE) in line]
+    assert [line for line in report.lines if "left out 1 contour(s) of fewer than three points" in line]
+
+
 def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path):
     archive = tmp_path / "archive" / "nested"
     archive.mkdir(parents=True)
