@@ -16,9 +16,9 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
 - One patient's failure is a row and a count (``strict`` raises it instead, naming the pseudonym).
   An earlier import of a patient that now fails or has no plan chosen is moved out of its split,
   whole, to ``DATA_DIR/withdrawn/pt_<N>-<time>`` (never deleted), and its row says so.
-- Each patient's import warnings (missing structures, slices without contours, contours left out, the plan's couch)
-  are in its row's reason, on the console and counted in the summary; the site's targets it lacks
-  in ``missing_targets`` (an optional target's absence is one of those warnings).
+- Each patient's import warnings (missing structures, slices without contours, contours left out,
+  the plan's couch) are in its row's reason, on the console and counted in the summary; the site's
+  targets it lacks in ``missing_targets`` (an optional target's absence is one of those warnings).
 - Rerunnable: a patient whose sources (SOP Instance UIDs, sizes, modification times) and settings
   (those that change what its import writes) are those of its earlier import is not imported
   again; a killed run resumes from its journal (``DATA_DIR/.import-cohort.journal``); each patient
