@@ -625,6 +625,54 @@ def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
     assert report.lines == [f"pt_1: {plans[0]['reason']}"] and not list(out.glob("*-pats/pt_*"))
 
 
+def write_anonymised(staging, sexes):
+    """Two phantom patients as an anonymiser exports them: PatientID ANON, name ANONYMOUS, no birth
+    date, each of ``sexes``; each its own study and frame of reference, an approved plan and its dose
+    (the second plan the newer)."""
+    for seed, sex, date in ((53, sexes[0], "20260102"), (54, sexes[1], "20260105")):
+        volumes, masks = volumes_of(seed)
+        keep = slice(40, 100)
+        folder = staging / f"patient-{seed}"
+        written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                                volumes["voxel_dimensions"], factor=1, patient_id="ANON", patient_name="ANONYMOUS",
+                                birth_date="", study_tags={"PatientSex": sex}, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED, date=date, label=f"Plan{seed}")
+        write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+
+
+def test_two_anonymised_patients_differing_only_in_sex_are_not_merged(tmp_path):
+    write_anonymised(tmp_path / "staging", ("F", "M"))
+    out = tmp_path / "data"
+    report = import_cohort(tmp_path / "staging", out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 1}
+    plans = [r for r in rows(out) if r["kind"] == "plan"]
+    assert [r["status"] for r in plans] == ["failed", "failed"]
+    assert all(r["reason"] == "one PatientID for 2 patients of different sexes; none of them is imported: export "
+                              "each with an ID of its own" for r in plans)
+    assert not list(out.glob("*-pats/pt_*"))
+
+
+def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned_about(tmp_path, caplog):
+    write_anonymised(tmp_path / "staging", ("O", "O"))  # nothing tells the two apart but their CTs
+    out = tmp_path / "data"
+    with caplog.at_level("WARNING", logger="provided_code.dicom"):
+        report = import_cohort(tmp_path / "staging", out, site=OPENKBP)
+    assert report.counts["imported"] == 1  # the newer plan's patient: which is meant, the physicist tells
+    plans = {r["plan_label"]: r for r in rows(out) if r["kind"] == "plan"}
+    assert plans["Plan54"]["status"] == "imported"
+    set_aside = plans["Plan53"]
+    assert set_aside["status"] == "skipped"
+    assert set_aside["reason"].startswith("older than the chosen plan 'Plan54' (")
+    assert "; its CT shares neither the study nor the frame of reference of the chosen plan 'Plan54'" in \
+        set_aside["reason"]
+    warning = (f"pt_1: warning: plan 'Plan53' ({set_aside['plan_uid']}), set aside, is on a CT of another study "
+               f"and frame of reference")
+    assert [line for line in report.lines if line.startswith(warning)]
+    assert [r for r in caplog.records if r.levelname == "WARNING" and "set aside, is on a CT of another study" in
+            r.getMessage()]
+    assert "1 patient(s) with a plan set aside on a CT of another study and frame of reference" in report.summary()
+
+
 @requires_sample
 def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
     """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the 200 training patients),

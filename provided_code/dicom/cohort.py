@@ -69,6 +69,7 @@ class CohortReport:
     objects: dict[str, int] = dataclasses.field(default_factory=dict)  # the archive's DICOM objects by modality
     files_skipped: int = 0  # the archive's files that are no object: DICOMDIR, not DICOM, unreadable, duplicates
     with_warnings: int = 0  # imported (this run or earlier) patients whose manifest reason holds warnings
+    plans_apart: int = 0  # patients with a plan set aside on a CT of another study and frame of reference
 
     @property
     def failed(self) -> int:
@@ -87,6 +88,10 @@ class CohortReport:
         if self.with_warnings:
             lines.append(f"{self.with_warnings} of the imported patients with warnings (missing structures, slices, "
                          f"the plan; each in its manifest row's reason)")
+        if self.plans_apart:
+            lines.append(f"{self.plans_apart} patient(s) with a plan set aside on a CT of another study and frame of "
+                         f"reference than the chosen plan's: two patients under one PatientID, or a new planning CT? "
+                         f"(each in its plan rows' reason)")
         return "\n".join(lines)
 
 
@@ -286,6 +291,9 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             for row in rows:
                 if row["pseudonym"] == pseudonym and row["kind"] in ("plan", "patient") and row["status"] != "imported":
                     row["reason"] += note
+        for warning in links.warnings:  # plans set aside on a CT of another study and frame: each run, until settled
+            logger.warning("%s: %s", pseudonym, warning)
+            lines.append(f"{pseudonym}: warning: {warning}")
         if not links.chosen and (links.patient_id or links.refusal):  # objects without an ID and a plan: no patient
             counts["failed" if links.refusal else "skipped"] += 1
             if links.refusal:
@@ -305,7 +313,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     back = {identity.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
     withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]
     warned = sum(outcome[0] == "imported" and bool(outcome[1]) for outcome in outcomes.values())
-    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned)
+    apart = sum(bool(links.warnings) for links in patients)
+    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned, apart)
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
@@ -327,6 +336,8 @@ def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> l
             row.update(status="failed", reason=links.refusal)
         else:
             row.update(status="skipped", reason=f"older than the chosen {links.chosen.describe()}")
+        if candidate.apart:
+            row["reason"] += f"; {candidate.apart}"
         rows.append(row)
     for kind, modality, uid, why in links.left:
         rows.append({"pseudonym": pseudonym, "status": "skipped", "reason": why, "kind": kind, "modality": modality,
