@@ -590,6 +590,41 @@ def test_another_data_folders_identity_map_is_refused(phantom_archive, imported,
     assert snapshot(copy) == before
 
 
+def swap_identity_rows(path, first, second):
+    """The identity map at ``path`` with the PatientIDs of two of its lines (the header is line 1)
+    swapped, as a hand edit would leave it."""
+    lines = Path(path).read_text().splitlines(keepends=True)
+    a, b = lines[first - 1].split(","), lines[second - 1].split(",")
+    a[1], b[1] = b[1], a[1]
+    lines[first - 1], lines[second - 1] = ",".join(a), ",".join(b)
+    Path(path).write_text("".join(lines))
+
+
+def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unless_meant(phantom_archive, imported,
+                                                                                        tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    series = {patient_id: json.loads((folder_of(copy, pseudonym) / "dicom.json").read_text())["series_instance_uid"]
+              for patient_id, pseudonym in identity(copy).items() if list(copy.glob(f"*-pats/{pseudonym}"))}
+    swap_identity_rows(copy / "identity-map.csv", 2, 3)  # pt_1's and pt_2's PatientIDs
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `identity_map`. Expected each pseudonym kept for the "
+                                                 r"archive's patient it was given to .* or --reassign-pseudonyms if "
+                                                 r"the change is meant. Received: identity_map='.*identity-map.csv', "
+                                                 r"in which pt_1 \(line 2\) was imported from the patient now on line "
+                                                 r"3, which gives it pt_2; pt_2 \(line 3\) was imported from the "
+                                                 r"patient now on line 2, which gives it pt_1$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP)
+    assert snapshot(copy) == before
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, reassign_pseudonyms=True)
+    assert report.counts["failed"] == 0
+    for patient_id, pseudonym in identity(copy).items():  # each imported patient under the pseudonym the map gives
+        if patient_id in series:
+            assert json.loads((folder_of(copy, pseudonym) / "dicom.json").read_text())["series_instance_uid"] == \
+                series[patient_id]
+
+
 def test_a_rerun_for_another_site_is_refused_unless_asked_for(phantom_archive, imported, tmp_path):
     archive, _ = phantom_archive
     out, _ = imported

@@ -83,6 +83,13 @@ class ArchiveIndex:
     skipped_files: list[tuple[Path, str]]  # (path, why): DICOMDIR, not DICOM, unreadable, duplicate
     duplicate_of: dict[Path, Path] = dataclasses.field(default_factory=dict)  # a skipped copy -> the file read
 
+    def owners(self) -> dict[str, str]:
+        """The UID of every object and image series -> the PatientID it is under."""
+        owners = {item.series_instance_uid: item.patient_id for item in self.objects
+                  if item.modality in IMAGE_MODALITIES and item.series_instance_uid}
+        owners.update({item.sop_instance_uid: item.patient_id for item in self.objects if item.sop_instance_uid})
+        return owners
+
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for item in self.objects:

@@ -44,8 +44,8 @@ from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry
 from provided_code.dicom.ledger import (JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, EarlierImport, Ledger,
                                        csv_text)
 from provided_code.dicom.names import load_names
-from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, parse_validation,
-                                            pseudonym_number, source_number)
+from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, moved_pseudonyms,
+                                            parse_validation, pseudonym_number, source_number)
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
 from provided_code.sites import Site, openkbp
@@ -177,7 +177,8 @@ def _plan_row(candidate: Candidate, pseudonym: str, split: str) -> dict[str, str
 def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site,
                   names_file: os.PathLike | str | None = None, validation: float | int = 0.2, seed: int = 0,
                   strict: bool = False, identity_map: os.PathLike | str | None = None,
-                  allow_missing_targets: bool = False, change_site: bool = False, progress: Progress = no_progress,
+                  allow_missing_targets: bool = False, change_site: bool = False, reassign_pseudonyms: bool = False,
+                  progress: Progress = no_progress,
                   workers: int | None = None, after_patient: Callable[[str], None] | None = None) -> CohortReport:
     """Import every patient of the archive (see the module docstring) for ``site`` (a
     :class:`~provided_code.sites.Site`): its structures matched from its DICOM names, with ``names_file``'s in their place
@@ -185,7 +186,9 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded.
 
     A data folder imported for another site is refused unless ``change_site`` (every patient is
-    then imported again for ``site``), and an identity map of another data folder always."""
+    then imported again for ``site``), and an identity map of another data folder always; one that
+    gives a pseudonym to another patient of the archive than the one it was given to (two rows
+    swapped by hand) unless ``reassign_pseudonyms``."""
     from provided_code.dicom.importer import import_patient
 
     archive, out = Path(archive), Path(out)
@@ -207,6 +210,15 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     patients = link_patients(index)
     if not index.objects:
         raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
+    moved = moved_pseudonyms(identity, ledger.pseudonym_of_object(), index.owners())
+    if moved and not reassign_pseudonyms:
+        raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
+                          f"given to (the objects {out / MANIFEST_FILE} lists under it), or --reassign-pseudonyms if "
+                          f"the change is meant. Received: identity_map={str(identity_path)!r}, in which "
+                          + "; ".join(moved))
+    if moved:
+        logger.warning("%s: pseudonyms given to other patients (--reassign-pseudonyms), who are imported under them: "
+                       "%s", identity_path, "; ".join(moved))
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
     if identity_path.resolve().is_relative_to(out.resolve()):
         logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
