@@ -687,6 +687,20 @@ def test_two_anonymised_patients_differing_only_in_sex_are_not_merged(tmp_path):
     assert not list(out.glob("*-pats/pt_*"))
 
 
+def test_patients_refused_under_one_id_then_exported_with_ids_of_their_own_are_imported(tmp_path):
+    """What the refusal asks for is no identity map moving a pseudonym: pt_1 was never imported."""
+    staging = tmp_path / "staging"
+    write_anonymised(staging, ("F", "M"))
+    out, ids = tmp_path / "data", tmp_path / "ids.csv"
+    assert import_cohort(staging, out, site=OPENKBP, identity_map=ids).counts["failed"] == 1
+    for path in (path for path in staging.rglob("*") if path.is_file()):
+        dataset = pydicom.dcmread(path)
+        dataset.PatientID = f"ANON-{path.relative_to(staging).parts[0]}"
+        dataset.save_as(path)
+    report = import_cohort(staging, out, site=OPENKBP, identity_map=ids)
+    assert report.counts == {"imported": 2, "unchanged": 0, "skipped": 0, "failed": 0}
+
+
 def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned_about(tmp_path, caplog):
     write_anonymised(tmp_path / "staging", ("O", "O"))  # nothing tells the two apart but their CTs
     out = tmp_path / "data"

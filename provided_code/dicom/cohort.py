@@ -213,8 +213,9 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     moved = moved_pseudonyms(identity, ledger.pseudonym_of_object(), index.owners())
     if moved and not reassign_pseudonyms:
         raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
-                          f"given to (the objects {out / MANIFEST_FILE} lists under it), or --reassign-pseudonyms if "
-                          f"the change is meant. Received: identity_map={str(identity_path)!r}, in which "
+                          f"given to (the plan {out / MANIFEST_FILE} lists as imported under it), or "
+                          f"--reassign-pseudonyms if the change is meant. Received: "
+                          f"identity_map={str(identity_path)!r}, in which "
                           + "; ".join(moved))
     if moved:
         logger.warning("%s: pseudonyms given to other patients (--reassign-pseudonyms), who are imported under them: "

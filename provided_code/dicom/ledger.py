@@ -99,12 +99,14 @@ class Ledger:
                 self.splits.setdefault(path.name, split)
 
     def pseudonym_of_object(self) -> dict[str, str]:
-        """Which archive patient each pseudonym came from: the UID of every object and series its
-        manifest rows name (``OBJECT_FIELDS``) -> that pseudonym. A UID named under two pseudonyms
-        tells nothing and is left out."""
+        """Which archive patient each pseudonym came from: the UID of every object and series of the
+        plan imported under it (its ``imported`` plan row's ``OBJECT_FIELDS``) -> that pseudonym. A
+        pseudonym never imported (its plans refused or set aside) came from no patient's folder: its
+        objects may move to new PatientIDs (an ID shared by two patients, exported again with one
+        each). A UID named under two pseudonyms tells nothing and is left out."""
         found: dict[str, set[str]] = {}
         for row in self.rows:
-            if not row.get("pseudonym"):
+            if not row.get("pseudonym") or row.get("kind") != "plan" or row.get("status") != "imported":
                 continue
             for field in OBJECT_FIELDS:
                 for uid in (row.get(field) or "").split():
