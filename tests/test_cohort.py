@@ -625,6 +625,25 @@ def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unles
                 series[patient_id]
 
 
+def test_a_mistyped_patient_id_is_refused_even_when_reassignment_is_meant(phantom_archive, imported, tmp_path):
+    """Its patient would get a new pseudonym, and the old one's import stay: the patient twice."""
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    lines = (copy / "identity-map.csv").read_text().splitlines(keepends=True)
+    pseudonym, _, rest = lines[1].split(",", 2)  # pt_1, imported
+    lines[1] = f"{pseudonym},PAT-TYPO,{rest}"
+    (copy / "identity-map.csv").write_text("".join(lines))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `identity_map`. Expected each pseudonym taken off its "
+                                                 r"patient given to another patient of the archive, or its PatientID "
+                                                 r"back .*Received: identity_map='.*identity-map.csv', in which pt_1 "
+                                                 r"\(line 2\) was imported from the patient now under a PatientID the "
+                                                 r"map does not have \(it would get a new pseudonym\)$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, reassign_pseudonyms=True)
+    assert snapshot(copy) == before
+
+
 def test_a_rerun_for_another_site_is_refused_unless_asked_for(phantom_archive, imported, tmp_path):
     archive, _ = phantom_archive
     out, _ = imported

@@ -49,7 +49,7 @@ def test_a_pseudonym_whose_patient_now_has_an_id_the_map_lacks_is_named_as_moved
     (tmp_path / "identity-map.csv").write_text(text.replace("PAT-1", "PAT-9"))  # a typo made by hand
     edited = IdentityMap(tmp_path / "identity-map.csv")
     earlier = {"1.2.3": pseudonym, "1.2.4": identity.pseudonyms["PAT-2"], "1.2.5": pseudonym}  # 1.2.5: gone
-    assert moved_pseudonyms(edited, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == [
-        f"{pseudonym} (line {edited.lines['PAT-9']}) was imported from the patient now under a PatientID the map does "
-        f"not have (it would get a new pseudonym)"]
-    assert moved_pseudonyms(identity, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == []
+    assert moved_pseudonyms(edited, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == {
+        pseudonym: f"{pseudonym} (line {edited.lines['PAT-9']}) was imported from the patient now under a PatientID "
+                   f"the map does not have (it would get a new pseudonym)"}
+    assert moved_pseudonyms(identity, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == {}

@@ -82,8 +82,8 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
 @click.option("--change-site", is_flag=True,
               help="Import every patient again for --site when the data folder was imported for another site.")
 @click.option("--reassign-pseudonyms", is_flag=True,
-              help="Accept an identity map that gives a pseudonym to another patient than the one it was given to "
-                   "(that patient is imported under it, over the earlier import).")
+              help="Accept an identity map that gives a pseudonym to another patient of the archive than the one it "
+                   "was given to (that patient is imported under it, over the earlier import).")
 def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets,
                           change_site, reassign_pseudonyms):
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""

@@ -188,7 +188,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     A data folder imported for another site is refused unless ``change_site`` (every patient is
     then imported again for ``site``), and an identity map of another data folder always; one that
     gives a pseudonym to another patient of the archive than the one it was given to (two rows
-    swapped by hand) unless ``reassign_pseudonyms``."""
+    swapped by hand) unless ``reassign_pseudonyms``, and one that gives an imported pseudonym to no
+    patient of the archive while its patient is there (a PatientID mistyped) always."""
     from provided_code.dicom.importer import import_patient
 
     archive, out = Path(archive), Path(out)
@@ -211,15 +212,23 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     if not index.objects:
         raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
     moved = moved_pseudonyms(identity, ledger.pseudonym_of_object(), index.owners())
+    held = {identity.pseudonyms[link.patient_id] for link in patients if link.patient_id in identity.pseudonyms}
+    stranded = [phrase for pseudonym, phrase in moved.items() if pseudonym not in held]
+    if stranded:  # its earlier import would stay, beside its patient's import under another pseudonym: twice
+        raise CohortError(f"Invalid `identity_map`. Expected each pseudonym taken off its patient given to another "
+                          f"patient of the archive, or its PatientID back (else its earlier import stays beside the "
+                          f"patient's import under another pseudonym: the patient twice in the training set, which "
+                          f"--reassign-pseudonyms does not allow). Received: identity_map={str(identity_path)!r}, in "
+                          f"which " + "; ".join(stranded))
     if moved and not reassign_pseudonyms:
         raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
                           f"given to (the plan {out / MANIFEST_FILE} lists as imported under it), or "
                           f"--reassign-pseudonyms if the change is meant. Received: "
                           f"identity_map={str(identity_path)!r}, in which "
-                          + "; ".join(moved))
+                          + "; ".join(moved.values()))
     if moved:
         logger.warning("%s: pseudonyms given to other patients (--reassign-pseudonyms), who are imported under them: "
-                       "%s", identity_path, "; ".join(moved))
+                       "%s", identity_path, "; ".join(moved.values()))
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
     if identity_path.resolve().is_relative_to(out.resolve()):
         logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "

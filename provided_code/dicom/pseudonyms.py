@@ -125,9 +125,9 @@ class IdentityMap:
             self.cohort = cohort
 
 
-def moved_pseudonyms(identity: IdentityMap, earlier: dict[str, str], owners: dict[str, str]) -> list[str]:
+def moved_pseudonyms(identity: IdentityMap, earlier: dict[str, str], owners: dict[str, str]) -> dict[str, str]:
     """The pseudonyms ``identity`` gives to another patient than the one they were given to, each
-    as one phrase naming the map's lines (not the PatientIDs): ``earlier`` maps the UIDs of the
+    (in their order) -> one phrase naming the map's lines (not the PatientIDs): ``earlier`` maps the UIDs of the
     objects a data folder's manifest lists under each pseudonym to it
     (:meth:`~provided_code.dicom.ledger.Ledger.pseudonym_of_object`), ``owners`` the same UIDs
     in the archive now to their PatientID (:meth:`~provided_code.dicom.archive.ArchiveIndex.owners`).
@@ -139,13 +139,13 @@ def moved_pseudonyms(identity: IdentityMap, earlier: dict[str, str], owners: dic
             holders.setdefault(pseudonym, (patient_id, identity.pseudonyms.get(patient_id)))
     line_of = {pseudonym: identity.lines[patient_id] for patient_id, pseudonym in identity.pseudonyms.items()
                if patient_id in identity.lines}
-    moved = []
+    moved = {}
     for pseudonym in sorted(holders, key=pseudonym_number):
         patient_id, now = holders[pseudonym]
         row = f"line {line_of[pseudonym]}" if pseudonym in line_of else "no line"
         held = (f"on line {identity.lines[patient_id]}, which gives it {now}" if now else
                 "under a PatientID the map does not have (it would get a new pseudonym)")
-        moved.append(f"{pseudonym} ({row}) was imported from the patient now {held}")
+        moved[pseudonym] = f"{pseudonym} ({row}) was imported from the patient now {held}"
     return moved
 
 
