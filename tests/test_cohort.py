@@ -636,8 +636,8 @@ def test_a_mistyped_patient_id_is_refused_even_when_reassignment_is_meant(phanto
     (copy / "identity-map.csv").write_text("".join(lines))
     before = snapshot(copy)
     with pytest.raises(cohort.CohortError, match=r"^Invalid `identity_map`. Expected each pseudonym taken off its "
-                                                 r"patient given to another patient of the archive, or its PatientID "
-                                                 r"back .*Received: identity_map='.*identity-map.csv', in which pt_1 "
+                                                 r"patient given to another patient of the archive, or on the line of "
+                                                 r"the PatientID its patient has there .*Received: identity_map='.*identity-map.csv', in which pt_1 "
                                                  r"\(line 2\) was imported from the patient now under a PatientID the "
                                                  r"map does not have \(it would get a new pseudonym\)$"):
         import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, reassign_pseudonyms=True)

@@ -216,10 +216,10 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     stranded = [phrase for pseudonym, phrase in moved.items() if pseudonym not in held]
     if stranded:  # its earlier import would stay, beside its patient's import under another pseudonym: twice
         raise CohortError(f"Invalid `identity_map`. Expected each pseudonym taken off its patient given to another "
-                          f"patient of the archive, or its PatientID back (else its earlier import stays beside the "
-                          f"patient's import under another pseudonym: the patient twice in the training set, which "
-                          f"--reassign-pseudonyms does not allow). Received: identity_map={str(identity_path)!r}, in "
-                          f"which " + "; ".join(stranded))
+                          f"patient of the archive, or on the line of the PatientID its patient has there (else its "
+                          f"earlier import stays beside the patient's import under another pseudonym: the patient twice "
+                          f"in the training set, which --reassign-pseudonyms does not allow). Received: "
+                          f"identity_map={str(identity_path)!r}, in which " + "; ".join(stranded))
     if moved and not reassign_pseudonyms:
         raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
                           f"given to (the plan {out / MANIFEST_FILE} lists as imported under it), or "
