@@ -227,6 +227,16 @@ def test_skip_incomplete_reports_what_it_skipped(phantom_split, tmp_path, caplog
     assert "possible_dose_mask.csv: file is missing" in caplog.text and "dose.csv is missing" in caplog.text
 
 
+def test_a_patient_left_out_anyway_does_not_stop_the_read_and_a_cache_without_it_is_not_reused(phantom_split,
+                                                                                                  tmp_path):
+    shutil.copy(phantom_split / "pt_1" / "dose.csv", phantom_split / "pt_2" / "dose.csv")  # another patient's plan
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp(), leave_out={"pt_2"})
+    assert arrays.patient_ids == ["pt_1", "pt_3"]
+    assert list(arrays.skipped) == ["pt_2"] and "outside the possible-dose mask" in arrays.skipped["pt_2"]
+    with pytest.raises(PatientDataError, match=r"^Patient pt_2: .*dose\.csv: the dose is non-zero in"):
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())  # the cache lacks pt_2: rebuilt
+
+
 def test_cache_dir_inside_the_data_is_refused_in_one_line_leaving_nothing(phantom_split):
     with pytest.raises(UserError, match="outside the data") as caught:  # a user's mistake: no traceback
         load_split(phantom_split, cache_dir=phantom_split / "cache", workers=1, site=openkbp())

@@ -34,6 +34,7 @@ from tests.kit.skips import requires_sample  # noqa: E402
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
+DICOMPYLER = Path(__file__).parent / "data" / "dicompyler-core"
 OPENKBP_DICOM = [sys.executable, "-m", "provided_code.apps.dicom_cli"]
 OPENKBP_BEAMS = [("static", float(angle)) for angle in range(0, 360, 40)]
 PRESCRIBED = {"PTV_7000": 70.0, "PTV63": 63.0, "PTV_56": 56.0}  # the writer's clinical ROI names
@@ -310,6 +311,30 @@ def test_the_manifest_holds_no_path_of_the_archive_the_sources_file_does(doe_arc
         import_cohort(archive, tmp_path / "strict", site=PROSTATE, strict=True)
 
 
+def test_a_contour_left_out_is_in_the_manifest_and_the_console_names_no_archive_path(doe_archive, tmp_path, caplog):
+    archive = Path(shutil.copytree(doe_archive[0], tmp_path / "archive"))
+    structure_set = archive / DOE / "RS copy.dcm"  # (read first; RS.dcm is its copy)
+    dataset = pydicom.dcmread(structure_set)
+    number = {roi.ROIName: roi.ROINumber for roi in dataset.StructureSetROISequence}["PTV_7000"]
+    ptv70 = next(item for item in dataset.ROIContourSequence if item.ReferencedROINumber == number)
+    x, y, z = (float(v) for v in ptv70.ContourSequence[0].ContourData[:3])
+    lone = pydicom.Dataset()  # two points, as rt-utils writes a lone pixel
+    lone.ContourGeometricType, lone.NumberOfContourPoints = "CLOSED_PLANAR", 2
+    lone.ContourData = [f"{v:.4f}" for v in (x, y, z, x + 1, y, z)]
+    ptv70.ContourSequence.append(lone)
+    dataset.save_as(structure_set)
+    shutil.copy(structure_set, archive / DOE / "RS.dcm")
+    out = tmp_path / "data"
+    with caplog.at_level("DEBUG"):
+        report = import_cohort(archive, out, site=OPENKBP, identity_map=tmp_path / "ids.csv")
+    assert report.counts["imported"] == 1
+    [plan] = [r for r in rows(out) if r["kind"] == "plan"]
+    assert "PTV70 ('PTV_7000'): left out 1 contour(s) of fewer than three points" in plan["reason"]
+    console = [record.getMessage() for record in caplog.records] + report.lines + [report.summary()]
+    assert not [line for line in console if "DOE" in line or str(archive / DOE) in line]
+    assert [line for line in report.lines if "left out 1 contour(s) of fewer than three points" in line]
+
+
 def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path):
     archive = tmp_path / "archive" / "nested"
     archive.mkdir(parents=True)
@@ -317,6 +342,24 @@ def test_an_archive_without_dicom_is_refused_and_leaves_no_data_folder(tmp_path)
     with pytest.raises(cohort.CohortError, match=r"no DICOM object among its 1 files"):
         cohort.import_cohort(tmp_path / "archive", tmp_path / "data", site=OPENKBP)
     assert not (tmp_path / "data").exists()
+
+
+def test_garbage_behind_a_valid_file_header_is_a_skipped_file_and_no_patient(tmp_path):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    plan = (DICOMPYLER / "rtplan.dcm").read_bytes()  # a patient of its own (an unapproved plan: skipped)
+    (archive / "plan").write_bytes(plan)
+    header = plan[:132 + 12 + int.from_bytes(plan[140:144], "little")]  # the preamble and the file meta, as written
+    (archive / "damaged").write_bytes(header + np.random.default_rng(7).bytes(4000))
+    out = tmp_path / "data"
+    report = import_cohort(archive, out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 1, "failed": 0}
+    with open(out / "identity-map.csv", newline="") as handle:
+        assert [row["patient_id"] for row in csv.DictReader(handle)] == [pydicom.dcmread(archive / "plan").PatientID]
+    [damaged] = [r for r in rows(out) if r["kind"] == "file"]
+    assert damaged["pseudonym"] == "" and damaged["status"] == "skipped"
+    assert damaged["reason"].startswith("a DICOM file header without a data set")
+    assert {r["pseudonym"] for r in rows(out) if r["kind"] != "file"} == {"pt_1"}
 
 
 def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe_archive, tmp_path):
@@ -547,6 +590,60 @@ def test_another_data_folders_identity_map_is_refused(phantom_archive, imported,
     assert snapshot(copy) == before
 
 
+def swap_identity_rows(path, first, second):
+    """The identity map at ``path`` with the PatientIDs of two of its lines (the header is line 1)
+    swapped, as a hand edit would leave it."""
+    lines = Path(path).read_text().splitlines(keepends=True)
+    a, b = lines[first - 1].split(","), lines[second - 1].split(",")
+    a[1], b[1] = b[1], a[1]
+    lines[first - 1], lines[second - 1] = ",".join(a), ",".join(b)
+    Path(path).write_text("".join(lines))
+
+
+def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unless_meant(phantom_archive, imported,
+                                                                                        tmp_path):
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    series = {patient_id: json.loads((folder_of(copy, pseudonym) / "dicom.json").read_text())["series_instance_uid"]
+              for patient_id, pseudonym in identity(copy).items() if list(copy.glob(f"*-pats/{pseudonym}"))}
+    swap_identity_rows(copy / "identity-map.csv", 2, 3)  # pt_1's and pt_2's PatientIDs
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `identity_map`. Expected each pseudonym kept for the "
+                                                 r"archive's patient it was given to .* or --reassign-pseudonyms if "
+                                                 r"the change is meant. Received: identity_map='.*identity-map.csv', "
+                                                 r"in which pt_1 \(line 2\) was imported from the patient now on line "
+                                                 r"3, which gives it pt_2; pt_2 \(line 3\) was imported from the "
+                                                 r"patient now on line 2, which gives it pt_1$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP)
+    assert snapshot(copy) == before
+    report = import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, reassign_pseudonyms=True)
+    assert report.counts["failed"] == 0
+    for patient_id, pseudonym in identity(copy).items():  # each imported patient under the pseudonym the map gives
+        if patient_id in series:
+            assert json.loads((folder_of(copy, pseudonym) / "dicom.json").read_text())["series_instance_uid"] == \
+                series[patient_id]
+
+
+def test_a_mistyped_patient_id_is_refused_even_when_reassignment_is_meant(phantom_archive, imported, tmp_path):
+    """Its patient would get a new pseudonym, and the old one's import stay: the patient twice."""
+    archive, _ = phantom_archive
+    out, _ = imported
+    copy = Path(shutil.copytree(out, tmp_path / "data"))
+    lines = (copy / "identity-map.csv").read_text().splitlines(keepends=True)
+    pseudonym, _, rest = lines[1].split(",", 2)  # pt_1, imported
+    lines[1] = f"{pseudonym},PAT-TYPO,{rest}"
+    (copy / "identity-map.csv").write_text("".join(lines))
+    before = snapshot(copy)
+    with pytest.raises(cohort.CohortError, match=r"^Invalid `identity_map`. Expected each pseudonym taken off its "
+                                                 r"patient given to another patient of the archive, or on the line of "
+                                                 r"the PatientID its patient has there .*Received: identity_map='.*identity-map.csv', in which pt_1 "
+                                                 r"\(line 2\) was imported from the patient now under a PatientID the "
+                                                 r"map does not have \(it would get a new pseudonym\)$"):
+        import_cohort(archive, copy, validation=0.5, seed=1, site=OPENKBP, reassign_pseudonyms=True)
+    assert snapshot(copy) == before
+
+
 def test_a_rerun_for_another_site_is_refused_unless_asked_for(phantom_archive, imported, tmp_path):
     archive, _ = phantom_archive
     out, _ = imported
@@ -580,6 +677,68 @@ def test_two_patients_under_one_patient_id_are_not_merged(tmp_path):
     assert all(r["reason"] == "one PatientID for 2 patients of different names and birth dates; none of them is "
                               "imported: export each with an ID of its own" for r in plans)
     assert report.lines == [f"pt_1: {plans[0]['reason']}"] and not list(out.glob("*-pats/pt_*"))
+
+
+def write_anonymised(staging, sexes):
+    """Two phantom patients as an anonymiser exports them: PatientID ANON, name ANONYMOUS, no birth
+    date, each of ``sexes``; each its own study and frame of reference, an approved plan and its dose
+    (the second plan the newer)."""
+    for seed, sex, date in ((53, sexes[0], "20260102"), (54, sexes[1], "20260105")):
+        volumes, masks = volumes_of(seed)
+        keep = slice(40, 100)
+        folder = staging / f"patient-{seed}"
+        written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                                volumes["voxel_dimensions"], factor=1, patient_id="ANON", patient_name="ANONYMOUS",
+                                birth_date="", study_tags={"PatientSex": sex}, seed=seed)
+        plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED, date=date, label=f"Plan{seed}")
+        write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+
+
+def test_two_anonymised_patients_differing_only_in_sex_are_not_merged(tmp_path):
+    write_anonymised(tmp_path / "staging", ("F", "M"))
+    out = tmp_path / "data"
+    report = import_cohort(tmp_path / "staging", out, site=OPENKBP)
+    assert report.counts == {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 1}
+    plans = [r for r in rows(out) if r["kind"] == "plan"]
+    assert [r["status"] for r in plans] == ["failed", "failed"]
+    assert all(r["reason"] == "one PatientID for 2 patients of different sexes; none of them is imported: export "
+                              "each with an ID of its own" for r in plans)
+    assert not list(out.glob("*-pats/pt_*"))
+
+
+def test_patients_refused_under_one_id_then_exported_with_ids_of_their_own_are_imported(tmp_path):
+    """What the refusal asks for is no identity map moving a pseudonym: pt_1 was never imported."""
+    staging = tmp_path / "staging"
+    write_anonymised(staging, ("F", "M"))
+    out, ids = tmp_path / "data", tmp_path / "ids.csv"
+    assert import_cohort(staging, out, site=OPENKBP, identity_map=ids).counts["failed"] == 1
+    for path in (path for path in staging.rglob("*") if path.is_file()):
+        dataset = pydicom.dcmread(path)
+        dataset.PatientID = f"ANON-{path.relative_to(staging).parts[0]}"
+        dataset.save_as(path)
+    report = import_cohort(staging, out, site=OPENKBP, identity_map=ids)
+    assert report.counts == {"imported": 2, "unchanged": 0, "skipped": 0, "failed": 0}
+
+
+def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned_about(tmp_path, caplog):
+    write_anonymised(tmp_path / "staging", ("O", "O"))  # nothing tells the two apart but their CTs
+    out = tmp_path / "data"
+    with caplog.at_level("WARNING", logger="provided_code.dicom"):
+        report = import_cohort(tmp_path / "staging", out, site=OPENKBP)
+    assert report.counts["imported"] == 1  # the newer plan's patient: which is meant, the physicist tells
+    plans = {r["plan_label"]: r for r in rows(out) if r["kind"] == "plan"}
+    assert plans["Plan54"]["status"] == "imported"
+    set_aside = plans["Plan53"]
+    assert set_aside["status"] == "skipped"
+    assert set_aside["reason"].startswith("older than the chosen plan 'Plan54' (")
+    assert "; its CT shares neither the study nor the frame of reference of the chosen plan 'Plan54'" in \
+        set_aside["reason"]
+    warning = (f"pt_1: warning: plan 'Plan53' ({set_aside['plan_uid']}), set aside, is on a CT of another study "
+               f"and frame of reference")
+    assert [line for line in report.lines if line.startswith(warning)]
+    assert [r for r in caplog.records if r.levelname == "WARNING" and "set aside, is on a CT of another study" in
+            r.getMessage()]
+    assert "1 patient(s) with a plan set aside on a CT of another study and frame of reference" in report.summary()
 
 
 @requires_sample

@@ -133,6 +133,28 @@ def test_a_training_split_that_is_not_the_one_dealt_is_refused(commissioned, tmp
     assert sorted(p.name for p in (model / "commissioning").rglob("*")) == before
 
 
+def test_an_excluded_patient_whose_files_cannot_be_read_does_not_stop_the_commissioning(cv_model, tmp_path,
+                                                                                     phantom_data):
+    """A patient the folds excluded for its files (another patient's plan in its folder, its dose
+    outside its possible-dose mask) is left out of the reading, still one of the patients dealt."""
+    model, data = tmp_path / "cv", tmp_path / "data"
+    shutil.copytree(cv_model, model)
+    shutil.copytree(phantom_data, data)
+    first, patient = sorted(read_dealing(model).patients)[:2]
+    shutil.copy(data / "train-pats" / first / "dose.csv", data / "train-pats" / patient / "dose.csv")
+    configs = sorted(model.glob("fold-*/models/config.json"))
+    assert len(configs) == 2
+    for config in configs:  # as folds trained with --exclude would have recorded it
+        saved = json.loads(config.read_text())
+        saved["excluded"] = [{"patient": patient, "reason": "another patient's plan"}]
+        config.write_text(json.dumps(saved))
+    report = commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+    written = json.loads((model / "commissioning" / "report.json").read_text())
+    assert written["cohort"]["excluded"] == [{"patient": patient, "reason": "another patient's plan"}]
+    assert patient not in written["cohort"]["patients"] and len(written["cohort"]["patients"]) == 3
+    assert report is not None
+
+
 def test_a_fold_still_training_or_another_commissioning_is_named_and_nothing_is_written(commissioned, tmp_path,
                                                                                      phantom_data, phantom_cache):
     from provided_code.errors import RunLockedError

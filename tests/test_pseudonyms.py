@@ -4,7 +4,7 @@ creation, and the splits that adding patients never changes."""
 import os
 
 from provided_code.dicom.ledger import Ledger
-from provided_code.dicom.pseudonyms import IdentityMap, assign_splits
+from provided_code.dicom.pseudonyms import IdentityMap, assign_splits, moved_pseudonyms
 
 
 def test_the_identity_map_is_its_owners_alone_from_its_creation(tmp_path, monkeypatch):
@@ -39,3 +39,17 @@ def test_adding_patients_never_moves_one_between_splits(tmp_path):
         assert {later.pseudonyms[p] for p in first} == set(before)  # the same pseudonyms
         if validation == 4:
             assert sum(s == "validation" for s in later_ledger.splits.values()) == 4
+
+
+def test_a_pseudonym_whose_patient_now_has_an_id_the_map_lacks_is_named_as_moved(tmp_path):
+    identity = IdentityMap(tmp_path / "identity-map.csv")
+    identity.assign(["PAT-1", "PAT-2"])
+    pseudonym = identity.pseudonyms["PAT-1"]
+    text = (tmp_path / "identity-map.csv").read_text()
+    (tmp_path / "identity-map.csv").write_text(text.replace("PAT-1", "PAT-9"))  # a typo made by hand
+    edited = IdentityMap(tmp_path / "identity-map.csv")
+    earlier = {"1.2.3": pseudonym, "1.2.4": identity.pseudonyms["PAT-2"], "1.2.5": pseudonym}  # 1.2.5: gone
+    assert moved_pseudonyms(edited, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == {
+        pseudonym: f"{pseudonym} (line {edited.lines['PAT-9']}) was imported from the patient now under a PatientID "
+                   f"the map does not have (it would get a new pseudonym)"}
+    assert moved_pseudonyms(identity, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == {}

@@ -270,6 +270,27 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
         train(dataclasses.replace(config, data_dir=str(tmp_path / "nowhere")))
 
 
+def test_a_training_patient_whose_dose_lies_outside_its_body_is_named_with_the_way_out_which_works(config, tmp_path):
+    """Another patient's plan in pt_2's folder (its dose outside pt_2's possible-dose mask) stops
+    the fold, naming pt_2 and --exclude; with pt_2 excluded the fold trains, pt_2 dealt all the same."""
+    from provided_code.data.csv_io import PatientDataError
+    from provided_code.folds import read_dealing
+
+    data = Path(shutil.copytree(config.data_dir, tmp_path / "data"))
+    shutil.copy(data / "train-pats" / "pt_1" / "dose.csv", data / "train-pats" / "pt_2" / "dose.csv")
+    fold = dataclasses.replace(config, data_dir=str(data), epochs=1, folds=2, fold=1)
+    with pytest.raises(PatientDataError, match=r"^Patient pt_2: .*pt_2/dose.csv: the dose is non-zero in \d+ "
+                                               r"voxel\(s\) outside the possible-dose mask .*; to train without "
+                                               r"pt_2, list it with a reason in an exclusion file \(patient,reason\) "
+                                               r"and pass --exclude FILE \(docs/commissioning.md\)$"):
+        train(fold)
+    assert not (fold.model_dir / "fold-1" / "models").exists()
+    excluded = ({"patient": "pt_2", "reason": "another patient's plan: to be fixed"},)
+    result = train(dataclasses.replace(fold, excluded=excluded, excluded_by={"file": str(tmp_path / "exclude.csv")}))
+    assert result.last_epoch == 1
+    assert sorted(read_dealing(fold.model_dir).patients) == ["pt_1", "pt_2", "pt_3", "pt_4"]
+
+
 @pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config, caplog):
     from click.testing import CliRunner

@@ -81,8 +81,11 @@ def import_command(ct_dir, rtstruct, rtdose, names, allow_missing_targets, out, 
               help="Import patients without some of the site's required targets (optional ones never need it).")
 @click.option("--change-site", is_flag=True,
               help="Import every patient again for --site when the data folder was imported for another site.")
+@click.option("--reassign-pseudonyms", is_flag=True,
+              help="Accept an identity map that gives a pseudonym to another patient of the archive than the one it "
+                   "was given to (that patient is imported under it, over the earlier import).")
 def import_cohort_command(archive, site, out_dir, names, validation, seed, strict, identity_map, allow_missing_targets,
-                          change_site):
+                          change_site, reassign_pseudonyms):
     """Import a clinic's DICOM archive (any folder tree) into a training set, one plan per patient."""
     setup_logging()
     from provided_code.dicom.cohort import import_cohort
@@ -92,7 +95,7 @@ def import_cohort_command(archive, site, out_dir, names, validation, seed, stric
         report = import_cohort(archive, out_dir, site=load_site(site), names_file=names,
                                validation=validation, seed=seed, strict=strict, identity_map=identity_map,
                                allow_missing_targets=allow_missing_targets, change_site=change_site,
-                               progress=click_progress)
+                               reassign_pseudonyms=reassign_pseudonyms, progress=click_progress)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     for line in report.lines:

@@ -54,6 +54,7 @@ import logging
 import multiprocessing
 import os
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 import h5py
@@ -143,6 +144,7 @@ def load_split(
     *,
     site: Site,
     memory_map: bool = False,
+    leave_out: Collection[str] = (),
 ) -> SplitArrays:
     """The split's stacked arrays at 128³, from its cache, (re)building the cache when needed.
     ``site``: the data's site; each site has its cache (:func:`cache_path_for`), and one that
@@ -151,6 +153,9 @@ def load_split(
     ``require_dose``: a patient without ``dose.csv`` is an error (or, with ``skip_incomplete``,
     skipped). ``skip_incomplete``: patients with missing or malformed files are left out and
     listed in ``SplitArrays.skipped`` instead of raising :class:`PatientDataError`.
+    ``leave_out``: patients the caller leaves out anyway (a training run's ``--exclude``): their
+    missing or malformed files never raise; such a patient is left out and listed in
+    ``SplitArrays.skipped`` (one whose files are fine is read as any other).
     ``memory_map``: the volumes are views into the cache file, read and checked as touched
     (:mod:`provided_code.data.mapped`), rather than read into memory.
     """
@@ -160,20 +165,22 @@ def load_split(
     fingerprint = source_fingerprint(folders)
     try:
         arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
-                            mapped=memory_map)
+                            mapped=memory_map, leave_out=leave_out)
         logger.info("%s %d patients of %s from cache %s", "Mapped" if memory_map else "Loaded", len(arrays),
                     split_dir, path)
     except CacheError as error:
         if path.exists():
             logger.warning("Rebuilding cache %s: %s", path, error)
-        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site=site)
+        build_cache(split_dir, path, folders, fingerprint, skip_incomplete, progress, workers, site=site,
+                    leave_out=leave_out)
         arrays = load_cache(path, fingerprint=fingerprint, skip_incomplete=skip_incomplete, site=site,
-                            mapped=memory_map)
+                            mapped=memory_map, leave_out=leave_out)
 
     if require_dose and not arrays.has_dose.all():
         missing = [pid for pid, has in zip(arrays.patient_ids, arrays.has_dose) if not has]
-        if not skip_incomplete:
-            raise PatientDataError(missing[0], split_dir / missing[0] / "dose.csv",
+        needed = [pid for pid in missing if pid not in leave_out]  # those left out anyway need none
+        if needed and not skip_incomplete:
+            raise PatientDataError(needed[0], split_dir / needed[0] / "dose.csv",
                                    "file is missing (a dose is required for training)")
         skipped = dict(arrays.skipped)
         skipped.update({pid: "dose.csv is missing" for pid in missing})
@@ -227,9 +234,12 @@ def build_cache(
     workers: int | None = None,
     *,
     site: Site,
+    leave_out: Collection[str] = (),
 ) -> None:
     """Parse every patient folder of ``site`` and write the cache atomically to ``path``: in
-    ``workers`` processes (default: one per core from ``POOL_MIN_PATIENTS`` patients, else this one)."""
+    ``workers`` processes (default: one per core from ``POOL_MIN_PATIENTS`` patients, else this one).
+    A patient whose files cannot be read stops it, unless ``skip_incomplete`` or it is one of
+    ``leave_out``: then it is left out, and the file's ``skipped`` says why."""
     if path.parent.resolve() == split_dir.resolve() or split_dir.resolve() in path.resolve().parents:
         raise ConfigError(f"Invalid `cache_dir`. Expected a folder outside the data folder {split_dir}. "
                           f"Received: cache_dir={path.parent}")
@@ -255,7 +265,7 @@ def build_cache(
         with PatientReader(workers, site) as read:
             for result in progress(read(folders), count, f"Caching {split_dir.name}"):
                 if isinstance(result, PatientDataError):
-                    if not skip_incomplete:
+                    if not skip_incomplete and result.patient_id not in leave_out:
                         raise result
                     skipped[result.patient_id] = f"{Path(result.path).name}: {result.problem}"
                     continue
@@ -327,13 +337,15 @@ class PatientReader:
 
 
 def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool | None = None,
-               verify: bool = True, *, site: Site, mapped: bool = False) -> SplitArrays:
+               verify: bool = True, *, site: Site, mapped: bool = False,
+               leave_out: Collection[str] = ()) -> SplitArrays:
     """Read a cache file into memory. Raises :class:`CacheError` if it is missing, stale, broken or
     of another site than ``site`` (a file without a site, written before sites existed, is
-    OpenKBP's). ``verify``: every chunk against its checksum (off only to measure what checking
-    costs). ``mapped``: map the volumes instead
-    (:class:`~provided_code.data.mapped.MappedVolumes`): each patient's chunk is read, and checked
-    once, when first touched."""
+    OpenKBP's), or if, read with ``skip_incomplete`` False, it left out a patient that is not one of
+    ``leave_out`` (built for a run that excluded it: this one would train without it unsaid).
+    ``verify``: every chunk against its checksum (off only to measure what checking costs).
+    ``mapped``: map the volumes instead (:class:`~provided_code.data.mapped.MappedVolumes`): each
+    patient's chunk is read, and checked once, when first touched."""
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
@@ -372,6 +384,9 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
                            f"patient {patient_ids[row]}'s {name} chunk") for row in range(count)]
             small = {name: tables.get(name) for name in (*TABLES, *PLAN_TABLES)}  # a plan table may be absent
             skipped = json.loads(attrs["skipped"])
+            unread = sorted(set(skipped) - set(leave_out))
+            if skip_incomplete is False and unread:
+                raise CacheError(f"{path} was built leaving out {', '.join(unread)}, which this read does not")
         if mapped:
             arrays = map_volumes(path, layout, patient_ids, VOLUME_SHAPE)
         else:

@@ -15,8 +15,11 @@ objects linked by their references, and one plan chosen per patient.
   structure set and CT series in the archive; among several, the newest (``RTPlanDate`` and
   ``RTPlanTime``, else the instance's creation); two equally new are refused for that patient,
   naming both. The objects of a patient are those of one PatientID; an ID whose objects name
-  different patients (their names or birth dates differ: two patients exported as ``ANON``), or
-  an empty one, is refused rather than merged into one patient.
+  different patients (their names, birth dates or sexes differ: two patients exported as
+  ``ANON``), or an empty one, is refused rather than merged into one patient. A plan set aside on
+  a CT that shares neither the study nor the frame of reference of the chosen plan's is warned
+  about (``PatientLinks.warnings``, ``Candidate.apart``): two patients an anonymiser left nothing
+  else to tell apart, or a new planning CT.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ class DicomObject:
     patient_id: str
     frame_of_reference_uid: str
     date_time: str = ""  # content (or creation) date and time, for ordering
-    # who the PatientID is: digests of the normalised PatientName and PatientBirthDate ('' where absent),
-    # to tell two patients under one ID apart without keeping their names
-    person: tuple[str, str] = ("", "")
+    # who the PatientID is: digests of the normalised PatientName and PatientBirthDate, and PatientSex ('' where
+    # absent), to tell two patients under one ID apart without keeping their names
+    person: tuple[str, str, str] = ("", "", "")
+    study_instance_uid: str = ""
     # RT Dose
     summation: str = ""  # DoseSummationType
     plan_uid: str = ""  # ReferencedRTPlanSequence
@@ -78,6 +82,13 @@ class ArchiveIndex:
     objects: list[DicomObject]
     skipped_files: list[tuple[Path, str]]  # (path, why): DICOMDIR, not DICOM, unreadable, duplicate
     duplicate_of: dict[Path, Path] = dataclasses.field(default_factory=dict)  # a skipped copy -> the file read
+
+    def owners(self) -> dict[str, str]:
+        """The UID of every object and image series -> the PatientID it is under."""
+        owners = {item.series_instance_uid: item.patient_id for item in self.objects
+                  if item.modality in IMAGE_MODALITIES and item.series_instance_uid}
+        owners.update({item.sop_instance_uid: item.patient_id for item in self.objects if item.sop_instance_uid})
+        return owners
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -133,11 +144,15 @@ def _read_header(path: Path) -> tuple[DicomObject | None, str]:
     if sop_class == MediaStorageDirectoryStorage or "DirectoryRecordSequence" in header:
         return None, "DICOMDIR (a media directory, not an object)"
     modality = _text(header.get("Modality")).upper()
+    if not modality and not _text(header.get("SOPInstanceUID")):  # a file header and no data set behind it
+        return None, "a DICOM file header without a data set (no Modality, no SOP Instance UID): damaged or cut short"
     fields = dict(path=path, size=stat.st_size, mtime_ns=stat.st_mtime_ns, modality=modality or "?",
                   sop_class_uid=sop_class, sop_instance_uid=_text(header.get("SOPInstanceUID")),
                   series_instance_uid=_text(header.get("SeriesInstanceUID")),
                   patient_id=_text(header.get("PatientID")),
-                  person=(_digest(_name_key(header.get("PatientName"))), _digest(_text(header.get("PatientBirthDate")))),
+                  person=(_digest(_name_key(header.get("PatientName"))), _digest(_text(header.get("PatientBirthDate"))),
+                          _text(header.get("PatientSex")).upper()),
+                  study_instance_uid=_text(header.get("StudyInstanceUID")),
                   frame_of_reference_uid=_text(header.get("FrameOfReferenceUID")),
                   date_time=_date_time(header, ("ContentDate", "ContentTime"),
                                        ("InstanceCreationDate", "InstanceCreationTime")))
@@ -213,6 +228,8 @@ class Candidate:
     dose_scale: float = 1.0
     dose_summation: str = ""  # PLAN, BEAM (summed), FRACTION (× fractions)
     reason: str = ""  # empty: usable
+    # set aside beside a chosen plan whose CT shares neither its study nor its frame of reference: why that matters
+    apart: str = ""
 
     @property
     def info(self) -> PlanInfo:
@@ -224,6 +241,12 @@ class Candidate:
     def sources(self) -> list[DicomObject]:
         return [self.plan, *([self.structure_set] if self.structure_set else []), *self.doses, *self.ct_files]
 
+    def images(self) -> tuple[str, str]:
+        """(study, frame of reference) of the CT the plan was made on: its CT series', else its
+        structure set's, else its own."""
+        image = (self.ct_files or [self.structure_set or self.plan])[0]
+        return image.study_instance_uid, image.frame_of_reference_uid
+
 
 @dataclasses.dataclass
 class PatientLinks:
@@ -232,6 +255,8 @@ class PatientLinks:
     chosen: Candidate | None
     refusal: str  # why no plan was chosen (empty when one was, or when there is no usable plan)
     left: list[tuple[str, str, str, str]]  # (kind, modality, uid, reason) of series and objects not used
+    # what the linking warns of for the chosen plan: plans set aside on a CT of another study and frame of reference
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 def _choose_dose(plan: PlanInfo, doses: list[DicomObject]) -> tuple[list[DicomObject], float, str, str]:
@@ -322,6 +347,7 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
                        f"({newest or 'no date'}): " + " and ".join(c.describe() for c in tied))
         else:
             chosen = tied[0]
+    warnings = _apart_from(chosen, candidates) if chosen else []
     used = {id(o) for c in ([chosen] if chosen else []) for o in c.sources()}
     referenced_plans = {p.sop_instance_uid for p in plans}
     left = []
@@ -348,21 +374,43 @@ def _link_one(patient_id: str, objects: list[DicomObject]) -> PatientLinks:
         else:
             why = f"{item.modality} object: not used"
         left.append(("object", item.modality, item.sop_instance_uid, why))
-    return PatientLinks(patient_id, candidates, chosen, refusal, left)
+    return PatientLinks(patient_id, candidates, chosen, refusal, left, warnings)
+
+
+def _apart_from(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
+    """The plans set aside beside ``chosen`` whose CT shares neither its study nor its frame of
+    reference (each candidate's ``apart`` says so): another patient under the same PatientID, as an
+    anonymiser exports two (``ANONYMOUS``, no birth date), or the patient's new planning CT. A
+    warning each, for the physicist to tell which."""
+    study, frame = chosen.images()
+    warnings = []
+    for candidate in candidates:
+        other_study, other_frame = candidate.images()
+        shared = (study and other_study == study) or (frame and other_frame == frame)
+        if candidate is chosen or shared or not (other_study or other_frame):
+            continue
+        candidate.apart = (f"its CT shares neither the study nor the frame of reference of the chosen "
+                           f"{chosen.describe()}'s: another patient under this PatientID (an anonymised export?) or "
+                           f"a new planning CT")
+        warnings.append(f"{candidate.describe()}, set aside, is on a CT of another study and frame of reference: "
+                        f"another patient under this PatientID (an anonymised export? give each patient an ID of its "
+                        f"own) or a new planning CT")
+    return warnings
 
 
 def _shared_id(patient_id: str, objects: list[DicomObject]) -> str:
     """Why the objects under one PatientID cannot be taken as one patient's: no PatientID, or
-    several patient names or birth dates under it (two patients exported as ``ANON``); '' when
-    they can."""
+    several patient names, birth dates or sexes under it (two patients exported as ``ANON``); ''
+    when they can."""
     if not patient_id:
         return "no PatientID: objects without one cannot be told apart as patients; export them with their IDs"
-    names = {o.person[0] for o in objects if o.person[0]}
-    births = {o.person[1] for o in objects if o.person[1]}
-    if len(names) > 1 or len(births) > 1:
-        differ = " and ".join(what for what, values in (("names", names), ("birth dates", births)) if len(values) > 1)
-        return (f"one PatientID for {max(len(names), len(births))} patients of different {differ}; none of them is "
-                f"imported: export each with an ID of its own")
+    values = {what: {o.person[k] for o in objects if o.person[k]}
+              for k, what in enumerate(("names", "birth dates", "sexes"))}
+    differ = [what for what, found in values.items() if len(found) > 1]
+    if differ:
+        listed = " and ".join([", ".join(differ[:-1]), differ[-1]] if len(differ) > 1 else differ)
+        return (f"one PatientID for {max(len(found) for found in values.values())} patients of different {listed}; "
+                f"none of them is imported: export each with an ID of its own")
     return ""
 
 

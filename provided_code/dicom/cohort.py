@@ -16,9 +16,9 @@ patient, and each chosen patient imported for the site as ``openkbp-dicom import
 - One patient's failure is a row and a count (``strict`` raises it instead, naming the pseudonym).
   An earlier import of a patient that now fails or has no plan chosen is moved out of its split,
   whole, to ``DATA_DIR/withdrawn/pt_<N>-<time>`` (never deleted), and its row says so.
-- Each patient's import warnings (missing structures, slices without contours, the plan's couch)
-  are in its row's reason, on the console and counted in the summary; the site's targets it lacks
-  in ``missing_targets`` (an optional target's absence is one of those warnings).
+- Each patient's import warnings (missing structures, slices without contours, contours left out,
+  the plan's couch) are in its row's reason, on the console and counted in the summary; the site's
+  targets it lacks in ``missing_targets`` (an optional target's absence is one of those warnings).
 - Rerunnable: a patient whose sources (SOP Instance UIDs, sizes, modification times) and settings
   (those that change what its import writes) are those of its earlier import is not imported
   again; a killed run resumes from its journal (``DATA_DIR/.import-cohort.journal``); each patient
@@ -44,8 +44,8 @@ from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry
 from provided_code.dicom.ledger import (JOURNAL_FILE, MANIFEST_FIELDS, MANIFEST_FILE, SPLITS, EarlierImport, Ledger,
                                        csv_text)
 from provided_code.dicom.names import load_names
-from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, parse_validation,
-                                            pseudonym_number, source_number)
+from provided_code.dicom.pseudonyms import (IDENTITY_FILE, IdentityMap, Sources, assign_splits, moved_pseudonyms,
+                                            parse_validation, pseudonym_number, source_number)
 from provided_code.dicom.rtplan import plan_prescriptions
 from provided_code.errors import UserError
 from provided_code.sites import Site, openkbp
@@ -69,6 +69,7 @@ class CohortReport:
     objects: dict[str, int] = dataclasses.field(default_factory=dict)  # the archive's DICOM objects by modality
     files_skipped: int = 0  # the archive's files that are no object: DICOMDIR, not DICOM, unreadable, duplicates
     with_warnings: int = 0  # imported (this run or earlier) patients whose manifest reason holds warnings
+    plans_apart: int = 0  # patients with a plan set aside on a CT of another study and frame of reference
 
     @property
     def failed(self) -> int:
@@ -87,6 +88,10 @@ class CohortReport:
         if self.with_warnings:
             lines.append(f"{self.with_warnings} of the imported patients with warnings (missing structures, slices, "
                          f"the plan; each in its manifest row's reason)")
+        if self.plans_apart:
+            lines.append(f"{self.plans_apart} patient(s) with a plan set aside on a CT of another study and frame of "
+                         f"reference than the chosen plan's: two patients under one PatientID, or a new planning CT? "
+                         f"(each in its plan rows' reason)")
         return "\n".join(lines)
 
 
@@ -172,7 +177,8 @@ def _plan_row(candidate: Candidate, pseudonym: str, split: str) -> dict[str, str
 def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: Site,
                   names_file: os.PathLike | str | None = None, validation: float | int = 0.2, seed: int = 0,
                   strict: bool = False, identity_map: os.PathLike | str | None = None,
-                  allow_missing_targets: bool = False, change_site: bool = False, progress: Progress = no_progress,
+                  allow_missing_targets: bool = False, change_site: bool = False, reassign_pseudonyms: bool = False,
+                  progress: Progress = no_progress,
                   workers: int | None = None, after_patient: Callable[[str], None] | None = None) -> CohortReport:
     """Import every patient of the archive (see the module docstring) for ``site`` (a
     :class:`~provided_code.sites.Site`): its structures matched from its DICOM names, with ``names_file``'s in their place
@@ -180,7 +186,10 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     ``prescriptions.csv``. ``after_patient(pseudonym)`` is called after each patient's outcome is recorded.
 
     A data folder imported for another site is refused unless ``change_site`` (every patient is
-    then imported again for ``site``), and an identity map of another data folder always."""
+    then imported again for ``site``), and an identity map of another data folder always; one that
+    gives a pseudonym to another patient of the archive than the one it was given to (two rows
+    swapped by hand) unless ``reassign_pseudonyms``, and one that gives an imported pseudonym to no
+    patient of the archive while its patient is there (a PatientID mistyped) always."""
     from provided_code.dicom.importer import import_patient
 
     archive, out = Path(archive), Path(out)
@@ -202,6 +211,24 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     patients = link_patients(index)
     if not index.objects:
         raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
+    moved = moved_pseudonyms(identity, ledger.pseudonym_of_object(), index.owners())
+    held = {identity.pseudonyms[link.patient_id] for link in patients if link.patient_id in identity.pseudonyms}
+    stranded = [phrase for pseudonym, phrase in moved.items() if pseudonym not in held]
+    if stranded:  # its earlier import would stay, beside its patient's import under another pseudonym: twice
+        raise CohortError(f"Invalid `identity_map`. Expected each pseudonym taken off its patient given to another "
+                          f"patient of the archive, or on the line of the PatientID its patient has there (else its "
+                          f"earlier import stays beside the patient's import under another pseudonym: the patient twice "
+                          f"in the training set, which --reassign-pseudonyms does not allow). Received: "
+                          f"identity_map={str(identity_path)!r}, in which " + "; ".join(stranded))
+    if moved and not reassign_pseudonyms:
+        raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
+                          f"given to (the plan {out / MANIFEST_FILE} lists as imported under it), or "
+                          f"--reassign-pseudonyms if the change is meant. Received: "
+                          f"identity_map={str(identity_path)!r}, in which "
+                          + "; ".join(moved.values()))
+    if moved:
+        logger.warning("%s: pseudonyms given to other patients (--reassign-pseudonyms), who are imported under them: "
+                       "%s", identity_path, "; ".join(moved.values()))
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
     if identity_path.resolve().is_relative_to(out.resolve()):
         logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
@@ -209,7 +236,7 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     identity.assign([p.patient_id for p in patients])
     refused = [p for p in patients if p.refusal]
     if strict and refused:
-        raise CohortError(f"{identity.pseudonyms[refused[0].patient_id]}: {refused[0].refusal}")
+        raise CohortError(f"{identity.label(refused[0].patient_id)}: {refused[0].refusal}")
     assign_splits(ledger.splits, identity.pseudonyms, [p.patient_id for p in patients if p.chosen], validation, seed)
     settings = _settings(site, table)
 
@@ -277,8 +304,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             after_patient(pseudonym)
 
     for links in patients:
-        pseudonym = identity.pseudonyms[links.patient_id]
-        if not links.chosen:
+        pseudonym = identity.pseudonyms.get(links.patient_id, "")  # objects without a PatientID have none
+        if not links.chosen and pseudonym:
             ledger.withdraw(pseudonym)
         rows += _patient_rows(links, pseudonym, ledger.splits.get(pseudonym, ""), outcomes.get(links.patient_id))
         if pseudonym in ledger.withdrawn:
@@ -286,10 +313,13 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
             for row in rows:
                 if row["pseudonym"] == pseudonym and row["kind"] in ("plan", "patient") and row["status"] != "imported":
                     row["reason"] += note
-        if not links.chosen:
+        for warning in links.warnings:  # plans set aside on a CT of another study and frame: each run, until settled
+            logger.warning("%s: %s", pseudonym, warning)
+            lines.append(f"{pseudonym}: warning: {warning}")
+        if not links.chosen and (links.patient_id or links.refusal):  # objects without an ID and a plan: no patient
             counts["failed" if links.refusal else "skipped"] += 1
             if links.refusal:
-                lines.append(f"{pseudonym}: {links.refusal}")
+                lines.append(f"{identity.label(links.patient_id)}: {links.refusal}")
     for path, why in index.skipped_files:
         rows.append({"pseudonym": "", "status": "skipped", "kind": "file", "source": sources.ref(path),
                      "reason": sources.scrub(why, [path, index.duplicate_of.get(path)])})
@@ -305,12 +335,13 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     back = {identity.pseudonyms[p] for p, outcome in outcomes.items() if outcome[0] == "imported"}  # (after a kill)
     withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]
     warned = sum(outcome[0] == "imported" and bool(outcome[1]) for outcome in outcomes.values())
-    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned)
+    apart = sum(bool(links.warnings) for links in patients)
+    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned, apart)
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
     rows = []
-    if not links.candidates:
+    if not links.candidates and links.patient_id:
         rows.append({"pseudonym": pseudonym, "status": "skipped", "kind": "patient",
                      "reason": "no RT Plan of this patient in the archive"})
     for candidate in links.candidates:
@@ -327,6 +358,8 @@ def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> l
             row.update(status="failed", reason=links.refusal)
         else:
             row.update(status="skipped", reason=f"older than the chosen {links.chosen.describe()}")
+        if candidate.apart:
+            row["reason"] += f"; {candidate.apart}"
         rows.append(row)
     for kind, modality, uid, why in links.left:
         rows.append({"pseudonym": pseudonym, "status": "skipped", "reason": why, "kind": kind, "modality": modality,

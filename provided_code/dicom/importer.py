@@ -45,7 +45,8 @@ from provided_code.dicom.errors import DicomInputError, require_site
 from provided_code.dicom.grid import SIDECAR_FILE, PatientGeometry, PlaneTaps, area_weights, choose_first_slice
 from provided_code.dicom.names import BODY, describe_matching, load_names, match_rois, missing_targets
 from provided_code.dicom.rtdose import DoseGrid, read_rtdoses, sample_dose
-from provided_code.dicom.rtstruct import MAX_FILLED_GAP_MM, Gap, filled_slice, read_rtstruct, roi_planes
+from provided_code.dicom.rtstruct import (MAX_FILLED_GAP_MM, Gap, filled_slice, left_out_text, read_rtstruct,
+                                          roi_planes)
 from provided_code.sites import Site, SiteError, openkbp
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,8 @@ def import_patient(ct_dir, rtstruct: os.PathLike | str, out: os.PathLike | str,
     planes, gaps = {}, {}
     for key, roi in mapping.items():  # only the mapped ROIs are parsed
         planes[key], gaps[key] = roi_planes(structure_set, roi, ct.slice_z, ct.slice_spacing)
+        if roi in structure_set.left_out:
+            lines.append(f"warning: {key} ({roi!r}): {left_out_text(*structure_set.left_out[roi])}")
     empty_targets = [key for key in site.targets if key in planes and not planes[key]]
     for target in empty_targets:
         if target in site.required_targets and not allow_missing_targets:

@@ -34,6 +34,7 @@ MANIFEST_FIELDS = ("pseudonym", "status", "reason", "kind", "split", "plan_uid",
                    "approval", "dose_summation", "dose_uids", "structure_set_uid", "ct_series_uid",
                    "frame_of_reference_uid", "prescriptions_gy", "missing_targets", "beams", "modality", "uid", "source",
                    "fingerprint", "cohort")  # cohort: the data folder's identifier, which its identity map holds too
+OBJECT_FIELDS = ("uid", "plan_uid", "structure_set_uid", "ct_series_uid", "dose_uids")  # a row's archive objects
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,21 @@ class Ledger:
         for split, folder in SPLITS.items():  # folders without a record (a run killed before its journal line)
             for path in (out / folder).glob("pt_*"):
                 self.splits.setdefault(path.name, split)
+
+    def pseudonym_of_object(self) -> dict[str, str]:
+        """Which archive patient each pseudonym came from: the UID of every object and series of the
+        plan imported under it (its ``imported`` plan row's ``OBJECT_FIELDS``) -> that pseudonym. A
+        pseudonym never imported (its plans refused or set aside) came from no patient's folder: its
+        objects may move to new PatientIDs (an ID shared by two patients, exported again with one
+        each). A UID named under two pseudonyms tells nothing and is left out."""
+        found: dict[str, set[str]] = {}
+        for row in self.rows:
+            if not row.get("pseudonym") or row.get("kind") != "plan" or row.get("status") != "imported":
+                continue
+            for field in OBJECT_FIELDS:
+                for uid in (row.get(field) or "").split():
+                    found.setdefault(uid, set()).add(row["pseudonym"])
+        return {uid: next(iter(pseudonyms)) for uid, pseudonyms in found.items() if len(pseudonyms) == 1}
 
     @property
     def has_manifest(self) -> bool:

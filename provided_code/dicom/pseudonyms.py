@@ -72,6 +72,7 @@ class IdentityMap:
         if rows and set(rows[0]) not in (set(self.FIELDS), set(self.FIELDS[:2])):
             raise CohortError(f"{path}: not an identity map (header {','.join(self.FIELDS)})")
         self.pseudonyms = {row["patient_id"]: row["pseudonym"] for row in rows}
+        self.lines = {row["patient_id"]: line for line, row in enumerate(rows, start=2)}  # the file's, header 1
         self.cohort = next((row["cohort"] for row in rows if row.get("cohort")), "")
         self._written_cohort = self.cohort
 
@@ -81,8 +82,10 @@ class IdentityMap:
 
     def assign(self, patient_ids: list[str]) -> None:
         """Pseudonyms for new patients (after the highest given), written before anything is imported
-        (with the cohort's identifier, :attr:`cohort`, a new one if it has none)."""
-        new = sorted((p for p in patient_ids if p not in self.pseudonyms), key=lambda p: (unit_hash("pseudonym", p), p))
+        (with the cohort's identifier, :attr:`cohort`, a new one if it has none). An empty PatientID
+        is no patient (objects without one, refused by the linking): it gets no pseudonym and no row."""
+        new = sorted((p for p in patient_ids if p and p not in self.pseudonyms),
+                     key=lambda p: (unit_hash("pseudonym", p), p))
         self.cohort = self.cohort or uuid.uuid4().hex
         if not new and self.cohort == self._written_cohort:
             return
@@ -95,6 +98,11 @@ class IdentityMap:
         # the map re-identifies the cohort: its owner's only, from the temporary file's creation on
         write_text_atomic(self.path, csv_text(self.FIELDS, rows), mode=0o600)
         self._written_cohort = self.cohort
+
+    def label(self, patient_id: str) -> str:
+        """How the console and the manifest name a patient: its pseudonym (``(no PatientID)`` for the
+        objects without one, which have none)."""
+        return self.pseudonyms.get(patient_id) or "(no PatientID)"
 
     def check_belongs_to(self, out: Path, manifest_rows: list[dict[str, str]]) -> None:
         """Refuse, in one line, a map that is not the one of the data folder ``out`` whose manifest
@@ -115,6 +123,30 @@ class IdentityMap:
                                   f"{where}. Received: identity_map={str(self.path)!r}, without {', '.join(unknown[:3])}"
                                   + (" ..." if len(unknown) > 3 else ""))
             self.cohort = cohort
+
+
+def moved_pseudonyms(identity: IdentityMap, earlier: dict[str, str], owners: dict[str, str]) -> dict[str, str]:
+    """The pseudonyms ``identity`` gives to another patient than the one they were given to, each
+    (in their order) -> one phrase naming the map's lines (not the PatientIDs): ``earlier`` maps the UIDs of the
+    objects a data folder's manifest lists under each pseudonym to it
+    (:meth:`~provided_code.dicom.ledger.Ledger.pseudonym_of_object`), ``owners`` the same UIDs
+    in the archive now to their PatientID (:meth:`~provided_code.dicom.archive.ArchiveIndex.owners`).
+    An object gone from the archive, or now without a PatientID, says nothing."""
+    holders: dict[str, tuple[str, str | None]] = {}  # pseudonym -> (PatientID now holding its objects, its pseudonym)
+    for uid, pseudonym in earlier.items():
+        patient_id = owners.get(uid)
+        if patient_id and identity.pseudonyms.get(patient_id) != pseudonym:
+            holders.setdefault(pseudonym, (patient_id, identity.pseudonyms.get(patient_id)))
+    line_of = {pseudonym: identity.lines[patient_id] for patient_id, pseudonym in identity.pseudonyms.items()
+               if patient_id in identity.lines}
+    moved = {}
+    for pseudonym in sorted(holders, key=pseudonym_number):
+        patient_id, now = holders[pseudonym]
+        row = f"line {line_of[pseudonym]}" if pseudonym in line_of else "no line"
+        held = (f"on line {identity.lines[patient_id]}, which gives it {now}" if now else
+                "under a PatientID the map does not have (it would get a new pseudonym)")
+        moved[pseudonym] = f"{pseudonym} ({row}) was imported from the patient now {held}"
+    return moved
 
 
 def assign_splits(splits: dict[str, str], pseudonyms: dict[str, str], patient_ids: list[str],

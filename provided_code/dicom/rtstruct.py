@@ -4,15 +4,15 @@ its references, which the import, the archive's linking and the DICOM node ask).
 
 A closed planar contour is filled by the even-odd rule at pixel centres; all contours of an ROI on
 one slice are filled together, so a contour inside another is a hole (as planning systems draw
-them). Open contours, points and contours of fewer than three points are left out. Only the ROIs
-asked for are parsed. CT slices without contours between two slices with contours of one ROI, up
-to :data:`MAX_FILLED_GAP_MM` apart, take the nearer slice's contours (:func:`fill_slice_gaps`).
+them). Open contours, points and contours of fewer than three points are left out, and counted for
+the import's warnings (:attr:`StructureSet.left_out`). Only the ROIs asked for are parsed. CT
+slices without contours between two slices with contours of one ROI, up to
+:data:`MAX_FILLED_GAP_MM` apart, take the nearer slice's contours (:func:`fill_slice_gaps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from pathlib import Path
 
@@ -20,8 +20,6 @@ import numpy as np
 
 from provided_code.dicom.errors import DicomInputError
 from provided_code.dicom.files import read_required
-
-logger = logging.getLogger(__name__)
 
 
 CONTOUR_DATA = 0x30060050
@@ -86,11 +84,13 @@ class StructureSet:
     roi_names: list[str]  # in the file's order
     # ROI name -> its ROIContourSequence items, parsed by contours()
     items: dict[str, list] = dataclasses.field(default_factory=dict, repr=False)
+    # ROI name -> the contours contours() left out of it: (fewer than three points, open or point), where any
+    left_out: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict, repr=False)
 
     def contours(self, name: str) -> list[np.ndarray]:
         """The closed planar contours of ROI ``name``, each ``(points, 3)`` mm (x, y, z). Open
         contours, points, and contours of fewer than three points (rt-utils writes one for every
-        isolated pixel) are left out with a count in the log."""
+        isolated pixel) are left out, counted in :attr:`left_out` (:func:`left_out_text` says it)."""
         contours, open_or_points, short = [], 0, 0
         for item in self.items.get(name, []):
             for contour in item.get("ContourSequence", []):
@@ -106,9 +106,15 @@ class StructureSet:
                     continue
                 contours.append(points.reshape(-1, 3))
         if open_or_points or short:
-            logger.info("%s: ROI %r: left out %d contours of fewer than 3 points and %d open or point contours",
-                        self.path, name, short, open_or_points)
+            self.left_out[name] = (short, open_or_points)
         return contours
+
+
+def left_out_text(short: int, open_or_points: int) -> str:
+    """What :meth:`StructureSet.contours` left out of an ROI, in words."""
+    parts = [f"{short} contour(s) of fewer than three points" if short else "",
+             f"{open_or_points} open or point contour(s)" if open_or_points else ""]
+    return "left out " + " and ".join(part for part in parts if part)
 
 
 def _contour_data(contour, name: str, path: Path) -> np.ndarray:

@@ -18,7 +18,7 @@ from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data import mapped
 from provided_code.data.cache import load_split
 from provided_code.data.split_arrays import SplitArrays, stacked_nbytes
-from provided_code.data.csv_io import discover_patients
+from provided_code.data.csv_io import PatientDataError, discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.data_folder import require_split, split_dir
@@ -306,11 +306,20 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     validation_dir = split_dir(config.data_dir, "validation")
     memory_map = _memory_map(config, train_dir, validation_dir)
     downsample = mapped.downsampled if memory_map else downsample_split
-    full = load_split(train_dir, cache_dir=config.cache_dir, require_dose=True, skip_incomplete=config.skip_incomplete,
-                      progress=progress, memory_map=memory_map, site=config.site)
-    excluded = _check_excluded(config, full, train_dir)
+    excluded = excluded_patients(config.excluded)
+    try:  # the excluded are read too (they are dealt into the folds), but their files may be what excluded them
+        full = load_split(train_dir, cache_dir=config.cache_dir, require_dose=True,
+                          skip_incomplete=config.skip_incomplete, progress=progress, memory_map=memory_map,
+                          site=config.site, leave_out=excluded)
+    except PatientDataError as error:
+        if error.patient_id not in {folder.name for folder in discover_patients(train_dir)}:
+            raise
+        way_out = (f"; to train without {error.patient_id}, list it with a reason in an exclusion file "
+                   f"(patient,reason) and pass --exclude FILE (docs/commissioning.md)")
+        raise PatientDataError(error.patient_id, error.path, error.problem + way_out) from None
+    unreadable = _check_excluded(config, full, train_dir)
     if config.folds:
-        return _fold_data(config, full, downsample(full, config.resolution), excluded, train_dir)
+        return _fold_data(config, full, downsample(full, config.resolution), excluded, train_dir, unreadable)
     train_arrays = downsample(full, config.resolution)
     del full
     if excluded:
@@ -331,29 +340,35 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     return train_arrays, validation
 
 
-def _check_excluded(config: TrainConfig, full: SplitArrays, train_dir: Path) -> set[str]:
-    """The patients of ``--exclude``, each one of the training split (a name that is not is a
-    typo: refused, naming it), said in the log with their reasons."""
+def _check_excluded(config: TrainConfig, full: SplitArrays, train_dir: Path) -> list[str]:
+    """The patients of ``--exclude`` whose files could not be read (left out of ``full``, in its
+    ``skipped``); each excluded patient must be one of the training split (a name that is not is a
+    typo: refused, naming it), and each is said in the log with its reason."""
     excluded = excluded_patients(config.excluded)
-    unknown = sorted(excluded - set(full.patient_ids))
+    unreadable = sorted(excluded & set(full.skipped))
+    patients = set(full.patient_ids) | set(unreadable)
+    unknown = sorted(excluded - patients)
     if unknown:
         raise ConfigError(f"Invalid `exclude`. Expected patients of {train_dir} ({config.excluded_by.get('file', '')}). "
                           f"Received: {', '.join(unknown)}, not among them")
-    if len(excluded) >= len(full.patient_ids):
-        raise ConfigError(f"Invalid `exclude`. Expected some of the {len(full.patient_ids)} training patients of "
+    if len(excluded) >= len(patients):
+        raise ConfigError(f"Invalid `exclude`. Expected some of the {len(patients)} training patients of "
                           f"{train_dir} left to train on. Received: all of them excluded")
     for entry in config.excluded:
-        logger.info("Excluded from training: %s (%s)", entry["patient"], entry["reason"])
-    return excluded
+        unread = f"; its files not read: {full.skipped[entry['patient']]}" if entry["patient"] in unreadable else ""
+        logger.info("Excluded from training: %s (%s)%s", entry["patient"], entry["reason"], unread)
+    return unreadable
 
 
 def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, excluded: set[str],
-               train_dir: Path) -> tuple[SplitArrays, Validation]:
+               train_dir: Path, unreadable: list[str]) -> tuple[SplitArrays, Validation]:
     """Fold ``config.fold``'s patients: the training split dealt into ``config.folds`` folds once
     (:func:`provided_code.folds.dealing_for`, checked against the model's ``splits.json``); this
     fold trains on the others' and is validated (its loss, scores and best checkpoint) on its own
-    held-out ones; excluded patients are in neither."""
-    dealing = dealing_for(config.model_dir, full.patient_ids, config.folds, config.seed, source=str(train_dir))
+    held-out ones; excluded patients are in neither, and are dealt all the same, those whose files
+    could not be read (``unreadable``) too."""
+    dealing = dealing_for(config.model_dir, [*full.patient_ids, *unreadable], config.folds, config.seed,
+                          source=str(train_dir))
     held_out = set(dealing.held_out_of(config.fold, excluded))
     validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out]
     training = [row for row, pid in enumerate(full.patient_ids) if pid not in held_out and pid not in excluded]

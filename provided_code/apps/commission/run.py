@@ -163,10 +163,12 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     first = folds[0].config
     site = first.site
     data_dir = Path(data_dir) if data_dir is not None else Path(first.data_dir)
-    arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
-                        site=site)
-    check_patients(dealing, arrays.patient_ids, model_dir / SPLITS_FILE, str(split_dir(data_dir, "train")))
     excluded = {entry["patient"]: entry["reason"] for fold in folds for entry in fold.config.excluded}
+    arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
+                        site=site, leave_out=set(excluded))  # an excluded patient's files may be why it was
+    unreadable = sorted(set(excluded) & set(arrays.skipped))
+    check_patients(dealing, [*arrays.patient_ids, *unreadable], model_dir / SPLITS_FILE,
+                   str(split_dir(data_dir, "train")))
     fold_of = {pid: dealing.fold_of(pid) for pid in dealing.patients}
     rows = [row for row, pid in enumerate(arrays.patient_ids) if pid not in excluded]
     if len(rows) < MIN_PATIENTS:
@@ -185,7 +187,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
         arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
-        for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient, excluded too
+        for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient read, excluded too
     cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
