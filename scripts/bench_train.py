@@ -22,6 +22,8 @@ memory are each measurement's own; all of them in one run, side by side:
   CPU that is dominated by oneDNN's memory pool and the first step's one-time tracing and
   primitive creation, so it says little about activations;
 - ``--accumulate 2`` against 1, per batch;
+- at 64³ (``--part body`` runs only these; ``--filters``, default 8): the v2 generator, the residual
+  U-Net and the residual U-Net with the physics channel, one step of each in turn in one process;
 - at 64³ with 16 filters (``--part network`` runs only these): the DVH term (``--dvh-weight 0.2``)
   against the masked MAE alone (one step of each in turn, in one process), and, as medians of
   three alternating runs, instance against batch norm, the beam channel
@@ -71,7 +73,7 @@ def child(spec: dict) -> dict:
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
         tf.config.threading.set_inter_op_parallelism_threads(1)
     kinds = {"fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step,
-             "loss_pair": child_loss_pair}
+             "loss_pair": child_loss_pair, "bodies": child_bodies}
     return kinds[spec.get("kind", "step")](spec, strategy)
 
 
@@ -345,6 +347,67 @@ def augment_comparison(base: dict) -> dict:
                            "augment_64": dict(base, resolution=64, augment=True)})}
 
 
+def child_bodies(spec: dict, strategy) -> dict:
+    """The bodies' step times inside one process (``--part body``): the v2 network (the generator),
+    the residual U-Net, and the residual U-Net with the physics channel, each on the same fixed
+    element with the masked MAE, one step of each in turn, ``spec["rounds"]`` times: the medians of
+    each round's ratios, and each one's median step time and first step (trace and step)."""
+    import time
+
+    import keras
+    import numpy as np
+
+    from provided_code.config import TrainConfig
+    from provided_code.data.batches import fit_vectors
+    from provided_code.data.tf_dataset import take_element
+    from provided_code.losses import loss_function
+    from provided_code.presets import PRESETS
+    from provided_code.training.model import new_model
+    from provided_code.training.step import TrainStep
+
+    _, arrays = _phantoms(spec)
+    batch = spec["batch_size"]
+    bodies = {"generator": {}, "resunet": {"arch": "resunet", "dropout": 0.0},
+              "resunet_physics": {"arch": "resunet", "dropout": 0.0, "physics": True}}
+    steps, elements, first, parameters = {}, {}, {}, {}
+    for name, network in bodies.items():
+        keras.utils.set_random_seed(0)
+        config = TrainConfig(resolution=spec["resolution"], filters=spec["filters"], **{**PRESETS["v2"], **network})
+        with strategy.scope():
+            model = new_model(config.spec, config.learning_rate)
+            model.optimizer.build(model.trainable_variables)
+        parameters[name] = model.count_params()
+        fitted = fit_vectors(arrays, config.spec.inputs)
+        fixed = take_element(fitted, np.arange(batch) % len(arrays), np.full(batch, 1.0 / batch, np.float32),
+                             config.spec.inputs, with_mask=True)
+        elements[name] = strategy.experimental_distribute_values_from_function(lambda context, fixed=fixed: fixed)
+        steps[name] = TrainStep(model, strategy, batch, xla=False, spec=config.spec,
+                                loss_fn=loss_function("masked-mae", 0.0, config.spec))
+        start = time.perf_counter()
+        float(steps[name].train(elements[name]))
+        first[name] = time.perf_counter() - start
+        float(steps[name].train(elements[name]))
+    times = {name: [] for name in bodies}
+    for _ in range(spec["rounds"]):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            float(step.train(elements[name]))
+            times[name].append(time.perf_counter() - start)
+    ratio = lambda a, b: float(np.median(np.array(times[a]) / np.array(times[b])))  # noqa: E731
+    return {"parameters": parameters, "first_step_s": first,
+            "step_s": {name: float(np.median(values)) for name, values in times.items()},
+            "step_s_resunet_over_generator": ratio("resunet", "generator"),
+            "step_s_physics_over_none": ratio("resunet_physics", "resunet")}
+
+
+def body_comparison(batch_size: int, filters: int, rounds: int) -> dict:
+    """At 64³ (``--part body``): :func:`child_bodies`, one process."""
+    config = {"resolution": 64, "filters": filters, "batch_size": batch_size, "rounds": rounds}
+    from provided_code.infra.environment import cpu_flags
+
+    return {"body_config": config, "cpu_flags": cpu_flags(), **measure(dict(config, kind="bodies"))}
+
+
 def network_comparison(batch_size: int) -> dict:
     """At 64³, 16 filters: the DVH term against none (the masked MAE; one step of each in turn in one
     process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
@@ -385,8 +448,10 @@ def main() -> None:
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
-    parser.add_argument("--part", choices=("all", "network"), default="all",
-                        help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14)")
+    parser.add_argument("--part", choices=("all", "network", "body"), default="all",
+                        help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14); "
+                             "body: only the bodies' and the physics channel's step times at 64³ (--filters, "
+                             "--steps rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -394,6 +459,9 @@ def main() -> None:
         return
     if args.part == "network":
         print(json.dumps(network_comparison(args.batch_size), indent=2))
+        return
+    if args.part == "body":
+        print(json.dumps(body_comparison(args.batch_size, args.filters, args.steps), indent=2))
         return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}

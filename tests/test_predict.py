@@ -440,3 +440,27 @@ def predict_stage_of(model, phantom_data, phantom_cache, **options):
                            **options)
     keras.backend.clear_session()
     return report
+
+
+@pytest.mark.slow
+def test_an_ensemble_of_two_bodies_averages_their_predictions(run):
+    """--ensemble of a generator (the fixture's m) and a residual U-Net (r, 1 epoch): each member
+    predicts with its own network and inputs; the ensemble writes their mean."""
+    residual = dataclasses.replace(run, model_name="r", arch="resunet", filters=2, dropout=0.0,
+                                   epochs=1, score_every=1)
+    train(residual)
+    singles = {}
+    for member in ("m", "r"):
+        report = predict(dataclasses.replace(run, model_name=member), stage="validation", epoch="best")
+        singles[member] = {path.name: read_sparse_csv(path, path.stem, True) for path in sorted(report.predictions_dir.glob("pt_*.csv"))}
+    ensemble = predict(dataclasses.replace(run, model_name="both"), stage="validation", ensemble=["m", "r"])
+    written = {path.name: read_sparse_csv(path, path.stem, True) for path in sorted(ensemble.predictions_dir.glob("pt_*.csv"))}
+    assert sorted(written) == sorted(singles["m"]) and written
+    for name, (indices, values) in written.items():
+        (m_indices, m_values), (r_indices, r_values) = singles["m"][name], singles["r"][name]
+        np.testing.assert_array_equal(indices, m_indices)
+        np.testing.assert_array_equal(indices, r_indices)
+        # each file holds float32 values exactly (their shortest round-trip decimal), read as float64: the
+        # ensemble's float32 mean differs from the float64 mean of the members by float32 rounding
+        np.testing.assert_allclose(values, (m_values + r_values) / 2, rtol=1e-6, atol=1e-5)
+        assert not np.allclose(m_values, r_values)  # two networks, two predictions

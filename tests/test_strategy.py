@@ -321,18 +321,18 @@ class Arrays:
 
 SPEC = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance")
 
-def run(strategy, batch, xla, recompute=False):
+def run(strategy, batch, xla, recompute=False, spec=SPEC, arrays=Arrays):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = new_model(SPEC, 1e-3)
+        model = new_model(spec, 1e-3)
         model.optimizer.build(model.trainable_variables)
-    step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error, spec=SPEC)
+    step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error, spec=spec)
     losses = []
     for rows in ([0, 1], [2, 3]):
         per_replica = np.array(rows).reshape(strategy.num_replicas_in_sync, batch)
         element = strategy.experimental_distribute_values_from_function(lambda context: take_element(
-            Arrays, per_replica[context.replica_id_in_sync_group], np.full(batch, 0.5, np.float32), SPEC.inputs))
+            arrays, per_replica[context.replica_id_in_sync_group], np.full(batch, 0.5, np.float32), spec.inputs))
         losses.append(float(step.train(element)))
     whole = bool(getattr(step._loss_and_grads, "_jit_compile", False))
     return losses, [np.array(w) for w in model.weights], whole
@@ -350,6 +350,19 @@ worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights)
 # relative each; over two updates the losses agree to 1e-5 relative and the weights to 1e-5.
 print("INSTANCE_NORM", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
       np.allclose(again, one_losses, rtol=1e-5), one_losses[0] != one_losses[1])
+
+# 2b. The residual U-Net with the physics channel (its inputs: each patient's voxel size), likewise.
+from provided_code.data.batches import fit_vectors
+class Physics(Arrays):
+    voxel_dimensions = np.array([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5], [4.0, 4.0, 3.0], [3.2, 3.4, 2.0]], np.float32)
+    structure_masks = np.where(rng.uniform(size=(4, 16, 16, 16)) < 0.2, 512, 0).astype(np.uint16)  # PTV70 voxels
+RESUNET = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance", arch="resunet", physics=True)
+Physics = fit_vectors(Physics, RESUNET.inputs)
+one_losses, one_weights, _ = run(one, 2, xla=False, spec=RESUNET, arrays=Physics)
+two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True, spec=RESUNET, arrays=Physics)
+worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
+print("RESUNET_PHYSICS", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
+      one_losses[0] != one_losses[1])
 keras.backend.clear_session()
 
 # 3. The command line with --xla on, on one device (this process's first): sys.argv[1:] its arguments.
@@ -397,6 +410,14 @@ def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_on
     assert "INSTANCE_NORM True True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
     assert "BATCH_NORM_COMPILED False" in probe.stdout
     assert "XLA off for the training step: batch norm synchronised over 2 replicas" in probe.stderr
+
+
+@pytest.mark.slow
+def test_the_residual_unet_with_physics_compiles_whole_and_two_replicas_equal_one_device(two_device_probe):
+    """--arch resunet --physics: the replica step compiled with XLA and recomputed on two replicas
+    against one device without either, at 16³ (the tolerances of the instance-norm case above)."""
+    probe, _ = two_device_probe
+    assert "RESUNET_PHYSICS True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
 
 
 @pytest.mark.slow

@@ -374,3 +374,23 @@ def test_change_recipe_on_a_new_run_is_said_not_ignored(config, caplog):
     with caplog.at_level(logging.WARNING):
         _settings(config, RunFolder(config.run_dir), given=None, change_recipe=True)
     assert f"--change-recipe changes nothing: model 'tiny' in {config.run_dir} is new" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_residual_unet_with_the_physics_channel_resumes_as_if_uninterrupted(config):
+    """--arch resunet --physics (2 filters: the step's own size is not what is tested): killed after
+    the epoch-1 checkpoint, the same command resumes to the weights an uninterrupted run reaches."""
+    recipe = dataclasses.replace(config, filters=2, epochs=2, arch="resunet", physics=True,
+                                 dropout=0.0, augment="flip,rotate")
+    train(recipe)
+    uninterrupted = model_weights(RunFolder(recipe.run_dir).load_newest()[1])
+    saved = TrainConfig.from_json((RunFolder(recipe.run_dir).models / "config.json").read_text())
+    assert (saved.arch, saved.physics, saved.spec.input_names[-1]) == ("resunet", True, "voxel_dimensions")
+    (RunFolder(recipe.run_dir).models / "epoch_2.keras").unlink()
+    keras.backend.clear_session()
+    bare = dataclasses.replace(recipe, arch=TrainConfig().arch, physics=False)  # the bare command: the saved network
+    assert train(bare, given=set()).first_epoch == 1
+    _, resumed = RunFolder(recipe.run_dir).load_newest()
+    assert resumed.name == "resunet" and resumed.get_layer("compact_inputs").physics
+    for x, y in zip(uninterrupted, model_weights(resumed)):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # one process, deterministic ops: in practice exact
