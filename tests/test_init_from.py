@@ -106,6 +106,17 @@ def test_a_model_that_takes_nothing_is_refused_in_one_line():
     assert "4 filters at 16³" in message and "8 filters at 16³" in message
 
 
+def test_a_generator_parent_gives_a_residual_unet_nothing_and_is_refused_naming_both_bodies():
+    """The residual U-Net's layers have names of their own (networks/resunet.py): no generator weight
+    lands in it by a shared name."""
+    _, parent = _parent(SPEC)
+    residual = dataclasses.replace(SPEC, arch="resunet", dropout=0.0)
+    with pytest.raises(InitFromError) as refused:
+        take_weights(_model(residual, seed=2), residual, parent)
+    message = str(refused.value)
+    assert "\n" not in message and "generator, 4 filters" in message and "resunet, 4 filters" in message
+
+
 # -- the parent's folder ------------------------------------------------------------------------
 def test_a_folder_without_a_model_or_the_checkpoint_asked_for_is_refused_in_one_line(tiny_model, tmp_path):
     (tmp_path / "cv" / "fold-1").mkdir(parents=True)
