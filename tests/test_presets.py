@@ -11,14 +11,14 @@ from provided_code.errors import UserError
 from provided_code.presets import FINETUNE_FIELDS, PRESET_FIELDS, PRESETS, apply_preset
 
 # What the default recipe trained before --preset existed (the README's comparison chose it).
-V1 = {"loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+V1 = {"arch": "generator", "dropout": 0.2, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
       "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
       "dvh_weight": 0.0}
 
 
 def test_v1_resolves_to_the_old_defaults_default_to_todays_and_starter_to_the_2020_recipe():
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
-    assert all(set(PRESETS[name]) == set(PRESET_FIELDS) <= fields for name in ("starter", "v1", "default"))
+    assert all(set(PRESETS[name]) == set(PRESET_FIELDS) <= fields for name in ("starter", "v1", "v2", "default"))
     defaults = field_defaults()
     v1 = TrainConfig(**apply_preset("v1", defaults, given=set()))
     assert {field: getattr(v1, field) for field in PRESET_FIELDS} == V1 == PRESETS["v1"]
@@ -94,3 +94,13 @@ def test_finetune_sets_the_recipe_and_leaves_the_network_to_the_parent(phantom_d
     assert config.learning_rate == 3e-5  # the flag over the preset
     assert {name: getattr(config, name) for name in FINETUNE_FIELDS if name != "learning_rate"} == {
         name: value for name, value in PRESETS["finetune"].items() if name != "learning_rate"}
+
+
+def test_v2_is_the_generators_default_of_the_longer_comparison_byte_for_byte():
+    """--preset v2 resolves to the defaults before --arch existed (the generator, instance norm, the
+    prescription and beams' channels, cosine): the same config.json, whatever the defaults become."""
+    v2 = TrainConfig(**apply_preset("v2", field_defaults(), given=set()))
+    before = TrainConfig(arch="generator", dropout=0.2, physics=False, loss="masked-mae", augment="flip",
+                         lr_schedule="cosine", norm="instance", prescription_channel=True, learning_rate=2e-4)
+    assert v2.to_json() == before.to_json()
+    assert (v2.arch, v2.beams, v2.beam_channels) == ("generator", 9, "count")
