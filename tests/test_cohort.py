@@ -720,6 +720,25 @@ def test_patients_refused_under_one_id_then_exported_with_ids_of_their_own_are_i
     assert report.counts == {"imported": 2, "unchanged": 0, "skipped": 0, "failed": 0}
 
 
+@pytest.mark.parametrize("other", ["O", ""])
+def test_a_patient_whose_objects_say_m_and_another_sex_or_none_is_one_patient(tmp_path, other):
+    """Only a definite M against a definite F tells two patients apart: an O, or no PatientSex, on
+    one of a patient's objects does not."""
+    volumes, masks = volumes_of(55)
+    keep = slice(40, 100)
+    folder = tmp_path / "staging" / "patient-55"
+    written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                            volumes["voxel_dimensions"], factor=1, patient_id="MRN55", study_tags={"PatientSex": "M"},
+                            seed=55)
+    plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED)
+    write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+    header = pydicom.dcmread(folder / "RP.dcm")
+    header.PatientSex = other
+    header.save_as(folder / "RP.dcm")
+    report = import_cohort(tmp_path / "staging", tmp_path / "data", site=OPENKBP)
+    assert report.counts == {"imported": 1, "unchanged": 0, "skipped": 0, "failed": 0}, report.lines
+
+
 def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned_about(tmp_path, caplog):
     write_anonymised(tmp_path / "staging", ("O", "O"))  # nothing tells the two apart but their CTs
     out = tmp_path / "data"
