@@ -625,6 +625,23 @@ def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unles
                 series[patient_id]
 
 
+@pytest.mark.parametrize("reassign", [False, True])
+def test_an_identity_map_giving_one_pseudonym_twice_is_refused_before_anything_is_written(phantom_archive, tmp_path,
+                                                                                          reassign):
+    """Two patients would be written into one folder (--reassign-pseudonyms or not)."""
+    archive, _ = phantom_archive
+    identity_path = tmp_path / "private" / "identity-map.csv"
+    identity_path.parent.mkdir()
+    identity_path.write_text("pseudonym,patient_id\npt_1,PAT-A\npt_2,PAT-B\npt_3,PAT-C\npt_2,PAT-D\n")
+    before = identity_path.read_bytes()
+    with pytest.raises(cohort.CohortError, match=rf"^{re.escape(str(identity_path))}, lines 3 and 5: pseudonym pt_2 "
+                                                 r"given to two patients \(one pseudonym is one patient's folder: "
+                                                 r"give each patient a pseudonym of its own\)$"):
+        import_cohort(archive, tmp_path / "data", identity_map=identity_path, validation=0.5, seed=1, site=OPENKBP,
+                      reassign_pseudonyms=reassign)
+    assert not (tmp_path / "data").exists() and identity_path.read_bytes() == before
+
+
 def test_a_mistyped_patient_id_is_refused_even_when_reassignment_is_meant(phantom_archive, imported, tmp_path):
     """Its patient would get a new pseudonym, and the old one's import stay: the patient twice."""
     archive, _ = phantom_archive
