@@ -344,7 +344,8 @@ def _check_excluded(config: TrainConfig, excluded: set[str], full: SplitArrays, 
     """Every patient of the training split (:func:`provided_code.exclusions.split_patients`: those
     read into ``full`` and the patients of ``--exclude``, ``excluded``, whose files could not be read,
     in its ``skipped``); each excluded patient must be one of them (a name that is not is a typo:
-    refused, naming it), and each is said in the log with its reason."""
+    refused, naming it), and each is said in the log with its reason (the problem with the files not
+    read, :func:`~provided_code.data.cache.load_split` says)."""
     patients = split_patients(full.patient_ids, full.skipped, excluded)
     unknown = sorted(excluded - set(patients))
     if unknown:
@@ -353,9 +354,8 @@ def _check_excluded(config: TrainConfig, excluded: set[str], full: SplitArrays, 
     if len(excluded) >= len(patients):
         raise ConfigError(f"Invalid `exclude`. Expected some of the {len(patients)} training patients of "
                           f"{train_dir} left to train on. Received: all of them excluded")
-    for entry in config.excluded:
-        unread = f"; its files not read: {full.skipped[entry['patient']]}" if entry["patient"] in full.skipped else ""
-        logger.info("Excluded from training: %s (%s)%s", entry["patient"], entry["reason"], unread)
+    for entry in config.excluded:  # those whose files were not read load_split has said, with why
+        logger.info("Excluded from training: %s (%s)", entry["patient"], entry["reason"])
     return patients
 
 
