@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from provided_code.errors import UserError
@@ -50,3 +51,11 @@ def read_exclusions(path: os.PathLike | str) -> tuple[dict, ...]:
 
 def excluded_patients(excluded) -> set[str]:
     return {entry["patient"] for entry in excluded}
+
+
+def split_patients(read: Sequence[str], skipped: Mapping[str, str], excluded: Collection[str]) -> list[str]:
+    """Every patient of a training split, as its folds deal them: those read (``read``, in their
+    order), then those of ``--exclude`` (``excluded``) whose files could not be read (``skipped``:
+    the loaded split's patient -> why), sorted. Such a patient is left out of training and scoring
+    but was dealt all the same; a patient skipped and not excluded is not one of them."""
+    return [*read, *sorted(set(excluded) & set(skipped))]

@@ -1,5 +1,6 @@
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -235,6 +236,16 @@ def test_a_patient_left_out_anyway_does_not_stop_the_read_and_a_cache_without_it
     assert list(arrays.skipped) == ["pt_2"] and "outside the possible-dose mask" in arrays.skipped["pt_2"]
     with pytest.raises(PatientDataError, match=r"^Patient pt_2: .*dose\.csv: the dose is non-zero in"):
         load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())  # the cache lacks pt_2: rebuilt
+
+
+def test_a_patient_left_out_anyway_whose_files_cannot_be_read_is_said_once_at_info(phantom_split, tmp_path, caplog):
+    shutil.copy(phantom_split / "pt_1" / "dose.csv", phantom_split / "pt_2" / "dose.csv")  # another patient's plan
+    with caplog.at_level(logging.INFO, logger="provided_code"):
+        load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp(), leave_out={"pt_2"})
+    said = [r for r in caplog.records if "pt_2" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO"]
+    assert re.search(r"left out by --exclude, their files not read: pt_2 \(dose\.csv: the dose is non-zero in",
+                     said[0].getMessage())
 
 
 def test_cache_dir_inside_the_data_is_refused_in_one_line_leaving_nothing(phantom_split):

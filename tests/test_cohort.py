@@ -625,6 +625,23 @@ def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unles
                 series[patient_id]
 
 
+@pytest.mark.parametrize("reassign", [False, True])
+def test_an_identity_map_giving_one_pseudonym_twice_is_refused_before_anything_is_written(phantom_archive, tmp_path,
+                                                                                          reassign):
+    """Two patients would be written into one folder (--reassign-pseudonyms or not)."""
+    archive, _ = phantom_archive
+    identity_path = tmp_path / "private" / "identity-map.csv"
+    identity_path.parent.mkdir()
+    identity_path.write_text("pseudonym,patient_id\npt_1,PAT-A\npt_2,PAT-B\npt_3,PAT-C\npt_2,PAT-D\n")
+    before = identity_path.read_bytes()
+    with pytest.raises(cohort.CohortError, match=rf"^{re.escape(str(identity_path))}, lines 3 and 5: pseudonym pt_2 "
+                                                 r"given to two patients \(one pseudonym is one patient's folder: "
+                                                 r"give each patient a pseudonym of its own\)$"):
+        import_cohort(archive, tmp_path / "data", identity_map=identity_path, validation=0.5, seed=1, site=OPENKBP,
+                      reassign_pseudonyms=reassign)
+    assert not (tmp_path / "data").exists() and identity_path.read_bytes() == before
+
+
 def test_a_mistyped_patient_id_is_refused_even_when_reassignment_is_meant(phantom_archive, imported, tmp_path):
     """Its patient would get a new pseudonym, and the old one's import stay: the patient twice."""
     archive, _ = phantom_archive
@@ -718,6 +735,25 @@ def test_patients_refused_under_one_id_then_exported_with_ids_of_their_own_are_i
         dataset.save_as(path)
     report = import_cohort(staging, out, site=OPENKBP, identity_map=ids)
     assert report.counts == {"imported": 2, "unchanged": 0, "skipped": 0, "failed": 0}
+
+
+@pytest.mark.parametrize("other", ["O", ""])
+def test_a_patient_whose_objects_say_m_and_another_sex_or_none_is_one_patient(tmp_path, other):
+    """Only a definite M against a definite F tells two patients apart: an O, or no PatientSex, on
+    one of a patient's objects does not."""
+    volumes, masks = volumes_of(55)
+    keep = slice(40, 100)
+    folder = tmp_path / "staging" / "patient-55"
+    written = write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                            volumes["voxel_dimensions"], factor=1, patient_id="MRN55", study_tags={"PatientSex": "M"},
+                            seed=55)
+    plan = write_plan(folder / "RP.dcm", written, OPENKBP_BEAMS, PRESCRIBED)
+    write_dose(folder / "RD.dcm", volumes["dose"][:, :, keep], written, plan)
+    header = pydicom.dcmread(folder / "RP.dcm")
+    header.PatientSex = other
+    header.save_as(folder / "RP.dcm")
+    report = import_cohort(tmp_path / "staging", tmp_path / "data", site=OPENKBP)
+    assert report.counts == {"imported": 1, "unchanged": 0, "skipped": 0, "failed": 0}, report.lines
 
 
 def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned_about(tmp_path, caplog):

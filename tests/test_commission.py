@@ -149,10 +149,13 @@ def test_an_excluded_patient_whose_files_cannot_be_read_does_not_stop_the_commis
         saved["excluded"] = [{"patient": patient, "reason": "another patient's plan"}]
         config.write_text(json.dumps(saved))
     report = commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+    others = sorted(set(read_dealing(model).patients) - {patient})
     written = json.loads((model / "commissioning" / "report.json").read_text())
     assert written["cohort"]["excluded"] == [{"patient": patient, "reason": "another patient's plan"}]
-    assert patient not in written["cohort"]["patients"] and len(written["cohort"]["patients"]) == 3
-    assert report is not None
+    assert sorted(written["cohort"]["patients"]) == others and report.report["cohort"] == written["cohort"]
+    assert sorted(pd.read_csv(model / "commissioning" / "plans.csv").patient.unique()) == others  # scored
+    card = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert f"- Excluded from training (and why):\n  - {patient}: another patient's plan\n" in card
 
 
 def test_a_fold_still_training_or_another_commissioning_is_named_and_nothing_is_written(commissioned, tmp_path,

@@ -495,12 +495,12 @@ def test_short_contours_are_left_out_and_unmapped_rois_are_not_parsed(small_clin
     item.ContourSequence = pydicom.Sequence([_contour([x, y, z]), _contour([x, y, z, x])])  # one point; malformed
     rs.ROIContourSequence.append(item)
     rs.save_as(clinic / "RS.dcm")
+    # Couch's malformed contour (4 coordinates) stops the import were Couch parsed: its going through is the check
     report = import_patient(clinic / "ct", clinic / "RS.dcm", tmp_path / "pt_1", site=OPENKBP)
     imported = read_patient(report.folder, require_dose=False, site=OPENKBP)
     assert np.array_equal(imported.structure_masks, expected.structure_masks)
     assert "unused ROIs: 'Couch'" in report.lines
     assert "PTV70 ('PTV_7000'): left out 2 contour(s) of fewer than three points" in report.warnings
-    assert not [line for line in report.lines if "Couch" in line and "unused" not in line]
 
 
 def test_a_structure_contoured_on_every_third_slice_is_filled_between_and_warned_about(small_clinic, tmp_path):

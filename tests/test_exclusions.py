@@ -2,7 +2,7 @@
 
 import pytest
 
-from provided_code.exclusions import ExclusionError, read_exclusions
+from provided_code.exclusions import ExclusionError, read_exclusions, split_patients
 
 
 def test_an_exclusion_list_is_read_in_its_order_with_a_byte_order_mark(tmp_path):
@@ -24,3 +24,8 @@ def test_a_malformed_list_is_refused_naming_the_file_and_line(tmp_path, text, pr
     path.write_text(text)
     with pytest.raises(ExclusionError, match=f"^{path}: {problem}"):
         read_exclusions(path)
+
+
+def test_the_split_holds_the_excluded_whose_files_were_not_read_and_not_others_skipped():
+    skipped = {"pt_9": "dose.csv: 3 voxels outside the mask", "pt_4": "ct.csv: missing"}
+    assert split_patients(["pt_1", "pt_2"], skipped, {"pt_9", "pt_2"}) == ["pt_1", "pt_2", "pt_9"]

@@ -186,10 +186,15 @@ def load_split(
         skipped.update({pid: "dose.csv is missing" for pid in missing})
         arrays = arrays.select(np.flatnonzero(arrays.has_dose))
         arrays.skipped = skipped
-    if arrays.skipped:
+    left_out = {pid: why for pid, why in arrays.skipped.items() if pid in leave_out}
+    incomplete = {pid: why for pid, why in arrays.skipped.items() if pid not in leave_out}
+    if left_out:  # the caller's own: said once, not as a problem
+        logger.info("%d patient(s) of %s left out by --exclude, their files not read: %s", len(left_out), split_dir,
+                    "; ".join(f"{pid} ({why})" for pid, why in left_out.items()))
+    if incomplete:
         logger.warning(
-            "Skipped %d incomplete patient(s) of %s: %s", len(arrays.skipped), split_dir,
-            "; ".join(f"{pid} ({why})" for pid, why in arrays.skipped.items()),
+            "Skipped %d incomplete patient(s) of %s: %s", len(incomplete), split_dir,
+            "; ".join(f"{pid} ({why})" for pid, why in incomplete.items()),
         )
     if len(arrays) == 0:
         raise PatientDataError("(all)", split_dir, "no complete patient is left after skipping")

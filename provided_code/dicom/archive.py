@@ -398,14 +398,19 @@ def _apart_from(chosen: Candidate, candidates: list[Candidate]) -> list[str]:
     return warnings
 
 
+_DEFINITE_SEXES = frozenset({"M", "F"})  # PatientSex values that tell two patients apart
+
+
 def _shared_id(patient_id: str, objects: list[DicomObject]) -> str:
     """Why the objects under one PatientID cannot be taken as one patient's: no PatientID, or
-    several patient names, birth dates or sexes under it (two patients exported as ``ANON``); ''
-    when they can."""
+    several patient names or birth dates under it, or an M and an F (two patients exported as
+    ``ANON``); '' when they can. Only a definite M against a definite F tells patients apart by sex:
+    an O, another value or none is what one patient's objects may well say beside an M or F."""
     if not patient_id:
         return "no PatientID: objects without one cannot be told apart as patients; export them with their IDs"
-    values = {what: {o.person[k] for o in objects if o.person[k]}
-              for k, what in enumerate(("names", "birth dates", "sexes"))}
+    values = {"names": {o.person[0] for o in objects if o.person[0]},
+              "birth dates": {o.person[1] for o in objects if o.person[1]},
+              "sexes": {o.person[2] for o in objects if o.person[2] in _DEFINITE_SEXES}}
     differ = [what for what, found in values.items() if len(found) > 1]
     if differ:
         listed = " and ".join([", ".join(differ[:-1]), differ[-1]] if len(differ) > 1 else differ)

@@ -71,6 +71,7 @@ class IdentityMap:
         rows = read_csv(path)
         if rows and set(rows[0]) not in (set(self.FIELDS), set(self.FIELDS[:2])):
             raise CohortError(f"{path}: not an identity map (header {','.join(self.FIELDS)})")
+        _refuse_pseudonyms_given_twice(path, rows)
         self.pseudonyms = {row["patient_id"]: row["pseudonym"] for row in rows}
         self.lines = {row["patient_id"]: line for line, row in enumerate(rows, start=2)}  # the file's, header 1
         self.cohort = next((row["cohort"] for row in rows if row.get("cohort")), "")
@@ -123,6 +124,23 @@ class IdentityMap:
                                   f"{where}. Received: identity_map={str(self.path)!r}, without {', '.join(unknown[:3])}"
                                   + (" ..." if len(unknown) > 3 else ""))
             self.cohort = cohort
+
+
+def _refuse_pseudonyms_given_twice(path: Path, rows: list[dict[str, str]]) -> None:
+    """A :class:`CohortError` naming the map's lines (not the PatientIDs) of each pseudonym ``rows``
+    (the map at ``path``, header line 1) give to more than one patient: imported, they would be
+    written into one folder (a hand edit; --reassign-pseudonyms does not allow it either)."""
+    lines: dict[str, list[int]] = {}
+    for line, row in enumerate(rows, start=2):
+        if row.get("pseudonym"):
+            lines.setdefault(row["pseudonym"], []).append(line)
+    twice = [(pseudonym, found) for pseudonym, found in lines.items() if len(found) > 1]
+    if twice:
+        counts = {2: "two", 3: "three"}
+        raise CohortError(f"{path}, " + "; ".join(
+            f"lines {', '.join(map(str, found[:-1]))} and {found[-1]}: pseudonym {pseudonym} given to "
+            f"{counts.get(len(found), len(found))} patients" for pseudonym, found in twice)
+            + " (one pseudonym is one patient's folder: give each patient a pseudonym of its own)")
 
 
 def moved_pseudonyms(identity: IdentityMap, earlier: dict[str, str], owners: dict[str, str]) -> dict[str, str]:

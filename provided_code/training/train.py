@@ -22,7 +22,7 @@ from provided_code.data.csv_io import PatientDataError, discover_patients
 from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.data_folder import require_split, split_dir
-from provided_code.exclusions import excluded_patients
+from provided_code.exclusions import excluded_patients, split_patients
 from provided_code.folds import SPLITS_FILE, dealing_for, fold_folders
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
@@ -317,9 +317,9 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
         way_out = (f"; to train without {error.patient_id}, list it with a reason in an exclusion file "
                    f"(patient,reason) and pass --exclude FILE (docs/commissioning.md)")
         raise PatientDataError(error.patient_id, error.path, error.problem + way_out) from None
-    unreadable = _check_excluded(config, full, train_dir)
+    patients = _check_excluded(config, excluded, full, train_dir)
     if config.folds:
-        return _fold_data(config, full, downsample(full, config.resolution), excluded, train_dir, unreadable)
+        return _fold_data(config, full, downsample(full, config.resolution), excluded, train_dir, patients)
     train_arrays = downsample(full, config.resolution)
     del full
     if excluded:
@@ -340,34 +340,33 @@ def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Va
     return train_arrays, validation
 
 
-def _check_excluded(config: TrainConfig, full: SplitArrays, train_dir: Path) -> list[str]:
-    """The patients of ``--exclude`` whose files could not be read (left out of ``full``, in its
-    ``skipped``); each excluded patient must be one of the training split (a name that is not is a
-    typo: refused, naming it), and each is said in the log with its reason."""
-    excluded = excluded_patients(config.excluded)
-    unreadable = sorted(excluded & set(full.skipped))
-    patients = set(full.patient_ids) | set(unreadable)
-    unknown = sorted(excluded - patients)
+def _check_excluded(config: TrainConfig, excluded: set[str], full: SplitArrays, train_dir: Path) -> list[str]:
+    """Every patient of the training split (:func:`provided_code.exclusions.split_patients`: those
+    read into ``full`` and the patients of ``--exclude``, ``excluded``, whose files could not be read,
+    in its ``skipped``); each excluded patient must be one of them (a name that is not is a typo:
+    refused, naming it), and each is said in the log with its reason (the problem with the files not
+    read, :func:`~provided_code.data.cache.load_split` says)."""
+    patients = split_patients(full.patient_ids, full.skipped, excluded)
+    unknown = sorted(excluded - set(patients))
     if unknown:
         raise ConfigError(f"Invalid `exclude`. Expected patients of {train_dir} ({config.excluded_by.get('file', '')}). "
                           f"Received: {', '.join(unknown)}, not among them")
     if len(excluded) >= len(patients):
         raise ConfigError(f"Invalid `exclude`. Expected some of the {len(patients)} training patients of "
                           f"{train_dir} left to train on. Received: all of them excluded")
-    for entry in config.excluded:
-        unread = f"; its files not read: {full.skipped[entry['patient']]}" if entry["patient"] in unreadable else ""
-        logger.info("Excluded from training: %s (%s)%s", entry["patient"], entry["reason"], unread)
-    return unreadable
+    for entry in config.excluded:  # those whose files were not read load_split has said, with why
+        logger.info("Excluded from training: %s (%s)", entry["patient"], entry["reason"])
+    return patients
 
 
 def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, excluded: set[str],
-               train_dir: Path, unreadable: list[str]) -> tuple[SplitArrays, Validation]:
+               train_dir: Path, patients: list[str]) -> tuple[SplitArrays, Validation]:
     """Fold ``config.fold``'s patients: the training split dealt into ``config.folds`` folds once
     (:func:`provided_code.folds.dealing_for`, checked against the model's ``splits.json``); this
     fold trains on the others' and is validated (its loss, scores and best checkpoint) on its own
     held-out ones; excluded patients are in neither, and are dealt all the same, those whose files
-    could not be read (``unreadable``) too."""
-    dealing = dealing_for(config.model_dir, [*full.patient_ids, *unreadable], config.folds, config.seed,
+    could not be read too (``patients``: the split's, :func:`_check_excluded`)."""
+    dealing = dealing_for(config.model_dir, patients, config.folds, config.seed,
                           source=str(train_dir))
     held_out = set(dealing.held_out_of(config.fold, excluded))
     validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out]

@@ -48,6 +48,7 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
+from provided_code.exclusions import split_patients
 from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, fold_folders,
                                  read_dealing)
 from provided_code.infra.atomic import new_folder_beside, replace_folder
@@ -166,8 +167,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     excluded = {entry["patient"]: entry["reason"] for fold in folds for entry in fold.config.excluded}
     arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
                         site=site, leave_out=set(excluded))  # an excluded patient's files may be why it was
-    unreadable = sorted(set(excluded) & set(arrays.skipped))
-    check_patients(dealing, [*arrays.patient_ids, *unreadable], model_dir / SPLITS_FILE,
+    check_patients(dealing, split_patients(arrays.patient_ids, arrays.skipped, excluded), model_dir / SPLITS_FILE,
                    str(split_dir(data_dir, "train")))
     fold_of = {pid: dealing.fold_of(pid) for pid in dealing.patients}
     rows = [row for row, pid in enumerate(arrays.patient_ids) if pid not in excluded]
