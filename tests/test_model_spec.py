@@ -281,11 +281,11 @@ def test_one_mirror_swap_serves_numpy_and_tensorflow(dtype):
     assert swap_mirror_bits(masks, (), np.where) is masks
 
 
-def test_the_residual_unet_with_the_physics_channel_trains_augmented_recomputed_alike_and_predicts():
+def test_the_residual_unet_with_the_physics_channel_trains_augmented_and_predicts_with_tta():
     """The residual body with the physics channel, from each patient's own beams (moved on the device
     with the patient) and voxel size: a model input declared once, in the element, the step's
-    augmentation, --recompute (the same loss: the channel is made again from the same inputs) and
-    prediction with --tta."""
+    augmentation and prediction with --tta. (--recompute with this network: test_strategy's
+    two-device probe, against one device without it.)"""
     spec = model_spec(arch="resunet", physics=True, resolution=SIZE, filters=2, dropout=0.0, beam_slots=9)
     specs = spec.inputs
     assert [s.name for s in specs] == ["ct", "structure_masks", "beam_angles", "voxel_dimensions"]
@@ -297,16 +297,14 @@ def test_the_residual_unet_with_the_physics_channel_trains_augmented_recomputed_
     element = {name: tf.constant(value) for name, value in take_element(
         fit_vectors(patients, specs), np.arange(2), np.full(2, 0.5, np.float32), specs, draws=draws).items()}
     np.testing.assert_array_equal(element["voxel_dimensions"], patients.voxel_dimensions)
-    losses = []
-    for recompute in (False, True):
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(5)
-        model = new_model(spec, 1e-3)
-        model.optimizer.build(model.trainable_variables)
-        step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, recompute=recompute,
-                         spec=spec, loss_fn=loss_function("mae", 0.0, spec))
-        losses.append(float(step.train(element)))
-    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)  # recomputed one sample at a time: float32 ulps
+    keras.utils.set_random_seed(5)
+    model = new_model(spec, 1e-3)
+    model.optimizer.build(model.trainable_variables)
+    before = model_weights(model)
+    step = TrainStep(model, tf.distribute.get_strategy(), batch_size=2, xla=False, spec=spec,
+                     loss_fn=loss_function("mae", 0.0, spec))
+    assert np.isfinite(float(step.train(element)))
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model_weights(model)))
     assert model.get_layer("compact_inputs").output.shape[-1] == 1 + len(OPENKBP.names) + 1 + 1 + 1  # + physics
     predicted = predict_arrays(lambda inputs: np.asarray(model(inputs, training=False)), patients, spec,
                                batch_size=2, tta=True)

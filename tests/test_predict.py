@@ -449,12 +449,13 @@ def test_an_ensemble_of_two_bodies_averages_their_predictions(run):
     residual = dataclasses.replace(run, model_name="r", arch="resunet", filters=2, dropout=0.0,
                                    epochs=1, score_every=1)
     train(residual)
-    singles = {}
-    for member in ("m", "r"):
-        report = predict(dataclasses.replace(run, model_name=member), stage="validation", epoch="best")
-        singles[member] = {path.name: read_sparse_csv(path, path.stem, True) for path in sorted(report.predictions_dir.glob("pt_*.csv"))}
+    singles = {"m": run.run_dir / "validation-predictions"}  # the fixture's, at its best epoch (2)
+    singles["r"] = predict(residual, stage="validation", epoch="best").predictions_dir
+    singles = {member: {path.name: read_sparse_csv(path, path.stem, True) for path in sorted(folder.glob("pt_*.csv"))}
+               for member, folder in singles.items()}
     ensemble = predict(dataclasses.replace(run, model_name="both"), stage="validation", ensemble=["m", "r"])
-    written = {path.name: read_sparse_csv(path, path.stem, True) for path in sorted(ensemble.predictions_dir.glob("pt_*.csv"))}
+    written = {path.name: read_sparse_csv(path, path.stem, True)
+               for path in sorted(ensemble.predictions_dir.glob("pt_*.csv"))}
     assert sorted(written) == sorted(singles["m"]) and written
     for name, (indices, values) in written.items():
         (m_indices, m_values), (r_indices, r_values) = singles["m"][name], singles["r"][name]
