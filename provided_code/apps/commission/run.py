@@ -48,9 +48,11 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
-from provided_code.exclusions import split_patients
-from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, fold_folders,
-                                 read_dealing)
+from provided_code.exclusions import excluded_patients, split_patients
+from provided_code.constants import DOSE_FILE
+from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, Dealing, check_patients, fold_dir,
+                                 fold_folders, natural_key, read_dealing)
+from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
@@ -81,6 +83,11 @@ class Fold:
     config: TrainConfig
     epoch: int  # the epoch of its out-of-fold predictions (its final checkpoint made them)
     scores: dict  # its held-out scores.json, written with them
+
+    @property
+    def made_with(self) -> dict:
+        """What made its out-of-fold predictions (:func:`provided_code.folds.held_out_record`)."""
+        return self.scores[MADE_WITH]
 
 
 @dataclasses.dataclass
@@ -128,6 +135,10 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
             problems.append(f"fold {number} has no out-of-fold predictions of its epoch {expected} "
                             f"({folder.predictions(HELD_OUT_STAGE)})")
             continue
+        if not isinstance(scores.get(MADE_WITH), dict):
+            problems.append(f"fold {number}'s out-of-fold predictions do not record the checkpoint that made them "
+                            f"(written by an earlier version; {path})")
+            continue
         folds.append(Fold(number, folder, config, expected, scores))
     if problems:
         raise CommissioningError(f"Cannot commission {model_dir.name} yet: {'; '.join(problems)}. Run the same "
@@ -136,7 +147,100 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
     sites = {fold.config.site.name for fold in folds}
     if len(sites) > 1 or not all(fold.config.site.same_as(folds[0].config.site) for fold in folds):
         raise CommissioningError(f"The folds of {model_dir.name} are of different sites ({', '.join(sorted(sites))})")
+    _check_exclusions(model_dir, folds)
     return dealing, folds
+
+
+def _check_exclusions(model_dir: Path, folds: list[Fold]) -> None:
+    """Every fold left out the same patients (``--exclude``), or a :class:`CommissioningError`
+    naming the folds that differ: a patient one fold excluded and another trained on is neither
+    excluded from the model nor assessed as one of its training patients."""
+    lists = {fold.number: sorted(excluded_patients(fold.config.excluded), key=natural_key) for fold in folds}
+    first = folds[0].number
+    differing = [number for number, patients in lists.items() if patients != lists[first]]
+    if differing:
+        said = "; ".join(f"fold {number}: {', '.join(patients) or 'none'}" for number, patients in lists.items())
+        raise CommissioningError(f"The folds of {model_dir.name} left out different patients with --exclude ({said}): "
+                                 f"a patient one fold excluded was trained on by another. Train the folds that differ "
+                                 f"({', '.join(f'--fold {n}' for n in differing)}) again with the same --exclude file "
+                                 f"as a new model, then commission it.")
+
+
+def certify(folds: list[Fold]) -> list[dict]:
+    """Each fold's identity (:func:`provided_code.trust.fold_identity`: its fold, epoch and the
+    SHA-256 of its checkpoint), certified to be the checkpoint that made its out-of-fold
+    predictions, and a model of its own; a :class:`CommissioningError` naming the first fold whose
+    checkpoint is byte-identical to another fold's, differs from the one recorded with its
+    predictions, or does not load."""
+    identities, seen = [], {}
+    for fold in folds:
+        identity = fold_identity(fold.folder, fold.epoch)  # each checkpoint hashed once
+        checkpoint = fold.folder.checkpoint(fold.epoch)
+        twin = seen.setdefault(identity["sha256"], fold.number)
+        if twin != fold.number:
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} is byte-identical "
+                                     f"to fold {twin}'s (SHA-256 {identity['sha256'][:12]}…): each fold is a model of "
+                                     f"its own; train fold {fold.number} again (--fold {fold.number}) or restore its "
+                                     f"checkpoint.")
+        recorded = fold.made_with["checkpoint"]
+        if (recorded.get("epoch"), recorded.get("sha256")) != (fold.epoch, identity["sha256"]):
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} is not the one "
+                                     f"that made its out-of-fold predictions (SHA-256 {identity['sha256'][:12]}…, "
+                                     f"recorded {str(recorded.get('sha256'))[:12]}… at epoch {recorded.get('epoch')}): "
+                                     f"restore it, or run fold {fold.number}'s command again to predict its held-out "
+                                     f"patients with it.")
+        identities.append(identity)
+    for fold in folds:  # the deployed model's members load, as a prediction will load them
+        _check_loads(fold)
+    return identities
+
+
+def _check_loads(fold: Fold) -> None:
+    import keras
+
+    checkpoint = fold.folder.checkpoint(fold.epoch)
+    try:
+        trained = fold.folder.load_trained_model(fold.epoch)
+        del trained
+    except Exception as error:  # whatever Keras, h5py or zipfile raise for a damaged file
+        raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} does not load "
+                                 f"({type(error).__name__}: {' '.join(str(error).split())[:300]}): restore it, or train fold "
+                                 f"{fold.number} again.") from None
+    finally:
+        keras.backend.clear_session()
+
+
+def _check_predictions_and_plans(model_dir: Path, folds: list[Fold], fold_of: dict, patients: list[str],
+                                 split: Path) -> None:
+    """Each out-of-fold prediction file is the one its fold wrote, and each plan (``dose.csv``) the
+    one it was predicted against (:func:`provided_code.folds.held_out_record`); a
+    :class:`CommissioningError` naming the fold and file, or the patients whose plans changed."""
+    changed_plans = []
+    for pid in patients:
+        fold = folds[fold_of[pid] - 1]
+        made_with = fold.made_with
+        path = fold.folder.predictions(HELD_OUT_STAGE) / f"{pid}.csv"
+        recorded = made_with.get("predictions", {}).get(pid)
+        found = file_checksum(path) if path.is_file() else None
+        if found is None or found != recorded:
+            what = ("is missing" if found is None else "was not recorded with its predictions" if recorded is None
+                    else f"changed since the fold wrote it (SHA-256 {found[:12]}…, recorded {recorded[:12]}…)")
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s out-of-fold prediction {path} {what}: run "
+                                     f"fold {fold.number}'s command again to predict its held-out patients anew.")
+        plan = split / pid / DOSE_FILE
+        if made_with.get("plans", {}).get(pid) != (file_checksum(plan) if plan.is_file() else None):
+            changed_plans.append(pid)
+    if changed_plans:
+        raise CommissioningError(f"Cannot commission {model_dir.name}: the plans of {_listed(changed_plans)} in {split} "
+                                 f"changed since the folds predicted them (their {DOSE_FILE}'s SHA-256 differs from the "
+                                 f"one recorded with the out-of-fold predictions): commission with the data folder the "
+                                 f"folds were trained on (--data-dir), or train the folds again on this one as a new "
+                                 f"model.")
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
@@ -174,6 +278,9 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     if len(rows) < MIN_PATIENTS:
         raise CommissioningError(f"Cannot commission {model_dir.name}: {len(rows)} training patients once the excluded "
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
+    _check_predictions_and_plans(model_dir, folds, fold_of, [arrays.patient_ids[row] for row in rows],
+                                 split_dir(data_dir, "train"))
+    identities = certify(folds)
     predictions = SparseDoses()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
         pid = arrays.patient_ids[row]
@@ -193,7 +300,6 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
                   "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
-    identities = [fold_identity(fold.folder, fold.epoch) for fold in folds]  # each checkpoint hashed once
     bands = bands_record(residuals, site_name=site.name, folds=identities)
     calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
 
