@@ -298,7 +298,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
-                  "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
+                  "flagged_by": _flagged_by(entry, float(cohort["threshold"])), "reasons": list(entry["reasons"])}
+                 for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
     bands = bands_record(residuals, site_name=site.name, folds=identities)
     calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
@@ -348,6 +349,18 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         raise
     logger.info("Wrote %s", folder)
     return CommissioningReport(folder, report)
+
+
+def _flagged_by(entry, threshold: float) -> str:
+    """Which rule flagged a geometric outlier, in words: its local outlier factor above the cohort's
+    threshold, or the feature far outside the other training patients' range (naming it)."""
+    said = []
+    if entry["score"] > threshold:
+        said.append(f"its local outlier factor {entry['score']:.2f}, above the cohort's threshold {threshold:.2f}")
+    if entry["outside_scales"] >= anatomy.FAR_SCALES:
+        said.append(f"its feature {entry['outside_feature']}, {entry['outside_scales']:.1f} robust scales beyond the "
+                    f"other training patients' range")
+    return " and ".join(said)
 
 
 def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
