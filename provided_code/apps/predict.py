@@ -348,7 +348,7 @@ def _trust_lines(summary: dict, trust: Trust, predictions_dir: Path) -> list[str
     """What the predictions said about themselves, for the summary (or why they said nothing)."""
     lines = trust.missing_lines()
     band = summary.get("band")
-    if band is not None:
+    if band is not None and trust.gives_bands:  # else its missing line said why there is none
         held = (f": the plans' values held {100 * band['observed']:.1f} % of the time ({band['values']} values), "
                 f"median width {band['median_width']:.2f} Gy" if band["observed"] is not None else "")
         lines.append(f"Bands of {100 * band['coverage']:g} % nominal coverage{held}; per patient in "
