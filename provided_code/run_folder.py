@@ -115,10 +115,11 @@ class RunFolder:
         return (f"{self.name}_{stage}_ensemble.zip" if epoch == "ensemble" else
                 f"{self.name}_{stage}_epoch_{epoch}.zip")
 
-    def lock(self, what: str, shared: bool = False) -> RunLock:
+    def lock(self, what: str, shared: bool = False, advice: str | None = None) -> RunLock:
         """The folder's lock (see :class:`~provided_code.infra.run_lock.RunLock`): ``what`` the holder
-        does, for a refusal's message; ``shared`` for a process that only reads the folder."""
-        return RunLock(self.lock_file, what, shared=shared)
+        does, for a refusal's message; ``shared`` for a process that only reads the folder;
+        ``advice``: what a refused process should do (default: the lock's, for a training run)."""
+        return RunLock(self.lock_file, what, shared=shared, advice=advice)
 
     # -- the settings ----------------------------------------------------------------------------
     def read_config(self) -> TrainConfig | None:

@@ -380,3 +380,58 @@ def test_predictions_that_do_not_record_their_checkpoint_are_named_with_the_comm
                                                  r"that made them .* Run the same command with --fold K"):
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
+
+# -- its messages ----------------------------------------------------------------------------------------------
+
+def test_a_missing_model_folder_is_said_so_not_as_a_missing_splits_json(tmp_path):
+    with pytest.raises(CommissioningError, match=rf"^Invalid `model_dir`. Expected a cross-validated model's folder "
+                                                 rf"\(results/<model>\). Received: {tmp_path / 'hn'}, which does not "
+                                                 rf"exist$"):
+        commission(tmp_path / "hn")
+
+
+def test_another_commissioning_running_is_waited_for_not_a_new_model_name(commissioned, tmp_path, phantom_data,
+                                                                         phantom_cache):
+    from provided_code.errors import RunLockedError
+
+    model = _copy(commissioned, tmp_path)
+    with RunFolder(model).lock("commissioning"):
+        with pytest.raises(RunLockedError) as refused:
+            commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert str(refused.value).endswith("; wait for it to end, then commission again")
+    assert "--model-name" not in str(refused.value)
+
+
+def test_a_full_disk_names_the_file_being_written_and_leaves_the_previous_commissioning(commissioned, tmp_path,
+                                                                                       phantom_data, phantom_cache,
+                                                                                       monkeypatch):
+    import errno
+
+    model = _copy(commissioned, tmp_path)
+    before = (model / "commissioning" / "report.json").read_bytes()
+
+    def full(self, *args, **kwargs):  # as a write deep inside pandas fails: an OSError naming no file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    with pytest.raises(OSError) as failed:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(model / "commissioning" / "plans.csv")
+    assert (model / "commissioning" / "report.json").read_bytes() == before
+    assert sorted(p.name for p in model.iterdir() if p.name.startswith(".commissioning")) == []
+
+
+def test_a_fold_whose_held_out_patients_are_all_excluded_is_said_so_not_run_it(commissioned, tmp_path, phantom_data,
+                                                                              phantom_cache):
+    """Fold 2 could not be trained (its held-out patients all excluded by fold 1's list): running it
+    again would be refused again; the patients must be dealt again."""
+    model = _copy(commissioned, tmp_path)
+    held = read_dealing(model).held_out_of(2)
+    config = model / "fold-1" / "models" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "excluded": [{"patient": pid, "reason": "replanned"} for pid in held]}))
+    shutil.rmtree(model / "fold-2")
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: fold 2's held-out patients "
+                                                 rf"\({', '.join(held)}\) are all excluded") as refused:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert "not trained" not in str(refused.value)

@@ -372,8 +372,12 @@ def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, exclude
     validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out]
     training = [row for row, pid in enumerate(full.patient_ids) if pid not in held_out and pid not in excluded]
     if not validating or not training:
+        deal_again = (f" (its held-out patients, {', '.join(dealing.held_out_of(config.fold))}, are all excluded): "
+                      f"deal the patients again, as a new --model-name with another --seed or fewer --folds"
+                      if not validating else "")
         raise ConfigError(f"Fold {config.fold} of {config.folds} has {len(training)} patients to train on and "
-                          f"{len(validating)} held out once the excluded are left out: too few for a fold")
+                          f"{len(validating)} held out once the excluded are left out: too few for a fold"
+                          + deal_again)
     logger.info("Fold %d of %d (%s): training on %d patients of the other folds, validating on its %d held-out "
                 "patients (%s); %s is not used by a fold", config.fold, config.folds, config.model_dir / SPLITS_FILE,
                 len(training), len(validating), ", ".join(full.patient_ids[row] for row in validating),

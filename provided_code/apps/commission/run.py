@@ -53,7 +53,7 @@ from provided_code.constants import DOSE_FILE
 from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, Dealing, check_patients, fold_dir,
                                  fold_folders, natural_key, read_dealing)
 from provided_code.infra.checksum import file_checksum
-from provided_code.infra.atomic import new_folder_beside, replace_folder
+from provided_code.infra.atomic import naming_path, new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
@@ -113,15 +113,27 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
     predictions written by its best checkpoint (its newest without one); a
     :class:`CommissioningError` naming every fold that is missing or unfinished, and what to run."""
     model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        missing = "is not a folder" if model_dir.exists() else "does not exist"
+        raise CommissioningError(f"Invalid `model_dir`. Expected a cross-validated model's folder (results/<model>). "
+                                 f"Received: {model_dir}, which {missing}")
     dealing = read_dealing(model_dir)
     if dealing is None:
         raise CommissioningError(f"{model_dir} is not a cross-validated model (no splits.json): train its folds with "
                                  f"--folds N --fold K, K = 1..N")
     folds, problems = [], []
+    configs = {number: RunFolder(fold_dir(model_dir, number)).read_config() for number in range(1, dealing.folds + 1)}
+    excluded = set().union(*(excluded_patients(config.excluded) for config in configs.values() if config is not None))
     for number in range(1, dealing.folds + 1):
         folder = RunFolder(fold_dir(model_dir, number))
-        config = folder.read_config()
+        config = configs[number]
         newest = folder.checkpoints()
+        if config is None and not dealing.held_out_of(number, excluded):
+            held = ", ".join(dealing.held_out_of(number))
+            raise CommissioningError(f"Cannot commission {model_dir.name}: fold {number}'s held-out patients ({held}) "
+                                     f"are all excluded (--exclude), so the fold cannot be trained (it would have "
+                                     f"none to hold out). Deal the patients again: train the folds as a new "
+                                     f"--model-name with another --seed or fewer --folds.")
         if config is None or not newest:
             problems.append(f"fold {number} is not trained ({folder.path})")
             continue
@@ -255,7 +267,8 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
     model_dir = Path(model_dir)
     with contextlib.ExitStack() as locks:
         if (model_dir / SPLITS_FILE).is_file():  # else complete_folds says what the folder is not
-            locks.enter_context(RunFolder(model_dir).lock("commissioning"))
+            locks.enter_context(RunFolder(model_dir).lock("commissioning",
+                                                          advice="wait for it to end, then commission again"))
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
@@ -333,16 +346,19 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     folder = commissioning_folder(model_dir)
     new = new_folder_beside(folder)
     try:
-        residuals.to_csv(new / FILES["plans"], index=False, float_format="%.4f")
-        summary.to_csv(new / FILES["summary"], index=False, float_format="%.4f")
-        features.to_csv(new / FILES["anatomy"], index_label="patient", float_format="%.6g")
         report = jsonable(report)
-        (new / FILES["cohort"]).write_text(_json(cohort))
-        (new / FILES["bands"]).write_text(_json(bands))
-        (new / FILES["report_json"]).write_text(_json(report))
-        (new / FILES["report_html"]).write_text(render_report(report))
-        (new / FILES["card"]).write_text(card_text)
-        (new / FILES["card_json"]).write_text(_json(card))
+        writers = {"plans": lambda path: residuals.to_csv(path, index=False, float_format="%.4f"),
+                   "summary": lambda path: summary.to_csv(path, index=False, float_format="%.4f"),
+                   "anatomy": lambda path: features.to_csv(path, index_label="patient", float_format="%.6g"),
+                   "cohort": lambda path: path.write_text(_json(cohort)),
+                   "bands": lambda path: path.write_text(_json(bands)),
+                   "report_json": lambda path: path.write_text(_json(report)),
+                   "report_html": lambda path: path.write_text(render_report(report)),
+                   "card": lambda path: path.write_text(card_text),
+                   "card_json": lambda path: path.write_text(_json(card))}
+        for key, write in writers.items():
+            with naming_path(folder / FILES[key], also=new / FILES[key]):  # a full disk's error names the file
+                write(new / FILES[key])
         replace_folder(new, folder)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
