@@ -174,6 +174,10 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         if no_xla:
             options["xla"] = "off"
         exclude_file = options.pop("exclude_file")
+        if exclude_file is not None and predict_only:
+            raise click.BadParameter("Expected --exclude only when training (the patients left out of training). "
+                                     "Received: --exclude with --predict-only, which predicts every patient of the "
+                                     "stage", param_hint="--exclude")
         if exclude_file is not None:
             from provided_code.exclusions import read_exclusions
 
