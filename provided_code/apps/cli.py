@@ -165,6 +165,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     Example: python runpod_train.py --filters 64 --epochs 100
     """
     setup_logging()
+    made = []  # the run's folders this command creates: a refused run removes them, left unused
     try:
         given = {name for name in ctx.params if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
         if {"beams", "beam_angles"} <= given:
@@ -216,6 +217,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                                          f"Received: {ensemble!r}", param_hint="--ensemble")
         from provided_code.data.cache import default_cache_dir
 
+        made = [path for path in dict.fromkeys((config.run_dir, config.model_dir)) if not path.exists()]
         _check_folders(config, predict_only, stage, default_cache_dir())  # before TensorFlow loads and the data
         if predict_only:
             from provided_code.apps.predict import predict_stage
@@ -239,6 +241,8 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                                         batch_size=config.batch_size, cache_dir=config.cache_dir,
                                         skip_incomplete=config.skip_incomplete)
     except USER_ERRORS as error:
+        for path in made:  # the fold's folder first, then the model's
+            RunFolder(path).remove_if_unused()
         raise click.ClickException(one_line(error)) from None
     name = RunFolder(config.run_dir).name
     if result.first_epoch >= result.last_epoch:

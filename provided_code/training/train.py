@@ -259,6 +259,9 @@ def _parent_text(record: dict) -> str:
             if record else "random weights")
 
 
+DEALT_BY = ("folds", "seed")  # the settings a model's patients are dealt into folds by (provided_code.folds)
+
+
 def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
     """The folds of one model are one model's: a fold whose network differs from another fold's is
     refused, naming the settings; one whose recipe or exclusion list is not the other folds' is
@@ -274,16 +277,20 @@ def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
                               f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
                               f"{fold}'s --init-from and --init-epoch while that file is unchanged, or train the "
                               f"folds again from one start (an --init-epoch N the parent keeps).")
-        fixed = [name for name in (*TrainConfig.NETWORK, "folds") if name not in TrainConfig.FROM_DATA]
-        recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
+        # --folds and --seed deal the patients (splits.json): no --change-recipe changes them
+        fixed = [name for name in (*TrainConfig.NETWORK, *DEALT_BY) if name not in TrainConfig.FROM_DATA]
+        recipe = [name for name in TrainConfig.RECIPE if name not in ("excluded", *DEALT_BY)] if not change_recipe \
+            else []
         differing = config.differing_from(other, (*fixed, *recipe))
         if differing:
+            changeable = any(name in recipe for name in differing)
             raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
                               f"than fold {fold}'s (" + "; ".join(
                                   f"{name}: fold {fold} {other.shown(name)}, requested {config.shown(name)}"
                                   for name in differing)
-                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings (a recipe "
-                                f"change: --change-recipe), or choose a new --model-name.")
+                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings"
+                              + (" (a recipe change: --change-recipe)" if changeable else "")
+                              + ", or choose a new --model-name.")
         if excluded_patients(other.excluded) != excluded_patients(config.excluded):
             said = other.shown("excluded")
             if not change_recipe:
