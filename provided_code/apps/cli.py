@@ -134,7 +134,8 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "cross-validated model's: one fold's): the layers of the same name and shapes are taken, the "
                    "network flags not given are the parent's; recorded in config.json. Refused on a resume.")
 @click.option("--init-epoch", default=str(DEFAULTS.init_epoch), show_default=True,
-              help="With --init-from: the parent's checkpoint, 'best' (models/best.keras) or an epoch.")
+              help="With --init-from: the parent's checkpoint, 'best' (models/best.keras) or an epoch. Not given: its "
+                   "best where it has one, else its final checkpoint (the log says which).")
 @click.option("--freeze", type=click.Choice(FREEZES), default=DEFAULTS.freeze,
               help="encoder: the encoder's weights taken from the parent stay fixed for --freeze-epochs epochs.")
 @click.option("--freeze-epochs", type=int, default=DEFAULTS.freeze_epochs,

@@ -239,7 +239,8 @@ def _started_from(config: TrainConfig, given: set[str] | None) -> TrainConfig:
     """A new model with ``--init-from``: the parent resolved and recorded in ``config.parent`` (its
     checkpoint's SHA-256; the weights are taken when the model is made), and the parent's network
     wherever ``given`` does not say otherwise (:meth:`TrainConfig.with_parents_network`)."""
-    record, parent = resolve_parent(config.init_from, config.init_epoch)
+    record, parent = resolve_parent(config.init_from, config.init_epoch,
+                                    chosen=given is None or "init_epoch" in given)
     config, inherited = config.with_parents_network(parent, given)
     if inherited:
         logger.info("Network of the %s, for the flags not given: %s", parent_label(record), ", ".join(
