@@ -345,6 +345,11 @@ class TrainConfig:
                 f"turned {'on' if config.ema else 'off'} on a resume, not even with --change-recipe (the optimizer, "
                 f"the checkpoints and best.keras would disagree on which weights are the model). Drop the flag, or "
                 f"train a new --model-name.")
+        if saved.folds and config.seed != saved.seed:  # the folds' dealing: no recipe change changes it
+            raise ConfigError(
+                f"Cannot resume fold {saved.fold} of model {self.model_name!r} in {self.run_dir} with --seed "
+                f"{config.seed}: the model's patients were dealt into its folds with --seed {saved.seed} (its "
+                f"splits.json), which --change-recipe does not change. Drop --seed, or train a new --model-name.")
         changes = [(name, getattr(saved, name), getattr(config, name)) for name in self.RECIPE
                    if getattr(config, name) != getattr(saved, name)]
         if changes and not change_recipe:

@@ -31,12 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
+from provided_code.constants import DOSE_FILE
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.checksum import file_checksum
 
 SPLITS_FILE = "splits.json"
 SPLITS_FORMAT = 1
 HELD_OUT_STAGE = "held-out"  # a fold's out-of-fold predictions: fold-<K>/held-out-predictions/
+MADE_WITH = "made_with"  # their scores.json's record of what made them (held_out_record)
 _FOLD_FOLDER = re.compile(r"^fold-(\d+)$")
 
 
@@ -108,6 +111,19 @@ class Dealing:
             raise FoldsError(f"{path}: not a dealing of folds ({error}); it is written by the first fold of a "
                              f"model: move it away only if no fold has been trained") from None
         return dealing
+
+
+def held_out_record(checkpoint: os.PathLike | str, epoch: int, predictions_dir: os.PathLike | str, patients,
+                    split_dir: os.PathLike | str) -> dict:
+    """What a fold's out-of-fold predictions were made with, as their ``scores.json`` keeps it
+    (under :data:`MADE_WITH`), for ``openkbp-commission`` to certify that what it measures is what
+    it names: the ``checkpoint`` (its epoch, file name and SHA-256), each patient's prediction file
+    as written (``predictions``: ``{patient: SHA-256 of <patient>.csv}`` in ``predictions_dir``) and
+    each patient's plan as read (``plans``: ``{patient: SHA-256 of its dose.csv}`` in ``split_dir``)."""
+    checkpoint, predictions_dir, split_dir = Path(checkpoint), Path(predictions_dir), Path(split_dir)
+    return {"checkpoint": {"epoch": int(epoch), "file": checkpoint.name, "sha256": file_checksum(checkpoint)},
+            "predictions": {pid: file_checksum(predictions_dir / f"{pid}.csv") for pid in patients},
+            "plans": {pid: file_checksum(split_dir / pid / DOSE_FILE) for pid in patients}}
 
 
 def check_fold(folds: int, fold: int) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.data_folder import STAGES
 from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, fold_of_folder
-from provided_code.errors import UserError
+from provided_code.errors import RunLockedError, UserError
 from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import atomic_path, folder_temporaries, remove_temporaries, write_text_atomic
 from provided_code.infra.run_lock import RunLock
@@ -115,10 +115,27 @@ class RunFolder:
         return (f"{self.name}_{stage}_ensemble.zip" if epoch == "ensemble" else
                 f"{self.name}_{stage}_epoch_{epoch}.zip")
 
-    def lock(self, what: str, shared: bool = False) -> RunLock:
+    def remove_if_unused(self) -> bool:
+        """Remove the folder if it holds nothing but its lock file, and no process holds that lock
+        (a command refused before it wrote anything made it); True if removed."""
+        if not self.path.is_dir() or any(path != self.lock_file for path in self.path.iterdir()):
+            return False
+        try:
+            with self.lock("removing the folder it made"):
+                self.lock_file.unlink(missing_ok=True)
+        except RunLockedError:
+            return False
+        try:
+            self.path.rmdir()
+        except OSError:  # written meanwhile
+            return False
+        return True
+
+    def lock(self, what: str, shared: bool = False, advice: str | None = None) -> RunLock:
         """The folder's lock (see :class:`~provided_code.infra.run_lock.RunLock`): ``what`` the holder
-        does, for a refusal's message; ``shared`` for a process that only reads the folder."""
-        return RunLock(self.lock_file, what, shared=shared)
+        does, for a refusal's message; ``shared`` for a process that only reads the folder;
+        ``advice``: what a refused process should do (default: the lock's, for a training run)."""
+        return RunLock(self.lock_file, what, shared=shared, advice=advice)
 
     # -- the settings ----------------------------------------------------------------------------
     def read_config(self) -> TrainConfig | None:

@@ -149,6 +149,11 @@ class Trust:
                  if self.cohort is not None else (f"No in-distribution check: {self.why_no_check}", True))
         return [self._bands_line(), check]
 
+    @property
+    def gives_bands(self) -> bool:
+        """Whether some structure-metric has residuals enough for a band at :attr:`coverage`."""
+        return self.bands is not None and not self._bands_line()[1]
+
     def _bands_line(self) -> tuple[str, bool]:
         if self.bands is None:
             return f"No prediction bands: {self.why_no_bands}", True

@@ -230,3 +230,43 @@ def test_an_overlap_a_fraction_of_a_percent_beyond_a_cohort_that_has_almost_none
     assert len(said) == 1 and said[0].startswith("Parotid overlaps the targets more than in any training patient")
     far = {**slightly, **{f"Parotid.within_{d}mm": 0.5 for d in OVH_DISTANCES_MM}}
     assert any(reason.startswith("Parotid overlaps the targets far more") for reason in score(cohort, far)[1])
+
+
+def test_within_the_range_a_feature_is_said_against_the_cohort_s_median_not_its_range():
+    """An overlap the cohort has from 0 % to 100 %: "more than most (…; the cohort's 0 % to 100 %)"
+    says nothing; the median does."""
+    features = _cohort(40, seed=3)
+    rng = np.random.default_rng(3)
+    for distance in OVH_DISTANCES_MM:
+        column = rng.uniform(0.15, 0.25, len(features))
+        column[:2] = (0.0, 1.0)
+        features[f"Parotid.within_{distance}mm"] = column
+    cohort = fit_cohort(features)
+    odd = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": 0.8 for d in OVH_DISTANCES_MM}}
+    (said,) = [reason for reason in score(cohort, odd)[1] if reason.startswith("Parotid overlaps")]
+    median = features["Parotid.within_20mm"].median()
+    assert said == (f"Parotid overlaps the targets more than most training patients (80 % within 20 mm of a target; "
+                    f"the cohort's median {100 * median:.0f} %)")
+
+
+def test_a_fraction_is_never_said_as_minus_zero_percent():
+    features = _cohort(40, seed=3)
+    cohort = fit_cohort(features)
+    none = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": -0.0 for d in OVH_DISTANCES_MM}}
+    reasons = score(cohort, none)[1]
+    assert any(reason.startswith("Parotid overlaps the targets") for reason in reasons)
+    assert not any("-0 %" in reason for reason in reasons)
+
+
+def test_a_patient_flagged_by_one_feature_names_that_feature_first():
+    """Structures no other training patient has say more (they sort first) but do not flag; the
+    volume far beyond the others' range flags the patient, and is named first."""
+    features = _cohort(40, seed=8)
+    features.loc["pt_0", "PTV70.volume_cc"] = 10 * features["PTV70.volume_cc"].max()
+    for name in ("Brainstem", "Cord", "Mandible"):  # contoured in pt_0 alone
+        features[f"{name}.volume_cc"] = math.nan
+        features.loc["pt_0", f"{name}.volume_cc"] = 20.0
+    scored = cohort_scores(fit_cohort(features))
+    entry = scored.loc["pt_0"]
+    assert entry["flagged"] and entry["outside_feature"] == "PTV70.volume_cc" and entry["outside_scales"] >= FAR_SCALES
+    assert entry["reasons"][0].startswith("PTV70 volume ")

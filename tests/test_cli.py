@@ -95,6 +95,13 @@ def test_init_from_with_predict_only_is_refused_not_ignored(tmp_path):
         in result.stderr
 
 
+def test_exclude_with_predict_only_is_refused_not_ignored(tmp_path):
+    (tmp_path / "exclude.csv").write_text("patient,reason\npt_1,replanned\n")
+    result = run("--predict-only", "--exclude", str(tmp_path / "exclude.csv"), cwd=tmp_path)
+    assert result.returncode == 2 and "Expected --exclude only when training" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "Error" in line]) == 1
+
+
 def test_the_finetune_preset_without_a_parent_is_warned_about(tmp_path):
     result = run("--preset", "finetune", "--data-dir", str(tmp_path / "none"), cwd=tmp_path)
     assert "Warning: --preset finetune without --init-from" in result.stderr and result.returncode == 1

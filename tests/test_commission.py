@@ -283,3 +283,155 @@ def test_the_card_names_the_parent_and_a_parent_checkpoint_changed_since(commiss
     assert f"- The parent's checkpoint cannot be checked here: {checkpoint} is gone" in text
     assert "is not the one the folds started from" not in text
     assert "Random weights (no --init-from)." in (model / "commissioning" / "MODEL_CARD.md").read_text()
+
+
+# -- what commissioning certifies: the checkpoints, the predictions and the plans it measured --------------------
+
+def _copy(commissioned, tmp_path):
+    model, _ = commissioned
+    copy = tmp_path / "cv"
+    shutil.copytree(model, copy)
+    return copy
+
+
+def test_a_fold_holding_another_folds_checkpoint_is_refused_naming_it(commissioned, tmp_path, phantom_data,
+                                                                     phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    first, second = (RunFolder(model / f"fold-{k}").checkpoints()[0][1] for k in (1, 2))
+    shutil.copy(first, second)  # fold 2's checkpoint replaced by fold 1's
+    with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 2's checkpoint .*epoch_1.keras is "
+                                                 r"byte-identical to fold 1's \(SHA-256 [0-9a-f]{12}…\)"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
+                                                                   phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    checkpoint = RunFolder(model / "fold-1").checkpoints()[0][1]
+    data = bytearray(checkpoint.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(255 - b for b in data[middle:middle + 8])
+    checkpoint.write_bytes(bytes(data))
+    with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 1's checkpoint .* is not the one that made "
+                                                 r"its out-of-fold predictions"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
+                                                                   phantom_cache):
+    """Damaged before its predictions' record was written (the record matches): it does not load."""
+    model = _copy(commissioned, tmp_path)
+    checkpoint = RunFolder(model / "fold-2").checkpoints()[0][1]
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    scores = model / "fold-2" / "held-out-predictions" / "scores.json"
+    saved = json.loads(scores.read_text())
+    saved["made_with"]["checkpoint"]["sha256"] = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    scores.write_text(json.dumps(saved))
+    with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 2's checkpoint .* does not load"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_an_edited_out_of_fold_prediction_is_refused_naming_the_fold_and_file(commissioned, tmp_path, phantom_data,
+                                                                              phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    path = sorted((model / "fold-2" / "held-out-predictions").glob("pt_*.csv"))[0]
+    lines = path.read_text().splitlines()
+    index, value = lines[1].split(",")[:2]
+    lines[1] = f"{index},{float(value or 0) + 1}"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission: fold 2's out-of-fold prediction .*{path.name} "
+                                                 rf"changed since the fold wrote it"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_plans_changed_since_the_folds_predicted_them_are_refused_naming_the_patients(commissioned, tmp_path,
+                                                                                   phantom_data):
+    from provided_code.data.csv_io import write_sparse_csv
+
+    model, data = _copy(commissioned, tmp_path), tmp_path / "data"
+    shutil.copytree(phantom_data, data)
+    patient = sorted(read_dealing(model).patients)[1]
+    dose = data / "train-pats" / patient / "dose.csv"
+    indices, values = read_sparse_csv(dose, patient, with_values=True)
+    write_sparse_csv(dose, indices, (values * 0.8).astype(np.float32))  # the plan scaled since
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: the plans of {patient} in "
+                                                 rf"{data / 'train-pats'} changed since the folds predicted them"):
+        commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+
+
+def test_folds_that_excluded_different_patients_are_refused_naming_them(commissioned, tmp_path, phantom_data,
+                                                                       phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    patient = sorted(read_dealing(model).patients)[0]
+    config = model / "fold-2" / "models" / "config.json"  # fold 2 retrained with --exclude (--change-recipe)
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "excluded": [{"patient": patient, "reason": "replanned"}]}))
+    with pytest.raises(CommissioningError, match=rf"^The folds of cv left out different patients with --exclude "
+                                                 rf"\(fold 1: none; fold 2: {patient}\)"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_predictions_that_do_not_record_their_checkpoint_are_named_with_the_command(commissioned, tmp_path,
+                                                                                   phantom_data, phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    scores = model / "fold-1" / "held-out-predictions" / "scores.json"
+    scores.write_text(json.dumps({k: v for k, v in json.loads(scores.read_text()).items() if k != "made_with"}))
+    with pytest.raises(CommissioningError, match=r"fold 1's out-of-fold predictions do not record the checkpoint "
+                                                 r"that made them .* Run the same command with --fold K"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+# -- its messages ----------------------------------------------------------------------------------------------
+
+def test_a_missing_model_folder_is_said_so_not_as_a_missing_splits_json(tmp_path):
+    with pytest.raises(CommissioningError, match=rf"^Invalid `model_dir`. Expected a cross-validated model's folder "
+                                                 rf"\(results/<model>\). Received: {tmp_path / 'hn'}, which does not "
+                                                 rf"exist$"):
+        commission(tmp_path / "hn")
+
+
+def test_another_commissioning_running_is_waited_for_not_a_new_model_name(commissioned, tmp_path, phantom_data,
+                                                                         phantom_cache):
+    from provided_code.errors import RunLockedError
+
+    model = _copy(commissioned, tmp_path)
+    with RunFolder(model).lock("commissioning"):
+        with pytest.raises(RunLockedError) as refused:
+            commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert str(refused.value).endswith("; wait for it to end, then commission again")
+    assert "--model-name" not in str(refused.value)
+
+
+def test_a_full_disk_names_the_file_being_written_and_leaves_the_previous_commissioning(commissioned, tmp_path,
+                                                                                       phantom_data, phantom_cache,
+                                                                                       monkeypatch):
+    import errno
+
+    model = _copy(commissioned, tmp_path)
+    before = (model / "commissioning" / "report.json").read_bytes()
+
+    def full(self, *args, **kwargs):  # as a write deep inside pandas fails: an OSError naming no file
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full)
+    with pytest.raises(OSError) as failed:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(model / "commissioning" / "plans.csv")
+    assert (model / "commissioning" / "report.json").read_bytes() == before
+    assert sorted(p.name for p in model.iterdir() if p.name.startswith(".commissioning")) == []
+
+
+def test_a_fold_whose_held_out_patients_are_all_excluded_is_said_so_not_run_it(commissioned, tmp_path, phantom_data,
+                                                                              phantom_cache):
+    """Fold 2 could not be trained (its held-out patients all excluded by fold 1's list): running it
+    again would be refused again; the patients must be dealt again."""
+    model = _copy(commissioned, tmp_path)
+    held = read_dealing(model).held_out_of(2)
+    config = model / "fold-1" / "models" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()),
+                                  "excluded": [{"patient": pid, "reason": "replanned"} for pid in held]}))
+    shutil.rmtree(model / "fold-2")
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: fold 2's held-out patients "
+                                                 rf"\({', '.join(held)}\) are all excluded") as refused:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert "not trained" not in str(refused.value)

@@ -108,10 +108,11 @@ def test_a_planted_outlier_is_the_one_flagged_and_its_reason_says_what_the_plan_
 
 @pytest.mark.parametrize("structure, metric, shift, words", [
     ("LeftParotid", "mean", -9.0, "spared this organ much more than"),
-    ("PTV70", "D_95", -9.0, "coverage lower than predicted: the plan covered this target less well than"),
-    ("PTV70", "D_95", +9.0, "coverage higher than predicted"),
-    ("PTV70", "D1", +9.0, "the target is hotter than predicted"),
-    ("PTV70", "D1", -9.0, "the target is cooler than predicted"),
+    ("PTV70", "D_95", -9.0, "coverage lower than in the cohort's plans of similar anatomy: the plan covered this "
+                            "target less well than theirs"),
+    ("PTV70", "D_95", +9.0, "coverage higher than in the cohort's plans"),
+    ("PTV70", "D1", +9.0, "the target is hotter than in the cohort's plans"),
+    ("PTV70", "D1", -9.0, "the target is cooler than in the cohort's plans"),
 ])
 def test_the_reason_s_words_follow_the_kind_the_metric_and_the_sign(structure, metric, shift, words):
     plans = _plans(seed=2, patients=20)
@@ -119,6 +120,21 @@ def test_the_reason_s_words_follow_the_kind_the_metric_and_the_sign(structure, m
     plans.loc[planted, "plan"] = plans.loc[planted, "predicted"] + shift
     (entry,) = dosimetric_outliers(residuals(plans), kinds=openkbp())
     assert entry["patient"] == "pt_4" and words in entry["reason"]
+
+
+def test_a_plan_below_the_cohort_s_is_said_so_where_a_biased_model_predicts_lower_still():
+    """A model that predicts every target's D95 12 Gy below the plans, and a plan scaled by 0.8: the
+    plan is still above its prediction, but far below where the cohort's plans stand against theirs."""
+    plans = _plans(seed=2, patients=20)
+    target = (plans.structure == "PTV70") & (plans.metric == "D_95")
+    plans.loc[target, "predicted"] = plans.loc[target, "plan"] - 12.0 + np.linspace(-1, 1, int(target.sum()))
+    planted = target & (plans.patient == "pt_4")
+    plans.loc[planted, "plan"] = plans.loc[planted, "predicted"] + 3.0  # 9 Gy lower than the cohort's usual +12
+    (entry,) = [e for e in dosimetric_outliers(residuals(plans), kinds=openkbp()) if e["patient"] == "pt_4"]
+    assert entry["plan"] > entry["predicted"] and entry["z"] > Z_THRESHOLD
+    assert "the plan covered this target less well than theirs" in entry["reason"]
+    assert "better" not in entry["reason"]
+    assert "(the model predicts this metric lower than most plans" in entry["reason"]
 
 
 def test_a_patient_s_score_is_its_largest_z_and_its_other_flags_follow():

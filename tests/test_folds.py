@@ -191,3 +191,57 @@ def test_a_fold_with_another_network_or_in_a_single_runs_folder_is_refused_befor
     refused = CliRunner().invoke(cli.main, solo)
     assert refused.exit_code == 1 and "a single run was trained there" in refused.output
     assert not (results / "cv" / "fold-2" / "models").exists() and not (results / "solo" / "fold-1" / "models").exists()
+
+
+def _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, *folds):
+    """The model's dealing and ``folds`` copied into ``tmp_path/results/cv``; the fold command's flags there."""
+    import shutil
+
+    from tests.conftest import CV_RUN
+
+    results = tmp_path / "results"
+    for fold in folds:
+        shutil.copytree(cv_model / f"fold-{fold}", results / "cv" / f"fold-{fold}")
+    (results / "cv").mkdir(parents=True, exist_ok=True)
+    shutil.copy(cv_model / SPLITS_FILE, results / "cv" / SPLITS_FILE)
+    return results, [*CV_RUN, "--data-dir", str(phantom_data), "--results-dir", str(results), "--cache-dir",
+                     str(phantom_cache)]
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_new_fold_with_another_seed_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache, tmp_path):
+    """--seed deals the patients: --change-recipe, which would be refused by the dealing, is not offered."""
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    _, command = _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, 1)
+    refused = CliRunner().invoke(cli.main, [*command, "--fold", "2", "--seed", "3"])
+    assert refused.exit_code == 1 and "\n" not in refused.output.strip()
+    assert "--seed 3" in refused.output or "seed: fold 1 " in refused.output
+    assert "--change-recipe" not in refused.output
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_fold_resumed_with_another_seed_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache, tmp_path):
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    _, command = _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, 1)
+    refused = CliRunner().invoke(cli.main, [*command, "--fold", "1", "--seed", "3", "--epochs", "2"])
+    assert refused.exit_code == 1 and "\n" not in refused.output.strip()
+    assert "dealt into its folds with --seed 0" in refused.output and "--change-recipe does not change" in refused.output
+
+
+@pytest.mark.usefixtures("reset_keras")
+def test_a_refused_fold_leaves_no_folder_behind(cv_model, phantom_data, phantom_cache, tmp_path):
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    results, command = _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, 1)
+    wider = [value if value != "4" else "8" for value in command]  # --filters 8: not fold 1's network
+    refused = CliRunner().invoke(cli.main, [*wider, "--fold", "2"])
+    assert refused.exit_code == 1 and "with other settings than fold 1's" in refused.output
+    assert sorted(p.name for p in (results / "cv").iterdir()) == ["fold-1", SPLITS_FILE]

@@ -134,6 +134,18 @@ def test_a_folder_without_a_model_or_the_checkpoint_asked_for_is_refused_in_one_
         assert "\n" not in str(refused.value)
 
 
+def test_without_init_epoch_a_parent_without_a_best_checkpoint_gives_its_final_one_saying_so(tiny_model, caplog):
+    """No --init-epoch (the default, not chosen): the parent's best where it has one, else its final
+    checkpoint (tiny_model was trained without validation patients: no best.keras), in one line."""
+    with caplog.at_level(logging.INFO, logger="provided_code.training.init_from"):
+        record, _ = resolve_parent(str(tiny_model), "best", chosen=False)
+    assert (record["epoch"], record["checkpoint"]) == (1, "models/epoch_1.keras")
+    assert record["sha256"] == file_checksum(tiny_model / "models" / "epoch_1.keras")
+    said = [r.getMessage() for r in caplog.records if "final checkpoint" in r.getMessage()]
+    assert said == [f"Starting from {tiny_model}'s final checkpoint, epoch 1 (it has no best.keras: no validation "
+                    f"scoring; no --init-epoch)"]
+
+
 def test_a_parent_checkpoint_changed_since_it_was_recorded_is_refused_naming_it(tiny_model, tmp_path):
     parent = tmp_path / "parent"
     shutil.copytree(tiny_model, parent)

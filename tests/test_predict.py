@@ -465,3 +465,18 @@ def test_an_ensemble_of_two_bodies_averages_their_predictions(run):
         # ensemble's float32 mean differs from the float64 mean of the members by float32 rounding
         np.testing.assert_allclose(values, (m_values + r_values) / 2, rtol=1e-6, atol=1e-5)
         assert not np.allclose(m_values, r_values)  # two networks, two predictions
+
+
+def test_no_bands_line_is_printed_at_a_coverage_no_metric_has_patients_enough_for(tmp_path):
+    """--band 0.999 of a model commissioned on 4 patients: no band can exist; the summary says why
+    once, and does not say "Bands of 99.9 %"."""
+    from provided_code.apps.predict import _trust_lines
+    from provided_code.trust import Trust
+
+    trust = Trust("cv", 0.999, bands={"patients": 4, "residuals": {"PTV70": {"D_95": [-2.0, -1.0, 0.5, 1.0]}}},
+                  why_no_check="no cohort")
+    summary = {"band": {"coverage": 0.999, "method": "split conformal", "calibration_patients": 4, "values": 0,
+                        "observed": None, "median_width": None}}
+    lines = _trust_lines(summary, trust, tmp_path)
+    assert not any(line.startswith("Bands of") for line in lines)
+    assert lines[0].startswith("No prediction bands at 99.9 % nominal coverage: a metric's residuals come from 4")

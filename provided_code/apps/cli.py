@@ -134,7 +134,8 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "cross-validated model's: one fold's): the layers of the same name and shapes are taken, the "
                    "network flags not given are the parent's; recorded in config.json. Refused on a resume.")
 @click.option("--init-epoch", default=str(DEFAULTS.init_epoch), show_default=True,
-              help="With --init-from: the parent's checkpoint, 'best' (models/best.keras) or an epoch.")
+              help="With --init-from: the parent's checkpoint, 'best' (models/best.keras) or an epoch. Not given: its "
+                   "best where it has one, else its final checkpoint (the log says which).")
 @click.option("--freeze", type=click.Choice(FREEZES), default=DEFAULTS.freeze,
               help="encoder: the encoder's weights taken from the parent stay fixed for --freeze-epochs epochs.")
 @click.option("--freeze-epochs", type=int, default=DEFAULTS.freeze_epochs,
@@ -165,6 +166,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     Example: python runpod_train.py --filters 64 --epochs 100
     """
     setup_logging()
+    made = []  # the run's folders this command creates: a refused run removes them, left unused
     try:
         given = {name for name in ctx.params if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
         if {"beams", "beam_angles"} <= given:
@@ -174,6 +176,10 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
         if no_xla:
             options["xla"] = "off"
         exclude_file = options.pop("exclude_file")
+        if exclude_file is not None and predict_only:
+            raise click.BadParameter("Expected --exclude only when training (the patients left out of training). "
+                                     "Received: --exclude with --predict-only, which predicts every patient of the "
+                                     "stage", param_hint="--exclude")
         if exclude_file is not None:
             from provided_code.exclusions import read_exclusions
 
@@ -212,6 +218,7 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                                          f"Received: {ensemble!r}", param_hint="--ensemble")
         from provided_code.data.cache import default_cache_dir
 
+        made = [path for path in dict.fromkeys((config.run_dir, config.model_dir)) if not path.exists()]
         _check_folders(config, predict_only, stage, default_cache_dir())  # before TensorFlow loads and the data
         if predict_only:
             from provided_code.apps.predict import predict_stage
@@ -235,6 +242,8 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
                                         batch_size=config.batch_size, cache_dir=config.cache_dir,
                                         skip_incomplete=config.skip_incomplete)
     except USER_ERRORS as error:
+        for path in made:  # the fold's folder first, then the model's
+            RunFolder(path).remove_if_unused()
         raise click.ClickException(one_line(error)) from None
     name = RunFolder(config.run_dir).name
     if result.first_epoch >= result.last_epoch:

@@ -30,7 +30,8 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, write_dose_csv
 from provided_code.data_folder import split_dir
 from provided_code.exclusions import excluded_patients
-from provided_code.folds import HELD_OUT_STAGE, SPLITS_FILE, FoldsError, fold_members, read_dealing
+from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, FoldsError, fold_members, held_out_record,
+                                 read_dealing)
 from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
@@ -187,8 +188,14 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
                             progress=progress, site=saved.site)
         arrays = arrays.select([row for row, pid in enumerate(arrays.patient_ids) if pid in held_out])
         epoch = folder.epoch_to_apply(None)  # a fold's final checkpoint: not its best, picked on these patients
+
+        def made_with(new: Path, used: list) -> dict:  # what commissioning certifies (folds.held_out_record)
+            (member, used_epoch), = used
+            return {MADE_WITH: held_out_record(member.checkpoint(used_epoch), used_epoch, new, arrays.patient_ids,
+                                               stage_dir)}
+
         return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, epoch, False, False, progress, None,
-                              batch_size)
+                              batch_size, recording=made_with)
 
 
 def _members_site(members: list[RunFolder], requested: Site | str | None) -> Site:
@@ -210,9 +217,11 @@ def _beside(folder: RunFolder, name: str) -> RunFolder:
 
 def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
                    plots: bool, progress: Progress, ensemble: list[RunFolder] | None,
-                   batch_size: int, trusting=None) -> PredictionReport:
+                   batch_size: int, trusting=None, recording=None) -> PredictionReport:
     """``trusting(used)``: the :class:`~provided_code.trust.Trust` of the predictions made with
-    ``used`` (``[(run folder, epoch)]``); None: none asked (a fold's out-of-fold predictions)."""
+    ``used`` (``[(run folder, epoch)]``); None: none asked (a fold's out-of-fold predictions).
+    ``recording(new, used)``: what ``scores.json`` also records of them (``new``: the folder the
+    CSVs were written into); None: nothing more."""
     members = []  # {"model": name, "epoch": epoch} of each model predicted with
     used = []  # (run folder, epoch) of each
     predictions = None
@@ -261,7 +270,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
                                  read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
             extra = {"model": folder.name, "stage": stage, "epoch": epoch, **({"members": members} if ensemble else {}),
-                     **trusted}
+                     **trusted, **(recording(new, used) if recording is not None else {})}
             write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"), extra=extra)
         replace_folder(new, predictions_dir)
     except BaseException:
@@ -339,7 +348,7 @@ def _trust_lines(summary: dict, trust: Trust, predictions_dir: Path) -> list[str
     """What the predictions said about themselves, for the summary (or why they said nothing)."""
     lines = trust.missing_lines()
     band = summary.get("band")
-    if band is not None:
+    if band is not None and trust.gives_bands:  # else its missing line said why there is none
         held = (f": the plans' values held {100 * band['observed']:.1f} % of the time ({band['values']} values), "
                 f"median width {band['median_width']:.2f} Gy" if band["observed"] is not None else "")
         lines.append(f"Bands of {100 * band['coverage']:g} % nominal coverage{held}; per patient in "

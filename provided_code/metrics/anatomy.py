@@ -249,16 +249,17 @@ def threshold_of(scores) -> float:
     return float(max(MIN_THRESHOLD, np.quantile(scores, QUANTILE))) if scores.size else MIN_THRESHOLD
 
 
-def score(cohort: dict, features_row) -> tuple[float, list[str]]:
+def score(cohort: dict, features_row, first: str | None = None) -> tuple[float, list[str]]:
     """``(local outlier factor, reasons)`` of one patient's features (a dict or Series by feature
     name, as :func:`anatomy_features` gives them) against ``cohort`` (:func:`fit_cohort`'s). A
-    feature of the cohort's that the row lacks counts as missing."""
+    feature of the cohort's that the row lacks counts as missing. ``first``: a feature whose reason
+    comes first."""
     names = cohort["features"]
     raw = np.array([_number(features_row.get(name)) for name in names], dtype=np.float64)
     vectors = _array(cohort["vectors"])
     row = (_for_distance(names, raw[None, :])[0] - _array(cohort["centre"])) / _array(cohort["scale"])
     factor = _local_outlier_factor(_distances(vectors, vectors), _distances(row[None, :], vectors)[0], cohort["k"])
-    return factor, _reasons(cohort, raw, np.arange(len(vectors)))
+    return factor, _reasons(cohort, raw, np.arange(len(vectors)), first)
 
 
 def scale_floor(name: str, centre: float) -> float:
@@ -296,9 +297,10 @@ def check(cohort: dict, features_row) -> dict:
     """A new patient's in-distribution check (module docstring): ``inside`` (False: outside the
     training cohort), ``score`` (its local outlier factor) and the cohort's ``threshold``,
     ``outside_scales`` and ``outside_feature`` (:func:`outside_range`; outside from
-    :data:`FAR_SCALES`), and ``reasons`` (:func:`score`'s sentences)."""
-    factor, reasons = score(cohort, features_row)
+    :data:`FAR_SCALES`), and ``reasons`` (:func:`score`'s sentences; outside by a feature, that
+    feature's first)."""
     scales, feature = outside_range(cohort, features_row)
+    factor, reasons = score(cohort, features_row, first=feature if scales >= FAR_SCALES else None)
     threshold = float(cohort["threshold"])
     return {"inside": bool(factor <= threshold and scales < FAR_SCALES), "score": float(factor),
             "threshold": threshold, "outside_scales": scales, "outside_feature": feature, "reasons": list(reasons)}
@@ -307,16 +309,20 @@ def check(cohort: dict, features_row) -> dict:
 def cohort_scores(cohort: dict) -> pd.DataFrame:
     """Each training patient scored leave-one-out, against the others only (module docstring):
     index ``patient``, columns ``score``, ``flagged`` (above the cohort's threshold, or one feature
-    far outside the others' range; False before it has one) and ``reasons`` (a list of sentences)."""
+    far outside the others' range; False before it has one), ``outside_scales`` and
+    ``outside_feature`` (:func:`outside_range` against the others) and ``reasons`` (a list of
+    sentences; a patient flagged by a feature far outside the range has that feature's first)."""
     raw = _raw(cohort)
     threshold = cohort["threshold"]
     rows = []
     for patient, factor in enumerate(_left_out_factors(cohort)):
         others = np.delete(np.arange(len(raw)), patient)
-        far = outside_range(cohort, dict(zip(cohort["features"], raw[patient])), others)[0] >= FAR_SCALES
+        scales, feature = outside_range(cohort, dict(zip(cohort["features"], raw[patient])), others)
+        far = scales >= FAR_SCALES
         rows.append({"patient": cohort["patients"][patient], "score": factor,
                      "flagged": bool(threshold is not None and (factor > threshold or far)),
-                     "reasons": _reasons(cohort, raw[patient], others)})
+                     "outside_scales": scales, "outside_feature": feature,
+                     "reasons": _reasons(cohort, raw[patient], others, first=feature if far else None)})
     return pd.DataFrame(rows).set_index("patient")
 
 
@@ -380,13 +386,14 @@ def _raw(cohort: dict) -> np.ndarray:
 
 # -- reasons ---------------------------------------------------------------------------------------
 
-def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray) -> list[str]:
+def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray, first: str | None = None) -> list[str]:
     """The features of a patient (``raw``: as measured, NaN where missing) that drive its score,
     against the cohort's patients ``others``, in words, at most :data:`MOST_REASONS`: a structure
     the patient lacks and three quarters of them have, or has and none of them has; a value outside
     their range by more than :data:`OUTSIDE_SCALES` robust scales (by how far); a value within it
     :data:`NOTABLE_Z` robust scales or more from the median (by how far): scales of at least
-    :func:`scale_floor`, as :func:`outside_range` measures (a reason never contradicts the rule)."""
+    :func:`scale_floor`, as :func:`outside_range` measures (a reason never contradicts the rule).
+    ``first``: a feature whose reason comes first (the one that flags the patient by the range rule)."""
     names, centre, scale = cohort["features"], _array(cohort["centre"]), _array(cohort["scale"])
     cohort_raw = _raw(cohort)[others]
     found = []  # (scales beyond the range, robust z, subject, sentence)
@@ -414,11 +421,13 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray) -> list[str]:
         beyond = max(value - high, low - value, 0.0) / spread
         if beyond > OUTSIDE_SCALES:
             found.append((beyond, z, _subject(name), _sentence(name, value, low, high, "above" if value > high else "below",
-                                               beyond >= FAR_SCALES)))
+                                               beyond >= FAR_SCALES, centre[column])))
         elif z >= NOTABLE_Z:
             found.append((0.0, z, _subject(name), _sentence(name, value, low, high, "high" if value > centre[column] else "low",
-                                            False)))
+                                            False, centre[column])))
     found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+    if first is not None:
+        found.sort(key=lambda item: item[2] != _subject(first))  # stable: the rest keep their order
     reasons, said = [], set()
     for *_, subject, sentence in found:  # one reason per organ's overlap (its four distances say one thing)
         if subject not in said:
@@ -433,9 +442,10 @@ def _subject(name: str) -> str:
     return f"{parts['structure']}.within" if parts and parts["within"] is not None else name
 
 
-def _sentence(name: str, value: float, low: float, high: float, where: str, far: bool) -> str:
-    """A feature's value in words: ``where`` is ``above`` or ``below`` the cohort's range, or
-    ``high`` or ``low`` within it."""
+def _sentence(name: str, value: float, low: float, high: float, where: str, far: bool, median: float) -> str:
+    """A feature's value in words: ``where`` is ``above`` or ``below`` the cohort's range (said with
+    the cohort's furthest value), or ``high`` or ``low`` within it (said with the cohort's
+    ``median``: its range, often 0 % to 100 % for an overlap, says nothing of "more than most")."""
     parts = _FEATURE.match(name)
     structure = parts["structure"] if parts else name
     more = where in ("above", "high")
@@ -444,7 +454,7 @@ def _sentence(name: str, value: float, low: float, high: float, where: str, far:
         if where in ("above", "below"):
             return f"{structure} volume {_cc(value)}; the training cohort's {extreme} was {_cc(high if more else low)}"
         return (f"{structure} volume {_cc(value)}, {'larger' if more else 'smaller'} than most of the training "
-                f"cohort's ({_cc(low)} to {_cc(high)})")
+                f"cohort's (their median {_cc(median)})")
     if parts and parts["within"] is not None:
         distance = int(parts["within"])
         place = "inside a target" if distance == 0 else f"within {distance} mm of a target"
@@ -453,13 +463,13 @@ def _sentence(name: str, value: float, low: float, high: float, where: str, far:
                     f"training patient ({_percent(value)} {place}; the cohort's {'most' if more else 'least'} was "
                     f"{_percent(high if more else low)})")
         return (f"{structure} overlaps the targets {'more' if more else 'less'} than most training patients "
-                f"({_percent(value)} {place}; the cohort's {_percent(low)} to {_percent(high)})")
+                f"({_percent(value)} {place}; the cohort's median {_percent(median)})")
     if parts and parts["axis"]:
         axis = parts["axis"].replace("_", "-")
         if where in ("above", "below"):
             return f"the body spans {_mm(value)} {axis}; the training cohort's {extreme} was {_mm(high if more else low)}"
         return (f"the body spans {_mm(value)} {axis}, {'more' if more else 'less'} than most of the training "
-                f"cohort's ({_mm(low)} to {_mm(high)})")
+                f"cohort's (their median {_mm(median)})")
     return f"{name} {value:.4g}; the training cohort's {low:.4g} to {high:.4g}"
 
 
@@ -472,7 +482,9 @@ def _mm(value: float) -> str:
 
 
 def _percent(fraction: float) -> str:
-    return f"{100 * fraction:.0f} %"
+    """A fraction as a whole percent, never "-0 %" (a fraction read back from the standardised
+    vectors may be a rounding below 0)."""
+    return f"{round(min(max(100 * fraction, 0.0), 100.0))} %"
 
 
 # -- JSON ------------------------------------------------------------------------------------------

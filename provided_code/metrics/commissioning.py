@@ -134,19 +134,25 @@ def dosimetric_outliers(residual_table: pd.DataFrame, threshold: float = Z_THRES
 def reason(structure: str, metric: str, kind: str, plan: float, predicted: float, z: float) -> str:
     """A flagged row in a physicist's words: the plan's value against the prediction for this
     anatomy, and what that means for an organ (spared less or more) or a target (covered less or
-    more; for a metric of its hottest part, hotter or cooler)."""
+    more; for a metric of its hottest part, hotter or cooler). The meaning follows the sign of ``z``,
+    the plan's place among the cohort's plans of similar anatomy, not the sign of plan − predicted:
+    a model that predicts a metric lower than most plans (a bias) has a plan above its prediction
+    that is still lower than the cohort's plans, and that is what is flagged."""
     said = (f"{structure} {metric_words(metric)} {plan:.1f} Gy where the model predicts {predicted:.1f} Gy for this "
             f"anatomy (z = {z:.1f})")
-    higher = plan > predicted
+    higher = z < 0  # z is of predicted − plan: below the cohort's usual difference, the plan is higher than theirs
     if kind == "oar":
         meaning = (f"the plan spared this organ much {'less' if higher else 'more'} than the cohort's plans of "
                    f"similar anatomy")
     elif hot_metric(metric):
-        meaning = (f"the target is {'hotter' if higher else 'cooler'} than predicted: its hottest part received "
-                   f"{'more' if higher else 'less'} than in the cohort's plans of similar anatomy")
+        meaning = (f"the target is {'hotter' if higher else 'cooler'} than in the cohort's plans of similar anatomy: "
+                   f"its hottest part received {'more' if higher else 'less'} than theirs")
     else:
-        meaning = (f"coverage {'higher' if higher else 'lower'} than predicted: the plan covered this target "
-                   f"{'better' if higher else 'less well'} than the cohort's plans of similar anatomy")
+        meaning = (f"coverage {'higher' if higher else 'lower'} than in the cohort's plans of similar anatomy: the "
+                   f"plan covered this target {'better' if higher else 'less well'} than theirs")
+    if (plan > predicted) != higher and plan != predicted:
+        meaning += (f" (the model predicts this metric {'lower' if not higher else 'higher'} than most plans: this "
+                    f"plan is measured against that usual difference)")
     return f"{said}: {meaning}"
 
 

@@ -141,11 +141,13 @@ def describe_network(spec: ModelSpec) -> str:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-def resolve_parent(init_from: str, init_epoch: int | str) -> tuple[dict, TrainConfig]:
+def resolve_parent(init_from: str, init_epoch: int | str, chosen: bool = True) -> tuple[dict, TrainConfig]:
     """``(record, config)``: the parent's record as ``config.json`` keeps it (model name, folder,
     site, epoch, checkpoint file relative to its folder, SHA-256) and its config. An
     :class:`InitFromError` for a folder that holds no trained model (a cross-validated model's
-    folder: pick a fold) or lacks the checkpoint asked for."""
+    folder: pick a fold) or lacks the checkpoint asked for. ``chosen``: False when ``init_epoch``
+    is the default (no ``--init-epoch``): the parent's best where it has one, else its final
+    checkpoint (a parent trained without validation patients has no best), said in one line."""
     folder = RunFolder(init_from)
     config = folder.read_config()
     if config is None:
@@ -155,6 +157,14 @@ def resolve_parent(init_from: str, init_epoch: int | str) -> tuple[dict, TrainCo
         raise InitFromError(f"Invalid `init_from`. Expected a trained model's folder, with "
                             f"{MODELS_FOLDER}/{CONFIG_FILE}{hint}. Received: init_from={init_from!r}")
     have = ", ".join(str(epoch) for epoch, _ in sorted(folder.checkpoints())) or "none"
+    if not chosen and init_epoch == "best":
+        if folder.read_best() is not None:
+            logger.info("Starting from %s's best checkpoint (%s, epoch %d; no --init-epoch)", folder.path, BEST_FILE,
+                        folder.read_best()["epoch"])
+        elif folder.checkpoints():
+            init_epoch = folder.checkpoints()[0][0]
+            logger.info("Starting from %s's final checkpoint, epoch %d (it has no %s: no validation scoring; no "
+                        "--init-epoch)", folder.path, init_epoch, BEST_FILE)
     if init_epoch == "best":
         best = folder.read_best()
         if best is None:

@@ -239,7 +239,8 @@ def _started_from(config: TrainConfig, given: set[str] | None) -> TrainConfig:
     """A new model with ``--init-from``: the parent resolved and recorded in ``config.parent`` (its
     checkpoint's SHA-256; the weights are taken when the model is made), and the parent's network
     wherever ``given`` does not say otherwise (:meth:`TrainConfig.with_parents_network`)."""
-    record, parent = resolve_parent(config.init_from, config.init_epoch)
+    record, parent = resolve_parent(config.init_from, config.init_epoch,
+                                    chosen=given is None or "init_epoch" in given)
     config, inherited = config.with_parents_network(parent, given)
     if inherited:
         logger.info("Network of the %s, for the flags not given: %s", parent_label(record), ", ".join(
@@ -259,6 +260,9 @@ def _parent_text(record: dict) -> str:
             if record else "random weights")
 
 
+DEALT_BY = ("folds", "seed")  # the settings a model's patients are dealt into folds by (provided_code.folds)
+
+
 def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
     """The folds of one model are one model's: a fold whose network differs from another fold's is
     refused, naming the settings; one whose recipe or exclusion list is not the other folds' is
@@ -274,16 +278,20 @@ def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
                               f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
                               f"{fold}'s --init-from and --init-epoch while that file is unchanged, or train the "
                               f"folds again from one start (an --init-epoch N the parent keeps).")
-        fixed = [name for name in (*TrainConfig.NETWORK, "folds") if name not in TrainConfig.FROM_DATA]
-        recipe = [name for name in TrainConfig.RECIPE if name != "excluded"] if not change_recipe else []
+        # --folds and --seed deal the patients (splits.json): no --change-recipe changes them
+        fixed = [name for name in (*TrainConfig.NETWORK, *DEALT_BY) if name not in TrainConfig.FROM_DATA]
+        recipe = [name for name in TrainConfig.RECIPE if name not in ("excluded", *DEALT_BY)] if not change_recipe \
+            else []
         differing = config.differing_from(other, (*fixed, *recipe))
         if differing:
+            changeable = any(name in recipe for name in differing)
             raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
                               f"than fold {fold}'s (" + "; ".join(
                                   f"{name}: fold {fold} {other.shown(name)}, requested {config.shown(name)}"
                                   for name in differing)
-                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings (a recipe "
-                                f"change: --change-recipe), or choose a new --model-name.")
+                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings"
+                              + (" (a recipe change: --change-recipe)" if changeable else "")
+                              + ", or choose a new --model-name.")
         if excluded_patients(other.excluded) != excluded_patients(config.excluded):
             said = other.shown("excluded")
             if not change_recipe:
@@ -372,8 +380,12 @@ def _fold_data(config: TrainConfig, full: SplitArrays, low: SplitArrays, exclude
     validating = [row for row, pid in enumerate(full.patient_ids) if pid in held_out]
     training = [row for row, pid in enumerate(full.patient_ids) if pid not in held_out and pid not in excluded]
     if not validating or not training:
+        deal_again = (f" (its held-out patients, {', '.join(dealing.held_out_of(config.fold))}, are all excluded): "
+                      f"deal the patients again, as a new --model-name with another --seed or fewer --folds"
+                      if not validating else "")
         raise ConfigError(f"Fold {config.fold} of {config.folds} has {len(training)} patients to train on and "
-                          f"{len(validating)} held out once the excluded are left out: too few for a fold")
+                          f"{len(validating)} held out once the excluded are left out: too few for a fold"
+                          + deal_again)
     logger.info("Fold %d of %d (%s): training on %d patients of the other folds, validating on its %d held-out "
                 "patients (%s); %s is not used by a fold", config.fold, config.folds, config.model_dir / SPLITS_FILE,
                 len(training), len(validating), ", ".join(full.patient_ids[row] for row in validating),

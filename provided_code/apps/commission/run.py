@@ -48,10 +48,12 @@ from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.errors import UserError
-from provided_code.exclusions import split_patients
-from provided_code.folds import (HELD_OUT_STAGE, SPLITS_FILE, Dealing, check_patients, fold_dir, fold_folders,
-                                 read_dealing)
-from provided_code.infra.atomic import new_folder_beside, replace_folder
+from provided_code.exclusions import excluded_patients, split_patients
+from provided_code.constants import DOSE_FILE
+from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, Dealing, check_patients, fold_dir,
+                                 fold_folders, natural_key, read_dealing)
+from provided_code.infra.checksum import file_checksum
+from provided_code.infra.atomic import naming_path, new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
@@ -82,6 +84,11 @@ class Fold:
     epoch: int  # the epoch of its out-of-fold predictions (its final checkpoint made them)
     scores: dict  # its held-out scores.json, written with them
 
+    @property
+    def made_with(self) -> dict:
+        """What made its out-of-fold predictions (:func:`provided_code.folds.held_out_record`)."""
+        return self.scores[MADE_WITH]
+
 
 @dataclasses.dataclass
 class CommissioningReport:
@@ -106,15 +113,27 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
     predictions written by its best checkpoint (its newest without one); a
     :class:`CommissioningError` naming every fold that is missing or unfinished, and what to run."""
     model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        missing = "is not a folder" if model_dir.exists() else "does not exist"
+        raise CommissioningError(f"Invalid `model_dir`. Expected a cross-validated model's folder (results/<model>). "
+                                 f"Received: {model_dir}, which {missing}")
     dealing = read_dealing(model_dir)
     if dealing is None:
         raise CommissioningError(f"{model_dir} is not a cross-validated model (no splits.json): train its folds with "
                                  f"--folds N --fold K, K = 1..N")
     folds, problems = [], []
+    configs = {number: RunFolder(fold_dir(model_dir, number)).read_config() for number in range(1, dealing.folds + 1)}
+    excluded = set().union(*(excluded_patients(config.excluded) for config in configs.values() if config is not None))
     for number in range(1, dealing.folds + 1):
         folder = RunFolder(fold_dir(model_dir, number))
-        config = folder.read_config()
+        config = configs[number]
         newest = folder.checkpoints()
+        if config is None and not dealing.held_out_of(number, excluded):
+            held = ", ".join(dealing.held_out_of(number))
+            raise CommissioningError(f"Cannot commission {model_dir.name}: fold {number}'s held-out patients ({held}) "
+                                     f"are all excluded (--exclude), so the fold cannot be trained (it would have "
+                                     f"none to hold out). Deal the patients again: train the folds as a new "
+                                     f"--model-name with another --seed or fewer --folds.")
         if config is None or not newest:
             problems.append(f"fold {number} is not trained ({folder.path})")
             continue
@@ -128,6 +147,10 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
             problems.append(f"fold {number} has no out-of-fold predictions of its epoch {expected} "
                             f"({folder.predictions(HELD_OUT_STAGE)})")
             continue
+        if not isinstance(scores.get(MADE_WITH), dict):
+            problems.append(f"fold {number}'s out-of-fold predictions do not record the checkpoint that made them "
+                            f"(written by an earlier version; {path})")
+            continue
         folds.append(Fold(number, folder, config, expected, scores))
     if problems:
         raise CommissioningError(f"Cannot commission {model_dir.name} yet: {'; '.join(problems)}. Run the same "
@@ -136,7 +159,100 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
     sites = {fold.config.site.name for fold in folds}
     if len(sites) > 1 or not all(fold.config.site.same_as(folds[0].config.site) for fold in folds):
         raise CommissioningError(f"The folds of {model_dir.name} are of different sites ({', '.join(sorted(sites))})")
+    _check_exclusions(model_dir, folds)
     return dealing, folds
+
+
+def _check_exclusions(model_dir: Path, folds: list[Fold]) -> None:
+    """Every fold left out the same patients (``--exclude``), or a :class:`CommissioningError`
+    naming the folds that differ: a patient one fold excluded and another trained on is neither
+    excluded from the model nor assessed as one of its training patients."""
+    lists = {fold.number: sorted(excluded_patients(fold.config.excluded), key=natural_key) for fold in folds}
+    first = folds[0].number
+    differing = [number for number, patients in lists.items() if patients != lists[first]]
+    if differing:
+        said = "; ".join(f"fold {number}: {', '.join(patients) or 'none'}" for number, patients in lists.items())
+        raise CommissioningError(f"The folds of {model_dir.name} left out different patients with --exclude ({said}): "
+                                 f"a patient one fold excluded was trained on by another. Train the folds that differ "
+                                 f"({', '.join(f'--fold {n}' for n in differing)}) again with the same --exclude file "
+                                 f"as a new model, then commission it.")
+
+
+def certify(folds: list[Fold]) -> list[dict]:
+    """Each fold's identity (:func:`provided_code.trust.fold_identity`: its fold, epoch and the
+    SHA-256 of its checkpoint), certified to be the checkpoint that made its out-of-fold
+    predictions, and a model of its own; a :class:`CommissioningError` naming the first fold whose
+    checkpoint is byte-identical to another fold's, differs from the one recorded with its
+    predictions, or does not load."""
+    identities, seen = [], {}
+    for fold in folds:
+        identity = fold_identity(fold.folder, fold.epoch)  # each checkpoint hashed once
+        checkpoint = fold.folder.checkpoint(fold.epoch)
+        twin = seen.setdefault(identity["sha256"], fold.number)
+        if twin != fold.number:
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} is byte-identical "
+                                     f"to fold {twin}'s (SHA-256 {identity['sha256'][:12]}…): each fold is a model of "
+                                     f"its own; train fold {fold.number} again (--fold {fold.number}) or restore its "
+                                     f"checkpoint.")
+        recorded = fold.made_with["checkpoint"]
+        if (recorded.get("epoch"), recorded.get("sha256")) != (fold.epoch, identity["sha256"]):
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} is not the one "
+                                     f"that made its out-of-fold predictions (SHA-256 {identity['sha256'][:12]}…, "
+                                     f"recorded {str(recorded.get('sha256'))[:12]}… at epoch {recorded.get('epoch')}): "
+                                     f"restore it, or run fold {fold.number}'s command again to predict its held-out "
+                                     f"patients with it.")
+        identities.append(identity)
+    for fold in folds:  # the deployed model's members load, as a prediction will load them
+        _check_loads(fold)
+    return identities
+
+
+def _check_loads(fold: Fold) -> None:
+    import keras
+
+    checkpoint = fold.folder.checkpoint(fold.epoch)
+    try:
+        trained = fold.folder.load_trained_model(fold.epoch)
+        del trained
+    except Exception as error:  # whatever Keras, h5py or zipfile raise for a damaged file
+        raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} does not load "
+                                 f"({type(error).__name__}: {' '.join(str(error).split())[:300]}): restore it, or train fold "
+                                 f"{fold.number} again.") from None
+    finally:
+        keras.backend.clear_session()
+
+
+def _check_predictions_and_plans(model_dir: Path, folds: list[Fold], fold_of: dict, patients: list[str],
+                                 split: Path) -> None:
+    """Each out-of-fold prediction file is the one its fold wrote, and each plan (``dose.csv``) the
+    one it was predicted against (:func:`provided_code.folds.held_out_record`); a
+    :class:`CommissioningError` naming the fold and file, or the patients whose plans changed."""
+    changed_plans = []
+    for pid in patients:
+        fold = folds[fold_of[pid] - 1]
+        made_with = fold.made_with
+        path = fold.folder.predictions(HELD_OUT_STAGE) / f"{pid}.csv"
+        recorded = made_with.get("predictions", {}).get(pid)
+        found = file_checksum(path) if path.is_file() else None
+        if found is None or found != recorded:
+            what = ("is missing" if found is None else "was not recorded with its predictions" if recorded is None
+                    else f"changed since the fold wrote it (SHA-256 {found[:12]}…, recorded {recorded[:12]}…)")
+            raise CommissioningError(f"Cannot commission: fold {fold.number}'s out-of-fold prediction {path} {what}: run "
+                                     f"fold {fold.number}'s command again to predict its held-out patients anew.")
+        plan = split / pid / DOSE_FILE
+        if made_with.get("plans", {}).get(pid) != (file_checksum(plan) if plan.is_file() else None):
+            changed_plans.append(pid)
+    if changed_plans:
+        raise CommissioningError(f"Cannot commission {model_dir.name}: the plans of {_listed(changed_plans)} in {split} "
+                                 f"changed since the folds predicted them (their {DOSE_FILE}'s SHA-256 differs from the "
+                                 f"one recorded with the out-of-fold predictions): commission with the data folder the "
+                                 f"folds were trained on (--data-dir), or train the folds again on this one as a new "
+                                 f"model.")
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
@@ -151,7 +267,8 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
     model_dir = Path(model_dir)
     with contextlib.ExitStack() as locks:
         if (model_dir / SPLITS_FILE).is_file():  # else complete_folds says what the folder is not
-            locks.enter_context(RunFolder(model_dir).lock("commissioning"))
+            locks.enter_context(RunFolder(model_dir).lock("commissioning",
+                                                          advice="wait for it to end, then commission again"))
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
@@ -174,6 +291,9 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     if len(rows) < MIN_PATIENTS:
         raise CommissioningError(f"Cannot commission {model_dir.name}: {len(rows)} training patients once the excluded "
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
+    _check_predictions_and_plans(model_dir, folds, fold_of, [arrays.patient_ids[row] for row in rows],
+                                 split_dir(data_dir, "train"))
+    identities = certify(folds)
     predictions = SparseDoses()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
         pid = arrays.patient_ids[row]
@@ -191,9 +311,9 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
     geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
-                  "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
+                  "flagged_by": _flagged_by(entry, float(cohort["threshold"])), "reasons": list(entry["reasons"])}
+                 for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
-    identities = [fold_identity(fold.folder, fold.epoch) for fold in folds]  # each checkpoint hashed once
     bands = bands_record(residuals, site_name=site.name, folds=identities)
     calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
 
@@ -226,22 +346,37 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     folder = commissioning_folder(model_dir)
     new = new_folder_beside(folder)
     try:
-        residuals.to_csv(new / FILES["plans"], index=False, float_format="%.4f")
-        summary.to_csv(new / FILES["summary"], index=False, float_format="%.4f")
-        features.to_csv(new / FILES["anatomy"], index_label="patient", float_format="%.6g")
         report = jsonable(report)
-        (new / FILES["cohort"]).write_text(_json(cohort))
-        (new / FILES["bands"]).write_text(_json(bands))
-        (new / FILES["report_json"]).write_text(_json(report))
-        (new / FILES["report_html"]).write_text(render_report(report))
-        (new / FILES["card"]).write_text(card_text)
-        (new / FILES["card_json"]).write_text(_json(card))
+        writers = {"plans": lambda path: residuals.to_csv(path, index=False, float_format="%.4f"),
+                   "summary": lambda path: summary.to_csv(path, index=False, float_format="%.4f"),
+                   "anatomy": lambda path: features.to_csv(path, index_label="patient", float_format="%.6g"),
+                   "cohort": lambda path: path.write_text(_json(cohort)),
+                   "bands": lambda path: path.write_text(_json(bands)),
+                   "report_json": lambda path: path.write_text(_json(report)),
+                   "report_html": lambda path: path.write_text(render_report(report)),
+                   "card": lambda path: path.write_text(card_text),
+                   "card_json": lambda path: path.write_text(_json(card))}
+        for key, write in writers.items():
+            with naming_path(folder / FILES[key], also=new / FILES[key]):  # a full disk's error names the file
+                write(new / FILES[key])
         replace_folder(new, folder)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
     logger.info("Wrote %s", folder)
     return CommissioningReport(folder, report)
+
+
+def _flagged_by(entry, threshold: float) -> str:
+    """Which rule flagged a geometric outlier, in words: its local outlier factor above the cohort's
+    threshold, or the feature far outside the other training patients' range (naming it)."""
+    said = []
+    if entry["score"] > threshold:
+        said.append(f"its local outlier factor {entry['score']:.2f}, above the cohort's threshold {threshold:.2f}")
+    if entry["outside_scales"] >= anatomy.FAR_SCALES:
+        said.append(f"its feature {entry['outside_feature']}, {entry['outside_scales']:.1f} robust scales beyond the "
+                    f"other training patients' range")
+    return " and ".join(said)
 
 
 def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
