@@ -96,6 +96,8 @@ class CommissioningReport:
                  f"{report['scores']['dvh_score']:.3f} Gy.",
                  f"Dosimetric outliers: {', '.join(o['patient'] for o in report['dosimetric_outliers']) or 'none'}.",
                  f"Geometric outliers: {', '.join(o['patient'] for o in report['geometric_outliers']) or 'none'}."]
+        if report["thresholds"].get("geometric_note"):
+            lines.append(f"In-distribution check: {report['thresholds']['geometric_note']}.")
         lines += [f"{name}: {self.folder / FILES[key]}" for key, name in (
             ("report_html", "Report"), ("report_json", "Figures"), ("plans", "Plans"), ("card", "Model card"))]
         return "\n".join(lines)
@@ -186,11 +188,15 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     dosimetric = commissioning.dosimetric_outliers(residuals, kinds=site, metrics=site.metric_names)
 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
-        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site, arrays.ct[row])
         for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient read, excluded too
     cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
-    geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
+    small = anatomy.too_small(len(cohort["patients"]), cohort["alpha"])
+    if small:
+        logger.warning("In-distribution check: %s", small)
+    geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": cohort["threshold"],
+                  "p_value": float(entry["p_value"]), "feature": entry["feature"],
                   "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
     identities = [fold_identity(fold.folder, fold.epoch) for fold in folds]  # each checkpoint hashed once
@@ -212,7 +218,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         "scores": {"dose_score": scores.dose_score, "dvh_score": scores.dvh_score},
         "summary": _records(summary),
         "plans": _records(residuals),
-        "thresholds": {"z": commissioning.Z_THRESHOLD, "geometric": float(cohort["threshold"])},
+        "thresholds": {"z": commissioning.Z_THRESHOLD, "geometric": cohort["threshold"], "alpha": cohort["alpha"],
+                       **({"geometric_note": small} if small else {})},
         "dosimetric_outliers": dosimetric,
         "geometric_outliers": geometric,
         "geometric_scores": [{"patient": pid, "score": float(entry["score"])}
@@ -276,11 +283,11 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
         predictions[row] = read_prediction(folder, arrays.patient_ids[row])
     scored = [row for row in rows if arrays.has_dose[row]]
     in_distribution = [{"patient": arrays.patient_ids[row], **anatomy.check(cohort, anatomy.anatomy_features(
-        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site))}
-        for row in rows]
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site,
+        arrays.ct[row]))} for row in rows]
     figures = {"split": str(stage_dir), "patients": [arrays.patient_ids[row] for row in scored],
                "levels": list(calibration.LEVELS), "method": calibration.METHOD,
-               "calibration_patients": bands["patients"], "threshold": float(cohort["threshold"]),
+               "calibration_patients": bands["patients"], "threshold": cohort["threshold"], "alpha": cohort["alpha"],
                "in_distribution": in_distribution}
     if not scored:
         return {**figures, "note": f"No validation patient of {stage_dir} has a dose: no coverage to observe."}
