@@ -74,6 +74,17 @@ def moved_into_target(organs: dict, target: np.ndarray, targets: np.ndarray, bod
     return best[1], best[2]
 
 
+def moved_onto_target(organ: np.ndarray, target: np.ndarray, body: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The organ moved rigidly (whole voxels) so that its centre lies on the target's centre,
+    inside the body, and the shift (voxels)."""
+    shift = np.round(np.argwhere(target).mean(axis=0) - np.argwhere(organ).mean(axis=0)).astype(int)
+    moved = np.zeros_like(organ)
+    found = np.argwhere(organ) + shift
+    inside = np.all((found >= 0) & (found < np.asarray(organ.shape)), axis=1)
+    moved[tuple(found[inside].T)] = True
+    return moved & body, shift
+
+
 def shifted_ct(ct: np.ndarray, body: np.ndarray, hu: int = CT_SHIFT_HU) -> np.ndarray:
     """The CT ``hu`` brighter inside the body (clipped to the format's range)."""
     return np.where(body, np.clip(ct.astype(np.int32) + hu, 0, CT_MAX), ct).astype(ct.dtype)
@@ -121,12 +132,7 @@ def alter(data_dir: Path, out: Path, split: str, grow_mm: float) -> dict:
         if not (folder / f"{ORGAN}.csv").is_file():
             continue
         organ = _mask(folder / f"{ORGAN}.csv", pid)
-        shift = np.round(np.argwhere(target).mean(axis=0) - np.argwhere(organ).mean(axis=0)).astype(int)
-        moved = np.zeros_like(organ)
-        found = np.argwhere(organ) + shift
-        inside = np.all((found >= 0) & (found < np.asarray(VOLUME_SHAPE)), axis=1)
-        moved[tuple(found[inside].T)] = True
-        moved &= body
+        moved, shift = moved_onto_target(organ, target, body)
         name = f"pt_{MOVED + number}"
         _copy(folder, out_split / name, f"{ORGAN}.csv")
         _write(out_split / name, ORGAN, moved)

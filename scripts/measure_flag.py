@@ -12,7 +12,8 @@ Prints JSON:
 - ``validation``: the validation patients against the cohort of all training patients, likewise;
 - ``altered``: the validation patients altered in memory (``scripts/alter_anatomy.py``'s functions):
   PTV70 grown by 15 and by 20 mm, an organ moved 20 mm towards PTV70 (the one that move puts furthest
-  into the targets; and the brainstem alone), a parotid deleted, the CT +300 HU inside the body; and ``phantoms``: the demo's synthetic head-and-neck phantoms. Each
+  into the targets; and the brainstem alone), the brainstem moved onto PTV70's centre (as
+  ``alter_anatomy.py`` writes it), a parotid deleted, the CT +300 HU inside the body; and ``phantoms``: the demo's synthetic head-and-neck phantoms. Each
   with the share flagged and, per patient, its p-value, the feature that adds most to its score
   and its first reason.
 """
@@ -38,7 +39,7 @@ from provided_code.folds import natural_key  # noqa: E402
 from provided_code.metrics import anatomy  # noqa: E402
 from provided_code.sites import load_site  # noqa: E402
 from scripts.alter_anatomy import (ORGANS, TARGET, deleted_organ, grown_target, moved_into_target,  # noqa: E402
-                                   shifted_ct)
+                                   moved_onto_target, shifted_ct)
 
 
 def binomial_range(n: int, p: float, mass: float = 0.95) -> list[int]:
@@ -80,6 +81,7 @@ def measure(data_dir: Path, alpha: float, phantoms: int) -> dict:
     result = {"data": str(data_dir), "alpha": alpha, "method": cohort["method"], "cohort_patients": len(features),
               "threshold": cohort["threshold"], "training_left_out": _summary(left_out, alpha)}
     validation, altered = {}, {kind: {} for kind in ("target_grown_15mm", "target_grown_20mm", "organ_moved_20mm", "brainstem_moved_20mm",
+                                                     "brainstem_onto_target",
                                                      "organ_deleted", "ct_plus_300_hu")}
 
     def check(masks, body, spacing, ct):
@@ -106,6 +108,9 @@ def measure(data_dir: Path, alpha: float, phantoms: int) -> dict:
                 inside = float((moved & targets).sum() / max(moved.sum(), 1))
                 altered["brainstem_moved_20mm"][pid] = {**found, "reasons": [
                     f"({100 * inside:.0f} % of the moved brainstem inside a target) " + "; ".join(found["reasons"])]}
+                moved, _ = moved_onto_target(masks["Brainstem"], masks[TARGET], body)
+                altered["brainstem_onto_target"][pid] = check(_bits(site, {**masks, "Brainstem": moved}, body.shape),
+                                                              body, spacing, ct)
         lost = deleted_organ(int(pid.split("_")[1]))
         if masks[lost].any():
             kept = {name: mask for name, mask in masks.items() if name != lost}
