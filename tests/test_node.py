@@ -595,7 +595,7 @@ def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal
     assert "Predictions outside the training cohort: 1 of the 1 checked" in status.output
     lines = status.output.splitlines()
     at = next(k for k, line in enumerate(lines) if f"PHANTOM29 sent {uid}" in line)
-    assert lines[at + 1].startswith("    Outside the training cohort (local outlier factor")
+    assert lines[at + 1].startswith("    Outside the training cohort (p = 0.200, alpha 0.99; flagged by ")
     doses = [dataset for _, dataset in listener.received if dataset.Modality == "RTDOSE"]
     assert [d.SeriesDescription for d in doses] == ["Outside the training cohort: predicted dose, cv 2 folds"]
 

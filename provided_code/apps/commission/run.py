@@ -142,10 +142,12 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
 
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
-               cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> CommissioningReport:
+               cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
+               alpha: float = anatomy.DEFAULT_ALPHA) -> CommissioningReport:
     """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
     ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
-    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them.
+    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them;
+    ``alpha``: the in-distribution check's level (recorded in cohort.json).
 
     Meanwhile the model's folder is locked (another commissioning, or the folds' ensemble predicting
     the validation patients the calibration reads, is refused in one line) and each fold's is locked
@@ -157,11 +159,11 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
-        return _commission(model_dir, data_dir, cache_dir, progress)
+        return _commission(model_dir, data_dir, cache_dir, progress, anatomy.check_alpha(alpha))
 
 
 def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: os.PathLike | str | None,
-                progress: Progress) -> CommissioningReport:
+                progress: Progress, alpha: float) -> CommissioningReport:
     dealing, folds = complete_folds(model_dir)
     first = folds[0].config
     site = first.site
@@ -190,7 +192,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
         arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site, arrays.ct[row])
         for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient read, excluded too
-    cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
+    cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]], alpha)
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
     small = anatomy.too_small(len(cohort["patients"]), cohort["alpha"])
     if small:
