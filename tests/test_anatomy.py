@@ -1,5 +1,6 @@
-"""A patient's anatomy features (volumes, overlap-volume histograms, the body's extent) and the
-cohort's local outlier factor: leave-one-out, the threshold, the reasons in words."""
+"""A patient's anatomy features (volumes, overlap-volume histograms, the body's extent, the CT's HU)
+and the in-distribution check: a nonconformity score, its conformal p-value against the cohort's
+leave-one-out scores, the flag at alpha, a cohort too small to flag, the reasons in words."""
 
 import json
 import math
