@@ -18,12 +18,13 @@ bands file's format)::
   the folds, whose errors it partly cancels, so its own errors are likely smaller than the single
   folds' out-of-fold errors the band is made of: the band is conservative for it (measured, with
   what else made it so: docs/trust.md).
-- **The in-distribution check**: the patient's anatomy features scored against the cohort (a local
-  outlier factor, and how far its features lie outside the cohort's range:
-  :func:`provided_code.metrics.anatomy.check`); above the cohort's threshold, or a feature far
-  outside the range, the patient is flagged "outside the training cohort" with the features that
-  drive it, in words. It depends on the anatomy only (not on the checkpoints), so it applies to the
-  model's folds at any epoch.
+- **The in-distribution check**: the patient's anatomy and CT features give one nonconformity
+  score, and its conformal p-value against the training patients' leave-one-out scores
+  (:func:`provided_code.metrics.anatomy.check`); below the cohort's alpha (recorded in cohort.json,
+  0.05 by default) the patient is flagged "outside the training cohort", with the feature that
+  adds most to the score and the others that drive it, in words. A patient like the cohort is
+  flagged at most alpha of the time. It depends on the anatomy and CT only (not on the
+  checkpoints), so it applies to the model's folds at any epoch.
 
 A model without them (a single run, an ensemble of several models, a model not commissioned, or
 commissioned before bands existed) predicts as before; :attr:`Trust.why_no_bands` says why in one line.
@@ -120,14 +121,14 @@ class Trust:
                                                      f"patients (commissioning/{BANDS_FILE})",
                 "patients": self.bands["patients"], "low": low, "high": high, "without": without}
 
-    def in_distribution(self, structure_masks, possible_dose_mask, voxel_dimensions, site) -> dict | None:
-        """The in-distribution check of one patient (its 128³ packed masks, body and voxel size):
-        :func:`provided_code.metrics.anatomy.check`'s ``inside`` (False: flagged), ``score`` (local
-        outlier factor), ``threshold``, ``outside_scales``, ``outside_feature`` and ``reasons``, and
-        the cohort's ``method`` and ``cohort_patients``. None: the model has no cohort."""
+    def in_distribution(self, structure_masks, possible_dose_mask, voxel_dimensions, site, ct=None) -> dict | None:
+        """The in-distribution check of one patient (its 128³ packed masks, body, voxel size and CT):
+        :func:`provided_code.metrics.anatomy.check`'s ``inside`` (False: flagged), ``score``,
+        ``p_value``, ``alpha``, ``threshold``, ``feature``, ``too_small`` and ``reasons``, and the
+        cohort's ``method`` and ``cohort_patients``. None: the model has no cohort."""
         if self.cohort is None:
             return None
-        features = anatomy.anatomy_features(structure_masks, possible_dose_mask, voxel_dimensions, site)
+        features = anatomy.anatomy_features(structure_masks, possible_dose_mask, voxel_dimensions, site, ct)
         return {**anatomy.check(self.cohort, features), "method": self.cohort["method"],
                 "cohort_patients": len(self.cohort["patients"])}
 
@@ -144,9 +145,13 @@ class Trust:
         """:meth:`lines` each with whether it says something is missing."""
         if self.bands is None and self.cohort is None and self.why_no_bands == self.why_no_check:
             return [(f"No prediction bands or in-distribution check: {self.why_no_bands}", True)]
-        check = ((f"In-distribution check: against the anatomy of the {len(self.cohort['patients'])} training "
-                  f"patients (a local outlier factor above {self.cohort['threshold']:.2f}: {OUTSIDE})", False)
-                 if self.cohort is not None else (f"No in-distribution check: {self.why_no_check}", True))
+        if self.cohort is None:
+            check = (f"No in-distribution check: {self.why_no_check}", True)
+        else:
+            small = anatomy.too_small(len(self.cohort["patients"]), self.cohort["alpha"])
+            check = ((f"In-distribution check: never flags: {small}", True) if small else
+                     (f"In-distribution check: against the anatomy and CT of the {len(self.cohort['patients'])} "
+                      f"training patients (a conformal p-value below {self.cohort['alpha']:g}: {OUTSIDE})", False))
         return [self._bands_line(), check]
 
     @property
@@ -178,16 +183,17 @@ def described(description: str, checked: dict | None) -> str:
 
 
 def flag_line(checked: dict) -> str:
-    """An in-distribution check's outcome in one line (:meth:`Trust.in_distribution`'s dict)."""
+    """An in-distribution check's outcome in one line (:meth:`Trust.in_distribution`'s dict, or
+    the journal's copy of it)."""
+    if checked.get("p_value") is None:  # a journal entry of a check before the conformal p-value
+        return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]}" + (": " + "; ".join(checked.get("reasons") or []))
+    p = f"p = {checked['p_value']:.3f}, alpha {checked['alpha']:g}"
     if checked["inside"]:
-        return (f"In the training cohort (local outlier factor {checked['score']:.2f}, threshold "
-                f"{checked['threshold']:.2f})")
+        small = checked.get("too_small")
+        return f"In the training cohort ({p})" + (f"; the check cannot flag: {small}" if small else "")
+    feature = f"flagged by {checked['feature']}" if checked.get("feature") else "flagged"
     reasons = "; ".join(checked["reasons"]) or "no single feature stands out: the combination does"
-    why = (f"local outlier factor {checked['score']:.2f} above its threshold {checked['threshold']:.2f}"
-           if checked["score"] > checked["threshold"] else
-           f"local outlier factor {checked['score']:.2f}; a feature {checked['outside_scales']:.1f} robust scales "
-           f"beyond the cohort's range")
-    return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]} ({why}): {reasons}"
+    return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]} ({p}; {feature}): {reasons}"
 
 
 def band_lines(band: dict, predicted: Mapping[str, Mapping[str, float]], metrics: Iterable[str]) -> list[str]:
@@ -244,6 +250,10 @@ def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int
     if bands is None and cohort is None:
         return no_trust(name, coverage, f"{name} is not commissioned (no {folder / BANDS_FILE}): {command}")
     why_no_check = "" if cohort is not None else f"{folder / COHORT_FILE} is missing: {command} again"
+    if cohort is not None and cohort.get("format") != anatomy.COHORT_FORMAT:
+        why_no_check = (f"{folder / COHORT_FILE} is of an earlier check (format {cohort.get('format')!r}, not "
+                        f"{anatomy.COHORT_FORMAT}: no calibrated p-value): {command} again")
+        cohort = None
     if bands is None:
         why_no_bands = f"{name} was commissioned before bands existed (no {folder / BANDS_FILE}): {command} again"
     else:

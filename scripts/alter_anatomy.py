@@ -6,6 +6,10 @@ bands and the in-distribution check): copies of a split's patients with
 - ``organ_moved``: the brainstem's contour moved (rigidly, whole voxels) so that its centre lies on
   the high-dose target's centre, inside the body: an organ at risk inside the target.
 
+The functions below (``grown_target``, ``moved_into_target``: an organ moved 20 mm towards the
+target, ``deleted_organ``, ``shifted_ct``: +300 HU) alter one patient's volumes in memory, as
+``scripts/measure_flag.py`` applies them.
+
     python scripts/alter_anatomy.py DATA_DIR OUT [--split validation] [--grow-mm 20]
 
 OUT/<split>-pats/ gets, for each patient pt_<N> of DATA_DIR's split that has the target (and the
@@ -28,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from provided_code.constants import POSSIBLE_DOSE_MASK_FILE, VOLUME_SHAPE, VOXEL_DIMENSIONS_FILE  # noqa: E402
+from provided_code.constants import CT_MAX, POSSIBLE_DOSE_MASK_FILE, VOLUME_SHAPE, VOXEL_DIMENSIONS_FILE  # noqa: E402
 from provided_code.data.csv_io import as_volume, read_sparse_csv, read_voxel_dimensions, write_sparse_csv  # noqa: E402
 from provided_code.data_folder import split_dir  # noqa: E402
 from provided_code.folds import natural_key  # noqa: E402
@@ -36,6 +40,59 @@ from scripts.plant_outliers import _grown  # noqa: E402
 
 TARGET, ORGAN = "PTV70", "Brainstem"
 GROWN, MOVED = 10000, 20000  # the altered patients' numbers: N + these
+MOVE_MM = 20.0  # moved_20mm: an organ moved this far towards the target
+CT_SHIFT_HU = 300  # ct_shifted: the CT inside the body this much brighter
+ORGANS = ("Brainstem", "SpinalCord", "RightParotid", "LeftParotid", "Esophagus", "Larynx", "Mandible")
+
+
+# -- alterations of one patient's volumes (128³ bool masks by structure name, the body, the CT) -----------
+
+def grown_target(target: np.ndarray, body: np.ndarray, spacing, mm: float) -> np.ndarray:
+    """The target grown by ``mm`` inside the body."""
+    return _grown(target, np.asarray(spacing, float), mm) & body
+
+
+def moved_into_target(organs: dict, target: np.ndarray, targets: np.ndarray, body: np.ndarray, spacing,
+                      mm: float = MOVE_MM) -> tuple[str, np.ndarray]:
+    """Of ``organs`` (name: mask), the one that a rigid move of ``mm`` (whole voxels) towards the
+    target's centre puts furthest into the targets (the largest gain in its share inside them),
+    and its moved mask (inside the body)."""
+    spacing = np.asarray(spacing, float)
+    centre = np.argwhere(target).mean(axis=0)
+    best = None
+    for name, organ in organs.items():
+        if not organ.any():
+            continue
+        towards = (centre - np.argwhere(organ).mean(axis=0)) * spacing
+        if not np.linalg.norm(towards):
+            continue
+        step = np.round(towards / np.linalg.norm(towards) * mm / spacing).astype(int)
+        moved = np.roll(organ, tuple(step), axis=(0, 1, 2)) & body
+        gain = (moved & targets).sum() / max(moved.sum(), 1) - (organ & targets).sum() / organ.sum()
+        if best is None or gain > best[0]:
+            best = (gain, name, moved)
+    return best[1], best[2]
+
+
+def moved_onto_target(organ: np.ndarray, target: np.ndarray, body: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The organ moved rigidly (whole voxels) so that its centre lies on the target's centre,
+    inside the body, and the shift (voxels)."""
+    shift = np.round(np.argwhere(target).mean(axis=0) - np.argwhere(organ).mean(axis=0)).astype(int)
+    moved = np.zeros_like(organ)
+    found = np.argwhere(organ) + shift
+    inside = np.all((found >= 0) & (found < np.asarray(organ.shape)), axis=1)
+    moved[tuple(found[inside].T)] = True
+    return moved & body, shift
+
+
+def shifted_ct(ct: np.ndarray, body: np.ndarray, hu: int = CT_SHIFT_HU) -> np.ndarray:
+    """The CT ``hu`` brighter inside the body (clipped to the format's range)."""
+    return np.where(body, np.clip(ct.astype(np.int32) + hu, 0, CT_MAX), ct).astype(ct.dtype)
+
+
+def deleted_organ(number: int) -> str:
+    """The parotid an organ_deleted patient loses: the left for odd patient numbers, else the right."""
+    return "LeftParotid" if number % 2 else "RightParotid"
 
 
 def _mask(path: Path, pid: str) -> np.ndarray:
@@ -75,12 +132,7 @@ def alter(data_dir: Path, out: Path, split: str, grow_mm: float) -> dict:
         if not (folder / f"{ORGAN}.csv").is_file():
             continue
         organ = _mask(folder / f"{ORGAN}.csv", pid)
-        shift = np.round(np.argwhere(target).mean(axis=0) - np.argwhere(organ).mean(axis=0)).astype(int)
-        moved = np.zeros_like(organ)
-        found = np.argwhere(organ) + shift
-        inside = np.all((found >= 0) & (found < np.asarray(VOLUME_SHAPE)), axis=1)
-        moved[tuple(found[inside].T)] = True
-        moved &= body
+        moved, shift = moved_onto_target(organ, target, body)
         name = f"pt_{MOVED + number}"
         _copy(folder, out_split / name, f"{ORGAN}.csv")
         _write(out_split / name, ORGAN, moved)

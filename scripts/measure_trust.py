@@ -17,7 +17,8 @@ MODEL_DIR is ``results/<model>`` after ``openkbp-commission`` (its ``commissioni
 - ``ensemble_against_folds``: per structure-metric the median |error| of the ensemble's validation
   predictions over the median |out-of-fold residual| of the single folds the bands are made of
   (below 1: the ensemble errs less, and its bands are conservative);
-- ``in_distribution``: the flag rate of the validation patients, of ``--phantoms`` synthetic
+- ``in_distribution`` (the check alone, without a model: ``scripts/measure_flag.py``): the flag rate of
+  the validation patients, of ``--phantoms`` synthetic
   head-and-neck phantoms (the demo's), and of each ``--altered`` data folder's split
   (``scripts/alter_anatomy.py``'s), grouped by alteration, with each flagged patient's reasons;
 - with ``--members``, ``member_spread``: each fold predicts the validation patients alone; per
@@ -148,13 +149,14 @@ def _ensemble_against_folds(table: pd.DataFrame, bands: dict) -> dict:
 
 
 def _flags(trust, patients) -> dict:
-    """The in-distribution check of each ``(patient id, structure masks, body, voxel size, site)``."""
+    """The in-distribution check of each ``(patient id, structure masks, body, voxel size, site, CT)``."""
     flagged, scores = [], []
-    for pid, masks, body, spacing, site in patients:
-        found = trust.in_distribution(masks, body, spacing, site)
+    for pid, masks, body, spacing, site, ct in patients:
+        found = trust.in_distribution(masks, body, spacing, site, ct)
         scores.append(found["score"])
         if not found["inside"]:
-            flagged.append({"patient": pid, "score": round(found["score"], 3), "reasons": found["reasons"]})
+            flagged.append({"patient": pid, "score": round(found["score"], 3), "p_value": round(found["p_value"], 4),
+                            "feature": found["feature"], "reasons": found["reasons"]})
     return {"patients": len(scores), "flagged": len(flagged), "rate": round(len(flagged) / len(scores), 4),
             "median_score": round(float(np.median(scores)), 3), "flagged_patients": flagged}
 
@@ -164,7 +166,7 @@ def _folder_patients(split: Path, site, names=None):
         if names is None or folder.name in names:
             patient = read_patient(folder, require_dose=False, site=site)
             yield (patient.patient_id, patient.structure_masks, patient.possible_dose_mask, patient.voxel_dimensions,
-                   site)
+                   site, patient.ct)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -226,9 +228,9 @@ def measure(model: Path, data_dir: Path, altered: list[Path], phantoms: int, cac
               "validation_patients": int(table["patient"].nunique()), "method": calibration.METHOD,
               "coverage": _coverage(table, trust.bands), "ensemble_against_folds": _ensemble_against_folds(
                   table, trust.bands)}
-    flags = {"threshold": round(float(trust.cohort["threshold"]), 4),
+    flags = {"alpha": trust.cohort["alpha"], "threshold": trust.cohort["threshold"],
              "validation": _flags(trust, [(pid, arrays.structure_masks[row], arrays.possible_dose_mask[row],
-                                           arrays.voxel_dimensions[row], site)
+                                           arrays.voxel_dimensions[row], site, arrays.ct[row])
                                           for row, pid in enumerate(arrays.patient_ids)])}
     with tempfile.TemporaryDirectory() as folder:
         write_phantom_split(Path(folder), phantoms, first_number=201, with_dose=False)

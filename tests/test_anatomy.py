@@ -1,5 +1,6 @@
-"""A patient's anatomy features (volumes, overlap-volume histograms, the body's extent) and the
-cohort's local outlier factor: leave-one-out, the threshold, the reasons in words."""
+"""A patient's anatomy features (volumes, overlap-volume histograms, the body's extent, the CT's HU)
+and the in-distribution check: a nonconformity score, its conformal p-value against the cohort's
+leave-one-out scores, the flag at alpha, a cohort too small to flag, the reasons in words."""
 
 import json
 import math
@@ -10,8 +11,8 @@ import pandas as pd
 import pytest
 
 from provided_code.data.csv_io import read_patient
-from provided_code.metrics.anatomy import (FAR_SCALES, OVH_DISTANCES_MM, anatomy_features, check, cohort_scores,
-                                           feature_names, fit_cohort, outside_range, score)
+from provided_code.metrics.anatomy import (OVH_DISTANCES_MM, anatomy_features, can_flag, check, cohort_scores,
+                                           feature_names, fit_cohort, nonconformity, p_value, too_small)
 from provided_code.sites import openkbp, site_from_dict
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
@@ -127,30 +128,87 @@ def _cohort(patients: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame(columns, index=[f"pt_{p}" for p in range(patients)])
 
 
-def test_a_training_patient_is_scored_against_the_others_only():
+def _features_of(cohort_frame: pd.DataFrame, row: int) -> dict:
+    return cohort_frame.iloc[row].to_dict()
+
+
+def test_the_p_value_is_one_plus_the_cohort_scores_at_or_above_over_n_plus_one():
     features = _cohort(30, seed=0)
     cohort = fit_cohort(features)
-    scores = cohort_scores(cohort)
-    for row in (0, 7, 29):
-        without = dict(cohort, patients=[p for k, p in enumerate(cohort["patients"]) if k != row],
-                       vectors=[v for k, v in enumerate(cohort["vectors"]) if k != row])
-        alone, reasons = score(without, features.iloc[row].to_dict())
-        assert scores["score"].iloc[row] == pytest.approx(alone, rel=1e-9)  # one computation, rows reordered
-        assert scores["reasons"].iloc[row] == reasons
+    scores = np.array(cohort["scores"])
+    new = _features_of(_cohort(1, seed=9), 0)
+    found = check(cohort, new)
+    assert found["p_value"] == (1 + np.count_nonzero(scores >= found["score"])) / (len(scores) + 1)
+    assert p_value(scores.max() + 1, scores) == 1 / 31 and p_value(-1.0, scores) == 1.0
+    # the training patients' scores are leave-one-out: the same as a new patient's against the other 29
+    without = fit_cohort(features.drop(index="pt_7"))
+    assert check(without, _features_of(features, 7))["score"] == pytest.approx(scores[7], rel=1e-12)
+    assert json.loads(json.dumps(cohort, allow_nan=False)) == cohort  # JSON-able, as saved with the model
+
+
+def test_patients_exchangeable_with_the_cohort_are_flagged_at_most_alpha_of_the_time():
+    """200 simulated cohorts of 39, each with one new patient from the same population: the flag's
+    rate is the p-value's, at most 5 % (a binomial's 95 % range at 200 reaches 8 %)."""
+    flagged = [not check(fit_cohort(_cohort(40, seed=100 + trial).iloc[:39]),
+                         _features_of(_cohort(40, seed=100 + trial), 39))["inside"] for trial in range(200)]
+    assert 0.01 <= np.mean(flagged) <= 0.08
+
+
+def test_a_deleted_organ_and_a_ct_shifted_by_300_hu_are_flagged_and_say_which_feature():
+    features = _cohort(40, seed=3)
+    features["Larynx.volume_cc"] = features["Larynx.volume_cc"].fillna(20.0)  # everyone has a larynx
+    features = features.fillna(0.1)
+    rng = np.random.default_rng(3)
+    for q, centre in zip((5, 25, 50, 75, 95), (-600, -80, 20, 50, 500)):
+        features[f"ct.p{q}_hu"] = rng.normal(centre, 15, len(features))
+    cohort = fit_cohort(features)
+    usual = features.median().to_dict()
+    assert check(cohort, usual)["inside"] and check(cohort, usual)["feature"] is None
+    deleted = {**usual, **{name: math.nan for name in usual if name.startswith("Larynx.")}}
+    found = check(cohort, deleted)
+    assert not found["inside"] and found["p_value"] < 0.05 and found["feature"] == "Larynx.volume_cc"
+    assert found["reasons"][0] == "Larynx is absent (not contoured); 40 of the 40 training patients have it"
+    brighter = {**usual, **{name: value + 300 for name, value in usual.items() if name.startswith("ct.")}}
+    found = check(cohort, brighter)
+    assert not found["inside"] and found["feature"].startswith("ct.")
+    assert "HU; the training cohort's highest was" in found["reasons"][0]
+
+
+def test_a_structure_some_training_patients_lack_counts_by_how_many_lack_it():
+    features = _cohort(30, seed=4).fillna(0.1)
+    names = list(features.columns)
+    row = features.iloc[0].to_numpy(float)
+    lacking = row.copy()
+    lacking[names.index("Larynx.volume_cc")] = math.nan
+    others = features.iloc[1:].to_numpy(float).copy()
+    part = nonconformity(names, lacking, others)[names.index("Larynx.volume_cc")]
+    assert part == pytest.approx(math.log(30 / 1))  # none of the 29 lacks it
+    others[:4, names.index("Larynx.volume_cc")] = math.nan
+    assert nonconformity(names, lacking, others)[names.index("Larynx.volume_cc")] == pytest.approx(math.log(30 / 5))
+
+
+def test_a_cohort_too_small_to_flag_at_alpha_says_so_and_flags_no_one():
+    small = fit_cohort(_cohort(19, seed=5))
+    assert small["threshold"] is None and not can_flag(19, 0.05) and can_flag(20, 0.05)
+    odd = {**_cohort(19, seed=5).median().to_dict(), "PTV70.volume_cc": 1e5}
+    found = check(small, odd)
+    assert found["inside"] and found["p_value"] == 1 / 20
+    assert found["too_small"] == too_small(19, 0.05) == (
+        "a cohort of 19 training patients cannot flag at alpha 0.05: its smallest p-value is 1/20 = 0.050; "
+        "20 patients are needed, or a larger alpha")
+    assert not check(fit_cohort(_cohort(20, seed=5)), odd)["inside"]
+    assert check(fit_cohort(_cohort(19, seed=5), alpha=0.1), odd)["too_small"] == ""
+
+
+def test_training_patients_are_each_scored_against_the_others_and_flagged_as_rarely():
+    features = _cohort(55, seed=6)
+    scored = cohort_scores(fit_cohort(features))
+    assert scored["flagged"].sum() <= 2  # p < 0.05 among 54 others: the two highest scores at most
     far = features.copy()
     far.loc["pt_far"] = far.iloc[0] * 3
     scored = cohort_scores(fit_cohort(far))
-    assert scored.loc["pt_far", "flagged"] and scored["flagged"].sum() <= 2
-
-
-def test_a_homogeneous_cohort_flags_about_five_percent_and_new_patients_like_it_as_few():
-    cohort = fit_cohort(_cohort(120, seed=1))
-    flagged = cohort_scores(cohort)["flagged"]
-    assert flagged.sum() <= math.ceil(0.05 * len(flagged))
-    new = _cohort(200, seed=2)
-    rate = np.mean([score(cohort, new.iloc[row].to_dict())[0] > cohort["threshold"] for row in range(len(new))])
-    assert rate <= 0.10  # ~5 % expected; 200 patients: a binomial's 95 % range reaches 8 %
-    assert json.loads(json.dumps(cohort, allow_nan=False)) == cohort  # JSON-able, as saved with the model
+    assert scored.loc["pt_far", "flagged"] and scored.loc["pt_far", "p_value"] == 1 / 56
+    assert scored.loc["pt_far", "feature"] is not None
 
 
 def test_the_reasons_name_the_feature_and_the_cohort_s_range():
@@ -161,106 +219,74 @@ def test_the_reasons_name_the_feature_and_the_cohort_s_range():
     odd = features.iloc[0].to_dict()
     odd["PTV70.volume_cc"] = 3 * largest
     odd.update({f"Parotid.within_{d}mm": 0.98 for d in OVH_DISTANCES_MM})
-    factor, reasons = score(cohort, odd)
-    assert factor > cohort["threshold"]
+    found = check(cohort, odd)
+    reasons = found["reasons"]
+    assert not found["inside"]
     assert f"PTV70 volume {3 * largest:,.0f} cc; the training cohort's largest was {largest:,.0f} cc" in reasons
     assert (f"Parotid overlaps the targets far more than in any training patient (98 % inside a target; the "
             f"cohort's most was {100 * most:.0f} %)") in reasons  # one reason for the organ's four distances
     assert len(reasons) == len(set(reasons)) <= 3
-    usual, none = score(cohort, features.median().to_dict())
-    assert usual < cohort["threshold"] and none == []
-
-
-def test_an_absent_structure_the_cohort_has_is_a_reason_and_its_overlap_is_left_out():
-    features = _cohort(30, seed=4)
-    features["Larynx.volume_cc"] = features["Larynx.volume_cc"].fillna(20.0)  # everyone has a larynx
-    features = features.fillna(0.1)
-    cohort = fit_cohort(features)
-    lacking = features.iloc[3].to_dict()
-    lacking.update({name: math.nan for name in lacking if name.startswith("Larynx.")})
-    factor, reasons = score(cohort, lacking)
-    assert math.isfinite(factor)
-    assert reasons[0] == "Larynx is absent (not contoured); 30 of the 30 training patients have it"
-
-
-def test_outside_the_range_is_how_many_robust_scales_beyond_the_furthest_training_value():
-    features = _cohort(40, seed=5)
-    cohort = fit_cohort(features)
-    median = features.median().to_dict()
-    assert outside_range(cohort, median) == (0.0, None)
-    volumes = features["PTV70.volume_cc"]
-    scale = 1.4826 * (volumes - volumes.median()).abs().median()
-    longer = {**median, "PTV70.volume_cc": volumes.max() + 2.5 * scale, "Larynx.volume_cc": math.nan}
-    assert outside_range(cohort, longer) == (pytest.approx(2.5, rel=1e-9), "PTV70.volume_cc")
-    shorter = {**median, "body.right_left_mm": features["body.right_left_mm"].min() - 0.5 * (
-        1.4826 * (features["body.right_left_mm"] - features["body.right_left_mm"].median()).abs().median())}
-    assert outside_range(cohort, shorter) == (pytest.approx(0.5, rel=1e-9), "body.right_left_mm")
-
-
-def test_a_new_patient_is_outside_above_the_threshold_or_a_robust_scale_beyond_the_range():
-    features = _cohort(40, seed=6)
-    cohort = fit_cohort(features)
-    median = features.median().to_dict()
-    found = check(cohort, median)
-    assert found["inside"] and found["score"] == score(cohort, median)[0] and found["outside_scales"] == 0.0
-    volumes = features["PTV70.volume_cc"]
-    scale = 1.4826 * (volumes - volumes.median()).abs().median()
-    lenient = {**cohort, "threshold": 1e9}  # the range alone decides
-    for beyond, inside in ((FAR_SCALES * 0.9, True), (FAR_SCALES * 1.1, False)):
-        found = check(lenient, {**median, "PTV70.volume_cc": volumes.max() + beyond * scale})
-        assert found["inside"] is inside and found["outside_feature"] == "PTV70.volume_cc"
-    strict = check({**cohort, "threshold": 0.5}, median)  # the score alone decides
-    assert not strict["inside"] and strict["outside_scales"] == 0.0
-    odd = {**median, **{f"Parotid.within_{d}mm": 0.98 for d in OVH_DISTANCES_MM}, "PTV70.volume_cc": 3 * volumes.max()}
-    assert not check(cohort, odd)["inside"] and check(cohort, odd)["reasons"] == score(cohort, odd)[1]
+    usual = check(cohort, features.median().to_dict())
+    assert usual["inside"] and usual["reasons"] == []
 
 
 def test_an_overlap_a_fraction_of_a_percent_beyond_a_cohort_that_has_almost_none_is_not_far_beyond():
     """Most patients' organ is clear of the targets (fractions of 0 to 0.2 %): 1 % is beyond their
-    range by many of their robust scales, but by a fraction of the 0.05 floor that both the rule
-    (outside_range) and the reasons measure in: more than in any training patient, not far more."""
+    range by many of their robust scales, but by a fraction of the 0.05 floor that both the score
+    (nonconformity) and the reasons measure in: more than in any training patient, not far more."""
     features = _cohort(40, seed=7)
     rng = np.random.default_rng(7)
     for distance in OVH_DISTANCES_MM:
         features[f"Parotid.within_{distance}mm"] = rng.uniform(0, 0.002, len(features))
     cohort = fit_cohort(features)
+    names = list(features.columns)
     slightly = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": 0.01 for d in OVH_DISTANCES_MM}}
-    assert outside_range(cohort, slightly)[0] < 1.0
-    said = [reason for reason in score(cohort, slightly)[1] if reason.startswith("Parotid overlaps")]
+    parts = nonconformity(names, np.array([slightly[name] for name in names], float), features.to_numpy(float))
+    assert all(parts[names.index(f"Parotid.within_{d}mm")] < 1.0 for d in OVH_DISTANCES_MM)
+    said = [reason for reason in check(cohort, slightly)["reasons"] if reason.startswith("Parotid overlaps")]
     assert len(said) == 1 and said[0].startswith("Parotid overlaps the targets more than in any training patient")
     far = {**slightly, **{f"Parotid.within_{d}mm": 0.5 for d in OVH_DISTANCES_MM}}
-    assert any(reason.startswith("Parotid overlaps the targets far more") for reason in score(cohort, far)[1])
+    assert any(reason.startswith("Parotid overlaps the targets far more") for reason in check(cohort, far)["reasons"])
 
 
 def test_within_the_range_a_feature_is_said_against_the_cohort_s_median_not_its_range():
     """An overlap the cohort has from 0 % to 100 %: "more than most (…; the cohort's 0 % to 100 %)"
-    says nothing; the median does."""
+    says nothing; the median does. So for a volume, the body's extent and the CT."""
     features = _cohort(40, seed=3)
     rng = np.random.default_rng(3)
     for distance in OVH_DISTANCES_MM:
         column = rng.uniform(0.15, 0.25, len(features))
         column[:2] = (0.0, 1.0)
         features[f"Parotid.within_{distance}mm"] = column
+    features["ct.p50_hu"] = rng.normal(20, 15, len(features))
+    features.loc["pt_0", "ct.p50_hu"] = 400.0  # the range reaches far above the median
     cohort = fit_cohort(features)
     odd = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": 0.8 for d in OVH_DISTANCES_MM}}
-    (said,) = [reason for reason in score(cohort, odd)[1] if reason.startswith("Parotid overlaps")]
+    found = check(cohort, odd)
+    assert found["inside"]  # within every range: said, not flagged
+    (said,) = [reason for reason in found["reasons"] if reason.startswith("Parotid overlaps")]
     median = features["Parotid.within_20mm"].median()
     assert said == (f"Parotid overlaps the targets more than most training patients (80 % within 20 mm of a target; "
                     f"the cohort's median {100 * median:.0f} %)")
+    brighter = {**features.median().to_dict(), "ct.p50_hu": 300.0}
+    (said,) = [reason for reason in check(cohort, brighter)["reasons"] if reason.startswith("the CT's")]
+    assert said == (f"the CT's median inside the body is 300 HU, higher than most of the training cohort's (their "
+                    f"median {round(features['ct.p50_hu'].median())} HU)")
 
 
 def test_a_fraction_is_never_said_as_minus_zero_percent():
     features = _cohort(40, seed=3)
     cohort = fit_cohort(features)
     none = {**features.median().to_dict(), **{f"Parotid.within_{d}mm": -0.0 for d in OVH_DISTANCES_MM}}
-    reasons = score(cohort, none)[1]
+    reasons = check(cohort, none)["reasons"]
     assert any(reason.startswith("Parotid overlaps the targets") for reason in reasons)
     assert not any("-0 %" in reason for reason in reasons)
 
 
 def test_a_patient_flagged_by_one_feature_names_that_feature_first():
-    """Structures no other training patient has say more (they sort first) but do not flag; the
-    volume far beyond the others' range flags the patient, and is named first."""
+    """Structures no other training patient has add to the score, and would come first by the
+    reasons' own order (none of the others has them), but the volume far beyond the others' range
+    adds most: it is the flagged patient's feature, and its reason is said first."""
     features = _cohort(40, seed=8)
     features.loc["pt_0", "PTV70.volume_cc"] = 10 * features["PTV70.volume_cc"].max()
     for name in ("Brainstem", "Cord", "Mandible"):  # contoured in pt_0 alone
@@ -268,5 +294,6 @@ def test_a_patient_flagged_by_one_feature_names_that_feature_first():
         features.loc["pt_0", f"{name}.volume_cc"] = 20.0
     scored = cohort_scores(fit_cohort(features))
     entry = scored.loc["pt_0"]
-    assert entry["flagged"] and entry["outside_feature"] == "PTV70.volume_cc" and entry["outside_scales"] >= FAR_SCALES
+    assert entry["flagged"] and entry["p_value"] < 0.05 and entry["feature"] == "PTV70.volume_cc"
     assert entry["reasons"][0].startswith("PTV70 volume ")
+    assert any(reason.startswith("Brainstem is present") for reason in entry["reasons"][1:])

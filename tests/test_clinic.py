@@ -288,15 +288,15 @@ def _predict(model, clinic, out, *options):
 def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside_its_cohort_is_named(
         commissioned_cv, tmp_path):
     """The band of each clinical metric beside its prediction (dvh.csv, dvh.json, the printed
-    summary); a patient above the cohort's threshold (made 0 here: every patient is) is flagged with
-    its score and reasons, and its RT Dose's series description says so first."""
+    summary); a patient whose p-value is below the cohort's alpha (made so here: alpha 0.99, every
+    training score -1) is flagged with its p-value and reasons, and its RT Dose's series description says so first."""
     from provided_code.metrics.calibration import band
 
     model = tmp_path / "results" / "cv"
     shutil.copytree(commissioned_cv, model)
     cohort_file = model / "commissioning" / "cohort.json"
     cohort = json.loads(cohort_file.read_text())
-    cohort_file.write_text(json.dumps({**cohort, "threshold": 0.0}))
+    cohort_file.write_text(json.dumps({**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])}))
     bands = json.loads((model / "commissioning" / "bands.json").read_text())
     output = _predict(model, _clinic_patient(tmp_path / "clinic", 14), tmp_path / "out", "--band", "0.5")
     report = json.loads((tmp_path / "out" / "dvh.json").read_text())
@@ -311,14 +311,14 @@ def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside
             assert table.loc[structure, [f"{metric}_low", f"{metric}_high"]].tolist() == pytest.approx([low, high],
                                                                                                       abs=5e-4)
     flag = report["in_distribution"]
-    assert not flag["inside"] and flag["threshold"] == 0.0 and flag["score"] > 0
+    assert not flag["inside"] and flag["p_value"] == 1 / 5 and flag["alpha"] == 0.99 and flag["score"] >= 0
     assert flag["cohort_patients"] == 4 and flag["method"] == cohort["method"]
     assert pydicom.dcmread(tmp_path / "out" / "RD.dcm").SeriesDescription == (
         "Outside the training cohort: predicted dose, cv 2 folds")
     assert "Bands (50 % nominal; split-conformal, equal-tailed, on out-of-fold residuals of 4 training" in output
     low, high = report["band"]["low"]["PTV70"]["D95"], report["band"]["high"]["PTV70"]["D95"]
     assert f"D95 {report['predicted']['PTV70']['D95']:.1f} ({low:.1f} to {high:.1f})" in output
-    assert f"Outside the training cohort (local outlier factor {flag['score']:.2f} above its threshold 0.00)" in output
+    assert "Outside the training cohort (p = 0.200, alpha 0.99" in output
 
 
 @pytest.mark.slow

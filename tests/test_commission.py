@@ -221,16 +221,21 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
                         held.setdefault((structure, metric, level), []).append(
                             bounds[0] <= tables[0][k, m] <= bounds[1])
         features = anatomy.anatomy_features(arrays.structure_masks[row], arrays.possible_dose_mask[row],
-                                            arrays.voxel_dimensions[row], site)
+                                            arrays.voxel_dimensions[row], site, arrays.ct[row])
         entry = next(e for e in calibration["in_distribution"] if e["patient"] == pid)
-        assert entry["score"] == pytest.approx(anatomy.score(cohort, features)[0], rel=1e-12)
-        scales, _ = anatomy.outside_range(cohort, features)
-        assert entry["inside"] == (entry["score"] <= cohort["threshold"] and scales < anatomy.FAR_SCALES)
+        checked = anatomy.check(cohort, features)
+        assert entry["score"] == pytest.approx(checked["score"], rel=1e-12) and entry["p_value"] == checked["p_value"]
+        # 4 training patients cannot flag at 0.05: every patient is inside, and says why
+        assert entry["inside"] and entry["too_small"] == anatomy.too_small(4, 0.05) != ""
     assert held, "4 training patients give 50 % bands"
     found = {(r["structure"], r["metric"], r["nominal"]): r for r in calibration["by_structure_metric"]}
     for key, covered in held.items():  # the site's metrics: the clinical ones are recomputed by the same rows
         assert found[key]["n"] == len(covered) and found[key]["observed"] == pytest.approx(np.mean(covered))
     assert calibration["patients"] == arrays.patient_ids
+    card = (folder / "MODEL_CARD.md").read_text()  # the check's level, and that 4 patients cannot flag at it
+    assert ("- In-distribution check: flags a patient whose anatomy and CT have a conformal p-value below alpha = "
+            f"0.05 against the training patients' (a patient like them is flagged at most 5 % of the time); "
+            f"{anatomy.too_small(4, 0.05)}.") in card
     page = (folder / "report.html").read_text()
     assert 'id="calibration"' in page and "Reliability: observed against nominal coverage" in page
 

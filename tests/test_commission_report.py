@@ -28,7 +28,7 @@ def _json_rows(frame: pd.DataFrame) -> list[dict]:
             for row in frame.to_dict(orient="records")]
 
 
-def _report(patients: int = 16, hostile: bool = False) -> dict:
+def _report(patients: int = 24, hostile: bool = False) -> dict:
     """A report as the orchestration fills it, from synthetic plans of OpenKBP's structures: the
     plans vary across patients, the predictions follow them within a few Gy, one plan spared its
     parotid much less than predicted, one patient's anatomy is unlike the others'."""
@@ -71,7 +71,7 @@ def _report(patients: int = 16, hostile: bool = False) -> dict:
             "summary": _json_rows(fit_summary(plans)), "plans": _json_rows(table),
             "dosimetric_outliers": outliers, "geometric_outliers": geometric,
             "geometric_scores": [{"patient": p, "score": s} for p, s in scored["score"].items()],
-            "thresholds": {"z": Z_THRESHOLD, "geometric": cohort["threshold"]},
+            "thresholds": {"z": Z_THRESHOLD, "geometric": cohort["threshold"], "alpha": cohort["alpha"]},
             "goals": goal_table(plans, site.goals), "dvh_curves": curves}
 
 

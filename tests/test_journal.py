@@ -251,8 +251,9 @@ def test_a_patient_outside_the_training_cohort_is_counted_and_named_with_its_rea
         add_structure_set(journal, uid=uid)
         for state in (READY, PREDICTING):
             journal.transition(uid, state)
-        trust = {"band": 0.9, "inside": inside, "score": 2.5 if inside is False else 1.0, "threshold": 1.3,
-                 "outside_scales": 3.0 if inside is False else 0.0, "outside_feature": "PTV70.volume_cc",
+        trust = {"band": 0.9, "inside": inside, "score": 9.5 if inside is False else 1.0,
+                 "p_value": 1 / 56 if inside is False else 0.5, "alpha": 0.05, "threshold": 7.8,
+                 "feature": "PTV70.volume_cc", "too_small": "",
                  "reasons": ["PTV70 volume 1,480 cc; the training cohort's largest was 610 cc"] if inside is False
                  else []}
         journal.transition(uid, PREDICTED, "epoch 3", trust=json.dumps(trust if inside is not None else
@@ -260,7 +261,7 @@ def test_a_patient_outside_the_training_cohort_is_counted_and_named_with_its_rea
     lines = summary_lines(journal)
     assert "Predictions outside the training cohort: 1 of the 2 checked" in lines
     at = next(k for k, line in enumerate(lines) if line.endswith("P1 predicted 1.8: epoch 3"))
-    assert lines[at + 1] == ("    Outside the training cohort (local outlier factor 2.50 above its threshold 1.30): "
+    assert lines[at + 1] == ("    Outside the training cohort (p = 0.018, alpha 0.05; flagged by PTV70.volume_cc): "
                              "PTV70 volume 1,480 cc; the training cohort's largest was 610 cc")
     assert sum(line.startswith("    Outside") for line in lines) == 1
 

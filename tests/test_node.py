@@ -566,17 +566,18 @@ def test_a_real_patient_without_ptv63_is_served_with_default_flags(start_node, l
 @pytest.mark.slow
 def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal_the_status_and_the_rt_dose(
         start_node, listener, phantom, commissioned_cv, tmp_path, caplog):
-    """A commissioned model's node: the patient's in-distribution check (above the cohort's threshold,
-    made 0 here: every patient is) goes to a warning with its reasons, the patient's journal entry
+    """A commissioned model's node: the patient's in-distribution check (its p-value below the
+    cohort's alpha, made so here: alpha 0.99, every training score -1) goes to a warning with its reasons, the patient's journal entry
     and --status, and the RT Dose sent says "Outside the training cohort" first."""
     import json
 
     served = tmp_path / "results" / "cv"
     shutil.copytree(commissioned_cv, served)
     cohort_file = served / "commissioning" / "cohort.json"
-    cohort_file.write_text(json.dumps({**json.loads(cohort_file.read_text()), "threshold": 0.0}))
+    cohort = json.loads(cohort_file.read_text())
+    cohort_file.write_text(json.dumps({**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])}))
     with ModelPredictor(served, band=0.5) as predictor:
-        assert predictor.trust.bands is not None and predictor.trust.cohort["threshold"] == 0.0
+        assert predictor.trust.bands is not None and predictor.trust.cohort["alpha"] == 0.99
         node = start_node(predict=predictor, send_to=parse_destination(listener.destination))
         patient = clone_patient(phantom, 29)
         send(node.port, patient[:-1])
@@ -584,17 +585,17 @@ def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal
         wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
         trust, history = json.loads(node.journal.patient(uid)["trust"]), dict(node.journal.history(uid))
         node.stop()
-    assert trust["band"] == 0.5 and trust["inside"] is False and trust["threshold"] == 0.0 and trust["score"] > 0
+    assert trust["band"] == 0.5 and trust["inside"] is False and trust["p_value"] == 1 / 5 and trust["alpha"] == 0.99
     assert history["predicted"].endswith("; 50 % bands; outside the training cohort")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert f"Patient PHANTOM29 (structure set {uid}): Outside the training cohort (local outlier factor " \
-           f"{trust['score']:.2f} above its threshold 0.00)" in "\n".join(warned)
+    assert f"Patient PHANTOM29 (structure set {uid}): Outside the training cohort (p = 0.200, alpha 0.99" \
+           in "\n".join(warned)
     status = CliRunner().invoke(main, ["serve", "--status", "--store", str(tmp_path / "store")])
     assert status.exit_code == 0, status.output
     assert "Predictions outside the training cohort: 1 of the 1 checked" in status.output
     lines = status.output.splitlines()
     at = next(k for k, line in enumerate(lines) if f"PHANTOM29 sent {uid}" in line)
-    assert lines[at + 1].startswith("    Outside the training cohort (local outlier factor")
+    assert lines[at + 1].startswith("    Outside the training cohort (p = 0.200, alpha 0.99; flagged by ")
     doses = [dataset for _, dataset in listener.received if dataset.Modality == "RTDOSE"]
     assert [d.SeriesDescription for d in doses] == ["Outside the training cohort: predicted dose, cv 2 folds"]
 

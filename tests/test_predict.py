@@ -378,7 +378,7 @@ def test_a_commissioned_models_folds_write_each_patients_bands_and_check_and_sum
     cohort = json.loads((model / "commissioning" / "cohort.json").read_text())
     report = predict_stage_of(model, phantom_data, phantom_cache, band=0.5)  # 4 training patients: 60 % at most
     arrays = load_split(phantom_data / "validation-pats", cache_dir=phantom_cache, site=openkbp())
-    site, held = arrays.site, []
+    site, held, p_values = arrays.site, [], {}
     for row, pid in enumerate(arrays.patient_ids):
         table = json.loads((report.predictions_dir / "dvh" / f"{pid}.json").read_text())
         csv = pd.read_csv(report.predictions_dir / "dvh" / f"{pid}.csv").set_index("structure")
@@ -403,7 +403,9 @@ def test_a_commissioned_models_folds_write_each_patients_bands_and_check_and_sum
                      <= table["band"]["high"][structure][metric] for metric in values]
         assert list(csv.columns[:4]) == ["D_0.1_cc_predicted", "D_0.1_cc_low", "D_0.1_cc_high", "D_0.1_cc_reference"]
         assert table["in_distribution"]["threshold"] == cohort["threshold"]
+        p_values[pid] = table["in_distribution"]["p_value"]
     scores = json.loads(report.scores_path.read_text())
+    assert scores["in_distribution"]["p_values"] == p_values and scores["in_distribution"]["alpha"] == cohort["alpha"]
     assert scores["band"]["coverage"] == 0.5 and scores["band"]["values"] == len(held)
     assert scores["band"]["observed"] == pytest.approx(np.mean(held))
     assert scores["in_distribution"]["patients"] == 2 and scores["in_distribution"]["threshold"] == cohort["threshold"]

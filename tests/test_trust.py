@@ -16,7 +16,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.sites import site_from_dict
 from provided_code.metrics.dvh_table import dvh_cell, dvh_columns
 from provided_code.trust import (BANDS_FILE, COHORT_FILE, OUTSIDE, TrustError, bands_record, commissioning_folder,
-                                 described, fold_identity, load_trust)
+                                 described, flag_line, fold_identity, load_trust)
 
 SITE = site_from_dict({"name": "geometry", "beams": {"type": "none"}, "structures": [
     {"name": "Organ", "kind": "oar"}, {"name": "PTV", "kind": "target", "prescription_gy": 60}]}, "test")
@@ -46,11 +46,12 @@ def _patient(size: int, organ: int = 5, body: int = 24):
     return masks, _box(shape, (0, 0, 0), (24, 24, body)), (2.0, 2.0, 2.0)
 
 
-def _cohort() -> dict:
-    """12 patients, their targets 5 to 7 voxels wide, organs 4 to 6, bodies 20 to 24 voxels long."""
-    features = pd.DataFrame({f"pt_{k}": anatomy.anatomy_features(*_patient(5 + k % 3, 4 + k % 4 // 2 + k // 8,
+def _cohort(patients: int = 24) -> dict:
+    """``patients`` patients, their targets 5 to 7 voxels wide, organs 4 to 6, bodies 20 to 24
+    voxels long."""
+    features = pd.DataFrame({f"pt_{k}": anatomy.anatomy_features(*_patient(5 + k % 3, 4 + k % 4 // 2 + k // 16,
                                                                            20 + k % 5), SITE)
-                             for k in range(12)}).T
+                             for k in range(patients)}).T
     return anatomy.fit_cohort(features)
 
 
@@ -105,16 +106,55 @@ def test_the_band_of_a_table_is_the_arithmetics_and_says_where_there_is_none(mod
         {"structure": "PTV", "metric": "D50", "patients": 0, "reason": "no training patient has PTV D50"}]
 
 
-def test_a_patient_unlike_the_cohort_is_flagged_with_its_reason_and_one_like_it_is_not(model):
+def test_a_patient_unlike_the_cohort_is_flagged_with_its_p_value_and_the_feature(model):
     trust = load_trust(model, _used(model))
+    assert trust.lines()[1] == ("In-distribution check: against the anatomy and CT of the 24 training patients (a "
+                                "conformal p-value below 0.05: outside the training cohort)")
     inside = trust.in_distribution(*_patient(6, 5, 22), SITE)
-    assert inside["inside"] and inside["score"] <= inside["threshold"] == trust.cohort["threshold"]
+    assert inside["inside"] and inside["p_value"] >= 0.05 and inside["alpha"] == trust.cohort["alpha"] == 0.05
+    assert flag_line(inside) == f"In the training cohort (p = {inside['p_value']:.3f}, alpha 0.05)"
     outside = trust.in_distribution(*_patient(12, 5, 22), SITE)
-    assert not outside["inside"] and outside["score"] > outside["threshold"]
+    assert not outside["inside"] and outside["p_value"] == 1 / 25 and outside["feature"] == "PTV.volume_cc"
     assert outside["reasons"][0].startswith("PTV volume 13.8 cc; the training cohort's largest was 2.7 cc")
+    assert flag_line(outside).startswith("Outside the training cohort (p = 0.040, alpha 0.05; flagged by "
+                                         "PTV.volume_cc): PTV volume 13.8 cc")
     assert described("Predicted dose, cv 2 folds", outside) == f"Outside the training cohort: predicted dose, cv 2 folds"
     assert described("Predicted dose, cv 2 folds", inside) == "Predicted dose, cv 2 folds"
     assert OUTSIDE == "outside the training cohort"
+
+
+def test_a_ct_shifted_by_300_hu_is_flagged_by_the_ct(model):
+    ct = np.full((24, 24, 24), 1000, np.uint16)  # HU 0 everywhere: the cohort below has 0 to 20 HU
+    features = pd.DataFrame({f"pt_{k}": anatomy.anatomy_features(*_patient(5 + k % 3, 5, 22), SITE, ct + k)
+                             for k in range(24)}).T
+    (commissioning_folder(model) / COHORT_FILE).write_text(json.dumps(anatomy.fit_cohort(features)))
+    trust = load_trust(model, _used(model))
+    assert trust.in_distribution(*_patient(6, 5, 22), SITE, ct + 10)["inside"]
+    shifted = trust.in_distribution(*_patient(6, 5, 22), SITE, ct + 310)
+    assert not shifted["inside"] and shifted["feature"].startswith("ct.p")
+    assert shifted["reasons"][0].startswith("the CT's")
+    assert "inside the body is 310 HU; the training cohort's highest was 23 HU" in shifted["reasons"][0]
+
+
+def test_a_cohort_too_small_to_flag_says_so_once_and_at_every_prediction(model):
+    (commissioning_folder(model) / COHORT_FILE).write_text(json.dumps(_cohort(12)))
+    trust = load_trust(model, _used(model))
+    small = ("a cohort of 12 training patients cannot flag at alpha 0.05: its smallest p-value is 1/13 = 0.077; 20 "
+             "patients are needed, or a larger alpha")
+    assert trust.lines()[1] == f"In-distribution check: never flags: {small}"
+    assert f"In-distribution check: never flags: {small}" in trust.missing_lines()
+    found = trust.in_distribution(*_patient(12, 5, 22), SITE)  # far outside, yet p = 1/13
+    assert found["inside"] and found["too_small"] == small
+    assert flag_line(found) == f"In the training cohort (p = 0.077, alpha 0.05); the check cannot flag: {small}"
+
+
+def test_a_cohort_of_the_earlier_check_asks_for_commissioning_again(model):
+    earlier = {**_cohort(), "format": 1}
+    (commissioning_folder(model) / COHORT_FILE).write_text(json.dumps(earlier))
+    trust = load_trust(model, _used(model))
+    assert trust.cohort is None and trust.bands is not None
+    assert trust.lines()[1] == (f"No in-distribution check: {model}/commissioning/cohort.json is of an earlier check "
+                                f"(format 1, not 2: no calibrated p-value): run openkbp-commission {model} again")
 
 
 def test_a_coverage_no_metric_has_patients_enough_for_is_said_once_with_the_widest_that_has(model):

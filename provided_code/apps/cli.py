@@ -324,7 +324,11 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
               help="The data folder of the model's training patients [default: the folds' --data-dir, as their "
                    "config.json records it].")
 @click.option("--cache-dir", default=None, help=CACHE_DIR_HELP)
-def commission_command(model_dir, data_dir, cache_dir):
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05, show_default=True,
+              help="The in-distribution check's level: a new patient is flagged outside the training cohort when "
+                   "its conformal p-value is below it (a patient like the cohort is flagged at most this often). "
+                   "Recorded in commissioning/cohort.json and on the model card.")
+def commission_command(model_dir, data_dir, cache_dir, alpha):
     """Commission a cross-validated model (results/<model>, its folds trained with --folds N --fold K):
     from the folds' out-of-fold predictions, write results/<model>/commissioning/ (report.html,
     report.json, plans.csv, the model card). Nothing is predicted again."""
@@ -332,7 +336,7 @@ def commission_command(model_dir, data_dir, cache_dir):
     from provided_code.apps.commission.run import commission
 
     try:
-        report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress)
+        report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress, alpha=alpha)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())

@@ -161,7 +161,7 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
             predicted /= np.float32(len(members))
         epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
         checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
-                                        arrays.voxel_dimensions[0], site_of_model)
+                                        arrays.voxel_dimensions[0], site_of_model, arrays.ct[0])
         write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
         dose_ct = dose_on_ct_grid(predicted, imported.geometry)
         used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"

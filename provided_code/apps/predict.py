@@ -301,7 +301,7 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: S
     ``.json`` in the predictions folder being written (``new``), from the predictions as written
     (the CSVs' decimals, as commissioning reads the folds'); returns what ``scores.json`` sums up:
     ``band`` (nominal coverage, method, the patients' values held by their bands and the median
-    width) and ``in_distribution`` (threshold, patients checked, those outside). The predictions
+    width) and ``in_distribution`` (alpha, each patient's p-value, those outside with the feature that flagged them). The predictions
     read back are kept in ``written`` (by row) for the scores."""
     site = arrays.site
     folder = new / DVH_FOLDER
@@ -322,7 +322,7 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: S
         banded = trust.band(predicted)
         if banded is not None:
             report["band"] = banded
-        found = trust.in_distribution(masks, arrays.possible_dose_mask[row], voxel_dimensions, site)
+        found = trust.in_distribution(masks, arrays.possible_dose_mask[row], voxel_dimensions, site, arrays.ct[row])
         if found is not None:
             report["in_distribution"] = found
             checked.append((pid, found))
@@ -338,8 +338,11 @@ def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: S
                            "median_width": float(held["width"].median()) if len(held) else None}
     if trust.cohort is not None:
         summary["in_distribution"] = {
-            "threshold": float(trust.cohort["threshold"]), "patients": len(checked),
-            "outside": [{"patient": pid, "score": found["score"], "reasons": found["reasons"]}
+            "alpha": trust.cohort["alpha"], "threshold": trust.cohort["threshold"], "patients": len(checked),
+            "p_values": {pid: found["p_value"] for pid, found in checked},
+            **({"too_small": checked[0][1]["too_small"]} if checked and checked[0][1]["too_small"] else {}),
+            "outside": [{"patient": pid, "score": found["score"], "p_value": found["p_value"],
+                         "feature": found["feature"], "reasons": found["reasons"]}
                         for pid, found in checked if not found["inside"]]}
     return summary
 
@@ -356,8 +359,11 @@ def _trust_lines(summary: dict, trust: Trust, predictions_dir: Path) -> list[str
     checked = summary.get("in_distribution")
     if checked is not None:
         outside = checked["outside"]
-        lines.append(f"{len(outside)} of {checked['patients']} patients {OUTSIDE}"
-                     + (f": {', '.join(entry['patient'] for entry in outside)}" if outside else ""))
+        lines.append(f"{len(outside)} of {checked['patients']} patients {OUTSIDE} (p below {checked['alpha']:g})"
+                     + (f": {', '.join(entry['patient'] + ' (' + str(entry['feature']) + ')' for entry in outside)}"
+                        if outside else ""))
+        if checked.get("too_small"):
+            lines.append(f"In-distribution check: {checked['too_small']}")
     return lines
 
 

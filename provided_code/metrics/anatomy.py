@@ -1,5 +1,6 @@
-"""How unlike the training cohort a patient's anatomy is: features computed once per patient, a
-local outlier factor against the cohort, and the features that drive it in a physicist's words.
+"""How unlike the training cohort a patient's anatomy and CT are: features computed once per
+patient, one nonconformity score, its conformal p-value against the cohort's leave-one-out scores,
+and the features that drive it in a physicist's words.
 
 **Features** (:func:`anatomy_features`, in the order of :func:`feature_names`, stable for a site):
 
@@ -10,7 +11,9 @@ local outlier factor against the cohort, and the features that drive it in a phy
    inside a target), the overlap-volume histogram of the organ with the targets at four distances
    (NaN when the organ is absent; 0 when the patient has no target);
 3. ``body.<axis>_mm`` for the axes anterior_posterior, right_left, superior_inferior: the body's
-   extent (the possible-dose mask's, which is the body), first to last voxel, in mm.
+   extent (the possible-dose mask's, which is the body), first to last voxel, in mm;
+4. ``ct.p<q>_hu`` for q in 5, 25, 50, 75, 95: the CT's percentiles inside the body, in HU (the
+   CT is an input of the model: a scanner miscalibrated by +300 HU, or a synthetic CT, changes them).
 
 Distances are exact Euclidean distances in mm with the patient's anisotropic voxel size: a
 separable squared-distance transform of the targets (one axis at a time, each voxel taking the
@@ -22,65 +25,47 @@ real OpenKBP training patients of the project's sample (128³, 3.9 to 4.9 mm × 
 a patient's features took 8 to 28 ms (median 12 ms) on one core of the shared 2-core machine, and
 matched a brute-force search over every pair of organ and target voxels exactly.
 
-**The cohort** (:func:`fit_cohort`): each feature is standardised robustly, (value − median) /
-(1.4826 · MAD) across the training patients (the MAD's normal-consistent scale; when more than
-half the patients share a value and the MAD is 0, 1.2533 × the mean absolute deviation from the
-median; a feature with the same value in every patient is left out of the distances: it says
-nothing about spread). Missing structures are handled explicitly: an absent structure's volume
-counts as 0 cc (no contour is no volume: a patient lacking a structure the others have is that
-much unlike them, and patients that lack it alike are alike), and an absent organ's overlap
-fractions are left out of the distance between two patients: the distance is Euclidean over the
-features both patients have, scaled by sqrt(features / features in common) (a "nan-Euclidean"
-distance), so an organ's absence counts once, through its volume.
+**The nonconformity score** (:func:`nonconformity`) of a patient against a set of training
+patients is a sum over the features of how unlike theirs its value is:
 
-**The score** is the local outlier factor (Breunig et al., 2000): the mean local reachability
-density of the patient's k nearest training patients over its own; about 1 inside the cohort (a
-patient as densely surrounded as its neighbours are), larger the more isolated it is. It compares
-a patient with its neighbourhood rather than with one centre, so a cohort of several kinds of
-anatomy (patients with and without a PTV63, a larynx contoured or not) is not one cloud whose
-members all look far from its mean, as a Mahalanobis distance would have them. k is 20 (Breunig
-et al. found 10 to 20 stable), a third of the cohort in a cohort smaller than 61. The distance is
-of order 4 (the fourth root of the sum of fourth powers, over the features in common, scaled as
-above) rather than Euclidean: among 41 features a single one far off (a PTV three times the
-largest seen, an organ inside the targets) is diluted by the others' noise in a Euclidean distance;
-the fourth power lets it weigh (on synthetic cohorts of 200, a feature 6 robust scales off gave a
-factor of 1.43 against a 95th percentile of ordinary patients of 1.22; the Euclidean distance, 1.27
-against 1.17). Training patients are scored leave-one-out (:func:`cohort_scores`): against the
-others only, their neighbourhoods and densities recomputed without the patient; the
-standardisation is the whole cohort's (the median and MAD hardly move by one patient: that is what
-makes them robust).
+- a value: how far it lies beyond the training patients' range (0 within it), in robust scales
+  (1.4826 × the MAD of their values; 1.2533 × the mean absolute deviation when the MAD is 0),
+  never less than :func:`scale_floor` (a twentieth of an organ for an overlap fraction, a tenth of
+  the median volume and at least 1 cc for a volume, 10 mm for the body's extent, 10 HU for the CT:
+  an overlap a fraction of a percent beyond the others', where most patients have none, is not
+  outside);
+- a structure the patient lacks that at least half of the m training patients have:
+  log((m + 1) / (lacking + 1)), ``lacking`` the training patients without it (a parotid every
+  other patient has adds log(m + 1), 4.0 at 54; one that 4 of them lack, 2.4); a structure none
+  of them has, log(m + 1).
 
-**The threshold** is the 95th percentile of the cohort's own leave-one-out scores (never below
-:data:`MIN_THRESHOLD`, so a cohort of near-identical patients does not flag noise). The local
-outlier factor has no distribution to read a quantile from: its spread depends on the features, k
-and the cohort's shape (its tail is heavier than a log-normal's: a normal-theory cut at the median
-plus 1.645 robust scales of the log-scores flagged 15 to 25 % of homogeneous synthetic cohorts).
-A leave-one-out score is distributed as a new patient's from the same population would be, so
-this threshold flags 5 % of the training patients and about 5 % of new patients like them (3 to
-9 % of 150 new patients of homogeneous synthetic cohorts of 30 to 340); a flag reads "less typical
-than 95 % of the training patients, each judged against the others". A cohort with a few patients
-far from the rest flags them (they are the top of the scores); one with more than 5 % unlike the
-rest raises the threshold into them, which the report shows beside the scores.
+A sum rather than the largest part: an anatomy that is unusual in several features at once (a
+grown target swallowing organs: its volume and several organs' overlaps) adds them up, and on the
+project's 55 real patients it found more of the altered ones than the maximum did at the same
+false-flag rate (the rate is the p-value's, whatever the score: docs/trust.md). Missing structures
+count by their rarity among the training patients, not by a volume of 0 cc: a real cohort has
+patients lacking a parotid or the brainstem, and a patient lacking one is as unusual as few of
+them are.
 
-**Reasons**: the features that drive a score, worded with the cohort's range: those outside it
-first (by how far, in robust scales), then those with the largest robust z; at most three.
+**The p-value** (:func:`p_value`) is conformal (Vovk et al. 2005; Bates et al., Annals of
+Statistics 2023): each training patient is scored leave-one-out, against the others only
+(:func:`left_out_scores`), and a new patient's score s against all of them gives
+p = (1 + #{cohort scores ≥ s}) / (n + 1). A new patient exchangeable with the training patients
+has a score exchangeable with their leave-one-out scores (each is scored against n − 1 or n
+others: nearly the same, the leave-one-out and "jackknife" variants of Barber et al. 2021 and
+Hennhöfer and Preisach 2024), so P(p < α) ≤ α: a patient like the cohort is flagged
+(:func:`check`, ``inside`` False) at most α of the time, whatever the features' distributions.
+Below the alpha it is "flagged", the reasons saying which feature added most. A cohort of n
+patients cannot flag at α when 1/(n + 1) ≥ α (:func:`too_small`: 19 patients or fewer at 0.05).
+Each training patient's own p-value (:func:`cohort_scores`) is against the other n − 1
+patients' scores.
 
-**Outside the cohort** (:func:`check` for a new patient, :func:`cohort_scores` for each training
-patient against the others): when its local outlier factor is above the cohort's threshold, *or*
-when a feature lies at least :data:`FAR_SCALES` robust scale beyond every (other) training
-patient's value (:func:`outside_range`: "the training cohort's largest was ..."), the scale taken
-at least :func:`scale_floor` (a twentieth of an organ for an overlap fraction, a tenth of the
-median volume and at least 1 cc for a volume, 10 mm for the body's extent: an overlap a fraction
-of a percent beyond the others', where most patients have none, is not outside). On the planted
-cohort a parotid contour drawn over the neck (173 cc where the others' largest was 50 cc, 11
-scales beyond) scored a local outlier factor of 3.2, under that threshold: the second rule finds it. The second rule is the literal meaning of "outside the cohort", and it is not diluted by
-the other features as a density is: on the project's planted cohort (55 real patients, four of them
-unlike the rest, which put the threshold's 95th percentile among them, at 3.6), the demo's
-head-and-neck phantoms (spinal cords and oesophagi longer than any patient's) scored local outlier
-factors of 1.7 to 2.7, within the spread of real held-out patients (up to 1.9), but lay 1.1 to 6.2
-robust scales beyond the cohort's range, where the real held-out patients lay at most 0.7 (but the
-one also above the threshold). A structure the patient lacks counts in the score (its volume 0 cc),
-not in the range; so do features the cohort has one value of.
+**Reasons**: the features that drive a score, in words: the one adding most to the score first
+(its ``feature``: for a flagged
+patient, what flagged it), then those outside the range (by how far, in robust scales;
+said with the cohort's furthest value), then those within it with the largest robust z (said
+against the cohort's median: an overlap's range, often 0 % to 100 %, says nothing of "more than
+most"); at most three. A percent is never "-0 %".
 
 numpy only (no scipy); no file I/O: the cohort is a JSON-able dict the caller saves.
 """
@@ -94,41 +79,44 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from provided_code.constants import CT_HU_OFFSET
 from provided_code.metrics.commissioning import MAD_SCALE
 from provided_code.sites import Site
 
 OVH_DISTANCES_MM = (0, 5, 10, 20)  # the overlap-volume histogram's distances, mm
 AXES = ("anterior_posterior", "right_left", "superior_inferior")  # the volume's axes (provided_code.constants)
-NEIGHBOURS = 20  # the local outlier factor's k (a third of a cohort smaller than 61)
-ORDER = 4  # the distance's order (module docstring: why not 2)
-QUANTILE = 0.95  # the threshold: this quantile of the cohort's leave-one-out scores
-MIN_THRESHOLD = 1.1  # a local outlier factor at or below this is never flagged
+DEFAULT_ALPHA = 0.05  # the flag's level: a patient like the cohort is flagged at most this often
 NOTABLE_Z = 2.0  # a feature within the cohort's range is a reason from this robust z on
 OUTSIDE_SCALES = 0.1  # a feature counts as outside the cohort's range from this many robust scales beyond it
 FAR_SCALES = 1.0  # ... and as far outside from this many
+CT_PERCENTILES = (5, 25, 50, 75, 95)  # the CT's features: these percentiles of HU inside the body
 MOST_REASONS = 3
-COHORT_FORMAT = 1
+COHORT_FORMAT = 2  # 1: a local outlier factor (before the conformal p-value)
+METHOD = ("conformal p-value of a nonconformity score (the features' distances beyond the others' range, "
+          "missing structures) against the training patients' leave-one-out scores")
 _MEAN_DEVIATION_SCALE = 1.2533  # sqrt(π/2): the mean absolute deviation of a normal sample times this is its SD
 _DISTANCE_TOLERANCE_MM2 = 1e-6  # squared distances are sums of squared multiples of the spacing: equal to a
 # distance's square up to float rounding, far below this
-_NO_DISTANCE = 1e-10  # added to mean reachability distances: patients with identical features have density 1e10
 _ABSENT_CC = 1e-6  # a volume read back from a standardised vector below this was an absent structure's 0 cc
-_FEATURE = re.compile(r"^(?P<structure>.+)\.(?:(?P<volume>volume_cc)|within_(?P<within>\d+)mm|(?P<axis>[a-z_]+)_mm)$")
+_FEATURE = re.compile(r"^(?P<structure>.+)\.(?:(?P<volume>volume_cc)|within_(?P<within>\d+)mm|(?P<axis>[a-z_]+)_mm|p(?P<percentile>\d+)_hu)$")
 
 
 def feature_names(site: Site) -> tuple[str, ...]:
     """The features of a patient of ``site``, in :func:`anatomy_features`' order."""
     return (*(f"{name}.volume_cc" for name in site.names),
             *(f"{organ}.within_{distance}mm" for organ in site.oars for distance in OVH_DISTANCES_MM),
-            *(f"body.{axis}_mm" for axis in AXES))
+            *(f"body.{axis}_mm" for axis in AXES),
+            *(f"ct.p{percentile}_hu" for percentile in CT_PERCENTILES))
 
 
 def anatomy_features(structure_masks: np.ndarray, possible_dose_mask: np.ndarray, voxel_dimensions,
-                     site: Site) -> dict[str, float]:
+                     site: Site, ct: np.ndarray | None = None) -> dict[str, float]:
     """One patient's features (module docstring), ``{name: value}`` in :func:`feature_names` order.
 
     ``structure_masks``: the packed volume (bit k = ``site.names[k]``); ``possible_dose_mask``: the
-    body, same shape; ``voxel_dimensions``: mm along the three axes of these volumes."""
+    body, same shape; ``voxel_dimensions``: mm along the three axes of these volumes; ``ct``: the
+    CT's grey values (HU + :data:`~provided_code.constants.CT_HU_OFFSET`), same shape (None: its
+    features NaN, left out of the score)."""
     masks = np.asarray(structure_masks)
     body = np.asarray(possible_dose_mask, dtype=bool)
     spacing = np.asarray(voxel_dimensions, dtype=np.float64).reshape(3)
@@ -166,6 +154,11 @@ def anatomy_features(structure_masks: np.ndarray, possible_dose_mask: np.ndarray
     for axis, name in enumerate(AXES):
         along = np.flatnonzero(body.any(axis=tuple(a for a in range(3) if a != axis)))
         features[f"body.{name}_mm"] = float((along[-1] - along[0] + 1) * spacing[axis]) if along.size else math.nan
+    inside = np.asarray(ct, dtype=np.float64)[body] - CT_HU_OFFSET if ct is not None and body.any() else None
+    if inside is not None and np.shape(ct) != masks.shape:
+        raise ValueError(f"Invalid `ct`. Expected the shape of the masks {masks.shape}. Received: {np.shape(ct)}")
+    found = np.percentile(inside, CT_PERCENTILES) if inside is not None else [math.nan] * len(CT_PERCENTILES)
+    features.update({f"ct.p{percentile}_hu": float(value) for percentile, value in zip(CT_PERCENTILES, found)})
     return features
 
 
@@ -203,17 +196,14 @@ def _box_around(flat: np.ndarray, shape, spacing: np.ndarray, margin_mm: float) 
 
 # -- the cohort ------------------------------------------------------------------------------------
 
-def neighbours_for(patients: int) -> int:
-    """The local outlier factor's k for a cohort of ``patients`` (module docstring)."""
-    return max(1, min(NEIGHBOURS, (patients - 1) // 3))
-
-
-def fit_cohort(features: pd.DataFrame) -> dict:
-    """What scoring a patient against this cohort needs, JSON-able (NaN as None): ``features``
+def fit_cohort(features: pd.DataFrame, alpha: float = DEFAULT_ALPHA) -> dict:
+    """What checking a patient against this cohort needs, JSON-able (NaN as None): ``features``
     (names, in order), ``patients``, ``centre`` and ``scale`` per feature (None: a constant
-    feature, left out), ``vectors`` (each patient's standardised features, an absent structure's
-    volume as 0 cc, None where a feature is missing), ``k``, ``order``, ``threshold`` (module
-    docstring), ``method`` and ``format``.
+    feature), ``vectors`` (each patient's standardised features, an absent structure's volume as
+    0 cc, None where a feature is missing: the values the reasons and scores read back),
+    ``scores`` (each patient's leave-one-out nonconformity score, in ``patients``' order),
+    ``alpha`` (the flag's level), ``threshold`` (the least score flagged is above it; None: the
+    cohort is too small to flag at ``alpha``), ``method`` and ``format``.
 
     ``features``: one row per training patient (index: patient id), one column per feature
     (:func:`anatomy_features`' dicts stacked). At least 3 patients."""
@@ -222,8 +212,10 @@ def fit_cohort(features: pd.DataFrame) -> dict:
                         f"Received: {type(features).__name__}")
     if len(features) < 3:
         raise ValueError(f"Invalid `features`. Expected at least 3 patients to fit a cohort. Received: {len(features)}")
+    alpha = check_alpha(alpha)
     names = [str(name) for name in features.columns]
-    values = _for_distance(names, features.to_numpy(dtype=np.float64))
+    measured = features.to_numpy(dtype=np.float64)
+    values = _for_distance(names, measured)
     with warnings.catch_warnings():  # a feature missing in every patient has no median: left out
         warnings.simplefilter("ignore", RuntimeWarning)
         centre = np.nanmedian(values, axis=0)
@@ -231,40 +223,106 @@ def fit_cohort(features: pd.DataFrame) -> dict:
         scale = MAD_SCALE * np.nanmedian(deviation, axis=0)
         fallback = _MEAN_DEVIATION_SCALE * np.nanmean(deviation, axis=0)
     scale = np.where(scale > 0, scale, np.where(fallback > 0, fallback, np.nan))
-    cohort = {"format": COHORT_FORMAT,
-              "method": f"local outlier factor; robustly standardised features; distance of order {ORDER} over "
-                        f"the features two patients have",
-              "features": names, "patients": [str(patient) for patient in features.index],
-              "centre": _json_list(centre), "scale": _json_list(scale),
-              "vectors": [_json_list(row) for row in (values - centre) / scale],
-              "k": neighbours_for(len(features)), "order": ORDER, "quantile": QUANTILE, "threshold": None}
-    cohort["threshold"] = threshold_of(_left_out_factors(cohort))
-    return cohort
+    scores = left_out_scores(names, measured)
+    return {"format": COHORT_FORMAT, "method": METHOD,
+            "features": names, "patients": [str(patient) for patient in features.index],
+            "centre": _json_list(centre), "scale": _json_list(scale),
+            "vectors": [_json_list(row) for row in (values - centre) / scale],
+            "scores": [float(value) for value in scores], "alpha": alpha,
+            "threshold": threshold_of(scores, alpha)}
 
 
-def threshold_of(scores) -> float:
-    """The flagging threshold from a cohort's leave-one-out scores (module docstring)."""
+def check_alpha(alpha) -> float:
+    """``alpha`` as a float strictly between 0 and 1, or a ValueError in the package's style."""
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"Invalid `alpha`. Expected the flag's level, a fraction between 0 and 1 (0.05: a patient "
+                         f"like the cohort is flagged at most 5 % of the time). Received: {alpha!r}")
+    return value
+
+
+def p_value(score_value: float, scores) -> float:
+    """The conformal p-value of a patient's nonconformity score against the cohort's leave-one-out
+    scores: (1 + #{cohort scores >= score}) / (n + 1). For a patient exchangeable with the cohort
+    it is uniform over 1/(n + 1), ..., 1 (ties aside: then larger), so P(p < α) ≤ α."""
     scores = np.asarray(scores, dtype=np.float64)
-    scores = scores[np.isfinite(scores)]
-    return float(max(MIN_THRESHOLD, np.quantile(scores, QUANTILE))) if scores.size else MIN_THRESHOLD
+    return float((1 + np.count_nonzero(scores >= score_value)) / (scores.size + 1))
 
 
-def score(cohort: dict, features_row, first: str | None = None) -> tuple[float, list[str]]:
-    """``(local outlier factor, reasons)`` of one patient's features (a dict or Series by feature
-    name, as :func:`anatomy_features` gives them) against ``cohort`` (:func:`fit_cohort`'s). A
-    feature of the cohort's that the row lacks counts as missing. ``first``: a feature whose reason
-    comes first."""
-    names = cohort["features"]
-    raw = np.array([_number(features_row.get(name)) for name in names], dtype=np.float64)
-    vectors = _array(cohort["vectors"])
-    row = (_for_distance(names, raw[None, :])[0] - _array(cohort["centre"])) / _array(cohort["scale"])
-    factor = _local_outlier_factor(_distances(vectors, vectors), _distances(row[None, :], vectors)[0], cohort["k"])
-    return factor, _reasons(cohort, raw, np.arange(len(vectors)), first)
+def can_flag(patients: int, alpha: float) -> bool:
+    """Whether a cohort of ``patients`` can ever flag at ``alpha``: its least p-value, 1/(n + 1),
+    below it (n > 1/α − 1: 20 patients at 0.05)."""
+    return 1.0 / (patients + 1) < alpha * (1 - 1e-12)
+
+
+def too_small(patients: int, alpha: float) -> str:
+    """Why a cohort of ``patients`` never flags at ``alpha`` ('' when it can)."""
+    if can_flag(patients, alpha):
+        return ""
+    needed = math.floor(1 / alpha - 1 + 1e-9) + 1  # the least n with 1/(n + 1) < alpha
+    return (f"a cohort of {patients} training patients cannot flag at alpha {alpha:g}: its smallest p-value is "
+            f"1/{patients + 1} = {1 / (patients + 1):.3f}; {needed} patients are needed, or a larger alpha")
+
+
+def threshold_of(scores, alpha: float) -> float | None:
+    """The score a patient must exceed to be flagged at ``alpha`` (p < α), from the cohort's
+    leave-one-out scores: the (K + 1)-th largest, K the most cohort scores at or above a flagged
+    patient's (the largest integer below α(n + 1) − 1). None: none can be flagged."""
+    scores = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
+    allowed = math.ceil(alpha * (scores.size + 1) - 1 - 1e-9) - 1  # K
+    if allowed < 0:
+        return None
+    return float(scores[allowed]) if allowed < scores.size else -math.inf
+
+
+def nonconformity(names, row: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Each feature's part of a patient's nonconformity score (module docstring) against the
+    patients ``others`` (rows as measured: NaN where missing): how far beyond the others' range,
+    in robust scales of at least :func:`scale_floor`; a missing structure that at least half of
+    them have, log((m + 1) / (lacking + 1)); a structure none of them has, log(m + 1). The score
+    is their sum."""
+    parts = np.zeros(len(names))
+    m = len(others)
+    for column, name in enumerate(names):
+        value, seen = row[column], others[:, column]
+        present = seen[~np.isnan(seen)]
+        if name.endswith(".volume_cc"):
+            if np.isnan(value):
+                if present.size and present.size >= 0.5 * m:
+                    parts[column] = math.log((m + 1) / (m - present.size + 1))
+                continue
+            if not present.size:
+                parts[column] = math.log(m + 1)
+                continue
+        if np.isnan(value) or present.size < 2:
+            continue
+        centre = float(np.median(present))
+        spread = max(_robust_scale(present, centre), scale_floor(name, centre))
+        parts[column] = max(value - float(present.max()), float(present.min()) - value, 0.0) / spread
+    return parts
+
+
+def left_out_scores(names, measured: np.ndarray) -> np.ndarray:
+    """Each patient's nonconformity score against the others only (leave-one-out): ``measured``
+    as the features were measured (NaN where missing), a row per patient."""
+    everyone = np.arange(len(measured))
+    return np.array([nonconformity(names, measured[patient], measured[np.delete(everyone, patient)]).sum()
+                     for patient in everyone])
+
+
+def _robust_scale(values: np.ndarray, centre: float) -> float:
+    deviation = np.abs(values - centre)
+    scale = MAD_SCALE * float(np.median(deviation))
+    return scale if scale > 0 else _MEAN_DEVIATION_SCALE * float(np.mean(deviation))
 
 
 def scale_floor(name: str, centre: float) -> float:
     """The least scale a feature's distance beyond the cohort's range is measured in (module
-    docstring): 0.05 for an overlap fraction, a tenth of the median volume (at least 1 cc), 10 mm."""
+    docstring): 0.05 for an overlap fraction, a tenth of the median volume (at least 1 cc), 10 mm
+    for the body's extent, 10 HU for the CT."""
     parts = _FEATURE.match(name)
     if parts and parts["within"] is not None:
         return 0.05
@@ -273,100 +331,48 @@ def scale_floor(name: str, centre: float) -> float:
     return 10.0
 
 
-def outside_range(cohort: dict, features_row, others: np.ndarray | None = None) -> tuple[float, str | None]:
-    """How far the patient's feature furthest outside the training cohort's range lies beyond it,
-    in robust scales of at least :func:`scale_floor` (0: all within), and that feature's name
-    (None when all are within). Only the features the patient has, that some training patient has,
-    and that vary across the cohort. ``others``: the rows of the training patients to compare with
-    (leave-one-out); None: all."""
-    names, centre, scale = cohort["features"], _array(cohort["centre"]), _array(cohort["scale"])
-    cohort_raw = _raw(cohort) if others is None else _raw(cohort)[others]
-    furthest, which = 0.0, None
-    for column, name in enumerate(names):
-        value, seen = _number(features_row.get(name)), cohort_raw[:, column]
-        if np.isnan(value) or not np.isfinite(scale[column]) or np.all(np.isnan(seen)):
-            continue
-        spread = max(scale[column], scale_floor(name, centre[column]))
-        beyond = max(value - float(np.nanmax(seen)), float(np.nanmin(seen)) - value, 0.0) / spread
-        if beyond > furthest:
-            furthest, which = float(beyond), name
-    return furthest, which
-
-
 def check(cohort: dict, features_row) -> dict:
-    """A new patient's in-distribution check (module docstring): ``inside`` (False: outside the
-    training cohort), ``score`` (its local outlier factor) and the cohort's ``threshold``,
-    ``outside_scales`` and ``outside_feature`` (:func:`outside_range`; outside from
-    :data:`FAR_SCALES`), and ``reasons`` (:func:`score`'s sentences; outside by a feature, that
-    feature's first)."""
-    scales, feature = outside_range(cohort, features_row)
-    factor, reasons = score(cohort, features_row, first=feature if scales >= FAR_SCALES else None)
-    threshold = float(cohort["threshold"])
-    return {"inside": bool(factor <= threshold and scales < FAR_SCALES), "score": float(factor),
-            "threshold": threshold, "outside_scales": scales, "outside_feature": feature, "reasons": list(reasons)}
+    """A new patient's in-distribution check (module docstring): ``score`` (its nonconformity
+    score), ``p_value`` against the cohort's leave-one-out scores, ``alpha``, ``inside`` (False:
+    p < alpha, outside the training cohort), ``threshold`` (the least score flagged is above it;
+    None: the cohort cannot flag, ``too_small`` says why), ``feature`` (the feature adding most
+    to the score) and ``reasons`` (in words, the flagged feature's first)."""
+    names = cohort["features"]
+    raw = np.array([_number(features_row.get(name)) for name in names], dtype=np.float64)
+    cohort_raw = _raw(cohort)
+    parts = nonconformity(names, raw, cohort_raw)
+    alpha = float(cohort["alpha"])
+    found = float(parts.sum())
+    p = p_value(found, cohort["scores"])
+    feature = names[int(np.argmax(parts))] if parts.max() > 0 else None
+    return {"inside": bool(p >= alpha), "score": found, "p_value": p, "alpha": alpha,
+            "threshold": cohort["threshold"], "feature": feature,
+            "too_small": too_small(len(cohort["scores"]), alpha),
+            "reasons": _reasons(cohort, raw, np.arange(len(cohort_raw)), first=feature)}
 
 
 def cohort_scores(cohort: dict) -> pd.DataFrame:
-    """Each training patient scored leave-one-out, against the others only (module docstring):
-    index ``patient``, columns ``score``, ``flagged`` (above the cohort's threshold, or one feature
-    far outside the others' range; False before it has one), ``outside_scales`` and
-    ``outside_feature`` (:func:`outside_range` against the others) and ``reasons`` (a list of
-    sentences; a patient flagged by a feature far outside the range has that feature's first)."""
+    """Each training patient scored leave-one-out, against the others only: index ``patient``,
+    columns ``score``, ``p_value`` (against the other patients' leave-one-out scores), ``flagged``
+    (p below the cohort's alpha) and ``reasons`` (a list of sentences)."""
     raw = _raw(cohort)
-    threshold = cohort["threshold"]
+    scores = np.asarray(cohort["scores"], dtype=np.float64)
+    alpha = float(cohort["alpha"])
     rows = []
-    for patient, factor in enumerate(_left_out_factors(cohort)):
-        others = np.delete(np.arange(len(raw)), patient)
-        scales, feature = outside_range(cohort, dict(zip(cohort["features"], raw[patient])), others)
-        far = scales >= FAR_SCALES
-        rows.append({"patient": cohort["patients"][patient], "score": factor,
-                     "flagged": bool(threshold is not None and (factor > threshold or far)),
-                     "outside_scales": scales, "outside_feature": feature,
-                     "reasons": _reasons(cohort, raw[patient], others, first=feature if far else None)})
+    everyone = np.arange(len(raw))
+    for patient, found in enumerate(scores):
+        others = np.delete(everyone, patient)
+        p = p_value(found, scores[others])
+        parts = nonconformity(cohort["features"], raw[patient], raw[others])
+        feature = cohort["features"][int(np.argmax(parts))] if parts.max() > 0 else None
+        rows.append({"patient": cohort["patients"][patient], "score": float(found), "p_value": p,
+                     "flagged": bool(p < alpha), "feature": feature,
+                     "reasons": _reasons(cohort, raw[patient], others, first=feature)})
     return pd.DataFrame(rows).set_index("patient")
 
 
-def _left_out_factors(cohort: dict) -> list[float]:
-    """Each training patient's local outlier factor against the others only (leave-one-out)."""
-    vectors = _array(cohort["vectors"])
-    distances = _distances(vectors, vectors)
-    factors = []
-    for patient in range(len(vectors)):
-        others = np.delete(np.arange(len(vectors)), patient)
-        factors.append(_local_outlier_factor(distances[np.ix_(others, others)], distances[patient, others],
-                                             cohort["k"]))
-    return factors
-
-
-def _local_outlier_factor(cohort_distances: np.ndarray, distances: np.ndarray, k: int) -> float:
-    """The local outlier factor, with ``k`` neighbours, of a point ``distances`` away from each
-    member of a cohort whose pairwise distances are ``cohort_distances`` (its diagonal ignored)."""
-    within = cohort_distances.copy()
-    np.fill_diagonal(within, np.inf)
-    neighbours = np.argpartition(within, k - 1, axis=1)[:, :k]
-    to_neighbours = np.take_along_axis(within, neighbours, axis=1)
-    k_distance = to_neighbours.max(axis=1)
-    density = 1.0 / (np.maximum(k_distance[neighbours], to_neighbours).mean(axis=1) + _NO_DISTANCE)
-    own = np.argpartition(distances, k - 1)[:k]
-    own_density = 1.0 / (np.maximum(k_distance[own], distances[own]).mean() + _NO_DISTANCE)
-    return float(density[own].mean() / own_density)
-
-
-def _distances(rows: np.ndarray, cohort: np.ndarray, order: int = ORDER) -> np.ndarray:
-    """Distances of order ``order`` between standardised vectors over the features both have,
-    scaled by (features / features in common)^(1/order); inf with none in common."""
-    result = np.empty((len(rows), len(cohort)))
-    for start in range(0, len(rows), 64):  # (64, cohort, features) at a time
-        difference = np.abs(rows[start:start + 64, None, :] - cohort[None, :, :])
-        common = np.count_nonzero(~np.isnan(difference), axis=2)
-        summed = np.nansum(difference ** order, axis=2)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            result[start:start + 64] = np.where(common > 0, (summed * rows.shape[1] / common) ** (1.0 / order), np.inf)
-    return result
-
-
 def _for_distance(names, values: np.ndarray) -> np.ndarray:
-    """Feature values as distances take them: an absent structure's volume 0 cc."""
+    """Feature values as the standardised vectors hold them: an absent structure's volume 0 cc."""
     values = values.copy()
     volumes = [column for column, name in enumerate(names) if name.endswith(".volume_cc")]
     values[:, volumes] = np.nan_to_num(values[:, volumes], nan=0.0)
@@ -389,11 +395,11 @@ def _raw(cohort: dict) -> np.ndarray:
 def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray, first: str | None = None) -> list[str]:
     """The features of a patient (``raw``: as measured, NaN where missing) that drive its score,
     against the cohort's patients ``others``, in words, at most :data:`MOST_REASONS`: a structure
-    the patient lacks and three quarters of them have, or has and none of them has; a value outside
-    their range by more than :data:`OUTSIDE_SCALES` robust scales (by how far); a value within it
-    :data:`NOTABLE_Z` robust scales or more from the median (by how far): scales of at least
-    :func:`scale_floor`, as :func:`outside_range` measures (a reason never contradicts the rule).
-    ``first``: a feature whose reason comes first (the one that flags the patient by the range rule)."""
+    the patient lacks and half of them have (as the score counts it), or has and none of them has;
+    a value outside their range by more than :data:`OUTSIDE_SCALES` robust scales (by how far); a
+    value within it :data:`NOTABLE_Z` robust scales or more from the median (by how far): scales of
+    at least :func:`scale_floor`, as the score measures. ``first``: the feature adding most to the
+    score, said first."""
     names, centre, scale = cohort["features"], _array(cohort["centre"]), _array(cohort["scale"])
     cohort_raw = _raw(cohort)[others]
     found = []  # (scales beyond the range, robust z, subject, sentence)
@@ -403,7 +409,7 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray, first: str | Non
             having = np.count_nonzero(~np.isnan(seen))
             structure = name[:-len(".volume_cc")]
             if np.isnan(value):
-                if having >= 0.75 * len(seen):
+                if having and having >= 0.5 * len(seen):
                     found.append((FAR_SCALES, 0.0, name, f"{structure} is absent (not contoured); {having} of the "
                                                    f"{len(seen)} training patients have it"))
                 continue
@@ -413,7 +419,7 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray, first: str | Non
         if np.isnan(value) or np.all(np.isnan(seen)):
             continue
         low, high = float(np.nanmin(seen)), float(np.nanmax(seen))
-        if np.isfinite(scale[column]):  # in scales of at least scale_floor, as outside_range measures them
+        if np.isfinite(scale[column]):  # in scales of at least scale_floor, as the score measures them
             spread = max(scale[column], scale_floor(name, centre[column]))
             z = abs(value - centre[column]) / spread
         else:  # the same value in every patient: any other is outside, by its distance relative to that value
@@ -425,9 +431,7 @@ def _reasons(cohort: dict, raw: np.ndarray, others: np.ndarray, first: str | Non
         elif z >= NOTABLE_Z:
             found.append((0.0, z, _subject(name), _sentence(name, value, low, high, "high" if value > centre[column] else "low",
                                             False, centre[column])))
-    found.sort(key=lambda item: (item[0], item[1]), reverse=True)
-    if first is not None:
-        found.sort(key=lambda item: item[2] != _subject(first))  # stable: the rest keep their order
+    found.sort(key=lambda item: (item[2] == (_subject(first) if first else None), item[0], item[1]), reverse=True)
     reasons, said = [], set()
     for *_, subject, sentence in found:  # one reason per organ's overlap (its four distances say one thing)
         if subject not in said:
@@ -464,6 +468,14 @@ def _sentence(name: str, value: float, low: float, high: float, where: str, far:
                     f"{_percent(high if more else low)})")
         return (f"{structure} overlaps the targets {'more' if more else 'less'} than most training patients "
                 f"({_percent(value)} {place}; the cohort's median {_percent(median)})")
+    if parts and parts["percentile"] is not None:
+        what = "median" if parts["percentile"] == "50" else f"{parts['percentile']}th percentile"
+        bound = ("highest" if more else "lowest") if where in ("above", "below") else None
+        if bound:
+            return (f"the CT's {what} inside the body is {_hu(value)}; the training cohort's {bound} was "
+                    f"{_hu(high if more else low)}")
+        return (f"the CT's {what} inside the body is {_hu(value)}, {'higher' if more else 'lower'} than most of "
+                f"the training cohort's (their median {_hu(median)})")
     if parts and parts["axis"]:
         axis = parts["axis"].replace("_", "-")
         if where in ("above", "below"):
@@ -479,6 +491,11 @@ def _cc(value: float) -> str:
 
 def _mm(value: float) -> str:
     return f"{value:,.0f} mm"
+
+
+def _hu(value: float) -> str:
+    """HU as a whole number, never "-0 HU"."""
+    return f"{round(value):,} HU"
 
 
 def _percent(fraction: float) -> str:

@@ -136,9 +136,7 @@ def _markdown(card: dict) -> str:
     out += ["", "## Commissioning", "",
             f"- Dosimetric outliers (|z| > {commissioning['thresholds']['z']}): "
             f"{', '.join(commissioning['dosimetric_outliers']) or 'none'}.",
-            f"- Geometric outliers (local outlier factor > {commissioning['thresholds']['geometric']:.3g}, or a "
-            f"feature more than a robust scale beyond the other patients' range): "
-            f"{', '.join(commissioning['geometric_outliers']) or 'none'}.",
+            _geometric_line(commissioning["thresholds"], commissioning["geometric_outliers"]),
             "- The report: report.html beside this card."]
     out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]
     out += [f"| {c['fold']} | {c['epoch']} | {c['path']} | `{c['sha256']}` |" for c in card["checkpoints"]]
@@ -164,3 +162,16 @@ def _parent_markdown(parent: dict | None) -> list[str]:
     else:
         out.append(f"- **The parent's checkpoint is not the one the folds started from**: {parent['changed']}.")
     return out
+
+
+def _geometric_line(thresholds: dict, outliers: list[str]) -> str:
+    """The in-distribution check's setting (its alpha) and the training patients it flags, each
+    left out of the cohort: a line of the card. A report of a check before the p-value has no alpha."""
+    alpha = thresholds.get("alpha")
+    if alpha is None:
+        return f"- Geometric outliers: {', '.join(outliers) or 'none'}."
+    note = thresholds.get("geometric_note")
+    return (f"- In-distribution check: flags a patient whose anatomy and CT have a conformal p-value below alpha = "
+            f"{alpha:g} against the training patients' (a patient like them is flagged at most {100 * alpha:g} % of "
+            f"the time)" + (f"; {note}" if note else "") + f". Training patients it flags, each against the others: "
+            f"{', '.join(outliers) or 'none'}.")

@@ -29,12 +29,15 @@ page shows comes from it):
     ``score``, ``structure``, ``metric``, ``plan``, ``predicted``, ``z``, ``reason``, ``also``.
 ``geometric_outliers``
     ``[{"patient", "score", "threshold", "reasons": [sentence, ...]}]``: the patients whose
-    leave-one-out local outlier factor (:func:`provided_code.metrics.anatomy.cohort_scores`) is
-    above the cohort's threshold.
+    leave-one-out nonconformity score has a conformal p-value below the cohort's alpha against the
+    other patients' (:func:`provided_code.metrics.anatomy.cohort_scores`; also ``p_value`` and
+    ``feature``, the one adding most to the score).
 ``geometric_scores`` (optional)
     ``[{"patient", "score"}]``: every training patient's leave-one-out score (their histogram).
 ``thresholds``
-    ``{"z": the dosimetric |z| threshold, "geometric": the local outlier factor threshold}``.
+    ``{"z": the dosimetric |z| threshold, "geometric": the score a new patient must exceed to be
+    flagged (None: the cohort cannot flag), "alpha": the check's level, "geometric_note": why it
+    cannot flag, when it cannot}``.
 ``goals``
     :func:`provided_code.metrics.commissioning.goal_table`'s entries.
 ``dvh_curves``
@@ -245,28 +248,28 @@ def _flagged(report: dict) -> str:
         parts.append(_dvh(entry["patient"], curves) + "</div>")
     parts.append(f"<h3>Geometric outliers ({len(geometric)})</h3>"
                  "<p>Patients whose anatomy is unlike the cohort's (structure volumes, the share of each organ "
-                 "within 0, 5, 10 and 20 mm of a target, the body's extent), by a local outlier factor against the "
-                 "other training patients"
-                 + (f" (above {escape(_fmt(thresholds.get('geometric'), 2))})"
-                    if _finite(thresholds.get("geometric")) else "")
-                 + ", or by one feature far outside the other patients' range: the model learned little from "
-                   "anatomy like theirs.</p>")
+                 "within 0, 5, 10 and 20 mm of a target, the body's extent, the CT's HU inside the body), each scored "
+                 "against the other training patients: a conformal p-value below alpha"
+                 + (f" = {escape(_fmt(thresholds.get('alpha'), 2))}" if _finite(thresholds.get("alpha")) else "")
+                 + " (a score above the dashed line): the model learned little from anatomy like theirs."
+                 + (f" {escape(thresholds['geometric_note'])}." if thresholds.get("geometric_note") else "")
+                 + "</p>")
     scores = [entry.get("score") for entry in report.get("geometric_scores") or []]
     if scores:
         threshold = thresholds.get("geometric")
         parts.append('<div class="figures">' + svg.histogram(
-            scores, title="Local outlier factor of every training patient", x_label="local outlier factor",
+            scores, title="Nonconformity score of every training patient", x_label="nonconformity score",
             markers=[(threshold, "threshold")] if _finite(threshold) else [], width=520, height=220) + "</div>")
     if not geometric:
         parts.append('<p class="muted">No patient was flagged.</p>')
     for entry in geometric:
         reasons = entry.get("reasons") or []
         parts.append(f'<div class="card" id="geometric-{escape(entry["patient"])}">'
-                     f'<h3>{escape(entry["patient"])} <span class="muted">local outlier factor '
-                     f'{escape(_fmt(entry.get("score"), 2))} (threshold {escape(_fmt(entry.get("threshold"), 2))}'
-                     + ("" if not _finite(entry.get("score")) or not _finite(entry.get("threshold"))
-                        or entry["score"] > entry["threshold"] else "; flagged for a feature far outside the range")
-                     + ")</span></h3>"
+                     f'<h3>{escape(entry["patient"])} <span class="muted">score '
+                     f'{escape(_fmt(entry.get("score"), 2))}'
+                     + (f', p = {escape(_fmt(entry.get("p_value"), 3))}' if _finite(entry.get("p_value")) else "")
+                     + (f', flagged by {escape(entry["feature"])}' if entry.get("feature") else "")
+                     + "</span></h3>"
                      + ("<ul>" + "".join(f"<li>{escape(reason)}</li>" for reason in reasons) + "</ul>"
                         if reasons else '<p class="muted">No single feature stands out: the combination does.</p>')
                      + _dvh(entry["patient"], curves) + "</div>")
@@ -358,15 +361,14 @@ def _calibration(report: dict) -> str:
         outside = [entry for entry in scores if not entry.get("inside")]
         parts.append(f"<h3>In-distribution check of the validation patients ({len(outside)} of {len(scores)} "
                      f"outside the training cohort)</h3><p>Each new patient's anatomy is scored against the training "
-                     f"cohort's (section 5, geometric outliers); above the threshold (the dashed line), or with a "
-                     f"feature a robust scale or more beyond every training patient's value, its prediction says it "
-                     f"is outside the training cohort, and why.</p>")
+                     f"cohort's (section 5, geometric outliers); with a p-value below alpha (a score above the dashed "
+                     f"line), its prediction says it is outside the training cohort, and why.</p>")
         parts.append('<div class="figures">' + svg.histogram(
-            [entry.get("score") for entry in scores], title="Local outlier factor of the validation patients",
-            x_label="local outlier factor", markers=[(threshold, "threshold")] if _finite(threshold) else [],
+            [entry.get("score") for entry in scores], title="Nonconformity score of the validation patients",
+            x_label="nonconformity score", markers=[(threshold, "threshold")] if _finite(threshold) else [],
             width=520, height=220) + "</div>")
-        parts += [f'<div class="card"><h3>{escape(entry["patient"])} <span class="muted">local outlier factor '
-                  f'{escape(_fmt(entry.get("score"), 2))}</span></h3><ul>'
+        parts += [f'<div class="card"><h3>{escape(entry["patient"])} <span class="muted">score '
+                  f'{escape(_fmt(entry.get("score"), 2))}, p = {escape(_fmt(entry.get("p_value"), 3))}</span></h3><ul>'
                   + "".join(f"<li>{escape(reason)}</li>" for reason in entry.get("reasons") or []) + "</ul></div>"
                   for entry in outside]
     return "".join(parts)
@@ -378,12 +380,11 @@ def _method(report: dict) -> str:
             "<li>A plan is a dosimetric outlier when one of its metrics has |z| above "
             f"{escape(_fmt(thresholds.get('z'), 2))}: Iglewicz and Hoaglin's cut for a robust z (for normal "
             "differences, 1 row in about 2,000 by chance).</li>"
-            "<li>A patient is a geometric outlier when its local outlier factor (its neighbours' density over its "
-            "own, among the training patients; 1: as surrounded as they are) is above "
-            f"{escape(_fmt(thresholds.get('geometric'), 2))}: the 95th percentile of the training patients' own "
-            "scores, each scored against the others; or when one of its features lies more than a robust scale "
-            "beyond the range of every other training patient's (a scale of at least 0.05 for an overlap, a tenth "
-            "of the median volume, 10 mm for the body).</li>"
+            "<li>A patient is a geometric outlier when the conformal p-value of its nonconformity score (how far "
+            "its features lie beyond the other training patients' range, in robust scales, plus its missing "
+            "structures by their rarity) against the other patients' leave-one-out scores is below alpha = "
+            f"{escape(_fmt(thresholds.get('alpha'), 2))}: a patient like the cohort is flagged at most alpha of the "
+            "time.</li>"
             "<li>Flags are prompts to look at a plan or a patient, not verdicts.</li></ul>")
 
 

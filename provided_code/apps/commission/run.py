@@ -103,6 +103,8 @@ class CommissioningReport:
                  f"{report['scores']['dvh_score']:.3f} Gy.",
                  f"Dosimetric outliers: {', '.join(o['patient'] for o in report['dosimetric_outliers']) or 'none'}.",
                  f"Geometric outliers: {', '.join(o['patient'] for o in report['geometric_outliers']) or 'none'}."]
+        if report["thresholds"].get("geometric_note"):
+            lines.append(f"In-distribution check: {report['thresholds']['geometric_note']}.")
         lines += [f"{name}: {self.folder / FILES[key]}" for key, name in (
             ("report_html", "Report"), ("report_json", "Figures"), ("plans", "Plans"), ("card", "Model card"))]
         return "\n".join(lines)
@@ -256,10 +258,12 @@ def _listed(names: list[str], most: int = 5) -> str:
 
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
-               cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress) -> CommissioningReport:
+               cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
+               alpha: float = anatomy.DEFAULT_ALPHA) -> CommissioningReport:
     """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
     ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
-    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them.
+    the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them;
+    ``alpha``: the in-distribution check's level (recorded in cohort.json).
 
     Meanwhile the model's folder is locked (another commissioning, or the folds' ensemble predicting
     the validation patients the calibration reads, is refused in one line) and each fold's is locked
@@ -272,11 +276,11 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
-        return _commission(model_dir, data_dir, cache_dir, progress)
+        return _commission(model_dir, data_dir, cache_dir, progress, anatomy.check_alpha(alpha))
 
 
 def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: os.PathLike | str | None,
-                progress: Progress) -> CommissioningReport:
+                progress: Progress, alpha: float) -> CommissioningReport:
     dealing, folds = complete_folds(model_dir)
     first = folds[0].config
     site = first.site
@@ -306,13 +310,16 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     dosimetric = commissioning.dosimetric_outliers(residuals, kinds=site, metrics=site.metric_names)
 
     features = pd.DataFrame({arrays.patient_ids[row]: anatomy.anatomy_features(
-        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site)
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site, arrays.ct[row])
         for row in progress(range(len(arrays)), len(arrays), "Anatomy")}).T  # every training patient read, excluded too
-    cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]])
+    cohort = anatomy.fit_cohort(features.loc[[arrays.patient_ids[row] for row in rows]], alpha)
     geometric_scores = anatomy.cohort_scores(cohort)  # each patient left out of the cohort it is scored against
-    geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": float(cohort["threshold"]),
-                  "flagged_by": _flagged_by(entry, float(cohort["threshold"])), "reasons": list(entry["reasons"])}
-                 for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
+    small = anatomy.too_small(len(cohort["patients"]), cohort["alpha"])
+    if small:
+        logger.warning("In-distribution check: %s", small)
+    geometric = [{"patient": pid, "score": float(entry["score"]), "threshold": cohort["threshold"],
+                  "p_value": float(entry["p_value"]), "feature": entry["feature"],
+                  "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
     bands = bands_record(residuals, site_name=site.name, folds=identities)
     calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
@@ -332,7 +339,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         "scores": {"dose_score": scores.dose_score, "dvh_score": scores.dvh_score},
         "summary": _records(summary),
         "plans": _records(residuals),
-        "thresholds": {"z": commissioning.Z_THRESHOLD, "geometric": float(cohort["threshold"])},
+        "thresholds": {"z": commissioning.Z_THRESHOLD, "geometric": cohort["threshold"], "alpha": cohort["alpha"],
+                       **({"geometric_note": small} if small else {})},
         "dosimetric_outliers": dosimetric,
         "geometric_outliers": geometric,
         "geometric_scores": [{"patient": pid, "score": float(entry["score"])}
@@ -367,18 +375,6 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     return CommissioningReport(folder, report)
 
 
-def _flagged_by(entry, threshold: float) -> str:
-    """Which rule flagged a geometric outlier, in words: its local outlier factor above the cohort's
-    threshold, or the feature far outside the other training patients' range (naming it)."""
-    said = []
-    if entry["score"] > threshold:
-        said.append(f"its local outlier factor {entry['score']:.2f}, above the cohort's threshold {threshold:.2f}")
-    if entry["outside_scales"] >= anatomy.FAR_SCALES:
-        said.append(f"its feature {entry['outside_feature']}, {entry['outside_scales']:.1f} robust scales beyond the "
-                    f"other training patients' range")
-    return " and ".join(said)
-
-
 def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
                  progress: Progress) -> dict:
     """The report's ``calibration``: the bands' observed coverage on the validation split, as the
@@ -411,11 +407,11 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
         predictions[row] = read_prediction(folder, arrays.patient_ids[row])
     scored = [row for row in rows if arrays.has_dose[row]]
     in_distribution = [{"patient": arrays.patient_ids[row], **anatomy.check(cohort, anatomy.anatomy_features(
-        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site))}
-        for row in rows]
+        arrays.structure_masks[row], arrays.possible_dose_mask[row], arrays.voxel_dimensions[row], site,
+        arrays.ct[row]))} for row in rows]
     figures = {"split": str(stage_dir), "patients": [arrays.patient_ids[row] for row in scored],
                "levels": list(calibration.LEVELS), "method": calibration.METHOD,
-               "calibration_patients": bands["patients"], "threshold": float(cohort["threshold"]),
+               "calibration_patients": bands["patients"], "threshold": cohort["threshold"], "alpha": cohort["alpha"],
                "in_distribution": in_distribution}
     if not scored:
         return {**figures, "note": f"No validation patient of {stage_dir} has a dose: no coverage to observe."}

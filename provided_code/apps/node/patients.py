@@ -201,8 +201,8 @@ class Patients:
         checked, band = predicted.in_distribution, predicted.band
         if checked is not None:
             (logger.info if checked["inside"] else logger.warning)("Patient %s: %s", name, flag_line(checked))
-        trust = {"band": band, **({key: checked[key] for key in ("inside", "score", "threshold", "outside_scales",
-                                                                 "outside_feature", "reasons")}
+        trust = {"band": band, **({key: checked[key] for key in ("inside", "score", "p_value", "alpha", "threshold",
+                                                                 "feature", "too_small", "reasons")}
                                   if checked is not None else {"inside": None})}
         journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
