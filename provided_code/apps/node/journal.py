@@ -18,8 +18,8 @@ committed); a ``failed`` one is tried again when any of its objects is sent agai
 Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and the send outcome
 ``error`` (format 1 wrote ``failed``, the patients' state's word); format 3 ``patients.trust``
 (what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
-the in-distribution check's ``inside``, ``score``, ``threshold``, ``outside_scales``,
-``outside_feature`` and ``reasons``; empty before the prediction or for a node of format 2). An
+the in-distribution check's ``inside``, ``score``, ``p_value``, ``alpha``, ``threshold``,
+``feature``, ``too_small`` and ``reasons``; empty before the prediction or for a node of format 2). An
 older journal is brought to format 3 when a node opens it, and read as format 3 by ``--status``
 without being changed.
 """
