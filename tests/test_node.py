@@ -9,6 +9,7 @@ Every wait is bounded.
 
 import concurrent.futures
 import errno
+import json
 import logging
 import os
 import re
@@ -141,6 +142,22 @@ def test_a_patient_comes_back_as_an_rt_dose_on_its_ct_grid(start_node, listener,
     assert [s for s, _ in node.journal.history(uid)] == ["receiving", "ready", "predicting", "predicted", "sent"]
     [attempt] = node.journal.sends(uid)
     assert attempt["outcome"] == "ok" and attempt["destination"] == listener.destination
+
+
+def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(start_node, listener, phantom, predictor):
+    """The tests' model is a single run: no bands, no in-distribution check. The planner sees it in the
+    RT Dose's series description, IT in the patient's journal entry (its history and its trust)."""
+    assert predictor.trust.uncommissioned
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 34)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
+    [dose] = doses_for(listener, patient)
+    assert dose.SeriesDescription == f"Uncommissioned model: predicted dose, m epoch {predictor.epoch}"
+    assert dict(node.journal.history(uid))["predicted"].endswith(
+        "; uncommissioned model (no bands, no in-distribution check)")
+    assert json.loads(node.journal.patient(uid)["trust"])["uncommissioned"] is True
 
 
 def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):

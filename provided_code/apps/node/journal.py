@@ -19,7 +19,8 @@ Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and
 ``error`` (format 1 wrote ``failed``, the patients' state's word); format 3 ``patients.trust``
 (what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
 the in-distribution check's ``inside``, ``score``, ``threshold``, ``outside_scales``,
-``outside_feature`` and ``reasons``; empty before the prediction or for a node of format 2). An
+``outside_feature`` and ``reasons``, and ``uncommissioned``, true when the model carries neither
+bands nor the check; empty before the prediction or for a node of format 2). An
 older journal is brought to format 3 when a node opens it, and read as format 3 by ``--status``
 without being changed.
 """
