@@ -430,6 +430,37 @@ def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associatio
             connection.close()
 
 
+def _cpu_seconds(threads) -> float:
+    """The processor time the threads have used, each by its own clock (a thread that ended: none)."""
+    total = 0.0
+    for thread in threads:
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, TypeError):
+            pass
+    return total
+
+
+def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_node):
+    """Each association the node accepts has two threads (pynetdicom's DUL and association); idle,
+    they wait on the socket: measured by those threads' own clocks, not the test's clients'."""
+    node = start_node()
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(10)]
+    try:
+        assert all(assoc.is_established for assoc in held)
+        accepted = wait_until(lambda: len(node._server.active_associations) == 10 and node._server.active_associations,
+                              5, "the 10 associations accepted")
+        threads = [thread for assoc in accepted for thread in (assoc, assoc.dul)]
+        before, start = _cpu_seconds(threads), time.monotonic()
+        time.sleep(2.0)
+        cost = (_cpu_seconds(threads) - before) / (time.monotonic() - start)
+        assert cost < 0.05, f"10 idle associations took {cost:.1%} of a core"
+        assert echo(node.port)  # and they hold up no one
+    finally:
+        for assoc in held:
+            assoc.release()
+
+
 def test_an_association_over_the_limit_is_refused_for_load_with_its_address(start_node, caplog):
     node = start_node(max_associations=2)
     held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(2)]

@@ -49,6 +49,7 @@ from provided_code.apps.node.intake import (
 )
 from provided_code.apps.node.journal import Journal
 from provided_code.apps.node.patients import Patients
+from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
 from provided_code.apps.node.sender import Destination, client_ssl_context
 from provided_code.apps.node.store import Store
@@ -206,9 +207,10 @@ def _close_socket(sock) -> None:
 
 def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.SSLContext | None = None,
                  acse_timeout: float = 30.0, max_pending: int = 100):
-    """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`); ``shutdown()`` stops it
-    within a tenth of a second."""
-    server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server)
+    """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`), each association's
+    threads waiting rather than polling (``reactor``); ``shutdown()`` stops it within a tenth of a second."""
+    server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server,
+                            request_handler=WaitingRequestHandler)
     server.acse_timeout, server.max_pending = acse_timeout, max_pending
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
                               daemon=True)
