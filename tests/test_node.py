@@ -224,6 +224,10 @@ def test_a_sop_class_it_does_not_take_is_refused_at_its_presentation_context(sta
     finally:
         assoc.release()
     assert echo(node.port)
+    # it could send nothing: a refusal, journaled (once the node has seen the connection close)
+    [row] = wait_until(node.journal.connections_refused, 5, "the refusal journaled")
+    assert (row["kind"], row["calling_ae"]) == ("sop class", "TPS")
+    assert row["reason"].startswith("nothing sent: this node refused its presentation context(s) for MR Image Storage")
 
 
 def test_an_undecodable_data_set_gets_a_failure_status(start_node, phantom, tmp_path, monkeypatch):
@@ -368,10 +372,16 @@ def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, c
     assert assoc.is_rejected
     assoc = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="OTHER")  # not this node's AE title
     assert assoc.is_rejected
+    wait_until(lambda: len(node.journal.connections_refused()) == 2, 5, "both refusals logged and journaled")
     refusals = [r.getMessage() for r in caplog.records if r.name == "provided_code.apps.node.server" and "Refused" in r.msg]
     assert len(refusals) == 2 and "calling AE title 'INTRUDER' is not in --allow" in refusals[0]
     assert "called AE title 'OTHER' is not 'KBP'" in refusals[1]
     assert echo(node.port, calling="TPS")
+    # journaled: IT asks the journal whether the planning system tried
+    rows = [(row["kind"], row["peer"], row["calling_ae"], row["called_ae"], row["reason"])
+            for row in node.journal.connections_refused()]
+    assert rows == [("association", LOCALHOST, "INTRUDER", "KBP", "calling AE title 'INTRUDER' is not in --allow"),
+                    ("association", LOCALHOST, "TPS", "OTHER", "called AE title 'OTHER' is not 'KBP'")]
 
 
 @pytest.mark.filterwarnings("ignore:Invalid value for VR UI:UserWarning")  # pydicom again, as the client encodes it
@@ -415,7 +425,8 @@ def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associatio
         start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))  # the limits' defaults
     idle = [socket.create_connection((LOCALHOST, node.port)) for _ in range(50)]  # connected, never a word
-    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(10)]
+    # held by 5 systems (at most --max-per-caller's 5 each), 2 each
+    held = [client_ae(f"TPS{k % 5}").associate(LOCALHOST, node.port, ae_title="KBP") for k in range(10)]
     try:
         assert all(assoc.is_established for assoc in held)
         assert echo(node.port)
@@ -445,7 +456,7 @@ def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_
     """Each association the node accepts has two threads (pynetdicom's DUL and association); idle,
     they wait on the socket: measured by those threads' own clocks, not the test's clients'."""
     node = start_node()
-    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(10)]
+    held = [client_ae(f"TPS{k % 5}").associate(LOCALHOST, node.port, ae_title="KBP") for k in range(10)]
     try:
         assert all(assoc.is_established for assoc in held)
         accepted = wait_until(lambda: len(node._server.active_associations) == 10 and node._server.active_associations,
@@ -459,6 +470,43 @@ def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_
     finally:
         for assoc in held:
             assoc.release()
+
+
+def test_one_caller_holding_its_allowance_locks_out_no_one_else(start_node):
+    """--max-per-caller: a calling AE title at one address gets that many associations at once; one
+    more is rejected (transient, local limit exceeded) and journaled, while another caller is served."""
+    node = start_node(max_associations=4, max_per_caller=2)
+    held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(2)]
+    try:
+        assert all(assoc.is_established for assoc in held)
+        extra = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP")
+        assert extra.is_rejected
+        answer = extra.acceptor.primitive
+        assert (answer.result, answer.diagnostic) == (0x02, 0x02)  # transient, local limit exceeded
+        started = time.monotonic()
+        assert echo(node.port, calling="PACS")
+        assert time.monotonic() - started < 1.0
+        [row] = node.journal.connections_refused()
+        assert (row["kind"], row["calling_ae"], row["peer"]) == ("limit", "TPS", LOCALHOST)
+        assert row["reason"] == f"'TPS' at {LOCALHOST} holds 2 associations, the most --max-per-caller allows"
+    finally:
+        for assoc in held:
+            assoc.release()
+    wait_until(lambda: echo(node.port), 10, "TPS served again once it let go")
+
+
+def test_a_client_that_keeps_reconnecting_silently_is_one_line_and_a_summary(start_node, caplog):
+    caplog.set_level(logging.INFO, logger="provided_code.apps.node")
+    node = start_node(acse_timeout=0.1)
+    for _ in range(8):  # a client connecting, saying nothing, reconnecting once closed
+        with socket.create_connection((LOCALHOST, node.port)) as silent:
+            silent.settimeout(10)
+            assert silent.recv(1) == b""  # closed by the node
+    node.stop()  # its windows closed: the repeats summed up
+    lines = [r.getMessage() for r in caplog.records if "no association request" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith(f"Closed a connection from {LOCALHOST}:")
+    assert lines[1] == (f"Closed a connection from {LOCALHOST}: no association request within 0.1 s (--acse-timeout): "
+                        f"7 more time(s) within 60 s")
 
 
 def test_an_association_over_the_limit_is_refused_for_load_with_its_address(start_node, caplog):
@@ -733,6 +781,48 @@ def test_with_a_ca_clients_need_a_certificate_and_the_rt_dose_goes_back_over_tls
         planning.stop()
 
 
+def _rogue_client(folder: Path) -> ssl.SSLContext:
+    folder.mkdir()
+    cert, key = _certificate(folder)  # another self-signed certificate: no CA the node knows signed it
+    context = ssl.create_default_context(cafile=str(cert))
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+def _tls_1_1_client(folder: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")  # OpenSSL 3 offers TLS 1.1 at security level 0 only
+    with pytest.warns(DeprecationWarning):
+        context.minimum_version = context.maximum_version = ssl.TLSVersion.TLSv1_1
+    return context
+
+
+@pytest.mark.parametrize("client, reason", [
+    ("no certificate", "the client presented no certificate (--tls-ca requires one) (PEER_DID_NOT_RETURN_A_CERTIFICATE)"),
+    ("rogue CA", "the client's certificate is not signed by --tls-ca (CERTIFICATE_VERIFY_FAILED)"),
+    ("TLS 1.1", "the client offered only TLS older than 1.2 (UNSUPPORTED_PROTOCOL)"),
+    ("plain TCP", "the client spoke no TLS (plain DICOM on the TLS port?) ("),
+])
+def test_a_failed_tls_handshake_is_journaled_with_what_failed(start_node, tmp_path, caplog, client, reason):
+    cert, key = _certificate(tmp_path)
+    node = start_node(tls_cert=cert, tls_key=key, tls_ca=cert, network_timeout=5)
+    if client == "no certificate":
+        tls = (ssl.create_default_context(cafile=str(cert)), "localhost")
+    elif client == "rogue CA":
+        tls = (_rogue_client(tmp_path / "rogue"), "localhost")
+    elif client == "TLS 1.1":
+        tls = (_tls_1_1_client(tmp_path), "localhost")
+    else:
+        tls = None
+    assert not echo(node.port, tls=tls, timeout=2)
+    [row] = wait_until(node.journal.connections_refused, 5, "the refusal journaled")
+    assert (row["kind"], row["peer"]) == ("tls", LOCALHOST) and row["reason"].startswith(reason)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TLS handshake with")]
+    assert line.startswith(f"TLS handshake with {LOCALHOST}:") and line.endswith(f" failed: {row['reason']}")
+
+
 def test_a_second_node_on_the_same_store_is_refused(start_node):
     from provided_code.errors import RunLockedError
 
@@ -762,8 +852,8 @@ def test_serve_help_loads_neither_tensorflow_nor_the_node():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
-    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-pending", "acse-timeout",
-                                                            "network-timeout"))
+    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-per-caller", "max-pending",
+                                                            "acse-timeout", "network-timeout"))
     assert "LOADED []" in result.stdout
 
 
@@ -792,6 +882,26 @@ def test_dcmtk_storescu_sends_a_whole_patient_and_the_rt_dose_comes_back(start_n
     wait_until(lambda: state(node, uid) == "sent", 60, "the patient sent")
     [dose] = doses_for(listener, patient)
     assert dose.NumberOfFrames == len(ct_of(patient)) and (dose.Rows, dose.Columns) == (32, 32)
+
+
+@requires_dcmtk
+def test_dcmtk_storescus_ordinary_proposals_warn_no_one_and_are_said_once(start_node, phantom, tmp_path, caplog):
+    """storescu proposes some 120 storage classes; a send that stores what the node takes used none of
+    the others: no warning, one line at info for the caller, not repeated."""
+    caplog.set_level(logging.INFO, logger="provided_code.apps.node")
+    node = start_node()
+    for index in (35, 36):
+        folder = write_files(ct_of(clone_patient(phantom, index))[:2], tmp_path / f"export-{index}")
+        result = _dcmtk("storescu", "-aet", "TPS", "-aec", "KBP", "+sd", LOCALHOST, str(node.port), str(folder))
+        assert result.returncode == 0, result.stderr
+    wait_until(lambda: not node._server.active_associations, 10, "both associations ended")
+    assert node.journal.connections_refused() == []
+    node.stop()
+    records = [r for r in caplog.records if r.name.startswith("provided_code.apps.node")]
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    [line] = [r.getMessage() for r in records if "proposed" in r.getMessage()]
+    assert line.startswith(f"Association from TPS at {LOCALHOST}:") and " this node does not take, unused (" in line
+    assert len(line) < 300
 
 
 @requires_dcmtk

@@ -4,8 +4,11 @@ Tables: ``objects`` (every object received: its UIDs, modality, file, size, call
 times received), ``patients`` (one per structure set: its state, the reason of a failure, the CT
 series it was drawn on, its result folder, the import's warnings), ``referenced_images`` (the CT
 images each structure set names), ``history`` (every state a patient entered, with the reason and
-time), ``sends`` (every send attempt, its destination, outcome and detail) and ``refusals`` (every
-object answered with a failure status: what it named, the status and why). A patient's states::
+time), ``sends`` (every send attempt, its destination, outcome and detail), ``refusals`` (every
+object answered with a failure status: what it named, the status and why) and ``connections_refused``
+(every connection or association refused before any object: a TLS handshake that failed, an AE
+title not allowed, a limit, an association whose storage classes were all refused; its repeats from
+the same address for the same reason within :data:`REPEAT_WINDOW_S` counted in one row). A patient's states::
 
     receiving -> ready -> predicting -> predicted -> sent
          \\          \\          \\            \\
@@ -20,9 +23,9 @@ Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and
 (what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
 the in-distribution check's ``inside``, ``score``, ``threshold``, ``outside_scales``,
 ``outside_feature`` and ``reasons``, and ``uncommissioned``, true when the model carries neither
-bands nor the check; empty before the prediction or for a node of format 2). An
-older journal is brought to format 3 when a node opens it, and read as format 3 by ``--status``
-without being changed.
+bands nor the check; empty before the prediction or for a node of format 2), format 4
+``connections_refused``. An older journal is brought to format 4 when a node opens it, and read as
+format 4 by ``--status`` without being changed.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ NEXT = {
     SENT: set(),
     FAILED: {RECEIVING, PREDICTED},
 }
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
@@ -83,10 +86,16 @@ CREATE TABLE IF NOT EXISTS refusals (
     frame_uid TEXT NOT NULL, patient_id TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS refusals_by_instance ON refusals (sop_instance_uid);
 CREATE INDEX IF NOT EXISTS refusals_by_series ON refusals (series_uid);
+CREATE TABLE IF NOT EXISTS connections_refused (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, first REAL NOT NULL, last REAL NOT NULL, times INTEGER NOT NULL,
+    peer TEXT NOT NULL, calling_ae TEXT NOT NULL, called_ae TEXT NOT NULL, kind TEXT NOT NULL, reason TEXT NOT NULL);
 """
 # A send attempt's outcomes (sends.outcome)
 PENDING, OK, FAILED_SEND, INTERRUPTED = "pending", "ok", "error", "interrupted"
 FORMAT_1_FAILED_SEND = "failed"  # what format 1 wrote for FAILED_SEND
+# What refused a connection or association (connections_refused.kind)
+TLS_REFUSED, ASSOCIATION_REFUSED, LIMIT_REFUSED, CLASSES_REFUSED = "tls", "association", "limit", "sop class"
+REPEAT_WINDOW_S = 60.0  # a refusal repeated within this many seconds of the last counts in the same row
 
 
 def _format_1_to_2(db) -> None:
@@ -200,6 +209,29 @@ class Journal:
 
     def refusals(self) -> list[sqlite3.Row]:
         return self._query("SELECT * FROM refusals ORDER BY id")
+
+    def add_connection_refusal(self, *, peer: str, kind: str, reason: str, calling_ae: str = "", called_ae: str = "",
+                               now: float | None = None) -> bool:
+        """Record a connection or association refused before any object: ``peer`` (the client's
+        address), ``kind`` (:data:`TLS_REFUSED`, ...), why, and the AE titles it named (each made
+        printable). The same refusal again within :data:`REPEAT_WINDOW_S` of its last counts in its
+        row (``times``, ``last``). True when a new row."""
+        now = time.time() if now is None else now
+        values = [printable(value, limit) for value, limit in ((peer, 64), (calling_ae, 64), (called_ae, 64),
+                                                               (kind, 64), (reason, 400))]
+        with self._transaction() as db:
+            row = db.execute("SELECT id FROM connections_refused WHERE peer = ? AND calling_ae = ? AND called_ae = ? "
+                             "AND kind = ? AND reason = ? AND last >= ? ORDER BY id DESC LIMIT 1",
+                             (*values, now - REPEAT_WINDOW_S)).fetchone()
+            if row is not None:
+                db.execute("UPDATE connections_refused SET times = times + 1, last = ? WHERE id = ?", (now, row["id"]))
+                return False
+            db.execute("INSERT INTO connections_refused (first, last, times, peer, calling_ae, called_ae, kind, reason) "
+                       "VALUES (?, ?, 1, ?, ?, ?, ?, ?)", (now, now, *values))
+            return True
+
+    def connections_refused(self) -> list[sqlite3.Row]:
+        return self._query("SELECT * FROM connections_refused ORDER BY id")
 
     # Patients
 
@@ -383,6 +415,11 @@ class Journal:
                 "SELECT COUNT(DISTINCT o.series_uid) FROM objects o WHERE o.modality = 'CT' AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = o.series_uid) AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = '' AND p.frame_uid = o.frame_uid)").fetchone()[0]
+            connections, latest_connections = 0, []
+            if self.version >= 4:  # earlier formats kept none
+                connections = db.execute("SELECT COALESCE(SUM(times), 0) FROM connections_refused").fetchone()[0]
+                latest_connections = [dict(row) for row in db.execute(
+                    "SELECT * FROM connections_refused ORDER BY last DESC LIMIT 5")]
             refusals, latest_refusals = 0, []
             if self.version >= 2:  # format 1 kept no refusals
                 refusals = db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0]
@@ -393,7 +430,8 @@ class Journal:
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
                 "checked": sum(entry.get("inside") is not None for entry in checked),
                 "outside": sum(entry.get("inside") is False for entry in checked),
-                "refusals": refusals, "latest_refusals": latest_refusals}
+                "refusals": refusals, "latest_refusals": latest_refusals, "connections_refused": connections,
+                "latest_connections_refused": latest_connections}
 
 
 def summary_lines(journal: Journal) -> list[str]:
@@ -429,6 +467,12 @@ def summary_lines(journal: Journal) -> list[str]:
         lines.append(f"  {when(refusal['time'])} {refusal['modality'] or 'object'} {refusal['sop_instance_uid']} of "
                      f"{refusal['patient_id'] or '(no PatientID)'} from {refusal['calling_ae']}, status "
                      f"0x{refusal['status']:04X}: {refusal['reason']}")
+    if summary["connections_refused"]:
+        lines.append(f"Connections and associations refused: {summary['connections_refused']}")
+    for refused in summary["latest_connections_refused"]:
+        who = f"{refused['calling_ae']} at {refused['peer']}" if refused["calling_ae"] else refused["peer"]
+        times = f" ({refused['times']} times since {when(refused['first'])})" if refused["times"] > 1 else ""
+        lines.append(f"  {when(refused['last'])} {refused['kind']} from {who}: {refused['reason']}{times}")
     if summary["checked"]:
         lines.append(f"Predictions {OUTSIDE}: {summary['outside']} of the {summary['checked']} checked")
     if summary["recent"]:

@@ -47,13 +47,19 @@ from provided_code.apps.node.intake import (
     examine,
     named_in,
 )
-from provided_code.apps.node.journal import Journal
+from provided_code.apps.node.journal import (
+    ASSOCIATION_REFUSED,
+    CLASSES_REFUSED,
+    LIMIT_REFUSED,
+    TLS_REFUSED,
+    Journal,
+)
 from provided_code.apps.node.patients import Patients
 from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
-from provided_code.apps.node.sender import Destination, client_ssl_context
+from provided_code.apps.node.sender import NO_TLS_REASONS, Destination, client_ssl_context
 from provided_code.apps.node.store import Store
-from provided_code.apps.node.text import one_line, printable, text_of
+from provided_code.apps.node.text import RepeatedLines, one_line, printable, text_of
 from provided_code.infra.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
@@ -81,7 +87,24 @@ class NodeSettings:
     network_timeout: float = 60.0  # s an association may be silent (and a send wait for an answer)
     acse_timeout: float = 10.0  # s a connection has to finish its TLS handshake and request an association
     max_associations: int = 20  # associations served at once
+    max_per_caller: int = 5  # of them from one calling AE title at one address (at most max_associations)
     max_pending: int = 100  # connections at once that have not requested an association yet
+
+
+TAKES = "it takes CT Image, RT Structure Set, RT Plan, RT Dose and Verification"
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What the node saw of one association, from its request to its connection's close."""
+
+    address: tuple  # (host, port)
+    calling: str
+    called: str
+    caller: tuple[str, str] | None = None  # (calling AE title, host) while it counts against --max-per-caller
+    over_caller_limit: bool = False  # rejected for --max-per-caller
+    refused: tuple[str, ...] = ()  # the storage classes whose presentation contexts were refused
+    used: int = 0  # C-STOREs and C-ECHOs it sent
 
 
 def server_ssl_context(cert: os.PathLike | str, key: os.PathLike | str,
@@ -109,6 +132,16 @@ class _Server(ThreadedAssociationServer):
 
     acse_timeout: float  # set by start_server
     max_pending: int
+    lines: RepeatedLines  # what it logs of connections, each said once per address and window
+    refused: Callable[[object, str, str], None] | None  # (address, kind, reason) of a connection refused: the node's
+
+    def refuse(self, address, kind: str, reason: str, message: str, *args) -> None:
+        """A connection refused before its association (TLS, the pending limit): to the node's
+        ``refused`` (which logs and journals it), or logged (``message % args``, a warning)."""
+        if self.refused is not None:
+            self.refused(address, kind, reason)
+        else:
+            self.lines.say(("refused", _host(address), kind, reason), logging.WARNING, message % args, message, *args)
 
     def get_request(self):
         client, address = self.socket.accept()
@@ -138,8 +171,10 @@ class _Server(ThreadedAssociationServer):
                 del waiting[evicted]
             waiting[request] = time.monotonic()
         if evicted is not None:
-            logger.warning("Closed a connection from %s that had not requested an association: %d connections "
-                           "waiting, the most --max-pending allows", _peer(_address_of(evicted)), self.max_pending)
+            self.refuse(_address_of(evicted), LIMIT_REFUSED, f"closed before its association request: "
+                        f"{self.max_pending} connections waiting, the most --max-pending allows",
+                        "Closed a connection from %s that had not requested an association: %d connections waiting, "
+                        "the most --max-pending allows", _peer(_address_of(evicted)), self.max_pending)
             _close_socket(evicted)
         deadline = time.monotonic() + self.acse_timeout
         try:
@@ -150,7 +185,9 @@ class _Server(ThreadedAssociationServer):
                     request.settimeout(None)
                 except (OSError, ValueError) as error:
                     if self._still_waiting(request):
-                        logger.warning("TLS handshake with %s failed: %s", _peer(address), one_line(error))
+                        reason = tls_failure(error, self.acse_timeout)
+                        self.refuse(address, TLS_REFUSED, reason, "TLS handshake with %s failed: %s", _peer(address),
+                                    reason)
                     return False
                 if request.pending():
                     return self._still_waiting(request)
@@ -160,8 +197,11 @@ class _Server(ThreadedAssociationServer):
             if not self._still_waiting(request):
                 return False  # closed to make room (logged by whom closed it)
             if not readable:
-                logger.info("Closed a connection from %s: no association request within %g s (--acse-timeout)",
-                            _peer(address), self.acse_timeout)
+                self.lines.say(("silent", _host(address)), logging.INFO,
+                               f"Closed a connection from {_host(address)}: no association request within "
+                               f"{self.acse_timeout:g} s (--acse-timeout)",
+                               "Closed a connection from %s: no association request within %g s (--acse-timeout)",
+                               _peer(address), self.acse_timeout)
                 return False
             if not isinstance(request, ssl.SSLSocket) and not request.recv(1, socket.MSG_PEEK):
                 return False  # closed by the client before a word
@@ -189,6 +229,39 @@ class _Server(ThreadedAssociationServer):
             _close_socket(request)
         for assoc in list(self.active_associations):
             assoc.abort()
+        self.lines.flush()
+
+
+def _host(address) -> str:
+    """A client's address without its port (what its repeated connections share)."""
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
+
+
+# OpenSSL's reasons for a failed handshake, in words for IT (the reason itself follows in brackets)
+TLS_WORDS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client presented no certificate (--tls-ca requires one)",
+    "CERTIFICATE_VERIFY_FAILED": "the client's certificate is not signed by --tls-ca",
+    "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust this node's certificate",
+    "BAD_CERTIFICATE": "the client's certificate is not signed by --tls-ca",
+    "UNSUPPORTED_PROTOCOL": "the client offered only TLS older than 1.2",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "the client offered only TLS older than 1.2",
+    "WRONG_SSL_VERSION": "the client offered only TLS older than 1.2",
+    "NO_SHARED_CIPHER": "the client shares no cipher with this node",
+}
+
+
+def tls_failure(error: BaseException, timeout: float) -> str:
+    """Why a client's TLS handshake failed, in words, with OpenSSL's reason."""
+    reason = getattr(error, "reason", None) or ""
+    if reason in TLS_WORDS:
+        return f"{TLS_WORDS[reason]} ({reason})"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"no TLS handshake within {timeout:g} s (--acse-timeout)"
+    if isinstance(error, ssl.SSLEOFError) or not reason:
+        return f"the client closed the connection during the handshake ({one_line(error)})"
+    if reason in NO_TLS_REASONS:
+        return f"the client spoke no TLS (plain DICOM on the TLS port?) ({reason})"
+    return f"handshake failed ({one_line(error)})"
 
 
 def _address_of(sock) -> tuple | str:
@@ -206,12 +279,14 @@ def _close_socket(sock) -> None:
 
 
 def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.SSLContext | None = None,
-                 acse_timeout: float = 30.0, max_pending: int = 100):
+                 acse_timeout: float = 30.0, max_pending: int = 100, lines: RepeatedLines | None = None,
+                 refused: Callable[[object, str, str], None] | None = None):
     """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`), each association's
     threads waiting rather than polling (``reactor``); ``shutdown()`` stops it within a tenth of a second."""
     server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server,
                             request_handler=WaitingRequestHandler)
     server.acse_timeout, server.max_pending = acse_timeout, max_pending
+    server.lines, server.refused = lines or RepeatedLines(logger), refused
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
                               daemon=True)
     thread.start()
@@ -233,6 +308,11 @@ class Node:
         self._threads: list[threading.Thread] = []
         self._server = None
         self._lock_file: RunLock | None = None
+        self._lines = RepeatedLines(logger)
+        self._associations: dict[int, _Seen] = {}  # id(association) -> what the node saw of it, until it closes
+        self._callers: dict[tuple[str, str], int] = {}  # (calling AE title, address) -> its associations counted
+        self._seen_lock = threading.Lock()
+        self._unused_said: set[tuple[str, str, tuple[str, ...]]] = set()  # proposals not taken, said once each
 
     # Life
 
@@ -322,49 +402,129 @@ class Node:
         ae.dimse_timeout = ae.network_timeout = settings.network_timeout
         handlers = [(evt.EVT_C_ECHO, self._on_echo), (evt.EVT_C_STORE, self._on_store),
                     (evt.EVT_CONN_CLOSE, self._on_close), (evt.EVT_REJECTED, self._on_rejected),
-                    (evt.EVT_ACCEPTED, self._on_accepted)]
+                    (evt.EVT_REQUESTED, self._on_requested), (evt.EVT_ACCEPTED, self._on_accepted)]
         context = (server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                    if settings.tls_cert is not None else None)
         return start_server(ae, (settings.host, settings.port), handlers, context, settings.acse_timeout,
-                            settings.max_pending)
+                            settings.max_pending, self._lines, self._connection_refused)
+
+    def _connection_refused(self, address, kind: str, reason: str, calling: str = "", called: str = "") -> None:
+        """A connection or association refused before any object: logged once per address and reason
+        within a minute (its repeats summed up), then journaled."""
+        lines = []
+        for who in (_peer(address), _host(address)):  # the line, and its repeats' summary
+            if kind == TLS_REFUSED:
+                lines.append(f"TLS handshake with {who} failed: {reason}")
+            elif calling:
+                lines.append(f"Refused an association from {who} ({printable(calling)}): {reason}")
+            else:
+                lines.append(f"Refused a connection from {who}: {reason}")
+        self._lines.say(("refused", _host(address), printable(calling), kind, reason), logging.WARNING, lines[1],
+                        lines[0])
+        try:
+            self.journal.add_connection_refusal(peer=_host(address), kind=kind, reason=reason, calling_ae=calling,
+                                                called_ae=called)
+        except Exception as error:  # noqa: BLE001 - the journal itself failed (a full disk): say so
+            logger.error("The refusal of %s was not journaled: %s", _peer(address), one_line(error))
 
     # Associations
 
+    def _on_requested(self, event) -> None:
+        """An association requested: what the node sees of it is kept until its connection closes;
+        beyond ``--max-per-caller`` associations from its calling AE title at its address (while the
+        node has room for more: else pynetdicom refuses it for the total), it is rejected, transient."""
+        assoc, settings = event.assoc, self.settings
+        requestor = assoc.requestor
+        calling = text_of(getattr(requestor.primitive, "calling_ae_title", ""))  # requestor.ae_title: not yet
+        seen = _Seen((requestor.address, requestor.port), calling,
+                     text_of(getattr(requestor.primitive, "called_ae_title", "")))
+        caller = (calling, requestor.address)
+        with self._seen_lock:
+            self._associations[id(assoc)] = seen
+            total = sum(self._callers.values())
+            if self._callers.get(caller, 0) < min(settings.max_per_caller, settings.max_associations) or \
+                    total >= settings.max_associations:
+                self._callers[caller] = self._callers.get(caller, 0) + 1
+                seen.caller = caller
+                return
+        seen.over_caller_limit = True
+        assoc.acse.send_reject(*LOCAL_LIMIT_EXCEEDED)
+        evt.trigger(assoc, evt.EVT_REJECTED, {})
+        assoc.kill()
+
     def _on_echo(self, event) -> int:
+        self._used(event.assoc)
         return SUCCESS
 
+    def _used(self, assoc) -> None:
+        seen = self._associations.get(id(assoc))
+        if seen is not None:
+            seen.used += 1
+
     def _on_rejected(self, event) -> None:
-        requestor = event.assoc.requestor
-        calling = text_of(requestor.ae_title)
+        assoc, settings = event.assoc, self.settings
+        requestor = assoc.requestor
+        seen = self._associations.get(id(assoc))
+        calling = text_of(getattr(requestor.primitive, "calling_ae_title", ""))
         called = text_of(getattr(requestor.primitive, "called_ae_title", ""))
-        answer = event.assoc.acceptor.primitive
+        answer = assoc.acceptor.primitive
         rejection = (answer.result, answer.result_source, answer.diagnostic) if answer is not None else ()
-        if rejection == LOCAL_LIMIT_EXCEEDED:
-            why = f"{self.settings.max_associations} associations open, the most --max-associations allows"
-        elif self.settings.allow and calling not in self.settings.allow:
-            why = f"calling AE title {printable(calling)!r} is not in --allow"
-        elif called != self.settings.ae_title:
-            why = f"called AE title {printable(called)!r} is not {self.settings.ae_title!r}"
+        kind = LIMIT_REFUSED
+        if seen is not None and seen.over_caller_limit:
+            why = (f"{printable(calling)!r} at {requestor.address} holds {settings.max_per_caller} associations, the "
+                   f"most --max-per-caller allows")
+        elif rejection == LOCAL_LIMIT_EXCEEDED:
+            why = f"{settings.max_associations} associations open, the most --max-associations allows"
+        elif settings.allow and calling not in settings.allow:
+            why, kind = f"calling AE title {printable(calling)!r} is not in --allow", ASSOCIATION_REFUSED
+        elif called != settings.ae_title:
+            why, kind = f"called AE title {printable(called)!r} is not {settings.ae_title!r}", ASSOCIATION_REFUSED
         else:
-            why = "refused by pynetdicom (see --verbose)"
-        logger.warning("Refused an association from %s: %s", _peer((requestor.address, requestor.port)), why)
+            why, kind = "refused by pynetdicom (see --verbose)", ASSOCIATION_REFUSED
+        self._connection_refused((requestor.address, requestor.port), kind, why, calling, called)
 
     def _on_accepted(self, event) -> None:
-        refused = event.assoc.rejected_contexts
-        if refused:
-            requestor = event.assoc.requestor
-            classes = sorted({printable(UID(text_of(context.abstract_syntax)).name) for context in refused})
-            logger.warning("Association from %s at %s: refused its presentation context(s) for %s (this node takes "
-                           "CT Image, RT Structure Set, RT Plan, RT Dose and Verification)",
-                           printable(requestor.ae_title), _peer((requestor.address, requestor.port)),
-                           printable(", ".join(classes), 240))
+        seen = self._associations.get(id(event.assoc))
+        if seen is not None:
+            seen.refused = tuple(sorted({printable(UID(text_of(context.abstract_syntax)).name)
+                                         for context in event.assoc.rejected_contexts}))
 
     def _on_close(self, event) -> None:
+        with self._seen_lock:
+            seen = self._associations.pop(id(event.assoc), None)
+            if seen is not None and seen.caller is not None:
+                left = self._callers.get(seen.caller, 0) - 1
+                if left > 0:
+                    self._callers[seen.caller] = left
+                else:
+                    self._callers.pop(seen.caller, None)
         self.patients.closed(id(event.assoc), stopping=self._stop.is_set())
+        if seen is not None and seen.refused and not seen.over_caller_limit:
+            self._refused_classes(seen)
+
+    def _refused_classes(self, seen: "_Seen") -> None:
+        """An association closed whose presentation contexts were refused for some storage classes.
+        If it sent nothing (it proposed only what the node does not take: it meant those), a refusal,
+        warned and journaled; else the classes were proposals it did not use (DCMTK's storescu
+        proposes some 120): said once per caller and set of classes, at info."""
+        shown = ", ".join(seen.refused[:3]) + (f" and {len(seen.refused) - 3} more" if len(seen.refused) > 3 else "")
+        if not seen.used:
+            self._connection_refused(seen.address, CLASSES_REFUSED, f"nothing sent: this node refused its "
+                                                                    f"presentation context(s) for {shown} ({TAKES})",
+                                     seen.calling, seen.called)
+            return
+        key = (seen.calling, _host(seen.address), seen.refused)
+        with self._seen_lock:
+            said = key in self._unused_said
+            self._unused_said.add(key)
+        (logger.debug if said else logger.info)(
+            "Association from %s at %s also proposed %d storage class(es) this node does not take, unused (%s; "
+            "not said again for this caller)", printable(seen.calling), _peer(seen.address), len(seen.refused), shown)
 
     # Receiving
 
     def _on_store(self, event):
+        self._used(event.assoc)
         settings, request = self.settings, event.request
         calling = printable(event.assoc.requestor.ae_title)
         try:
