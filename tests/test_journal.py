@@ -224,7 +224,8 @@ def test_a_node_brings_a_format_1_journal_to_the_current_format(format_1_journal
 def format_2_journal(tmp_path):
     """A format-2 journal (before patients.trust) with one predicted patient."""
     path = tmp_path / "journal.sqlite"
-    format_2 = SCHEMA.replace(", trust TEXT NOT NULL DEFAULT ''", "")
+    format_2 = SCHEMA.replace(", trust TEXT NOT NULL DEFAULT ''", "").replace(",\n    next_send REAL, send_until REAL", "")
+    format_2 = format_2.replace("CREATE INDEX IF NOT EXISTS patients_by_next_send ON patients (next_send);", "")
     format_2 = format_2[:format_2.index("CREATE TABLE IF NOT EXISTS connections_refused")]  # format 4's
     assert format_2 != SCHEMA
     with sqlite3.connect(path) as db:
@@ -321,3 +322,50 @@ def test_a_refused_connection_repeated_within_the_window_counts_in_its_row(journ
                for line in lines)
     assert any(line.endswith("tls from 10.0.0.5: the client presented no certificate (3 times since "
                              f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(10.0))})") for line in lines)
+
+
+def _predicted(journal, uid="1.8"):
+    add_structure_set(journal, uid=uid)
+    for state in (READY, PREDICTING):
+        journal.transition(uid, state)
+    journal.transition(uid, PREDICTED, output=f"/s/results/{uid}")
+
+
+def test_the_send_schedule_is_the_journals_sooner_first_and_taken_by_the_attempt(journal):
+    _predicted(journal)
+    assert journal.next_send() is None
+    assert journal.schedule_send("1.8", 50.0) and journal.schedule_send("1.8", 70.0)  # later: it stays due at 50
+    assert journal.next_send() == ("1.8", 50.0) and journal.sends_waiting() == {"1.8": 50.0}
+    journal.start_send("1.8", "PACS@h:104")
+    assert journal.next_send() is None  # the attempt took it
+    assert journal.give_up_sending_at("1.8", 1000.0) == 1000.0 and journal.give_up_sending_at("1.8", 2000.0) == 1000.0
+    journal.transition("1.8", SENT, "to PACS@h:104")
+    assert not journal.schedule_send("1.8", 80.0) and journal.next_send() is None  # sent: never again
+
+
+def test_it_pushes_a_patient_whose_sends_gave_up_and_not_one_sent(journal):
+    _predicted(journal)
+    journal.give_up_sending_at("1.8", 10.0)
+    journal.transition("1.8", FAILED, "not sent", failed_in="sending")
+    [(row, what)] = journal.resend("1.8", now=99.0)
+    assert what == "its sends had given up: queued to send now"
+    patient = journal.patient("1.8")
+    assert (patient["state"], patient["next_send"], patient["send_until"], patient["send_attempts"]) == (
+        PREDICTED, 99.0, None, 0)  # a new retry window from its next failure
+    journal.transition("1.8", SENT, "to PACS@h:104")
+    [(row, what)] = journal.resend("P1")
+    assert what.startswith("already sent (to PACS@h:104)") and journal.next_send() is None
+    assert journal.resend("nobody") == []
+
+
+def test_status_shows_the_sends_waiting_and_when_each_tries_next(journal):
+    _predicted(journal)
+    send_id, _ = journal.start_send("1.8", "PACS@h:104")
+    journal.finish_send(send_id, FAILED_SEND, "PACS@h:104 cannot be reached (no connection)")
+    journal.give_up_sending_at("1.8", 86500.0)
+    journal.schedule_send("1.8", 105.0)
+    lines = summary_lines(journal)
+    at = lines.index("Sends waiting: 1 (next attempt, attempts so far, gives up)")
+    assert lines[at + 1] == (f"  P1 1.8: next {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(105.0))}, 1 "
+                             f"attempt(s), gives up {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(86500.0))}; "
+                             f"last: PACS@h:104 cannot be reached (no connection)")

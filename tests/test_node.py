@@ -338,15 +338,18 @@ def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
         later.stop()
 
 
-def test_a_destination_that_stays_down_fails_the_patient_after_the_last_attempt(start_node, phantom):
-    node = start_node(send_to=parse_destination(f"PLANNING@{LOCALHOST}:{free_port()}"), send_attempts=3,
+def test_a_destination_that_stays_down_fails_the_patient_when_its_retry_window_ends(start_node, phantom):
+    node = start_node(send_to=parse_destination(f"PLANNING@{LOCALHOST}:{free_port()}"), send_retry_for=0.5,
                       send_backoff=0.05)
     patient = clone_patient(phantom, 11)
     send(node.port, patient)
     uid = rtstruct_uid(patient)
     wait_until(lambda: state(node, uid) == FAILED, 60, "the patient failed")
-    assert len(node.journal.sends(uid)) == 3
-    assert node.journal.patient(uid)["reason"].startswith("not sent to PLANNING@")
+    sends = node.journal.sends(uid)
+    assert len(sends) >= 3 and sends[-1]["started"] - sends[0]["started"] == pytest.approx(0.5, abs=0.25)
+    reason = node.journal.patient(uid)["reason"]
+    assert reason.startswith("not sent to PLANNING@") and f"within 0.5 s of its first failed attempt ({len(sends)} " \
+        f"attempts; --send-retry-hours)" in reason
     assert (node.store.result_dir(uid) / "RD.dcm").is_file()  # the prediction stays in the store
 
 
@@ -400,7 +403,7 @@ def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node,
 
 def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_come_again(start_node, phantom):
     later = Listener(port=free_port())
-    settings = {"send_to": parse_destination(later.destination), "send_attempts": 2, "send_backoff": 0.05}
+    settings = {"send_to": parse_destination(later.destination), "send_retry_for": 0.1, "send_backoff": 0.05}
     node = start_node(**settings)
     patient = clone_patient(phantom, 22)
     send(node.port, patient[:-1])
@@ -416,9 +419,60 @@ def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_com
         node = start_node(**settings)  # restarted on the same store
         wait_until(lambda: node.sends is not None and not node.sends.queued(), 10, "nothing left to send")
         assert state(node, uid) == "sent" and len(doses_for(later, patient)) == 1
-        assert [row["outcome"] for row in node.journal.sends(uid)] == [FAILED_SEND, FAILED_SEND, OK]
+        outcomes = [row["outcome"] for row in node.journal.sends(uid)]
+        assert outcomes[-1] == OK and len(outcomes) >= 3 and set(outcomes[:-1]) == {FAILED_SEND}
     finally:
         later.stop()
+
+
+def test_a_destination_down_for_more_than_ten_attempts_gets_the_rt_dose_once_it_is_back(start_node, phantom,
+                                                                                          tmp_path):
+    """As a mail server: the sends go on with back-off (a day by default), --status shows what waits
+    and when it next tries, and the RT Dose goes out once the destination is back, once, unasked."""
+    later = Listener(port=free_port())
+    node = start_node(send_to=parse_destination(later.destination), send_backoff=0.02, send_backoff_max=0.05)
+    patient = clone_patient(phantom, 37)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: len(node.journal.sends(uid)) >= 12, 60, "12 failed attempts (10 used to be the most)")
+    assert state(node, uid) == "predicted"
+    status = CliRunner().invoke(main, ["serve", "--status", "--store", str(tmp_path / "store")])
+    assert "Sends waiting: 1 (next attempt, attempts so far, gives up)" in status.output
+    [line] = [line for line in status.output.splitlines() if line.startswith(f"  PHANTOM37 {uid}: next ")]
+    assert " attempt(s), gives up " in line and line.endswith(f"; last: {later.destination} cannot be reached "
+                                                              f"(no connection)")
+    later.start()
+    try:
+        wait_until(lambda: state(node, uid) == "sent", 30, "sent once the destination is back")
+        time.sleep(0.3)  # a second send would be due by now
+        assert len(doses_for(later, patient)) == 1
+        assert [row["outcome"] for row in node.journal.sends(uid)].count(OK) == 1
+        assert node.sends.queued() == {}
+    finally:
+        later.stop()
+
+
+def test_it_pushes_a_patient_whose_sends_gave_up_and_it_is_sent_once(start_node, phantom, tmp_path):
+    later = Listener(port=free_port())
+    node = start_node(send_to=parse_destination(later.destination), send_retry_for=0.2, send_backoff=0.05)
+    patient = clone_patient(phantom, 38)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == FAILED, 60, "the patient failed: its sends gave up")
+    later.start()
+    try:
+        pushed = CliRunner().invoke(main, ["serve", "--resend", uid, "--store", str(tmp_path / "store")])
+        assert pushed.exit_code == 0, pushed.output
+        assert pushed.output == f"Patient PHANTOM38 (structure set {uid}): its sends had given up: queued to send now\n"
+        wait_until(lambda: state(node, uid) == "sent", 10, "sent within a second of the push")
+        again = CliRunner().invoke(main, ["serve", "--resend", "PHANTOM38", "--store", str(tmp_path / "store")])
+        assert again.exit_code == 1 and "already sent (to PLANNING@" in again.output
+        time.sleep(1.5)  # the send thread has looked at the journal again
+        assert len(doses_for(later, patient)) == 1
+    finally:
+        later.stop()
+    unknown = CliRunner().invoke(main, ["serve", "--resend", "NOONE", "--store", str(tmp_path / "store")])
+    assert unknown.exit_code == 1 and "No patient with structure set UID or PatientID 'NOONE'" in unknown.output
 
 
 def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associations_are_held(
@@ -852,6 +906,7 @@ def test_serve_help_loads_neither_tensorflow_nor_the_node():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
+    assert "--send-retry-hours" in result.stdout and "--resend" in result.stdout
     assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-per-caller", "max-pending",
                                                             "acse-timeout", "network-timeout"))
     assert "LOADED []" in result.stdout

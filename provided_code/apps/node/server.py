@@ -57,7 +57,7 @@ from provided_code.apps.node.journal import (
 from provided_code.apps.node.patients import Patients
 from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
-from provided_code.apps.node.sender import NO_TLS_REASONS, Destination, client_ssl_context
+from provided_code.apps.node.sender import MAX_BACKOFF_S, NO_TLS_REASONS, Destination, client_ssl_context
 from provided_code.apps.node.store import Store
 from provided_code.apps.node.text import RepeatedLines, one_line, printable, text_of
 from provided_code.infra.run_lock import RunLock
@@ -82,8 +82,9 @@ class NodeSettings:
     completion_timeout: float = 600.0  # s without a new object before an incomplete patient fails
     max_object_bytes: int = 2 * 1024**3
     min_free_bytes: int = 1024**3
-    send_attempts: int = 10
-    send_backoff: float = 5.0  # s before the second attempt; doubling, at most sender.MAX_BACKOFF_S
+    send_retry_for: float = 86400.0  # s after a patient's first failed send attempt that its sends give up
+    send_backoff: float = 5.0  # s before the second attempt; doubling, at most send_backoff_max
+    send_backoff_max: float = MAX_BACKOFF_S
     network_timeout: float = 60.0  # s an association may be silent (and a send wait for an answer)
     acse_timeout: float = 10.0  # s a connection has to finish its TLS handshake and request an association
     max_associations: int = 20  # associations served at once
@@ -339,8 +340,8 @@ class Node:
             send_ssl = (client_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                         if settings.tls_ca is not None else None)
             self.sends = SendQueue(self.journal, settings.send_to, settings.ae_title, self.predictor.rtdose_file,
-                                   self._name, settings.send_attempts, settings.send_backoff,
-                                   settings.network_timeout, send_ssl)
+                                   self._name, settings.send_retry_for, settings.send_backoff,
+                                   settings.network_timeout, send_ssl, settings.send_backoff_max)
         self.patients = Patients(self.journal, self.store, self.predictor, settings.completion_timeout,
                                  self.sends.schedule if self.sends is not None else None)
         self.patients.resume()
