@@ -13,7 +13,10 @@ a second for each idle association (10 of them held half a core). Here:
   DUL's state machine, when the DUL thread ends and when the association is killed.
 
 Each also wakes at its timers (the ARTIM timer, the network timeout) and at the latest every
-:data:`LONGEST_WAIT_S`, so that nothing is missed that no wake-up covers. The loops are pynetdicom
+:data:`LONGEST_WAIT_S`, so that nothing is missed that no wake-up covers. An association that ends
+tells its server (``association_ended``), which collects the garbage it leaves then (pynetdicom's
+server collects every 60th turn of its accept loop, 6 s here, whether anything ended or not: a full
+collection of a process holding TensorFlow, a tenth of a core). The loops are pynetdicom
 3.0's (``DULServiceProvider.run_reactor``, ``Association._run_reactor``, and the request handler's
 ``_create_association``) with only their waits changed.
 """
@@ -171,6 +174,14 @@ class WaitingAssociation(Association):
     def wake(self) -> None:
         """Wake the association thread (from any thread)."""
         self._activity.set()
+
+    def run_reactor(self) -> None:
+        try:
+            super().run_reactor()
+        finally:
+            ended = getattr(self._server, "association_ended", None)
+            if ended is not None:
+                ended()
 
     def kill(self) -> None:
         self._kill = True

@@ -16,6 +16,7 @@ store, the patients' state machine (``patients``) and the send queue (``send_que
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import select
@@ -93,6 +94,7 @@ class NodeSettings:
 
 
 TAKES = "it takes CT Image, RT Structure Set, RT Plan, RT Dose and Verification"
+UNUSED_SAID_MAX = 1000  # callers whose unused proposals the node remembers having said
 
 
 @dataclasses.dataclass
@@ -160,6 +162,19 @@ class _Server(ThreadedAssociationServer):
         super().server_bind()
         self._waiting: dict[socket.socket, float] = {}  # connections not associated yet -> since when
         self._waiting_lock = threading.Lock()
+        self._ended = self._collected = 0  # associations ended; how many had when garbage was last collected
+
+    def association_ended(self) -> None:
+        """An association's thread ended (``reactor``): its reference cycles are garbage now."""
+        with self._waiting_lock:
+            self._ended += 1
+
+    def service_actions(self):
+        """Once per turn of the accept loop: pynetdicom collects garbage every 60th turn (the reference
+        cycles its ended associations leave); here only after an association ended."""
+        if self._ended != self._collected:
+            self._collected = self._ended
+            gc.collect()
 
     def _await_association(self, request, address) -> bool:
         """Whether the connection starts its association request within ``acse_timeout`` (its TLS
@@ -517,6 +532,8 @@ class Node:
         key = (seen.calling, _host(seen.address), seen.refused)
         with self._seen_lock:
             said = key in self._unused_said
+            if len(self._unused_said) >= UNUSED_SAID_MAX:  # callers by the thousand (made-up AE titles): start over
+                self._unused_said.clear()
             self._unused_said.add(key)
         (logger.debug if said else logger.info)(
             "Association from %s at %s also proposed %d storage class(es) this node does not take, unused (%s; "
