@@ -189,6 +189,8 @@ class WaitingAssociation(Association):
         super().kill()
 
     def _wait(self) -> None:
+        if self.dimse.msg_queue.qsize():  # a message came while it served the last (each turn serves one)
+            return
         timer = self.dul._idle_timer
         left = timer.remaining if timer.timeout is not None else LONGEST_WAIT_S
         self._activity.wait(min(max(left, 0.001), LONGEST_WAIT_S))

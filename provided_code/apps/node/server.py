@@ -66,6 +66,7 @@ from provided_code.infra.run_lock import RunLock
 logger = logging.getLogger(__name__)
 
 MAX_PDU = 256 * 1024
+GARBAGE_EVERY_S = 6.0  # the accept loop collects garbage at most this often, and only after associations ended
 LOCAL_LIMIT_EXCEEDED = (0x02, 0x03, 0x02)  # A-ASSOCIATE-RJ: transient, presentation-related, local limit exceeded
 
 
@@ -163,6 +164,7 @@ class _Server(ThreadedAssociationServer):
         self._waiting: dict[socket.socket, float] = {}  # connections not associated yet -> since when
         self._waiting_lock = threading.Lock()
         self._ended = self._collected = 0  # associations ended; how many had when garbage was last collected
+        self._collected_at = time.monotonic()
 
     def association_ended(self) -> None:
         """An association's thread ended (``reactor``): its reference cycles are garbage now."""
@@ -171,9 +173,10 @@ class _Server(ThreadedAssociationServer):
 
     def service_actions(self):
         """Once per turn of the accept loop: pynetdicom collects garbage every 60th turn (the reference
-        cycles its ended associations leave); here only after an association ended."""
-        if self._ended != self._collected:
-            self._collected = self._ended
+        cycles its ended associations leave), 6 s here; this, as often at most, and only after an
+        association ended (idle, never: a full collection of a process holding TensorFlow costs)."""
+        if self._ended != self._collected and time.monotonic() - self._collected_at >= GARBAGE_EVERY_S:
+            self._collected, self._collected_at = self._ended, time.monotonic()
             gc.collect()
 
     def _await_association(self, request, address) -> bool:
