@@ -38,6 +38,7 @@ from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, Journal  # 
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
 from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
+from provided_code.apps.node import reactor  # noqa: E402
 from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
 from tests.kit.repo import REPO  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
@@ -529,6 +530,41 @@ def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_
     finally:
         for assoc in held:
             assoc.release()
+
+
+def test_pynetdicom_calls_the_waiting_hooks_of_an_idle_association(start_node, monkeypatch):
+    """reactor.py changes only where pynetdicom's loops wait: its DUL loop's ``_is_transport_event``
+    and its association loop's ``_reactor_checkpoint.wait()``. Both entered, a few times a second
+    (not 1,000): a pynetdicom that stopped calling either fails here (and the idle test)."""
+    entered = {reactor.WaitingDUL: 0, reactor.WaitingCheckpoint: 0}
+    for cls in entered:
+        def counted(self, _original=cls.await_activity, _cls=cls):
+            entered[_cls] += 1
+            return _original(self)
+        monkeypatch.setattr(cls, "await_activity", counted)
+    node = start_node()
+    held = client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP")
+    try:
+        assert held.is_established
+        [accepted] = wait_until(lambda: node._server.active_associations, 5, "the association accepted")
+        assert type(accepted.dul) is reactor.WaitingDUL and accepted.dul._run_loop_delay == 0
+        assert type(accepted._reactor_checkpoint) is reactor.WaitingCheckpoint
+        time.sleep(0.5)
+        before = dict(entered)
+        time.sleep(2.0)
+        turns = {cls.__name__: entered[cls] - before[cls] for cls in entered}
+        assert all(1 <= n <= 20 for n in turns.values()), turns
+    finally:
+        held.release()
+    accepted.join(5)
+    assert not accepted.is_alive() and accepted.dul._wake_in.fileno() == -1  # its wake-up sockets closed
+
+
+def test_a_pynetdicom_without_a_hook_fails_the_node_at_start(start_node, monkeypatch):
+    from pynetdicom.dul import DULServiceProvider
+    monkeypatch.delattr(DULServiceProvider, "_is_transport_event")
+    with pytest.raises(RuntimeError, match="_is_transport_event"):
+        start_node()
 
 
 def test_one_caller_holding_its_allowance_locks_out_no_one_else(start_node):

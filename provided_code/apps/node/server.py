@@ -56,6 +56,7 @@ from provided_code.apps.node.journal import (
     Journal,
 )
 from provided_code.apps.node.patients import Patients
+from provided_code.apps.node import reactor
 from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
 from provided_code.apps.node.sender import MAX_BACKOFF_S, NO_TLS_REASONS, Destination, client_ssl_context
@@ -163,20 +164,19 @@ class _Server(ThreadedAssociationServer):
         super().server_bind()
         self._waiting: dict[socket.socket, float] = {}  # connections not associated yet -> since when
         self._waiting_lock = threading.Lock()
-        self._ended = self._collected = 0  # associations ended; how many had when garbage was last collected
+        self._running: set[int] = set()  # the association threads (idents) seen running at the last turn
+        self._ended = False  # one has ended since garbage was last collected
         self._collected_at = time.monotonic()
-
-    def association_ended(self) -> None:
-        """An association's thread ended (``reactor``): its reference cycles are garbage now."""
-        with self._waiting_lock:
-            self._ended += 1
 
     def service_actions(self):
         """Once per turn of the accept loop: pynetdicom collects garbage every 60th turn (the reference
         cycles its ended associations leave), 6 s here; this, as often at most, and only after an
-        association ended (idle, never: a full collection of a process holding TensorFlow costs)."""
-        if self._ended != self._collected and time.monotonic() - self._collected_at >= GARBAGE_EVERY_S:
-            self._collected, self._collected_at = self._ended, time.monotonic()
+        association's thread ended (idle, never: a full collection of a process holding TensorFlow costs)."""
+        running = {assoc.ident for assoc in self.active_associations}
+        self._ended = self._ended or not self._running <= running
+        self._running = running
+        if self._ended and time.monotonic() - self._collected_at >= GARBAGE_EVERY_S:
+            self._ended, self._collected_at = False, time.monotonic()
             gc.collect()
 
     def _await_association(self, request, address) -> bool:
@@ -302,6 +302,7 @@ def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.
                  refused: Callable[[object, str, str], None] | None = None):
     """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`), each association's
     threads waiting rather than polling (``reactor``); ``shutdown()`` stops it within a tenth of a second."""
+    reactor.check(ae)  # a pynetdicom the waiting hooks do not fit: fail here, not poll unnoticed
     server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server,
                             request_handler=WaitingRequestHandler)
     server.acse_timeout, server.max_pending = acse_timeout, max_pending
