@@ -53,6 +53,7 @@ BANDS_FILE = "bands.json"
 COHORT_FILE = "cohort.json"
 BANDS_FORMAT = 1
 OUTSIDE = "outside the training cohort"  # what a flagged patient's RT Dose description and messages say
+UNCOMMISSIONED = "uncommissioned model"  # what a prediction carrying neither bands nor the check says of its model
 
 
 class TrustError(UserError, ValueError):
@@ -132,6 +133,13 @@ class Trust:
         return {**anatomy.check(self.cohort, features), "method": self.cohort["method"],
                 "cohort_patients": len(self.cohort["patients"])}
 
+    @property
+    def uncommissioned(self) -> bool:
+        """Whether the predictions carry neither bands nor the in-distribution check (a single run, a
+        model not commissioned, or bands of other checkpoints and no cohort): what they say of their
+        model, :data:`UNCOMMISSIONED`."""
+        return self.bands is None and self.cohort is None
+
     def lines(self) -> list[str]:
         """What the model's predictions carry, in a line each, or why not (one line when neither,
         for one reason)."""
@@ -173,10 +181,13 @@ class Trust:
                 f"{self.bands['patients']} training patients", False)
 
 
-def described(description: str, checked: dict | None) -> str:
+def described(description: str, checked: dict | None, uncommissioned: bool = False) -> str:
     """An RT Dose's series description, begun with "Outside the training cohort: " for a flagged
-    patient (first: a description is cut to 64 characters), so the planner sees it in the planning
-    system."""
+    patient, or "Uncommissioned model: " when the prediction carries neither bands nor the check
+    (:attr:`Trust.uncommissioned`; first: a description is cut to 64 characters), so the planner sees
+    it in the planning system."""
+    if uncommissioned:
+        return f"{UNCOMMISSIONED[0].upper()}{UNCOMMISSIONED[1:]}: {description[:1].lower()}{description[1:]}"
     if checked is None or checked["inside"]:
         return description
     return f"{OUTSIDE[0].upper()}{OUTSIDE[1:]}: {description[:1].lower()}{description[1:]}"

@@ -25,6 +25,14 @@ SCP standing in for the planning system (``tests/kit/node.py``; needs the dev ex
   TCP connections that never say a word and ``--idle-associations`` associations that never send
   are held open (each reopened at once when the node closes it, as a client that insists would);
   and the load test again under that idle load.
+- ``idle_associations_cpu``: the processor time of this process (the node, its listener) over
+  ``--idle-seconds`` with nothing connected, then while ``--idle-associations`` associations (each
+  from an AE title of its own) are held idle by another process: ``cost_of_a_core`` is the
+  difference, as a fraction of one core (the acceptance: under 0.05 for 10).
+- ``one_caller_holds_its_allowance``: one AE title (``HOG``) holds its ``--max-per-caller``
+  associations idle (and asks for one more, which the node rejects); ``echo_s`` is how long another
+  client (``TPS``) takes from its association request to its C-ECHO answered (median of
+  ``--repeats``; the acceptance: under 1 s).
 """
 
 from __future__ import annotations
@@ -48,15 +56,17 @@ REPO = Path(__file__).resolve().parents[1]
 class IdleLoad:
     """``connections`` TCP connections that send nothing and ``associations`` associations that send
     nothing, held open on ``port`` by a process of their own (its polling threads do not share the
-    node's interpreter): each one the node closes is reopened."""
+    node's interpreter): each one the node closes is reopened. The associations call as ``IDLE0``,
+    ``IDLE1``, ... (each a caller of its own, as many systems would be), or all as ``calling``."""
 
-    def __init__(self, port: int, connections: int, associations: int):
+    def __init__(self, port: int, connections: int, associations: int, calling: str | None = None):
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
         self._stop, self._ready = context.Event(), context.Event()
         self._reopened = context.Value("i", 0)
-        self._process = context.Process(target=_hold_idle, args=(port, connections, associations, self._stop,
+        titles = [calling or f"IDLE{k}" for k in range(associations)]
+        self._process = context.Process(target=_hold_idle, args=(port, connections, titles, self._stop,
                                                                   self._ready, self._reopened), daemon=True)
 
     def __enter__(self) -> "IdleLoad":
@@ -74,7 +84,7 @@ class IdleLoad:
         self._process.join(30)
 
 
-def _hold_idle(port, connections, associations, stop, ready, reopened) -> None:
+def _hold_idle(port, connections, titles, stop, ready, reopened) -> None:
     """:class:`IdleLoad`'s process."""
     import select
     import socket
@@ -83,8 +93,8 @@ def _hold_idle(port, connections, associations, stop, ready, reopened) -> None:
     from tests.kit.node import client_ae
 
     sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(connections)]
-    client = client_ae("IDLE", timeout=120)
-    assocs = [client.associate("127.0.0.1", port, ae_title="KBP") for _ in range(associations)]
+    clients = [client_ae(title, timeout=120) for title in titles]
+    assocs = [client.associate("127.0.0.1", port, ae_title="KBP") for client in clients]
     if all(assoc.is_established for assoc in assocs):
         ready.set()
     while not stop.wait(0.2):
@@ -95,7 +105,7 @@ def _hold_idle(port, connections, associations, stop, ready, reopened) -> None:
             reopened.value += 1
         for k, assoc in enumerate(assocs):
             if not assoc.is_established:
-                assocs[k] = client.associate("127.0.0.1", port, ae_title="KBP")
+                assocs[k] = clients[k].associate("127.0.0.1", port, ae_title="KBP")
                 reopened.value += 1
     for assoc in assocs:
         if assoc.is_established:
@@ -137,6 +147,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--idle-connections", type=int, default=50)
     parser.add_argument("--idle-associations", type=int, default=10)
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))  # the tests' kit (tests/kit/): not installed with the package
     from provided_code.infra.environment import configure_tensorflow, cpu_flags
@@ -149,9 +160,9 @@ def main() -> None:
     from provided_code.apps.clinic import predict_dicom_patient
     from provided_code.apps.node.predictor import ModelPredictor
     from provided_code.apps.node.sender import parse_destination
-    from provided_code.apps.node.server import Node, NodeSettings
-    from tests.kit.node import (Listener, client_ae, clone_patient, ct_of, read_patient_files, send, small_patient,
-                                structure_set_of, wait_until, write_files)
+    from provided_code.apps.node.server import GARBAGE_EVERY_S, Node, NodeSettings
+    from tests.kit.node import (Listener, client_ae, clone_patient, ct_of, echo, read_patient_files, send,
+                                small_patient, structure_set_of, wait_until, write_files)
 
     def export(patient, folder: Path) -> tuple[Path, Path, Path]:
         """The patient as files: (CT folder, RS.dcm, RD.dcm)."""
@@ -240,6 +251,31 @@ def main() -> None:
                 busy = [send_end_to_rt_dose(3000 + k) for k in range(args.repeats)]
                 busy_load_s = load(4000)
                 reopened = idle.reopened
+
+            def cpu_fraction() -> float:
+                """This process's processor time over --idle-seconds, as a fraction of one core."""
+                time.sleep(GARBAGE_EVERY_S + 1.0)  # what came before settles: associations that ended are collected
+                cpu, wall = time.process_time(), time.monotonic()
+                time.sleep(args.idle_seconds)
+                return (time.process_time() - cpu) / (time.monotonic() - wall)
+
+            cpu_none = cpu_fraction()
+            with IdleLoad(node.port, 0, args.idle_associations):
+                wait_until(lambda: len(node._server.active_associations) >= args.idle_associations, 60,
+                           "the idle associations accepted")
+                cpu_held = cpu_fraction()
+
+            per_caller = node.settings.max_per_caller
+            with IdleLoad(node.port, 0, per_caller, calling="HOG"):
+                extra = client_ae("HOG").associate("127.0.0.1", node.port, ae_title="KBP")
+                hog_rejected = extra.is_rejected
+                if extra.is_established:
+                    extra.release()
+                echo_s = []
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    assert echo(node.port, calling="TPS", timeout=30), "TPS not served while HOG holds its allowance"
+                    echo_s.append(time.perf_counter() - start)
         finally:
             node.stop()
             listener.stop()
@@ -260,6 +296,12 @@ def main() -> None:
                                                "idle_held": statistics.median(busy)},
                      "runs": {"none_idle": quiet, "idle_held": busy},
                      "load_patients_per_minute_idle_held": args.patients / busy_load_s * 60},
+            "idle_associations_cpu": {"associations": args.idle_associations, "seconds": args.idle_seconds,
+                                      "none_held": cpu_none, "held": cpu_held,
+                                      "cost_of_a_core": max(cpu_held - cpu_none, 0.0)},
+            "one_caller_holds_its_allowance": {"max_per_caller": per_caller, "max_associations":
+                                               node.settings.max_associations, "one_more_rejected": hog_rejected,
+                                               "echo_s": statistics.median(echo_s), "echo_s_runs": echo_s},
             "model": str(args.model_dir or "small model trained here (4 filters, 32³, 1 epoch)"),
             "cores": os.cpu_count(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
         }, indent=2))

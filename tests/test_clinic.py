@@ -325,7 +325,8 @@ def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside
 def test_without_commissioning_the_clinics_outputs_are_the_commissioned_ones_without_bands(
         cv_model, commissioned_cv, tmp_path):
     """The same folds with and without commissioning predict the same dose and table; without, the
-    table has no band columns or keys, the RT Dose's description is today's, and one line says why."""
+    table has no band columns or keys, the RT Dose's description says "Uncommissioned model" first, and
+    one line says why."""
     clinic = _clinic_patient(tmp_path / "clinic", 14)
     plain, commissioned = tmp_path / "plain" / "cv", tmp_path / "commissioned" / "cv"
     shutil.copytree(cv_model, plain)
@@ -342,7 +343,8 @@ def test_without_commissioning_the_clinics_outputs_are_the_commissioned_ones_wit
     table = pd.read_csv(tmp_path / "with" / "dvh.csv", dtype=str)
     unbanded = table[[c for c in table.columns if not c.endswith(("_low", "_high"))]]
     assert (tmp_path / "without" / "dvh.csv").read_text() == unbanded.to_csv(index=False, lineterminator="\n")
-    assert pydicom.dcmread(tmp_path / "without" / "RD.dcm").SeriesDescription == "Predicted dose, cv 2 folds"
+    assert pydicom.dcmread(tmp_path / "without" / "RD.dcm").SeriesDescription == (
+        "Uncommissioned model: predicted dose, cv 2 folds")
     assert (f"No prediction bands or in-distribution check: cv is not commissioned (no {plain}/commissioning/"
             f"bands.json): run openkbp-commission {plain}") in output.splitlines()
 

@@ -4,6 +4,7 @@ node runs and after it was killed."""
 import json
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -216,14 +217,16 @@ def test_a_node_brings_a_format_1_journal_to_the_current_format(format_1_journal
         assert journal.reopen_failed("1.7", "1.5") == ["1.8"] and journal.patient("1.8")["state"] == PREDICTED
     finally:
         journal.close()
-    assert Journal(format_1_journal, readonly=True).version == SCHEMA_VERSION == 3
+    assert Journal(format_1_journal, readonly=True).version == SCHEMA_VERSION == 4
 
 
 @pytest.fixture
 def format_2_journal(tmp_path):
     """A format-2 journal (before patients.trust) with one predicted patient."""
     path = tmp_path / "journal.sqlite"
-    format_2 = SCHEMA.replace(", trust TEXT NOT NULL DEFAULT ''", "")
+    format_2 = SCHEMA.replace(", trust TEXT NOT NULL DEFAULT ''", "").replace(",\n    next_send REAL, send_until REAL", "")
+    format_2 = format_2.replace("CREATE INDEX IF NOT EXISTS patients_by_next_send ON patients (next_send);", "")
+    format_2 = format_2[:format_2.index("CREATE TABLE IF NOT EXISTS connections_refused")]  # format 4's
     assert format_2 != SCHEMA
     with sqlite3.connect(path) as db:
         db.executescript(format_2)
@@ -234,14 +237,15 @@ def format_2_journal(tmp_path):
     return path
 
 
-def test_a_format_2_journal_reads_without_checks_and_a_node_brings_it_to_format_3(format_2_journal):
+def test_a_format_2_journal_reads_without_checks_and_a_node_brings_it_to_the_current_format(format_2_journal):
     reader = Journal(format_2_journal, readonly=True)
     lines = summary_lines(reader)
     reader.close()
     assert lines[-1].endswith("P1 predicted 1.8: epoch 3, 1.0 s") and not any("outside" in line for line in lines)
     journal = Journal(format_2_journal)
     try:
-        assert journal.version == 3 and journal.patient("1.8")["trust"] == ""
+        assert journal.version == SCHEMA_VERSION and journal.patient("1.8")["trust"] == ""
+        assert journal.connections_refused() == []
     finally:
         journal.close()
 
@@ -298,3 +302,71 @@ def test_a_new_journal_is_the_owners_only_whatever_the_umask(tmp_path):
     finally:
         os.umask(umask)
     assert modes == {"journal.sqlite": 0o600, "journal.sqlite-wal": 0o600, "journal.sqlite-shm": 0o600}
+
+
+def test_a_refused_connection_repeated_within_the_window_counts_in_its_row(journal):
+    from provided_code.apps.node.journal import REPEAT_WINDOW_S
+
+    for now in (10.0, 20.0, 30.0):
+        journal.add_connection_refusal(peer="10.0.0.5", kind="tls", reason="the client presented no certificate",
+                                       now=now)
+    journal.add_connection_refusal(peer="10.0.0.5", kind="tls", reason="the client presented no certificate",
+                                   now=30.0 + REPEAT_WINDOW_S + 1)  # after a quiet window: a row of its own
+    journal.add_connection_refusal(peer="10.0.0.6", kind="association", calling_ae="TPS\x1b", called_ae="KBP",
+                                   reason="calling AE title 'TPS?' is not in --allow", now=40.0)
+    rows = [(row["peer"], row["calling_ae"], row["times"], row["first"], row["last"])
+            for row in journal.connections_refused()]
+    assert rows == [("10.0.0.5", "", 3, 10.0, 30.0), ("10.0.0.5", "", 1, 91.0, 91.0), ("10.0.0.6", "TPS?", 1, 40.0, 40.0)]
+    lines = summary_lines(journal)
+    assert "Connections and associations refused: 5" in lines
+    assert any(line.endswith("association from TPS? at 10.0.0.6: calling AE title 'TPS?' is not in --allow")
+               for line in lines)
+    assert any(line.endswith("tls from 10.0.0.5: the client presented no certificate (3 times since "
+                             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(10.0))})") for line in lines)
+
+
+def _predicted(journal, uid="1.8"):
+    add_structure_set(journal, uid=uid)
+    for state in (READY, PREDICTING):
+        journal.transition(uid, state)
+    journal.transition(uid, PREDICTED, output=f"/s/results/{uid}")
+
+
+def test_the_send_schedule_is_the_journals_sooner_first_and_taken_by_the_attempt(journal):
+    _predicted(journal)
+    assert journal.next_send() is None
+    assert journal.schedule_send("1.8", 50.0) and journal.schedule_send("1.8", 70.0)  # later: it stays due at 50
+    assert journal.next_send() == ("1.8", 50.0) and journal.sends_waiting() == {"1.8": 50.0}
+    journal.start_send("1.8", "PACS@h:104")
+    assert journal.next_send() is None  # the attempt took it
+    assert journal.give_up_sending_at("1.8", 1000.0) == 1000.0 and journal.give_up_sending_at("1.8", 2000.0) == 1000.0
+    journal.transition("1.8", SENT, "to PACS@h:104")
+    assert not journal.schedule_send("1.8", 80.0) and journal.next_send() is None  # sent: never again
+
+
+def test_it_pushes_a_patient_whose_sends_gave_up_and_not_one_sent(journal):
+    _predicted(journal)
+    journal.give_up_sending_at("1.8", 10.0)
+    journal.transition("1.8", FAILED, "not sent", failed_in="sending")
+    [(row, what)] = journal.resend("1.8", now=99.0)
+    assert what == "its sends had given up: queued to send now"
+    patient = journal.patient("1.8")
+    assert (patient["state"], patient["next_send"], patient["send_until"], patient["send_attempts"]) == (
+        PREDICTED, 99.0, None, 0)  # a new retry window from its next failure
+    journal.transition("1.8", SENT, "to PACS@h:104")
+    [(row, what)] = journal.resend("P1")
+    assert what.startswith("already sent (to PACS@h:104)") and journal.next_send() is None
+    assert journal.resend("nobody") == []
+
+
+def test_status_shows_the_sends_waiting_and_when_each_tries_next(journal):
+    _predicted(journal)
+    send_id, _ = journal.start_send("1.8", "PACS@h:104")
+    journal.finish_send(send_id, FAILED_SEND, "PACS@h:104 cannot be reached (no connection)")
+    journal.give_up_sending_at("1.8", 86500.0)
+    journal.schedule_send("1.8", 105.0)
+    lines = summary_lines(journal)
+    at = lines.index("Sends waiting: 1 (next attempt, attempts so far, gives up)")
+    assert lines[at + 1] == (f"  P1 1.8: next {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(105.0))}, 1 "
+                             f"attempt(s), gives up {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(86500.0))}; "
+                             f"last: PACS@h:104 cannot be reached (no connection)")

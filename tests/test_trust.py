@@ -121,6 +121,7 @@ def test_a_patient_unlike_the_cohort_is_flagged_with_its_p_value_and_the_feature
     assert described("Predicted dose, cv 2 folds", outside) == f"Outside the training cohort: predicted dose, cv 2 folds"
     assert described("Predicted dose, cv 2 folds", inside) == "Predicted dose, cv 2 folds"
     assert OUTSIDE == "outside the training cohort"
+    assert not trust.uncommissioned
 
 
 def test_a_ct_shifted_by_300_hu_is_flagged_by_the_ct(model):
@@ -200,13 +201,16 @@ def test_a_model_without_bands_says_why_in_one_line(model, case, expected):
         for path in commissioning_folder(model).iterdir():
             path.unlink()
         trust = load_trust(model, _used(model))
-    assert trust.bands is None and trust.cohort is None
+    assert trust.bands is None and trust.cohort is None and trust.uncommissioned
     assert trust.lines() == [f"No prediction bands or in-distribution check: {expected.format(model=model)}"]
+    assert described("Predicted dose, m epoch 3", None, trust.uncommissioned) == (
+        "Uncommissioned model: predicted dose, m epoch 3")
 
 
 def test_a_model_commissioned_before_bands_has_the_check_and_says_why_it_has_no_bands(model):
     (commissioning_folder(model) / BANDS_FILE).unlink()
     trust = load_trust(model, _used(model))
+    assert not trust.uncommissioned  # it has the check
     assert trust.cohort is not None and trust.lines()[0] == (
         f"No prediction bands: cv was commissioned before bands existed (no {model}/commissioning/bands.json): "
         f"run openkbp-commission {model} again")

@@ -166,7 +166,8 @@ def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | st
         dose_ct = dose_on_ct_grid(predicted, imported.geometry)
         used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
         write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                              description=described(f"Predicted dose, {model_dir.name} {used}", checked))
+                              description=described(f"Predicted dose, {model_dir.name} {used}", checked,
+                                                    uncommissioned=trust.uncommissioned))
         dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
         del dose_ct
         dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,

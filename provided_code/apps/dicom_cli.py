@@ -181,6 +181,9 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--store", "store_dir", required=True,
               help="The node's folder: objects received, results, journal.sqlite (created if missing).")
 @click.option("--status", is_flag=True, help="Print the summary of the journal in --store and exit.")
+@click.option("--resend", default=None, metavar="UID|PATIENTID",
+              help="Send this patient's RT Dose now (a structure set UID, or a PatientID: each of its patients) and "
+                   "exit: a running node sends it within a second, a stopped one at its start; once, as always.")
 @click.option("--ae-title", default="KBP", show_default=True, help="This node's AE title (the called AE title).")
 @click.option("--host", default="0.0.0.0", show_default=True, help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=11112, show_default=True, help="The port to listen on.")
@@ -198,12 +201,16 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
               help="Largest object accepted (MB); a larger one is refused with status A700.")
 @click.option("--min-free-mb", type=click.FloatRange(min=0), default=1024.0, show_default=True,
               help="Free-disk floor (MB) of the store: below it objects are refused with status A700.")
-@click.option("--send-attempts", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Attempts at sending each RT Dose before the patient fails.")
+@click.option("--send-retry-hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True,
+              help="Hours after a patient's first failed send that its RT Dose is still retried (with back-off); "
+                   "then the patient fails (--resend sends it again).")
 @click.option("--send-backoff", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
               help="Seconds before the second attempt; doubling after each failure, at most 300 s.")
 @click.option("--max-associations", type=click.IntRange(min=1), default=20, show_default=True,
               help="Associations served at once; one more is rejected (transient) and logged with its address.")
+@click.option("--max-per-caller", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Of those, associations at once from one calling AE title at one address (a system that holds "
+                   "more locks out no one else); one more is rejected (transient) and journaled.")
 @click.option("--max-pending", type=click.IntRange(min=1), default=100, show_default=True,
               help="Connections at once that have not requested an association yet; beyond, the oldest is closed.")
 @click.option("--acse-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
@@ -218,9 +225,10 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--band", type=float, default=DEFAULT_COVERAGE, show_default=True, help=_BAND_HELP)
 @click.option("--verbose", is_flag=True,
               help="Also pynetdicom's own log (every association and message) and pydicom's warnings about the data.")
-def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
-                  completion_timeout, max_object_mb, min_free_mb, send_attempts, send_backoff, max_associations,
-                  max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets, band, verbose):
+def serve_command(model_dir, store_dir, status, resend, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
+                  completion_timeout, max_object_mb, min_free_mb, send_retry_hours, send_backoff, max_associations,
+                  max_per_caller, max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets,
+                  band, verbose):
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
     setup_logging()
     if status:
@@ -232,6 +240,17 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
             click.echo("\n".join(summary_lines(journal)))
         except USER_ERRORS as error:
             raise click.ClickException(one_line(error)) from None
+        return
+    if resend is not None:
+        from provided_code.apps.node.journal import resend_lines
+
+        try:
+            lines, pushed = resend_lines(Path(store_dir), resend)
+        except USER_ERRORS as error:
+            raise click.ClickException(one_line(error)) from None
+        click.echo("\n".join(lines))
+        if not pushed:
+            raise SystemExit(1)
         return
     if model_dir is None:
         raise click.UsageError("--model-dir is required (unless --status).")
@@ -259,9 +278,9 @@ def serve_command(model_dir, store_dir, status, ae_title, host, port, send_to, a
             allow=tuple(check_ae_title(title, "allow") for title in allow.split(",")) if allow else (),
             tls_cert=tls_cert and Path(tls_cert), tls_key=tls_key and Path(tls_key), tls_ca=tls_ca and Path(tls_ca),
             completion_timeout=completion_timeout, max_object_bytes=int(max_object_mb * 1e6),
-            min_free_bytes=int(min_free_mb * 1e6), send_attempts=send_attempts, send_backoff=send_backoff,
-            max_associations=max_associations, max_pending=max_pending, acse_timeout=acse_timeout,
-            network_timeout=network_timeout)
+            min_free_bytes=int(min_free_mb * 1e6), send_retry_for=send_retry_hours * 3600.0, send_backoff=send_backoff,
+            max_associations=max_associations, max_per_caller=max_per_caller, max_pending=max_pending,
+            acse_timeout=acse_timeout, network_timeout=network_timeout)
     except UserError as error:
         raise click.BadParameter(str(error)) from None
     stop = threading.Event()

@@ -181,6 +181,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     ds.Manufacturer = MANUFACTURER
     ds.SeriesInstanceUID = generate_uid()
     ds.SeriesNumber = 9001
+    ds.OperatorsName = ""  # RT Series, Type 2: no one operated anything; present, empty
     ds.SeriesDescription = description[:64]
     ds.InstanceNumber = 1
     ds.ContentDate = now.strftime("%Y%m%d")

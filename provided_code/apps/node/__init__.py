@@ -3,7 +3,8 @@ series and structure set by C-STORE, predicts the dose once the series is comple
 Dose (with the NIfTI and the DVH table) into its store and sends the RT Dose back by C-STORE.
 
 Modules: ``server`` (the transport: the Storage SCP, its connection and association limits, and
-the ``Node`` wiring the others), ``intake`` (the checks each C-STORE passes, plain functions),
+the ``Node`` wiring the others), ``reactor`` (pynetdicom's association threads, waiting on the
+socket rather than polling), ``intake`` (the checks each C-STORE passes, plain functions),
 ``store`` (UIDs checked before they name a file; objects written whole, owner-only), ``journal``
 (the SQLite record of every object, refusal, patient state and send attempt), ``readiness`` (which
 CT images a structure set needs, and whether they are all here), ``patients`` (the patients' state

@@ -4,8 +4,11 @@ Tables: ``objects`` (every object received: its UIDs, modality, file, size, call
 times received), ``patients`` (one per structure set: its state, the reason of a failure, the CT
 series it was drawn on, its result folder, the import's warnings), ``referenced_images`` (the CT
 images each structure set names), ``history`` (every state a patient entered, with the reason and
-time), ``sends`` (every send attempt, its destination, outcome and detail) and ``refusals`` (every
-object answered with a failure status: what it named, the status and why). A patient's states::
+time), ``sends`` (every send attempt, its destination, outcome and detail), ``refusals`` (every
+object answered with a failure status: what it named, the status and why) and ``connections_refused``
+(every connection or association refused before any object: a TLS handshake that failed, an AE
+title not allowed, a limit, an association whose storage classes were all refused; its repeats from
+the same address for the same reason within :data:`REPEAT_WINDOW_S` counted in one row). A patient's states::
 
     receiving -> ready -> predicting -> predicted -> sent
          \\          \\          \\            \\
@@ -13,15 +16,19 @@ object answered with a failure status: what it named, the status and why). A pat
 
 A patient caught ``predicting`` by a crash goes back to ``ready`` (its outputs were never
 committed); a ``failed`` one is tried again when any of its objects is sent again (back to
-``receiving``, or to ``predicted`` when only the send had failed).
+``receiving``, or to ``predicted`` when only the send had failed), and one whose send had failed
+when IT asks (:meth:`Journal.resend`, ``openkbp-dicom serve --resend``).
 
 Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and the send outcome
 ``error`` (format 1 wrote ``failed``, the patients' state's word); format 3 ``patients.trust``
 (what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
 the in-distribution check's ``inside``, ``score``, ``p_value``, ``alpha``, ``threshold``,
-``feature``, ``too_small`` and ``reasons``; empty before the prediction or for a node of format 2). An
-older journal is brought to format 3 when a node opens it, and read as format 3 by ``--status``
-without being changed.
+``feature``, ``too_small`` and ``reasons``, and ``uncommissioned``, true when the model carries
+neither bands nor the check; empty before the prediction or for a node of format 2), format 4
+``connections_refused`` and the send schedule: ``patients.next_send`` (when a predicted patient's
+next send attempt is due; null when none is) and ``patients.send_until`` (when its sends give up:
+``--send-retry-hours`` after its first failed attempt). An older journal is brought to format 4 when
+a node opens it, and read as format 4 by ``--status`` without being changed.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 
 from provided_code.errors import UserError
 from provided_code.apps.node.readiness import READY, References, SeriesStatus
+from provided_code.apps.node.store import JOURNAL_FILE
 from provided_code.apps.node.text import printable
 
 # A patient's states; READY is also readiness's decision that the patient is complete
@@ -50,7 +58,7 @@ NEXT = {
     SENT: set(),
     FAILED: {RECEIVING, PREDICTED},
 }
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
     sop_instance_uid TEXT PRIMARY KEY, sop_class_uid TEXT NOT NULL, modality TEXT NOT NULL,
@@ -63,8 +71,10 @@ CREATE TABLE IF NOT EXISTS patients (
     structure_set_uid TEXT PRIMARY KEY, patient_id TEXT NOT NULL, study_uid TEXT NOT NULL,
     frame_uid TEXT NOT NULL, series_uid TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL,
     failed_in TEXT NOT NULL, output TEXT NOT NULL, send_attempts INTEGER NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL, warnings TEXT NOT NULL DEFAULT '', trust TEXT NOT NULL DEFAULT '');
+    created REAL NOT NULL, updated REAL NOT NULL, warnings TEXT NOT NULL DEFAULT '', trust TEXT NOT NULL DEFAULT '',
+    next_send REAL, send_until REAL);
 CREATE INDEX IF NOT EXISTS patients_by_state ON patients (state);
+CREATE INDEX IF NOT EXISTS patients_by_next_send ON patients (next_send);
 CREATE TABLE IF NOT EXISTS referenced_images (
     structure_set_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL,
     PRIMARY KEY (structure_set_uid, sop_instance_uid));
@@ -82,10 +92,16 @@ CREATE TABLE IF NOT EXISTS refusals (
     frame_uid TEXT NOT NULL, patient_id TEXT NOT NULL, status INTEGER NOT NULL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS refusals_by_instance ON refusals (sop_instance_uid);
 CREATE INDEX IF NOT EXISTS refusals_by_series ON refusals (series_uid);
+CREATE TABLE IF NOT EXISTS connections_refused (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, first REAL NOT NULL, last REAL NOT NULL, times INTEGER NOT NULL,
+    peer TEXT NOT NULL, calling_ae TEXT NOT NULL, called_ae TEXT NOT NULL, kind TEXT NOT NULL, reason TEXT NOT NULL);
 """
 # A send attempt's outcomes (sends.outcome)
 PENDING, OK, FAILED_SEND, INTERRUPTED = "pending", "ok", "error", "interrupted"
 FORMAT_1_FAILED_SEND = "failed"  # what format 1 wrote for FAILED_SEND
+# What refused a connection or association (connections_refused.kind)
+TLS_REFUSED, ASSOCIATION_REFUSED, LIMIT_REFUSED, CLASSES_REFUSED = "tls", "association", "limit", "sop class"
+REPEAT_WINDOW_S = 60.0  # a refusal repeated within this many seconds of the last counts in the same row
 
 
 def _format_1_to_2(db) -> None:
@@ -96,6 +112,12 @@ def _format_1_to_2(db) -> None:
 
 def _format_2_to_3(db) -> None:
     db.execute("ALTER TABLE patients ADD COLUMN trust TEXT NOT NULL DEFAULT ''")
+
+
+def _format_3_to_4(db) -> None:
+    """Format 4's columns (its new table is made by SCHEMA)."""
+    db.execute("ALTER TABLE patients ADD COLUMN next_send REAL")
+    db.execute("ALTER TABLE patients ADD COLUMN send_until REAL")
 
 
 class JournalError(UserError, RuntimeError):
@@ -131,6 +153,8 @@ class Journal:
                     _format_1_to_2(db)
                 if self.version in (1, 2):
                     _format_2_to_3(db)
+                if self.version in (1, 2, 3):
+                    _format_3_to_4(db)
                 for statement in SCHEMA.split(";"):  # executescript would commit on its own
                     if statement.strip():
                         db.execute(statement)
@@ -199,6 +223,29 @@ class Journal:
 
     def refusals(self) -> list[sqlite3.Row]:
         return self._query("SELECT * FROM refusals ORDER BY id")
+
+    def add_connection_refusal(self, *, peer: str, kind: str, reason: str, calling_ae: str = "", called_ae: str = "",
+                               now: float | None = None) -> bool:
+        """Record a connection or association refused before any object: ``peer`` (the client's
+        address), ``kind`` (:data:`TLS_REFUSED`, ...), why, and the AE titles it named (each made
+        printable). The same refusal again within :data:`REPEAT_WINDOW_S` of its last counts in its
+        row (``times``, ``last``). True when a new row."""
+        now = time.time() if now is None else now
+        values = [printable(value, limit) for value, limit in ((peer, 64), (calling_ae, 64), (called_ae, 64),
+                                                               (kind, 64), (reason, 400))]
+        with self._transaction() as db:
+            row = db.execute("SELECT id FROM connections_refused WHERE peer = ? AND calling_ae = ? AND called_ae = ? "
+                             "AND kind = ? AND reason = ? AND last >= ? ORDER BY id DESC LIMIT 1",
+                             (*values, now - REPEAT_WINDOW_S)).fetchone()
+            if row is not None:
+                db.execute("UPDATE connections_refused SET times = times + 1, last = ? WHERE id = ?", (now, row["id"]))
+                return False
+            db.execute("INSERT INTO connections_refused (first, last, times, peer, calling_ae, called_ae, kind, reason) "
+                       "VALUES (?, ?, 1, ?, ?, ?, ?, ?)", (now, now, *values))
+            return True
+
+    def connections_refused(self) -> list[sqlite3.Row]:
+        return self._query("SELECT * FROM connections_refused ORDER BY id")
 
     # Patients
 
@@ -269,7 +316,8 @@ class Journal:
 
     @staticmethod
     def _set(db, uid: str, state: str, now: float, reason: str, failed_in: str = "", **fields) -> None:
-        columns = {"state": state, "reason": reason, "failed_in": failed_in, "updated": now, **fields}
+        columns = {"state": state, "reason": reason, "failed_in": failed_in, "updated": now,
+                   "next_send": None, "send_until": None, **fields}  # a new state: no send scheduled
         assignments = ", ".join(f"{name} = ?" for name in columns)
         db.execute(f"UPDATE patients SET {assignments} WHERE structure_set_uid = ?", (*columns.values(), uid))
         db.execute("INSERT INTO history (structure_set_uid, time, state, reason) VALUES (?, ?, ?, ?)",
@@ -328,13 +376,65 @@ class Journal:
 
     # Sends
 
+    def schedule_send(self, uid: str, due: float) -> bool:
+        """A predicted patient's next send attempt due at ``due`` (or when it was already due, if sooner:
+        a patient is never scheduled twice). False when the patient is not ``predicted``."""
+        with self._transaction() as db:
+            return db.execute("UPDATE patients SET next_send = CASE WHEN next_send IS NULL OR next_send > ? THEN ? "
+                              "ELSE next_send END WHERE structure_set_uid = ? AND state = ?",
+                              (due, due, uid, PREDICTED)).rowcount > 0
+
+    def next_send(self) -> tuple[str, float] | None:
+        """The predicted patient whose send attempt is due first, and when: ``(uid, due)``."""
+        rows = self._query("SELECT structure_set_uid, next_send FROM patients WHERE state = ? AND next_send IS NOT NULL "
+                           "ORDER BY next_send LIMIT 1", (PREDICTED,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def sends_waiting(self) -> dict[str, float]:
+        """Every predicted patient with a send attempt scheduled, and when it is due."""
+        return dict(self._query("SELECT structure_set_uid, next_send FROM patients WHERE state = ? AND next_send IS NOT "
+                                "NULL", (PREDICTED,)))
+
+    def give_up_sending_at(self, uid: str, when: float) -> float:
+        """When the sends of patient ``uid`` give up: ``when`` if not set yet since it was predicted
+        (or pushed again), else the time set then. Returns it."""
+        with self._transaction() as db:
+            db.execute("UPDATE patients SET send_until = ? WHERE structure_set_uid = ? AND send_until IS NULL",
+                       (when, uid))
+            return db.execute("SELECT send_until FROM patients WHERE structure_set_uid = ?", (uid,)).fetchone()[0]
+
+    def resend(self, wanted: str, now: float | None = None) -> list[tuple[sqlite3.Row, str]]:
+        """IT pushes the patients named ``wanted`` (a structure set UID or a PatientID) to be sent now:
+        a predicted one is due now; one whose sends gave up is ``predicted`` again, due now, with a new
+        retry window; any other is left alone. Returns each patient named, with what was done."""
+        now = time.time() if now is None else now
+        done = []
+        with self._transaction() as db:
+            rows = db.execute("SELECT * FROM patients WHERE structure_set_uid = ? OR patient_id = ? ORDER BY created",
+                              (wanted, wanted)).fetchall()
+            for row in rows:
+                uid, state = row["structure_set_uid"], row["state"]
+                if state == PREDICTED:
+                    db.execute("UPDATE patients SET next_send = ? WHERE structure_set_uid = ?", (now, uid))
+                    done.append((row, "queued to send now"))
+                elif state == FAILED and row["failed_in"] == "sending" and row["output"]:
+                    self._set(db, uid, PREDICTED, now, "sent again by --resend", send_attempts=0, next_send=now)
+                    done.append((row, "its sends had given up: queued to send now"))
+                elif state == SENT:
+                    done.append((row, f"already sent ({row['reason']}): left alone"))
+                else:
+                    done.append((row, f"{state}, nothing to send yet: left alone"))
+        return done
+
     def start_send(self, uid: str, destination: str, now: float | None = None) -> tuple[int, int]:
-        """Record a send attempt before it starts: ``(its id, attempt number since the patient was predicted)``."""
+        """Record a send attempt before it starts (its schedule taken): ``(its id, attempt number since
+        the patient was predicted)``."""
         now = time.time() if now is None else now
         with self._transaction() as db:
             attempt = db.execute("SELECT send_attempts FROM patients WHERE structure_set_uid = ?",
                                  (uid,)).fetchone()[0] + 1
-            db.execute("UPDATE patients SET send_attempts = ? WHERE structure_set_uid = ?", (attempt, uid))
+            db.execute("UPDATE patients SET send_attempts = ?, next_send = NULL WHERE structure_set_uid = ?",
+                       (attempt, uid))
             cursor = db.execute("INSERT INTO sends (structure_set_uid, attempt, destination, started, outcome, detail) "
                                 "VALUES (?, ?, ?, ?, ?, '')", (uid, attempt, destination, now, PENDING))
             return cursor.lastrowid, attempt
@@ -382,6 +482,20 @@ class Journal:
                 "SELECT COUNT(DISTINCT o.series_uid) FROM objects o WHERE o.modality = 'CT' AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = o.series_uid) AND NOT EXISTS "
                 "(SELECT 1 FROM patients p WHERE p.series_uid = '' AND p.frame_uid = o.frame_uid)").fetchone()[0]
+            waiting, waiting_count = [], 0
+            if self.version >= 4:  # earlier formats kept no schedule
+                waiting = [dict(row) for row in db.execute(
+                    "SELECT p.structure_set_uid, p.patient_id, p.next_send, p.send_until, p.send_attempts, "
+                    "(SELECT s.detail FROM sends s WHERE s.structure_set_uid = p.structure_set_uid AND s.outcome != ? "
+                    "ORDER BY s.id DESC LIMIT 1) AS detail FROM patients p WHERE p.state = ? AND (p.next_send IS NOT "
+                    "NULL OR p.send_attempts > 0) ORDER BY COALESCE(p.next_send, 0) LIMIT 20", (PENDING, PREDICTED))]
+                waiting_count = db.execute("SELECT COUNT(*) FROM patients WHERE state = ? AND (next_send IS NOT NULL "
+                                           "OR send_attempts > 0)", (PREDICTED,)).fetchone()[0]
+            connections, latest_connections = 0, []
+            if self.version >= 4:  # earlier formats kept none
+                connections = db.execute("SELECT COALESCE(SUM(times), 0) FROM connections_refused").fetchone()[0]
+                latest_connections = [dict(row) for row in db.execute(
+                    "SELECT * FROM connections_refused ORDER BY last DESC LIMIT 5")]
             refusals, latest_refusals = 0, []
             if self.version >= 2:  # format 1 kept no refusals
                 refusals = db.execute("SELECT COUNT(*) FROM refusals").fetchone()[0]
@@ -392,7 +506,27 @@ class Journal:
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
                 "checked": sum(entry.get("inside") is not None for entry in checked),
                 "outside": sum(entry.get("inside") is False for entry in checked),
-                "refusals": refusals, "latest_refusals": latest_refusals}
+                "refusals": refusals, "latest_refusals": latest_refusals, "connections_refused": connections,
+                "latest_connections_refused": latest_connections, "sends_waiting": waiting_count,
+                "waiting": waiting}
+
+
+def resend_lines(store: Path, wanted: str) -> tuple[list[str], bool]:
+    """``openkbp-dicom serve --resend``: push the patients ``wanted`` names (:meth:`Journal.resend`)
+    in the journal of the store folder ``store``; what was done, a line each, and whether any was pushed."""
+    path = Path(store) / JOURNAL_FILE
+    if not path.is_file():
+        raise JournalError(f"{path}: no journal here (is this a node's --store folder?)")
+    journal = Journal(path)
+    try:
+        done = journal.resend(wanted)
+    finally:
+        journal.close()
+    if not done:
+        return [f"No patient with structure set UID or PatientID {printable(wanted)!r} in {path}"], False
+    lines = [f"Patient {printable(row['patient_id']) or '(no PatientID)'} (structure set {row['structure_set_uid']}): "
+             f"{what}" for row, what in done]
+    return lines, any(what.startswith(("queued", "its sends")) for _, what in done)
 
 
 def summary_lines(journal: Journal) -> list[str]:
@@ -419,6 +553,15 @@ def summary_lines(journal: Journal) -> list[str]:
     sends = summary["sends"]
     if sends:
         lines.append(f"Send attempts: {sum(sends.values())}" + "".join(f", {k} {v}" for k, v in sorted(sends.items())))
+    if summary["sends_waiting"]:  # a send is under way (no next time yet) or scheduled
+        lines.append(f"Sends waiting: {summary['sends_waiting']} (next attempt, attempts so far, gives up)")
+    for row in summary["waiting"]:
+        patient = printable(row["patient_id"]) or "(no PatientID)"
+        last = f"; last: {row['detail']}" if row["send_attempts"] and row["detail"] else ""
+        upcoming = when(row["next_send"]) if row["next_send"] is not None else "now (an attempt is under way)"
+        until = when(row["send_until"]) if row["send_until"] else "not before its first failure"
+        lines.append(f"  {patient} {row['structure_set_uid']}: next {upcoming}, {row['send_attempts']} "
+                     f"attempt(s), gives up {until}{last}")
     for send in summary["failed_sends"]:
         lines.append(f"  {when(send['finished'])} attempt {send['attempt']} to {send['destination']} for structure "
                      f"set {send['structure_set_uid']}: {send['detail'] or 'interrupted'}")
@@ -428,6 +571,12 @@ def summary_lines(journal: Journal) -> list[str]:
         lines.append(f"  {when(refusal['time'])} {refusal['modality'] or 'object'} {refusal['sop_instance_uid']} of "
                      f"{refusal['patient_id'] or '(no PatientID)'} from {refusal['calling_ae']}, status "
                      f"0x{refusal['status']:04X}: {refusal['reason']}")
+    if summary["connections_refused"]:
+        lines.append(f"Connections and associations refused: {summary['connections_refused']}")
+    for refused in summary["latest_connections_refused"]:
+        who = f"{refused['calling_ae']} at {refused['peer']}" if refused["calling_ae"] else refused["peer"]
+        times = f" ({refused['times']} times since {when(refused['first'])})" if refused["times"] > 1 else ""
+        lines.append(f"  {when(refused['last'])} {refused['kind']} from {who}: {refused['reason']}{times}")
     if summary["checked"]:
         lines.append(f"Predictions {OUTSIDE}: {summary['outside']} of the {summary['checked']} checked")
     if summary["recent"]:

@@ -9,7 +9,7 @@ its patient, when a patient is complete, its prediction, and where each patient 
   a time with the node's predictor: its outputs are written into a staging folder and committed
   by one rename; the import's warnings go to the log and the patient's journal entry, and so does
   what the prediction says about itself (its bands' coverage; a patient outside the training
-  cohort, a warning with the reasons).
+  cohort, a warning with the reasons; an uncommissioned model, which carries neither).
 - At start (:meth:`Patients.resume`): a patient caught ``predicting`` is predicted again (or is
   ``predicted`` if its outputs were committed), the ``ready`` ones are queued, the ``predicted``
   ones sent.
@@ -39,7 +39,7 @@ from provided_code.apps.node.journal import (
 from provided_code.apps.node.readiness import FAIL, decide
 from provided_code.apps.node.store import Store
 from provided_code.apps.node.text import one_line, printable
-from provided_code.trust import OUTSIDE, flag_line
+from provided_code.trust import OUTSIDE, UNCOMMISSIONED, flag_line
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,10 @@ class Patients:
     """The node's patients. ``predictor(ct_dir, rtstruct, out_dir, rtdose)`` writes a patient's
     outputs into ``out_dir`` and returns what it predicted with (``.epoch``), the import's
     ``.warnings``, the bands' nominal coverage (``.band``, None without) and the in-distribution
-    check (``.in_distribution``, None without); its ``rtdose_file`` names the RT Dose among the outputs. ``send(uid)`` hands a
-    predicted patient to the send queue (None: the node sends nothing)."""
+    check (``.in_distribution``, None without) and whether the model carries neither
+    (``.uncommissioned``: its patients' journal entries say so); its ``rtdose_file`` names the RT Dose
+    among the outputs. ``send(uid)`` hands a predicted patient to the send queue (None: the node sends
+    nothing)."""
 
     def __init__(self, journal: Journal, store: Store, predictor: Callable, completion_timeout: float,
                  send: Callable[[str], None] | None = None):
@@ -203,12 +205,15 @@ class Patients:
             (logger.info if checked["inside"] else logger.warning)("Patient %s: %s", name, flag_line(checked))
         trust = {"band": band, **({key: checked[key] for key in ("inside", "score", "p_value", "alpha", "threshold",
                                                                  "feature", "too_small", "reasons")}
-                                  if checked is not None else {"inside": None})}
+                                  if checked is not None else {"inside": None}),
+                 "uncommissioned": predicted.uncommissioned}
         journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else "")
                            + (f"; {100 * band:g} % bands" if band is not None else "")
-                           + (f"; {OUTSIDE}" if checked is not None and not checked["inside"] else ""),
+                           + (f"; {OUTSIDE}" if checked is not None and not checked["inside"] else "")
+                           + (f"; {UNCOMMISSIONED} (no bands, no in-distribution check)"
+                              if predicted.uncommissioned else ""),
                            expect=(PREDICTING,), output=str(final), send_attempts=0, warnings="\n".join(warnings),
                            trust=json.dumps(trust))
         logger.info("Patient %s: predicted in %.1f s: %s", name, seconds, final / self.predictor.rtdose_file)

@@ -28,6 +28,7 @@ class Prediction:
     warnings: tuple[str, ...] = ()  # the import's warnings (skipped contours, missing structures, ...)
     band: float | None = None  # the nominal coverage of the dvh table's bands (None: the model has none)
     in_distribution: dict | None = None  # the in-distribution check (provided_code.trust.Trust.in_distribution)
+    uncommissioned: bool = False  # neither bands nor the check (provided_code.trust.Trust.uncommissioned)
 
 
 class ModelPredictor:
@@ -82,7 +83,7 @@ class ModelPredictor:
         warnings = tuple(line for line in report.imported.lines if line.startswith(("warning:", "missing:")))
         band = report.dvh.get("band")
         return Prediction(report.epoch, warnings, band=band["coverage"] if band else None,
-                          in_distribution=report.dvh.get("in_distribution"))
+                          in_distribution=report.dvh.get("in_distribution"), uncommissioned=self.trust.uncommissioned)
 
     def close(self) -> None:
         """Release the model folder's lock (each fold's)."""

@@ -1,8 +1,8 @@
 """The answer's way back: an RT Dose sent by C-STORE to the planning system or PACS.
 
 One association per attempt; a failed attempt (refused association, no answer, a failure status)
-is retried after a delay that doubles from ``--send-backoff`` up to a ceiling, for at most
-``--send-attempts`` attempts (the node journals each one). Over TLS, a connection that fails is
+is retried after a delay that doubles from ``--send-backoff`` up to a ceiling, for
+``--send-retry-hours`` after the first failed one (``send_queue``; the node journals each one). Over TLS, a connection that fails is
 tried once more without DICOM to say what failed: the destination's certificate not trusted (by
 ``--tls-ca``), a certificate for another name, no TLS at all, or this node's certificate refused.
 """

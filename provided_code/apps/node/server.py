@@ -16,6 +16,7 @@ store, the patients' state machine (``patients``) and the send queue (``send_que
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import select
@@ -47,17 +48,26 @@ from provided_code.apps.node.intake import (
     examine,
     named_in,
 )
-from provided_code.apps.node.journal import Journal
+from provided_code.apps.node.journal import (
+    ASSOCIATION_REFUSED,
+    CLASSES_REFUSED,
+    LIMIT_REFUSED,
+    TLS_REFUSED,
+    Journal,
+)
 from provided_code.apps.node.patients import Patients
+from provided_code.apps.node import reactor
+from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
-from provided_code.apps.node.sender import Destination, client_ssl_context
+from provided_code.apps.node.sender import MAX_BACKOFF_S, NO_TLS_REASONS, Destination, client_ssl_context
 from provided_code.apps.node.store import Store
-from provided_code.apps.node.text import one_line, printable, text_of
+from provided_code.apps.node.text import RepeatedLines, one_line, printable, text_of
 from provided_code.infra.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
 MAX_PDU = 256 * 1024
+GARBAGE_EVERY_S = 6.0  # the accept loop collects garbage at most this often, and only after associations ended
 LOCAL_LIMIT_EXCEEDED = (0x02, 0x03, 0x02)  # A-ASSOCIATE-RJ: transient, presentation-related, local limit exceeded
 
 
@@ -75,12 +85,31 @@ class NodeSettings:
     completion_timeout: float = 600.0  # s without a new object before an incomplete patient fails
     max_object_bytes: int = 2 * 1024**3
     min_free_bytes: int = 1024**3
-    send_attempts: int = 10
-    send_backoff: float = 5.0  # s before the second attempt; doubling, at most sender.MAX_BACKOFF_S
+    send_retry_for: float = 86400.0  # s after a patient's first failed send attempt that its sends give up
+    send_backoff: float = 5.0  # s before the second attempt; doubling, at most send_backoff_max
+    send_backoff_max: float = MAX_BACKOFF_S
     network_timeout: float = 60.0  # s an association may be silent (and a send wait for an answer)
     acse_timeout: float = 10.0  # s a connection has to finish its TLS handshake and request an association
     max_associations: int = 20  # associations served at once
+    max_per_caller: int = 5  # of them from one calling AE title at one address (at most max_associations)
     max_pending: int = 100  # connections at once that have not requested an association yet
+
+
+TAKES = "it takes CT Image, RT Structure Set, RT Plan, RT Dose and Verification"
+UNUSED_SAID_MAX = 1000  # callers whose unused proposals the node remembers having said
+
+
+@dataclasses.dataclass
+class _Seen:
+    """What the node saw of one association, from its request to its connection's close."""
+
+    address: tuple  # (host, port)
+    calling: str
+    called: str
+    caller: tuple[str, str] | None = None  # (calling AE title, host) while it counts against --max-per-caller
+    over_caller_limit: bool = False  # rejected for --max-per-caller
+    refused: tuple[str, ...] = ()  # the storage classes whose presentation contexts were refused
+    used: int = 0  # C-STOREs and C-ECHOs it sent
 
 
 def server_ssl_context(cert: os.PathLike | str, key: os.PathLike | str,
@@ -108,6 +137,16 @@ class _Server(ThreadedAssociationServer):
 
     acse_timeout: float  # set by start_server
     max_pending: int
+    lines: RepeatedLines  # what it logs of connections, each said once per address and window
+    refused: Callable[[object, str, str], None] | None  # (address, kind, reason) of a connection refused: the node's
+
+    def refuse(self, address, kind: str, reason: str, message: str, *args) -> None:
+        """A connection refused before its association (TLS, the pending limit): to the node's
+        ``refused`` (which logs and journals it), or logged (``message % args``, a warning)."""
+        if self.refused is not None:
+            self.refused(address, kind, reason)
+        else:
+            self.lines.say(("refused", _host(address), kind, reason), logging.WARNING, message % args, message, *args)
 
     def get_request(self):
         client, address = self.socket.accept()
@@ -125,6 +164,20 @@ class _Server(ThreadedAssociationServer):
         super().server_bind()
         self._waiting: dict[socket.socket, float] = {}  # connections not associated yet -> since when
         self._waiting_lock = threading.Lock()
+        self._running: set[int] = set()  # the association threads (idents) seen running at the last turn
+        self._ended = False  # one has ended since garbage was last collected
+        self._collected_at = time.monotonic()
+
+    def service_actions(self):
+        """Once per turn of the accept loop: pynetdicom collects garbage every 60th turn (the reference
+        cycles its ended associations leave), 6 s here; this, as often at most, and only after an
+        association's thread ended (idle, never: a full collection of a process holding TensorFlow costs)."""
+        running = {assoc.ident for assoc in self.active_associations}
+        self._ended = self._ended or not self._running <= running
+        self._running = running
+        if self._ended and time.monotonic() - self._collected_at >= GARBAGE_EVERY_S:
+            self._ended, self._collected_at = False, time.monotonic()
+            gc.collect()
 
     def _await_association(self, request, address) -> bool:
         """Whether the connection starts its association request within ``acse_timeout`` (its TLS
@@ -137,8 +190,10 @@ class _Server(ThreadedAssociationServer):
                 del waiting[evicted]
             waiting[request] = time.monotonic()
         if evicted is not None:
-            logger.warning("Closed a connection from %s that had not requested an association: %d connections "
-                           "waiting, the most --max-pending allows", _peer(_address_of(evicted)), self.max_pending)
+            self.refuse(_address_of(evicted), LIMIT_REFUSED, f"closed before its association request: "
+                        f"{self.max_pending} connections waiting, the most --max-pending allows",
+                        "Closed a connection from %s that had not requested an association: %d connections waiting, "
+                        "the most --max-pending allows", _peer(_address_of(evicted)), self.max_pending)
             _close_socket(evicted)
         deadline = time.monotonic() + self.acse_timeout
         try:
@@ -149,7 +204,9 @@ class _Server(ThreadedAssociationServer):
                     request.settimeout(None)
                 except (OSError, ValueError) as error:
                     if self._still_waiting(request):
-                        logger.warning("TLS handshake with %s failed: %s", _peer(address), one_line(error))
+                        reason = tls_failure(error, self.acse_timeout)
+                        self.refuse(address, TLS_REFUSED, reason, "TLS handshake with %s failed: %s", _peer(address),
+                                    reason)
                     return False
                 if request.pending():
                     return self._still_waiting(request)
@@ -159,8 +216,11 @@ class _Server(ThreadedAssociationServer):
             if not self._still_waiting(request):
                 return False  # closed to make room (logged by whom closed it)
             if not readable:
-                logger.info("Closed a connection from %s: no association request within %g s (--acse-timeout)",
-                            _peer(address), self.acse_timeout)
+                self.lines.say(("silent", _host(address)), logging.INFO,
+                               f"Closed a connection from {_host(address)}: no association request within "
+                               f"{self.acse_timeout:g} s (--acse-timeout)",
+                               "Closed a connection from %s: no association request within %g s (--acse-timeout)",
+                               _peer(address), self.acse_timeout)
                 return False
             if not isinstance(request, ssl.SSLSocket) and not request.recv(1, socket.MSG_PEEK):
                 return False  # closed by the client before a word
@@ -188,6 +248,39 @@ class _Server(ThreadedAssociationServer):
             _close_socket(request)
         for assoc in list(self.active_associations):
             assoc.abort()
+        self.lines.flush()
+
+
+def _host(address) -> str:
+    """A client's address without its port (what its repeated connections share)."""
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
+
+
+# OpenSSL's reasons for a failed handshake, in words for IT (the reason itself follows in brackets)
+TLS_WORDS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client presented no certificate (--tls-ca requires one)",
+    "CERTIFICATE_VERIFY_FAILED": "the client's certificate is not signed by --tls-ca",
+    "TLSV1_ALERT_UNKNOWN_CA": "the client does not trust this node's certificate",
+    "BAD_CERTIFICATE": "the client's certificate is not signed by --tls-ca",
+    "UNSUPPORTED_PROTOCOL": "the client offered only TLS older than 1.2",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "the client offered only TLS older than 1.2",
+    "WRONG_SSL_VERSION": "the client offered only TLS older than 1.2",
+    "NO_SHARED_CIPHER": "the client shares no cipher with this node",
+}
+
+
+def tls_failure(error: BaseException, timeout: float) -> str:
+    """Why a client's TLS handshake failed, in words, with OpenSSL's reason."""
+    reason = getattr(error, "reason", None) or ""
+    if reason in TLS_WORDS:
+        return f"{TLS_WORDS[reason]} ({reason})"
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return f"no TLS handshake within {timeout:g} s (--acse-timeout)"
+    if isinstance(error, ssl.SSLEOFError) or not reason:
+        return f"the client closed the connection during the handshake ({one_line(error)})"
+    if reason in NO_TLS_REASONS:
+        return f"the client spoke no TLS (plain DICOM on the TLS port?) ({reason})"
+    return f"handshake failed ({one_line(error)})"
 
 
 def _address_of(sock) -> tuple | str:
@@ -205,11 +298,15 @@ def _close_socket(sock) -> None:
 
 
 def start_server(ae, address: tuple[str, int], handlers: list, ssl_context: ssl.SSLContext | None = None,
-                 acse_timeout: float = 30.0, max_pending: int = 100):
-    """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`); ``shutdown()`` stops it
-    within a tenth of a second."""
-    server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server)
+                 acse_timeout: float = 30.0, max_pending: int = 100, lines: RepeatedLines | None = None,
+                 refused: Callable[[object, str, str], None] | None = None):
+    """Serve ``ae`` on ``address`` in a thread of its own (see :class:`_Server`), each association's
+    threads waiting rather than polling (``reactor``); ``shutdown()`` stops it within a tenth of a second."""
+    reactor.check(ae)  # a pynetdicom the waiting hooks do not fit: fail here, not poll unnoticed
+    server = ae.make_server(address, ssl_context=ssl_context, evt_handlers=handlers, server_class=_Server,
+                            request_handler=WaitingRequestHandler)
     server.acse_timeout, server.max_pending = acse_timeout, max_pending
+    server.lines, server.refused = lines or RepeatedLines(logger), refused
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="node-accept",
                               daemon=True)
     thread.start()
@@ -231,6 +328,11 @@ class Node:
         self._threads: list[threading.Thread] = []
         self._server = None
         self._lock_file: RunLock | None = None
+        self._lines = RepeatedLines(logger)
+        self._associations: dict[int, _Seen] = {}  # id(association) -> what the node saw of it, until it closes
+        self._callers: dict[tuple[str, str], int] = {}  # (calling AE title, address) -> its associations counted
+        self._seen_lock = threading.Lock()
+        self._unused_said: set[tuple[str, str, tuple[str, ...]]] = set()  # proposals not taken, said once each
 
     # Life
 
@@ -257,8 +359,8 @@ class Node:
             send_ssl = (client_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                         if settings.tls_ca is not None else None)
             self.sends = SendQueue(self.journal, settings.send_to, settings.ae_title, self.predictor.rtdose_file,
-                                   self._name, settings.send_attempts, settings.send_backoff,
-                                   settings.network_timeout, send_ssl)
+                                   self._name, settings.send_retry_for, settings.send_backoff,
+                                   settings.network_timeout, send_ssl, settings.send_backoff_max)
         self.patients = Patients(self.journal, self.store, self.predictor, settings.completion_timeout,
                                  self.sends.schedule if self.sends is not None else None)
         self.patients.resume()
@@ -320,49 +422,131 @@ class Node:
         ae.dimse_timeout = ae.network_timeout = settings.network_timeout
         handlers = [(evt.EVT_C_ECHO, self._on_echo), (evt.EVT_C_STORE, self._on_store),
                     (evt.EVT_CONN_CLOSE, self._on_close), (evt.EVT_REJECTED, self._on_rejected),
-                    (evt.EVT_ACCEPTED, self._on_accepted)]
+                    (evt.EVT_REQUESTED, self._on_requested), (evt.EVT_ACCEPTED, self._on_accepted)]
         context = (server_ssl_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
                    if settings.tls_cert is not None else None)
         return start_server(ae, (settings.host, settings.port), handlers, context, settings.acse_timeout,
-                            settings.max_pending)
+                            settings.max_pending, self._lines, self._connection_refused)
+
+    def _connection_refused(self, address, kind: str, reason: str, calling: str = "", called: str = "") -> None:
+        """A connection or association refused before any object: logged once per address and reason
+        within a minute (its repeats summed up), then journaled."""
+        lines = []
+        for who in (_peer(address), _host(address)):  # the line, and its repeats' summary
+            if kind == TLS_REFUSED:
+                lines.append(f"TLS handshake with {who} failed: {reason}")
+            elif calling:
+                lines.append(f"Refused an association from {who} ({printable(calling)}): {reason}")
+            else:
+                lines.append(f"Refused a connection from {who}: {reason}")
+        self._lines.say(("refused", _host(address), printable(calling), kind, reason), logging.WARNING, lines[1],
+                        lines[0])
+        try:
+            self.journal.add_connection_refusal(peer=_host(address), kind=kind, reason=reason, calling_ae=calling,
+                                                called_ae=called)
+        except Exception as error:  # noqa: BLE001 - the journal itself failed (a full disk): say so
+            logger.error("The refusal of %s was not journaled: %s", _peer(address), one_line(error))
 
     # Associations
 
+    def _on_requested(self, event) -> None:
+        """An association requested: what the node sees of it is kept until its connection closes;
+        beyond ``--max-per-caller`` associations from its calling AE title at its address (while the
+        node has room for more: else pynetdicom refuses it for the total), it is rejected, transient."""
+        assoc, settings = event.assoc, self.settings
+        requestor = assoc.requestor
+        calling = text_of(getattr(requestor.primitive, "calling_ae_title", ""))  # requestor.ae_title: not yet
+        seen = _Seen((requestor.address, requestor.port), calling,
+                     text_of(getattr(requestor.primitive, "called_ae_title", "")))
+        caller = (calling, requestor.address)
+        with self._seen_lock:
+            self._associations[id(assoc)] = seen
+            total = sum(self._callers.values())
+            if self._callers.get(caller, 0) < min(settings.max_per_caller, settings.max_associations) or \
+                    total >= settings.max_associations:
+                self._callers[caller] = self._callers.get(caller, 0) + 1
+                seen.caller = caller
+                return
+        seen.over_caller_limit = True
+        assoc.acse.send_reject(*LOCAL_LIMIT_EXCEEDED)
+        evt.trigger(assoc, evt.EVT_REJECTED, {})
+        assoc.kill()
+
     def _on_echo(self, event) -> int:
+        self._used(event.assoc)
         return SUCCESS
 
+    def _used(self, assoc) -> None:
+        seen = self._associations.get(id(assoc))
+        if seen is not None:
+            seen.used += 1
+
     def _on_rejected(self, event) -> None:
-        requestor = event.assoc.requestor
-        calling = text_of(requestor.ae_title)
+        assoc, settings = event.assoc, self.settings
+        requestor = assoc.requestor
+        seen = self._associations.get(id(assoc))
+        calling = text_of(getattr(requestor.primitive, "calling_ae_title", ""))
         called = text_of(getattr(requestor.primitive, "called_ae_title", ""))
-        answer = event.assoc.acceptor.primitive
+        answer = assoc.acceptor.primitive
         rejection = (answer.result, answer.result_source, answer.diagnostic) if answer is not None else ()
-        if rejection == LOCAL_LIMIT_EXCEEDED:
-            why = f"{self.settings.max_associations} associations open, the most --max-associations allows"
-        elif self.settings.allow and calling not in self.settings.allow:
-            why = f"calling AE title {printable(calling)!r} is not in --allow"
-        elif called != self.settings.ae_title:
-            why = f"called AE title {printable(called)!r} is not {self.settings.ae_title!r}"
+        kind = LIMIT_REFUSED
+        if seen is not None and seen.over_caller_limit:
+            why = (f"{printable(calling)!r} at {requestor.address} holds {settings.max_per_caller} associations, the "
+                   f"most --max-per-caller allows")
+        elif rejection == LOCAL_LIMIT_EXCEEDED:
+            why = f"{settings.max_associations} associations open, the most --max-associations allows"
+        elif settings.allow and calling not in settings.allow:
+            why, kind = f"calling AE title {printable(calling)!r} is not in --allow", ASSOCIATION_REFUSED
+        elif called != settings.ae_title:
+            why, kind = f"called AE title {printable(called)!r} is not {settings.ae_title!r}", ASSOCIATION_REFUSED
         else:
-            why = "refused by pynetdicom (see --verbose)"
-        logger.warning("Refused an association from %s: %s", _peer((requestor.address, requestor.port)), why)
+            why, kind = "refused by pynetdicom (see --verbose)", ASSOCIATION_REFUSED
+        self._connection_refused((requestor.address, requestor.port), kind, why, calling, called)
 
     def _on_accepted(self, event) -> None:
-        refused = event.assoc.rejected_contexts
-        if refused:
-            requestor = event.assoc.requestor
-            classes = sorted({printable(UID(text_of(context.abstract_syntax)).name) for context in refused})
-            logger.warning("Association from %s at %s: refused its presentation context(s) for %s (this node takes "
-                           "CT Image, RT Structure Set, RT Plan, RT Dose and Verification)",
-                           printable(requestor.ae_title), _peer((requestor.address, requestor.port)),
-                           printable(", ".join(classes), 240))
+        seen = self._associations.get(id(event.assoc))
+        if seen is not None:
+            seen.refused = tuple(sorted({printable(UID(text_of(context.abstract_syntax)).name)
+                                         for context in event.assoc.rejected_contexts}))
 
     def _on_close(self, event) -> None:
+        with self._seen_lock:
+            seen = self._associations.pop(id(event.assoc), None)
+            if seen is not None and seen.caller is not None:
+                left = self._callers.get(seen.caller, 0) - 1
+                if left > 0:
+                    self._callers[seen.caller] = left
+                else:
+                    self._callers.pop(seen.caller, None)
         self.patients.closed(id(event.assoc), stopping=self._stop.is_set())
+        if seen is not None and seen.refused and not seen.over_caller_limit:
+            self._refused_classes(seen)
+
+    def _refused_classes(self, seen: "_Seen") -> None:
+        """An association closed whose presentation contexts were refused for some storage classes.
+        If it sent nothing (it proposed only what the node does not take: it meant those), a refusal,
+        warned and journaled; else the classes were proposals it did not use (DCMTK's storescu
+        proposes some 120): said once per caller and set of classes, at info."""
+        shown = ", ".join(seen.refused[:3]) + (f" and {len(seen.refused) - 3} more" if len(seen.refused) > 3 else "")
+        if not seen.used:
+            self._connection_refused(seen.address, CLASSES_REFUSED, f"nothing sent: this node refused its "
+                                                                    f"presentation context(s) for {shown} ({TAKES})",
+                                     seen.calling, seen.called)
+            return
+        key = (seen.calling, _host(seen.address), seen.refused)
+        with self._seen_lock:
+            said = key in self._unused_said
+            if len(self._unused_said) >= UNUSED_SAID_MAX:  # callers by the thousand (made-up AE titles): start over
+                self._unused_said.clear()
+            self._unused_said.add(key)
+        (logger.debug if said else logger.info)(
+            "Association from %s at %s also proposed %d storage class(es) this node does not take, unused (%s; "
+            "not said again for this caller)", printable(seen.calling), _peer(seen.address), len(seen.refused), shown)
 
     # Receiving
 
     def _on_store(self, event):
+        self._used(event.assoc)
         settings, request = self.settings, event.request
         calling = printable(event.assoc.requestor.ae_title)
         try:

@@ -3,12 +3,15 @@
 Tag text from a data set (a PatientID, a UID that is not one, an AE title) and the messages of
 errors (an OSError naming a long path, a library's message with a traceback in it) are reduced to
 one line of printable characters of bounded length before they are logged or journaled, so that
-one event is one log line whatever a client sends.
+one event is one log line whatever a client sends; and an event a client repeats is said once, its
+repeats summed up (:class:`RepeatedLines`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from pathlib import Path
 
 from provided_code.errors import UserError
@@ -46,3 +49,45 @@ def one_line(error: BaseException, limit: int = ERROR_LIMIT, within: os.PathLike
         text = text.replace(f"{os.fspath(within).rstrip(os.sep)}{os.sep}", "")
     first = next((line for line in text.splitlines() if line.strip()), "")
     return printable(" ".join(first.split()), limit)
+
+
+class RepeatedLines:
+    """Log lines said once per key and window: the first at once, its repeats within ``window``
+    seconds counted and summed up in one line when the window closes (or at :meth:`flush`), so that
+    a client that insists (reconnecting every few seconds) is a line a minute, not hundreds."""
+
+    def __init__(self, log: logging.Logger, window: float = 60.0):
+        self.log, self.window = log, window
+        self._lock = threading.Lock()
+        self._open: dict[object, list] = {}  # key -> [level, summary, repeats, timer]
+
+    def say(self, key, level: int, summary: str, message: str, *args) -> None:
+        """Log ``message % args`` unless ``key`` was said within the window; then count it, and
+        ``summary`` (what happened, without the count) says how often when the window closes."""
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                entry[2] += 1
+                return
+            timer = threading.Timer(self.window, self._close, (key,))
+            timer.daemon = True
+            self._open[key] = [level, summary, 0, timer]
+        timer.start()
+        self.log.log(level, message, *args)
+
+    def _close(self, key) -> None:
+        with self._lock:
+            entry = self._open.pop(key, None)
+        if entry is not None and entry[2]:
+            self.log.log(entry[0], "%s: %d more time(s) within %g s", entry[1], entry[2], self.window)
+
+    def flush(self) -> None:
+        """Close every window now (at the node's stop)."""
+        with self._lock:
+            keys = list(self._open)
+        for key in keys:
+            with self._lock:
+                entry = self._open.get(key)
+            if entry is not None:
+                entry[3].cancel()
+            self._close(key)
