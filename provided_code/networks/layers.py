@@ -231,6 +231,20 @@ class CompactInputs(keras.layers.Layer):
                 + int(self.physics))
 
 
+def unpacked_inputs(spec) -> tuple[dict, object]:
+    """``(inputs, x)``: one ``keras.Input`` per input a model spec declares
+    (:class:`~provided_code.model_spec.ModelSpec`, by name) and their unpacking, ``x``
+    ``(batch, R, R, R, C)``, by :class:`CompactInputs` configured from the spec: where every body
+    starts."""
+    inputs = {model_input.name: keras.Input(model_input.shape(spec.resolution), dtype=model_input.dtype,
+                                            name=model_input.name) for model_input in spec.inputs}
+    x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
+                      beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
+                      beam_slots=spec.beam_slots, physics=spec.physics, **site_unpacking(spec.site),
+                      name="compact_inputs")([inputs[name] for name in spec.input_names])
+    return inputs, x
+
+
 def site_unpacking(site: Site) -> dict:
     """A site as :class:`CompactInputs` is configured: ``structures`` (how many), ``targets`` (their
     structure indices, in the site's target order: the per-patient prescriptions' columns),

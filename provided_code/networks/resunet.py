@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 
 from provided_code.model_spec import ModelSpec
-from provided_code.networks.layers import CompactInputs, site_unpacking
+from provided_code.networks.layers import unpacked_inputs
 
 STAGE_MULTIPLIERS = (1, 2, 4, 8, 8, 8)  # features per stage, × filters (as the generator's levels)
 BLOCKS_PER_STAGE = 1  # residual blocks in each encoder stage
@@ -79,12 +79,7 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
             x = conv_norm(x, features, f"{name}_proj", kernel=1)
         return act(keras.layers.Add(name=f"{name}_add")([x, y]), name)
 
-    inputs = {model_input.name: keras.Input(model_input.shape(spec.resolution), dtype=model_input.dtype,
-                                            name=model_input.name) for model_input in spec.inputs}
-    x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
-                      beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
-                      beam_slots=spec.beam_slots, physics=spec.physics, **site_unpacking(spec.site),
-                      name="compact_inputs")([inputs[name] for name in spec.input_names])
+    inputs, x = unpacked_inputs(spec)
 
     skips = []
     for stage in range(stages):

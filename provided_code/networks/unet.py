@@ -8,7 +8,7 @@ import re
 import keras
 
 from provided_code.model_spec import ModelSpec
-from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
+from provided_code.networks.layers import AveragePool3x3x3, unpacked_inputs
 
 LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
 
@@ -92,12 +92,7 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
         return keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3, synchronized=True, name=f"{name}_bn")
 
     levels = num_levels(resolution)
-    inputs = {model_input.name: keras.Input(model_input.shape(resolution), dtype=model_input.dtype,
-                                            name=model_input.name) for model_input in spec.inputs}
-    x = CompactInputs(prescription=spec.prescription_channel, beam_angles=spec.gantry_angles,
-                      beam_channels=spec.beam_channels, patient_prescriptions=spec.patient_prescriptions,
-                      beam_slots=spec.beam_slots, physics=spec.physics, **site_unpacking(spec.site),
-                      name="compact_inputs")([inputs[name] for name in spec.input_names])
+    inputs, x = unpacked_inputs(spec)
 
     skips = []
     for level in range(levels):
