@@ -50,13 +50,19 @@ class CoverageError(UserError, ValueError):
     """A nominal coverage that is no fraction strictly between 0 and 1 (``--band``)."""
 
 
+def open_fraction(value) -> float | None:
+    """``value`` as a float strictly between 0 and 1, or None (what a level or a coverage must be)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if 0.0 < value < 1.0 else None
+
+
 def check_coverage(coverage) -> float:
     """``coverage`` as a float strictly between 0 and 1, or a :class:`CoverageError`."""
-    try:
-        value = float(coverage)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not 0.0 < value < 1.0:
+    value = open_fraction(coverage)
+    if value is None:
         raise CoverageError(f"Invalid `band`. Expected a nominal coverage between 0 and 1 (0.9 for a 90 % band). "
                          f"Received: band={coverage!r}")
     return value
