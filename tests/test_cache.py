@@ -166,6 +166,23 @@ def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_pa
     assert _files(cache_dir) == [path.name]  # the next build removed what the killed one left
 
 
+def test_a_cache_is_read_while_the_writer_that_moved_it_in_still_holds_its_lock(phantom_split, tmp_path):
+    """Two runs rebuilding one stale cache at once: one's file is moved into place while that
+    writer still holds its temporary's lock (until just after the move); the other, reading the
+    cache in that instant, reads it (a cache file is replaced whole, never written in place, so a
+    reader needs no lock), rather than failing on HDF5's own file lock (errno 11)."""
+    import fcntl
+
+    cache_dir = tmp_path / "c"
+    load_split(phantom_split, cache_dir=cache_dir, workers=1, site=openkbp())
+    path = cache_path_for(phantom_split, cache_dir, site=openkbp())
+    with open(path, "rb") as writer:
+        fcntl.flock(writer, fcntl.LOCK_EX)  # as held_atomic_path holds it until just after the move
+        assert len(load_cache(path, site=openkbp())) == 3
+        assert len(load_cache(path, site=openkbp(), mapped=True)) == 3
+
+
+
 def test_a_build_still_running_keeps_its_temporary_file_while_another_builds(phantom_split, tmp_path):
     """Two builds of one cache at once (two runs started together): the second tidies what dead
     builds left, never the first's temporary file, and both end with the cache in place."""

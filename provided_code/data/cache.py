@@ -354,7 +354,9 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
     if not path.is_file():
         raise CacheError(f"no cache file at {path}")
     try:
-        with h5py.File(path, "r") as h5:
+        # without HDF5's own lock: a cache file is only ever replaced whole, and the writer that moved
+        # it in holds its temporary's lock until just after the move (infra/atomic.held_atomic_path)
+        with h5py.File(path, "r", locking=False) as h5:
             attrs = h5.attrs
             version = attrs.get("format_version")
             if version != CACHE_FORMAT_VERSION or not attrs.get("complete", False):

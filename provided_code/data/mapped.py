@@ -299,7 +299,7 @@ def _open_derived(path: Path, key: str, patient_ids: list[str], resolution: int)
     if not path.is_file():
         raise CacheError(f"no file at {path}")
     try:
-        with h5py.File(path, "r") as h5:
+        with h5py.File(path, "r", locking=False) as h5:  # replaced whole, never written in place (cache.load_cache)
             if not h5.attrs.get("complete", False) or h5.attrs.get("source") != key:
                 raise CacheError(f"{path} was made from other data, or is incomplete")
             count, shape = len(patient_ids), (resolution,) * 3
