@@ -156,7 +156,7 @@ def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(star
     uid = rtstruct_uid(patient)
     wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
     [dose] = doses_for(listener, patient)
-    assert dose.SeriesDescription == f"Uncommissioned model: predicted dose, m epoch {predictor.epoch}"
+    assert dose.SeriesDescription == f"Uncommissioned model: predicted dose, m epoch {predictor.model.epoch}"
     assert dict(node.journal.history(uid))["predicted"].endswith(
         "; uncommissioned model (no bands, no in-distribution check)")
     assert json.loads(node.journal.patient(uid)["trust"])["uncommissioned"] is True
@@ -714,7 +714,8 @@ def test_a_node_serving_a_cross_validated_model_predicts_with_its_folds_and_hold
     served = tmp_path / "results" / "cv"
     shutil.copytree(cv_model, served)
     with ModelPredictor(served) as predictor:
-        assert predictor.epoch == "ensemble" and [m.name for m in predictor.loaded] == ["cv-fold-1", "cv-fold-2"]
+        assert predictor.model.averages and [m.name for m in predictor.model.members] == ["cv-fold-1", "cv-fold-2"]
+        assert predictor.model.label == "2 folds"
         for fold in ("fold-1", "fold-2"):
             with pytest.raises(RunLockedError, match=r"a DICOM node"):
                 RunFolder(served / fold).lock("training").__enter__()

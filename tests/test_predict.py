@@ -1,4 +1,5 @@
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -192,10 +193,13 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     ensemble = dataclasses.replace(run, model_name="ens")
     report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
     # JSON keeps a float64 exactly: the same arithmetic on the same predictions, the same number
-    assert report.epoch == "ensemble" and report.scores.dose_score == single["dose_score"]
+    assert report.epoch is None and report.scores.dose_score == single["dose_score"]
     assert report.scores.dvh_score == single["dvh_score"]
     summary = json.loads(report.scores_path.read_text())
-    assert summary["members"] == [{"model": "m", "epoch": single["epoch"]}, {"model": "m2", "epoch": single["epoch"]}]
+    best = hashlib.sha256((run.run_dir / "models" / "best.keras").read_bytes()).hexdigest()  # m2's is a copy
+    assert summary["members"] == [{"model": "m", "epoch": single["epoch"], "sha256": best},
+                                  {"model": "m2", "epoch": single["epoch"], "sha256": best}]
+    assert "epoch" not in summary  # an ensemble has its members' epochs, none of its own
     assert report.predictions_dir == Path(run.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
     from provided_code.apps.score_folder import score_prediction_folder

@@ -50,7 +50,7 @@ HOLD_VARIABLE = "OPENKBP_NODE_TEST_HOLD"
 
 class Patients:
     """The node's patients. ``predictor(ct_dir, rtstruct, out_dir, rtdose)`` writes a patient's
-    outputs into ``out_dir`` and returns what it predicted with (``.epoch``), the import's
+    outputs into ``out_dir`` and returns what it predicted with (``.used``: ``epoch <N>``), the import's
     ``.warnings``, the bands' nominal coverage (``.band``, None without) and the in-distribution
     check (``.in_distribution``, None without) and whether the model carries neither
     (``.uncommissioned``: its patients' journal entries say so); its ``rtdose_file`` names the RT Dose
@@ -207,7 +207,7 @@ class Patients:
                                                                  "feature", "too_small", "reasons")}
                                   if checked is not None else {"inside": None}),
                  "uncommissioned": predicted.uncommissioned}
-        journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
+        journal.transition(uid, PREDICTED, f"{predicted.used}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else "")
                            + (f"; {100 * band:g} % bands" if band is not None else "")

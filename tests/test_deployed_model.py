@@ -1,0 +1,95 @@
+"""The deployed model (provided_code/deployed_model.py): a single run or a cross-validated model's
+folds, each member at one checkpoint known by its SHA-256, one predict that averages them, and
+members of different sites refused. On the session's tiny run and 2-fold model (32³, one epoch)."""
+
+import hashlib
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from provided_code.config import ConfigError
+from provided_code.data.cache import load_split
+from provided_code.data_folder import split_dir
+from provided_code.deployed_model import DeployedModel, recorded_members
+from provided_code.inference import predict_full_resolution
+from provided_code.run_folder import RunFolder
+from provided_code.sites import load_site, openkbp
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_single_run_is_one_member_at_its_newest_checkpoint_by_sha256(tiny_model):
+    model = DeployedModel.open(tiny_model)  # no best checkpoint (trained without scoring): its newest
+    [member] = model.members
+    folder = RunFolder(tiny_model)
+    assert (member.epoch, member.checkpoint) == folder.checkpoints()[0]
+    assert member.sha256 == _sha256(member.checkpoint) and member.fold is None
+    assert member.spec == folder.spec() and member.spec.arch == "generator"
+    assert (model.name, model.source, model.epoch, model.averages) == ("m", tiny_model, member.epoch, False)
+    assert model.what() == {"epoch": member.epoch} and model.label == f"epoch {member.epoch}"
+
+
+def test_a_cross_validated_model_is_its_folds_each_at_its_final_checkpoint_by_sha256(cv_model):
+    model = DeployedModel.open(cv_model)
+    assert [member.name for member in model.members] == ["cv-fold-1", "cv-fold-2"]
+    for number, member in enumerate(model.members, start=1):
+        folder = RunFolder(cv_model / f"fold-{number}")
+        assert member.checkpoint == folder.checkpoints()[0][1]  # its final, not its best (picked on its held-out)
+        assert member.identity() == {"fold": number, "epoch": member.epoch, "sha256": _sha256(member.checkpoint)}
+    assert model.members[0].sha256 != model.members[1].sha256
+    assert model.averages and model.epoch is None and model.label == "2 folds"
+    assert model.what() == {"members": [member.record() for member in model.members]}
+    assert model.used() == "the 2 folds (cv-fold-1 epoch 1, cv-fold-2 epoch 1) averaged"
+
+
+def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_data, phantom_cache):
+    arrays = load_split(split_dir(phantom_data, "validation"), cache_dir=phantom_cache, require_dose=False,
+                        site=openkbp())
+    model = DeployedModel.open(cv_model)
+    averaged = model.predict(arrays, batch_size=1)
+    own = []
+    for member in model.members:
+        trained = member.load()
+        own.append(predict_full_resolution(trained.model, arrays, trained.spec, batch_size=1))
+        keras.backend.clear_session()
+    assert averaged.dtype == np.float32 and averaged.shape == own[0].shape
+    assert np.abs(own[0] - own[1]).max() > 1e-3  # the folds differ: the mean is neither
+    # The same float32 predictions summed and halved in float32: against their float64 mean, the sum's
+    # rounding (half an ulp, 2^-24 relative) is all that differs; halving is exact. 1e-6 relative
+    # leaves room for that and nothing else, and 1e-6 Gy absolute for doses near zero.
+    np.testing.assert_allclose(averaged, (own[0].astype(np.float64) + own[1]) / 2, rtol=1e-6, atol=1e-6)
+    held = model.loaded()  # kept in memory (the node's): the same doses
+    np.testing.assert_array_equal(held.predict(arrays, batch_size=1), averaged)
+    keras.backend.clear_session()
+
+
+def test_members_of_two_sites_are_refused_naming_both(tiny_model, tmp_path):
+    other = tmp_path / "prostate-m"
+    shutil.copytree(tiny_model / "models", other / "models")
+    config = json.loads((other / "models" / "config.json").read_text())
+    config["site"] = load_site("prostate").to_dict()
+    (other / "models" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"^Invalid `members` of 'm,prostate-m'. Expected models trained on one "
+                                          r"site. Received: 'm' on openkbp, 'prostate-m' on prostate$"):
+        DeployedModel.of_runs("m,prostate-m", [RunFolder(tiny_model), RunFolder(other)], [None, None])
+
+
+def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, tmp_path):
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_model / "models", copy / "models")
+    with pytest.raises(FileNotFoundError, match=r"No checkpoint for epoch 9 in .*models \(have: \[1\]\)"):
+        DeployedModel.open(copy, epoch=9)
+    with pytest.raises(FileNotFoundError, match=r"No best checkpoint in .*--score-every"):
+        DeployedModel.open(copy, epoch="best")
+
+
+def test_the_members_a_prediction_recorded_read_alike_today_and_the_old_way():
+    members = [{"model": "cv-fold-1", "epoch": 3}, {"model": "cv-fold-2", "epoch": 4}]
+    assert recorded_members({"model": "cv", "members": members}) == members
+    assert recorded_members({"model": "cv", "epoch": "ensemble", "members": members}) == members  # before
+    assert recorded_members({"model": "m", "epoch": 2}) == [{"model": "m", "epoch": 2}]
