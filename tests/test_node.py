@@ -37,9 +37,9 @@ from provided_code.infra.atomic import folder_temporaries  # noqa: E402
 from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
-from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
 from provided_code.apps.node import reactor  # noqa: E402
 from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
+from tests.kit import held_node  # noqa: E402
 from tests.kit.repo import REPO  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.node import (  # noqa: E402
@@ -1014,11 +1014,11 @@ def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
 
 def _serve(model_dir, store, port, destination, hold=None, *options):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop(HOLD_VARIABLE, None)
-    if hold is not None:
-        env[HOLD_VARIABLE] = str(hold)
     log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
-    command = [sys.executable, "-m", "provided_code.apps.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
+    # with a hold file: the node whose commits wait while it exists (tests/kit/held_node.py)
+    start = ([sys.executable, "-m", "provided_code.apps.dicom_cli"] if hold is None else
+             [sys.executable, "-c", held_node.COMMAND, str(hold)])
+    command = [*start, "serve", "--model-dir", str(model_dir), "--store",
                str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
                "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0", *options]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
