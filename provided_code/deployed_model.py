@@ -7,8 +7,9 @@ checkpoint known by its file's SHA-256 and with what it is (its
 its commissioning lets its predictions say (:mod:`provided_code.trust`).
 
 What a prediction records of it (``scores.json``, ``dvh.json``): one member, its ``epoch``; several,
-their ``members`` (each ``{"model", "epoch", "sha256"}``) and no epoch. Files written before
-this module held ``"epoch": "ensemble"`` beside their members: :func:`recorded_members` reads both.
+or any named with ``--ensemble`` (even one), their ``members`` (each ``{"model", "epoch",
+"sha256"}``) and no epoch. Files written before this module held ``"epoch": "ensemble"`` beside
+their members: :func:`recorded_members` reads both.
 
 Opening a deployed model reads the members' configs and hashes their checkpoints; nothing is
 loaded until :meth:`~DeployedModel.predict` or :meth:`~DeployedModel.loaded`. The caller holds
@@ -98,11 +99,13 @@ class DeployedModel:
     """A model as it predicts (module docstring). ``name``: what it is called (a model folder's
     name, or the names given together); ``members``: its members, in order; ``source``: the model
     folder whose commissioning may speak for it (None: several models named together, which no
-    commissioning assesses)."""
+    commissioning assesses); ``ensemble``: its members were named with ``--ensemble`` (its
+    predictions then record them, and no epoch, even for one: :attr:`is_ensemble`)."""
 
     name: str
     members: tuple[Member, ...]
     source: Path | None
+    ensemble: bool = False
     models: tuple[TrainedModel, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def __post_init__(self):
@@ -130,12 +133,13 @@ class DeployedModel:
 
     @classmethod
     def of_runs(cls, name: str, folders: Sequence[RunFolder], epochs: Sequence[int | str | None],
-                requested_site: Site | str | None = None,
-                source: os.PathLike | str | None = None) -> "DeployedModel":
+                requested_site: Site | str | None = None, source: os.PathLike | str | None = None,
+                ensemble: bool = False) -> "DeployedModel":
         """``folders``, each at its checkpoint of ``epochs`` (as :func:`open_member` reads them),
-        called ``name``; ``source``: the model folder they stand for (None: several models)."""
+        called ``name``; ``source``: the model folder they stand for (None: several models);
+        ``ensemble``: named with ``--ensemble`` (``name``: the names given, comma-separated)."""
         return cls(name, tuple(open_member(folder, epoch, requested_site) for folder, epoch in zip(folders, epochs)),
-                   Path(source) if source is not None else None)
+                   Path(source) if source is not None else None, ensemble)
 
     # -- what it is ------------------------------------------------------------------------------
     @property
@@ -149,9 +153,16 @@ class DeployedModel:
         return len(self.members) > 1
 
     @property
+    def is_ensemble(self) -> bool:
+        """Whether it is an ensemble: several members averaged, or members named with
+        ``--ensemble`` (one ordinary run too): its predictions name their members, not an epoch."""
+        return self.ensemble or self.averages
+
+    @property
     def epoch(self) -> int | None:
-        """The checkpoint's epoch of a single member; None for several (each has its own)."""
-        return None if self.averages else self.members[0].epoch
+        """The checkpoint's epoch of a single member; None for an ensemble (:attr:`is_ensemble`:
+        each member has its own)."""
+        return None if self.is_ensemble else self.members[0].epoch
 
     @property
     def folders(self) -> list[RunFolder]:
@@ -163,8 +174,8 @@ class DeployedModel:
 
     def what(self) -> dict:
         """What a prediction's file records of the model: ``{"epoch": N}`` for one member,
-        ``{"members": [...]}`` for several (module docstring)."""
-        return {"members": self.records()} if self.averages else {"epoch": self.epoch}
+        ``{"members": [...]}`` for an ensemble (:attr:`is_ensemble`; module docstring)."""
+        return {"members": self.records()} if self.is_ensemble else {"epoch": self.epoch}
 
     # -- trust -----------------------------------------------------------------------------------
     def trust(self, coverage: float) -> Trust:
@@ -219,20 +230,24 @@ class DeployedModel:
     @property
     def label(self) -> str:
         """The model in a few words (an RT Dose's series description, a node's journal):
-        ``epoch 3``, or ``2 folds`` (``2 models``) averaged."""
-        return f"{len(self.members)} {self._kind}" if self.averages else f"epoch {self.epoch}"
+        ``epoch 3``, or ``2 folds`` (``2 models``) averaged (an ensemble of one: ``1 model``)."""
+        return f"{len(self.members)} {self._kind}" if self.is_ensemble else f"epoch {self.epoch}"
 
     def used(self) -> str:
         """The model in words, for a summary: ``the epoch 3 checkpoint``, or ``the 2 folds (cv-fold-1
-        epoch 2, cv-fold-2 epoch 2) averaged`` (``the 2 models (...)``)."""
-        if not self.averages:
+        epoch 2, cv-fold-2 epoch 2) averaged`` (``the 2 models (...)``; an ensemble of one run:
+        ``an ensemble of 1 model (m epoch 3)``)."""
+        if not self.is_ensemble:
             return f"the epoch {self.epoch} checkpoint"
         listed = ", ".join(f"{member.name} epoch {member.epoch}" for member in self.members)
+        if not self.averages:
+            return f"an ensemble of 1 {self._kind} ({listed})"
         return f"the {len(self.members)} {self._kind} ({listed}) averaged"
 
     @property
     def _kind(self) -> str:
-        return "folds" if all(member.fold is not None for member in self.members) else "models"
+        kind = "fold" if all(member.fold is not None for member in self.members) else "model"
+        return kind if len(self.members) == 1 else f"{kind}s"
 
 
 def recorded_members(record: dict) -> list[dict]:

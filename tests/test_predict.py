@@ -224,6 +224,18 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
         predict(ensemble, stage="validation", ensemble=[])
 
 
+def test_one_run_named_with_ensemble_records_its_member_and_writes_the_ensembles_zip(run):
+    """--ensemble m (one ordinary run): its predictions in results/ens/ name the member that made
+    them (model, epoch, SHA-256), not an epoch ens does not have, and the zip is the ensemble's."""
+    report = predict(dataclasses.replace(run, model_name="ens"), stage="validation", ensemble=["m"])
+    summary = json.loads(report.scores_path.read_text())
+    epoch = RunFolder(run.run_dir).read_best()["epoch"]  # at its best by default
+    best = hashlib.sha256((run.run_dir / "models" / "best.keras").read_bytes()).hexdigest()
+    assert summary["members"] == [{"model": "m", "epoch": epoch, "sha256": best}] and "epoch" not in summary
+    assert report.epoch is None and report.submission.name == "ens_validation_ensemble.zip"
+    assert f"with an ensemble of 1 model (m epoch {epoch})." in report.summary()
+
+
 def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:
     """The trained model's checkpoints in a run folder of its own (its predictions apart from the fixture's)."""
     shutil.copytree(RunFolder(trained.run_dir).models, results_dir / name / "models")

@@ -90,7 +90,9 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
     ``"best"``; a cross-validated model's folds: their final checkpoints); their 128³ predictions
     (each with its own mirror flips under ``tta``) are averaged, then written and scored like one model's into ``run_dir``, which must not be a
-    member's folder. The scores JSON names the members. Each member's folder is locked shared
+    member's folder. The scores JSON names the members (each with its epoch and SHA-256, and no
+    epoch of the ensemble's: even one run named so) and the zip is ``<model>_<stage>_ensemble.zip``.
+    Each member's folder is locked shared
     meanwhile: a member still training (or being predicted) refuses the ensemble.
 
     The CSVs, the submission zip and the scores go into a new folder beside
@@ -125,7 +127,7 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         source = (None if ensemble is not None and len(ensemble) > 1 else
                   _beside(folder, ensemble[0]).path if ensemble is not None else folder.path)
         model = DeployedModel.of_runs(",".join(ensemble) if ensemble is not None else folder.name, members, epochs,
-                                      site, source=source)
+                                      site, source=source, ensemble=ensemble is not None)
         tidy_folder(folder.predictions(stage))  # left by a killed run
         stage_dir = split_dir(data_dir, stage)
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
