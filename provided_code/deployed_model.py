@@ -12,18 +12,20 @@ or any named with ``--ensemble`` (even one), their ``members`` (each ``{"model",
 their members: :func:`recorded_members` reads both.
 
 Opening a deployed model reads the members' configs and hashes their checkpoints; nothing is
-loaded until :meth:`~DeployedModel.predict` or :meth:`~DeployedModel.loaded`. The caller holds
-the members' folders' locks meanwhile (:func:`member_folders` names them). Importing this module
+loaded until :meth:`~DeployedModel.predict` or :meth:`~DeployedModel.loaded`. The members'
+folders are locked meanwhile: :meth:`~DeployedModel.locked` takes their locks and opens it
+(``openkbp-dicom predict``, the node); ``--predict-only`` holds its own. Importing this module
 imports neither TensorFlow nor Keras.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -125,8 +127,24 @@ class DeployedModel:
         """The model of ``model_dir``: a run folder, or a cross-validated model's folder (its folds),
         each member at :meth:`RunFolder.epoch_to_apply` of ``epoch`` (None: a run's best when it has
         one, else its newest; a fold's final checkpoint). ``requested_site``: as :func:`open_member`'s."""
+        return cls._of_folders(Path(model_dir), member_folders(model_dir), epoch, requested_site)
+
+    @classmethod
+    @contextlib.contextmanager
+    def locked(cls, model_dir: os.PathLike | str, holder: str, epoch: int | str | None = None,
+               requested_site: Site | str | None = None) -> Iterator["DeployedModel"]:
+        """:meth:`open`'s model of ``model_dir`` while its members' folders are locked shared for
+        ``holder`` (a training run on one is refused meanwhile; other readers are not)."""
         model_dir = Path(model_dir)
-        folders = member_folders(model_dir)
+        folders = member_folders(model_dir)  # the folds gathered once
+        with contextlib.ExitStack() as locks:
+            for folder in folders:
+                locks.enter_context(folder.lock(holder, shared=True))
+            yield cls._of_folders(model_dir, folders, epoch, requested_site)
+
+    @classmethod
+    def _of_folders(cls, model_dir: Path, folders: list[RunFolder], epoch: int | str | None,
+                    requested_site: Site | str | None) -> "DeployedModel":
         epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # every member's, before any is hashed
         return cls(model_dir.name, tuple(open_member(folder, e, requested_site) for folder, e in zip(folders, epochs)),
                    model_dir)

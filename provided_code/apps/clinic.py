@@ -19,12 +19,10 @@ to the CT grid's table. Another model predicts as before and says why it has no 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -36,12 +34,11 @@ from provided_code.dicom.dvh import write_dvh_files as write_dvh_tables
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid
-from provided_code.deployed_model import DeployedModel, member_folders
+from provided_code.deployed_model import DeployedModel
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.calibration import DEFAULT_COVERAGE
 from provided_code.metrics.scoring import score_split
-from provided_code.sites import Site
 from provided_code.trust import Trust, band_lines, described, flag_line
 
 logger = logging.getLogger(__name__)
@@ -83,26 +80,13 @@ def trust_lines(dvh: dict, trust: Trust | None) -> list[str]:
     return lines
 
 
-@contextlib.contextmanager
-def deployed(model_dir: os.PathLike | str, holder: str, epoch: int | str | None = None,
-             site: Site | str | None = None) -> Iterator[DeployedModel]:
-    """The model of ``model_dir`` (:meth:`DeployedModel.open`: a run folder, or a cross-validated
-    model's folds) while its members' folders are locked shared for ``holder`` (a training run on
-    one is refused meanwhile; other readers are not). ``site``: None (the model's), or the model's
-    own (``--site``): another is refused in one line."""
-    with contextlib.ExitStack() as locks:
-        for folder in member_folders(model_dir):
-            locks.enter_context(folder.lock(holder, shared=True))
-        yield DeployedModel.open(model_dir, epoch, site)
-
-
 def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstruct: os.PathLike | str,
                           out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None, tta: bool = False,
                           names: os.PathLike | str | None = None, allow_missing_targets: bool = False,
                           plots: bool = True, progress: Progress = no_progress, dvh_supersample: int = 1,
                           trust: Trust | None = None) -> ClinicReport:
     """Import, predict, export and tabulate one patient (see the module docstring) with ``model``
-    (:func:`deployed`'s; a node's kept :meth:`~DeployedModel.loaded`): a run, or a cross-validated
+    (:meth:`DeployedModel.locked`'s; a node's kept :meth:`~DeployedModel.loaded`): a run, or a cross-validated
     model's folds, whose 128³ doses are averaged. ``dvh_supersample``: sub-voxels per axis of the
     DVH table's sampling (:mod:`provided_code.dicom.dvh`; 1: the CT's voxels, and sub-voxels for
     small structures only). ``trust``: what :meth:`DeployedModel.trust` read for the bands'

@@ -165,13 +165,14 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
     setup_logging()
     epoch = parse_epoch(epoch)
     try:
-        from provided_code.apps.clinic import deployed, predict_dicom_patient
+        from provided_code.apps.clinic import predict_dicom_patient
+        from provided_code.deployed_model import DeployedModel
         from provided_code.dicom.dvh import check_supersample
 
         check_supersample(dvh_supersample)
         band = check_coverage(band)
         # read while no training changes the model's folders (a node holds its own)
-        with deployed(model_dir, "read by openkbp-dicom predict", epoch, site) as model:
+        with DeployedModel.locked(model_dir, "read by openkbp-dicom predict", epoch, site) as model:
             report = predict_dicom_patient(model, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=tta, names=names,
                                            allow_missing_targets=allow_missing_targets, plots=not no_plots,
                                            progress=click_progress, dvh_supersample=dvh_supersample,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.apps.clinic import OUTPUTS, deployed, predict_dicom_patient
+from provided_code.apps.clinic import OUTPUTS, predict_dicom_patient
+from provided_code.deployed_model import DeployedModel
 from provided_code.dicom.names import load_names
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
 
@@ -50,7 +51,7 @@ class ModelPredictor:
         band = check_coverage(band)  # before the models load
         self._locks = contextlib.ExitStack()
         try:
-            self.model = self._locks.enter_context(deployed(self.model_dir, LOCK_HOLDER, epoch)).loaded()
+            self.model = self._locks.enter_context(DeployedModel.locked(self.model_dir, LOCK_HOLDER, epoch)).loaded()
             self.trust = self.model.trust(band)
             # the names file read once (a broken one fails the node's start, not its first patient)
             self.names = load_names(names, self.model.site)
