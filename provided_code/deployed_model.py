@@ -134,9 +134,13 @@ class DeployedModel:
     def locked(cls, model_dir: os.PathLike | str, holder: str, epoch: int | str | None = None,
                requested_site: Site | str | None = None) -> Iterator["DeployedModel"]:
         """:meth:`open`'s model of ``model_dir`` while its members' folders are locked shared for
-        ``holder`` (a training run on one is refused meanwhile; other readers are not)."""
+        ``holder`` (a training run on one is refused meanwhile; other readers are not). A folder
+        that holds no trained model is said before any lock is taken (a lock would create it)."""
         model_dir = Path(model_dir)
         folders = member_folders(model_dir)  # the folds gathered once
+        for folder in folders:
+            if not folder.config_file.is_file():
+                raise folder.not_trained()
         with contextlib.ExitStack() as locks:
             for folder in folders:
                 locks.enter_context(folder.lock(holder, shared=True))

@@ -182,10 +182,14 @@ class RunFolder:
         commissioning and the bands are made of, must not come from it (as nnU-Net deploys each fold's
         final checkpoint). Raises if no model was trained here."""
         if not self.config_file.is_file():
-            raise FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
+            raise self.not_trained()
         if epoch is None:
             return "best" if self.best_checkpoint.is_file() and not self.is_fold else None
         return epoch
+
+    def not_trained(self) -> FileNotFoundError:
+        """The error for a folder named by its path (``--model-dir``) that holds no trained model."""
+        return FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
 
     def missing_model(self) -> FileNotFoundError:
         """The error for a model that was never trained here (a cross-validated model's folder:

@@ -394,6 +394,18 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
     assert RunFolder(tiny_model).spec("openkbp").site.name == "openkbp"
 
 
+def test_a_wrong_model_dir_is_named_in_one_line_and_no_folder_is_made(tmp_path):
+    """--model-dir of a folder that does not exist (a typo): one line naming it, before any lock
+    (a lock would create the folder) and before the import."""
+    wrong = tmp_path / "results" / "mdoel"
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(wrong), "--ct", str(tmp_path / "ct"),
+                                       "--rtstruct", str(tmp_path / "RS.dcm"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"{wrong} is not a trained model's folder: {wrong / 'models' / 'config.json'} is missing"
+            in result.output)
+    assert not wrong.exists() and not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
+
+
 def test_predict_refuses_a_model_being_trained_in_one_line_before_importing(tiny_model, tmp_path):
     """The model's folder is read under its lock, shared: a training run on it (which holds it) is
     named, and nothing is written."""
