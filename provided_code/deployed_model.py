@@ -34,7 +34,7 @@ from provided_code.folds import fold_members, fold_of_folder
 from provided_code.infra.checksum import file_checksum
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.model_spec import ModelSpec
-from provided_code.run_folder import RunFolder, TrainedModel
+from provided_code.run_folder import RunFolder, TrainedModel, check_checkpoint_file
 from provided_code.sites import Site
 from provided_code.trust import Trust, load_trust, no_trust
 
@@ -83,9 +83,12 @@ class Member:
 def open_member(folder: RunFolder, epoch: int | str | None, requested_site: Site | str | None = None) -> Member:
     """``folder`` at the checkpoint ``epoch`` names (an epoch, ``"best"``, None: the newest), its
     spec read and its checkpoint hashed. ``requested_site`` (``--site``), when given, must be the
-    model's own (:meth:`RunFolder.spec`)."""
+    model's own (:meth:`RunFolder.spec`). A checkpoint that is not a complete ``.keras`` file is a
+    :class:`~provided_code.run_folder.CheckpointError` naming it, here, before a caller loads any
+    patient: the file hashed is the one loaded, so the newest is never passed over for an earlier."""
     spec = folder.spec(requested_site)  # the model's missing, or another site: said before the checkpoint
     resolved, path = folder.checkpoint_file(epoch)
+    check_checkpoint_file(path)
     return Member(folder, resolved, path, file_checksum(path), spec)
 
 

@@ -448,9 +448,21 @@ def _load(path: Path, compile: bool):
     import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
 
     if path.is_file() and not zipfile.is_zipfile(path):
-        raise _NotAKerasFile(f"not a complete .keras file (a zip archive): truncated or corrupt, "
-                             f"{path.stat().st_size} bytes")
+        raise _NotAKerasFile(_not_a_keras_file(path))
     return keras.models.load_model(path, compile=compile)
+
+
+def check_checkpoint_file(path: os.PathLike | str) -> None:
+    """A :class:`CheckpointError` naming ``path`` when it is not a complete ``.keras`` file (a zip
+    archive: cut off while it was written or copied, or not a checkpoint at all), as loading it
+    would say, without loading it."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"Checkpoint {path} does not load: {_not_a_keras_file(path)}")
+
+
+def _not_a_keras_file(path: Path) -> str:
+    return f"not a complete .keras file (a zip archive): truncated or corrupt, {path.stat().st_size} bytes"
 
 
 def _reason(path: Path, error: Exception) -> str:

@@ -5,6 +5,7 @@ model card's checksums."""
 import hashlib
 import json
 import logging
+import re
 import shutil
 
 import numpy as np
@@ -324,7 +325,8 @@ def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned
 
 def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
                                                                    phantom_cache):
-    """Damaged before its predictions' record was written (the record matches): it does not load."""
+    """Damaged before its predictions' record was written (the record matches): it does not load,
+    said as the deployed model is opened (not a complete .keras file), naming the fold's file."""
     model = _copy(commissioned, tmp_path)
     checkpoint = RunFolder(model / "fold-2").checkpoints()[0][1]
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
@@ -332,7 +334,9 @@ def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned
     saved = json.loads(scores.read_text())
     saved["made_with"]["checkpoint"]["sha256"] = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     scores.write_text(json.dumps(saved))
-    with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 2's checkpoint .* does not load"):
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission: Checkpoint {re.escape(str(checkpoint))} does not "
+                                                 rf"load: not a complete \.keras file .*: restore it, or train its "
+                                                 rf"fold again\.$"):
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 

@@ -4,18 +4,20 @@ members of different sites refused. On the session's tiny run and 2-fold model (
 
 import hashlib
 import json
+import re
 import shutil
 
 import keras
 import numpy as np
 import pytest
 
+from provided_code import run_folder
 from provided_code.config import ConfigError
 from provided_code.data.cache import load_split
 from provided_code.data_folder import split_dir
 from provided_code.deployed_model import DeployedModel, recorded_members
 from provided_code.inference import predict_full_resolution
-from provided_code.run_folder import RunFolder
+from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
 
 
@@ -86,6 +88,18 @@ def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, tmp_pat
         DeployedModel.open(copy, epoch=9)
     with pytest.raises(FileNotFoundError, match=r"No best checkpoint in .*--score-every"):
         DeployedModel.open(copy, epoch="best")
+
+
+def test_a_truncated_checkpoint_is_named_as_the_model_is_opened_without_loading_it(tiny_model, tmp_path,
+                                                                                   monkeypatch):
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_model / "models", copy / "models")
+    _, newest = RunFolder(copy).checkpoints()[0]
+    newest.write_bytes(newest.read_bytes()[:1000])
+    monkeypatch.setattr(run_folder, "_load", lambda *args: pytest.fail("a checkpoint was loaded"))
+    with pytest.raises(CheckpointError, match=rf"^Checkpoint {re.escape(str(newest))} does not load: not a complete "
+                                              rf"\.keras file \(a zip archive\): truncated or corrupt, 1000 bytes$"):
+        DeployedModel.open(copy)
 
 
 def test_the_members_a_prediction_recorded_read_alike_today_and_the_old_way():

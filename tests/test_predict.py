@@ -2,6 +2,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
-from provided_code.run_folder import RunFolder
+from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
 from provided_code.training.train import train
 from tests.kit.repo import console_script
@@ -149,6 +150,25 @@ def test_plots_are_written_or_explained(run, monkeypatch):
 def test_unknown_model_is_a_clear_error(trained):
     with pytest.raises(FileNotFoundError, match="No trained model 'nope'"):
         predict(dataclasses.replace(trained, model_name="nope"))
+
+
+def test_a_truncated_newest_checkpoint_is_named_before_the_patients_load(tiny_model, phantom_data, phantom_cache,
+                                                                         tmp_path, monkeypatch):
+    """--predict-only's newest checkpoint cut off (a copy killed mid-write): refused naming the file
+    (what is hashed is what is loaded: no earlier checkpoint instead), before any patient is read."""
+    import provided_code.apps.predict as predict_module
+
+    copy = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model / "models", copy / "models")
+    _, newest = RunFolder(copy).checkpoints()[0]
+    with open(newest, "r+b") as handle:
+        handle.truncate(newest.stat().st_size // 3)
+    read = []
+    monkeypatch.setattr(predict_module, "load_split", lambda *args, **kwargs: read.append(args))
+    with pytest.raises(CheckpointError, match=rf"^Checkpoint {re.escape(str(newest))} does not load: not a complete "
+                                              rf"\.keras file \(a zip archive\): truncated or corrupt"):
+        predict_module.predict_stage(copy, phantom_data, stage="validation", cache_dir=phantom_cache)
+    assert read == [] and not (copy / "validation-predictions").exists()
 
 
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(run):

@@ -58,7 +58,7 @@ from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
-from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
+from provided_code.run_folder import SCORES_FILE, CheckpointError, RunFolder, read_scores
 from provided_code.deployed_model import DeployedModel, Member, recorded_members
 from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder
 
@@ -297,7 +297,10 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
     _check_predictions_and_plans(model_dir, folds, fold_of, [arrays.patient_ids[row] for row in rows],
                                  split_dir(data_dir, "train"))
-    model = DeployedModel.open(model_dir)  # each fold at its final checkpoint, as it is deployed
+    try:
+        model = DeployedModel.open(model_dir)  # each fold at its final checkpoint, as it is deployed
+    except CheckpointError as error:  # a fold's checkpoint that is not a complete .keras file, named
+        raise CommissioningError(f"Cannot commission: {error}: restore it, or train its fold again.") from None
     identities = certify(model, folds)
     predictions = SparseDoses()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
