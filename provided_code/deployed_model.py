@@ -114,15 +114,18 @@ class DeployedModel:
     models: tuple[TrainedModel, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     def __post_init__(self):
+        # refused as the option the user gave: --ensemble's names, or the model folder (--model-dir)
+        option, given = ("ensemble", self.name) if self.ensemble else ("model_dir", str(self.source or self.name))
         if not self.members:
-            raise ConfigError(f"Invalid `members`. Expected one or more trained models. Received: none for "
-                              f"{self.name!r}")
+            raise ConfigError(f"Invalid `{option}`. Expected one or more trained models. Received: "
+                              f"{option}={given!r} (no model)")
         first = self.members[0]
-        for other in self.members[1:]:
-            if not other.spec.site.same_as(first.spec.site):
-                raise ConfigError(f"Invalid `members` of {self.name!r}. Expected models trained on one site. "
-                                  f"Received: {first.name!r} on {first.spec.site.name}, {other.name!r} on "
-                                  f"{other.spec.site.name}")
+        differ = [other for other in self.members[1:] if not other.spec.site.same_as(first.spec.site)]
+        if differ:
+            said = ", ".join(f"{member.name!r} on {member.spec.site.name}: {member.folder.config_file}"
+                             for member in (first, *differ))
+            raise ConfigError(f"Invalid `{option}`. Expected models trained on one site. Received: "
+                              f"{option}={given!r} ({said})")
 
     @classmethod
     def open(cls, model_dir: os.PathLike | str, epoch: int | str | None = None,

@@ -70,15 +70,34 @@ def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_da
     keras.backend.clear_session()
 
 
-def test_members_of_two_sites_are_refused_naming_both(tiny_model, tmp_path):
+def _on_prostate(folder):
+    """``folder``'s config.json saying the prostate site; returns the file."""
+    path = folder / "models" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "site": load_site("prostate").to_dict()}))
+    return path
+
+
+def test_runs_of_two_sites_named_with_ensemble_are_refused_as_the_ensemble_option(tiny_model, tmp_path):
     other = tmp_path / "prostate-m"
     shutil.copytree(tiny_model / "models", other / "models")
-    config = json.loads((other / "models" / "config.json").read_text())
-    config["site"] = load_site("prostate").to_dict()
-    (other / "models" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"^Invalid `members` of 'm,prostate-m'. Expected models trained on one "
-                                          r"site. Received: 'm' on openkbp, 'prostate-m' on prostate$"):
-        DeployedModel.of_runs("m,prostate-m", [RunFolder(tiny_model), RunFolder(other)], [None, None])
+    config = _on_prostate(other)
+    expected = (f"Invalid `ensemble`. Expected models trained on one site. Received: ensemble='m,prostate-m' ('m' on "
+                f"openkbp: {tiny_model / 'models' / 'config.json'}, 'prostate-m' on prostate: {config})")
+    with pytest.raises(ConfigError) as caught:
+        DeployedModel.of_runs("m,prostate-m", [RunFolder(tiny_model), RunFolder(other)], [None, None], ensemble=True)
+    assert str(caught.value) == expected
+
+
+def test_folds_of_two_sites_are_refused_as_the_model_dir_option(cv_model, tmp_path):
+    copy = tmp_path / "cv"
+    shutil.copytree(cv_model, copy)
+    config = _on_prostate(copy / "fold-2")
+    expected = (f"Invalid `model_dir`. Expected models trained on one site. Received: model_dir='{copy}' "
+                f"('cv-fold-1' on openkbp: {copy / 'fold-1' / 'models' / 'config.json'}, 'cv-fold-2' on prostate: "
+                f"{config})")
+    with pytest.raises(ConfigError) as caught:
+        DeployedModel.open(copy)
+    assert str(caught.value) == expected
 
 
 def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, tmp_path):
