@@ -230,7 +230,7 @@ class DeployedModel:
         each member at its own resolution, with its own mirror flips under ``tta``), the mean of the
         members' (float32). A model not :meth:`loaded` loads each member in turn and lets it go
         after its prediction. A :class:`~provided_code.inference.PredictionError` names the member
-        whose doses are not finite."""
+        whose doses are not finite (its caller, which knows, adds what was written)."""
         import keras
 
         from provided_code.data.batches import warn_plan_files_not_taken
@@ -245,7 +245,7 @@ class DeployedModel:
                                                 label=f"Model {member.name!r} at epoch {member.epoch}")
             except PredictionError as error:
                 raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
-                                      f"{member.folder.log}); nothing was written.") from None
+                                      f"{member.folder.log})") from None  # the caller says what was written
             total = doses if total is None else total + doses
             if not self.models:
                 del trained

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -121,7 +122,8 @@ def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
     that is not the reference); returns the list each prediction is appended to."""
     (run / "models").mkdir(parents=True)
     (run / "models" / "config.json").write_text("{}")
-    (run / "models" / "epoch_7.keras").write_bytes(b"a stand-in")  # what the deployed model hashes
+    with zipfile.ZipFile(run / "models" / "epoch_7.keras", "w") as archive:  # what the deployed model hashes
+        archive.writestr("a stand-in", "")  # a complete .keras file is a zip archive
     monkeypatch.setattr(RunFolder, "load_trained_model", lambda folder, epoch: TrainedModel(
         folder, TrainConfig(resolution=128), TrainConfig(resolution=128).spec, 7, None))
     predictions = []
@@ -133,6 +135,32 @@ def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
 
     monkeypatch.setattr(inference, "predict_full_resolution", predict)
     return predictions
+
+
+def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_written(tmp_path, monkeypatch):
+    """The clinic's path imports before it predicts: a checkpoint whose doses are not finite is one
+    line naming it and its log, which says that the imported patient is on disk and no dose is."""
+    volumes = make_phantom(3)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)))
+    keep = slice(target_slices.min() - 2, target_slices.max() + 3)  # a short scan: fast
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+    run = tmp_path / "run"
+    _model_replaced_by_the_reference_moved(run, monkeypatch)
+
+    def diverged(model, arrays, spec, batch_size, tta, progress, label):
+        raise inference.PredictionError(f"{label} predicts NaN or infinite doses for patient")
+
+    monkeypatch.setattr(inference, "predict_full_resolution", diverged)
+    out = tmp_path / "out"
+    with pytest.raises(inference.PredictionError) as caught:
+        clinic_module.predict_dicom_patient(DeployedModel.open(run), clinic.ct_dir, clinic.rtstruct, out, plots=False)
+    assert str(caught.value) == (f"Model 'run' at epoch 7 predicts NaN or infinite doses for patient: this checkpoint "
+                                 f"is unusable (did training diverge? see {run / 'training_log.csv'}); no dose was "
+                                 f"written ({out / 'patient'} holds the imported patient).")
+    assert (out / "patient" / "ct.csv").is_file() and not (out / "RD.dcm").exists()
 
 
 @pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")

@@ -201,7 +201,8 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
     model.save(RunFolder(broken.run_dir).models / "epoch_3.keras")
     keras.backend.clear_session()
-    with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
+    with pytest.raises(PredictionError, match=r"'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202: this "
+                                              r"checkpoint is unusable .*; nothing was written\.$"):
         predict(broken, stage="validation")
     assert not (broken.run_dir / "validation-predictions").exists()
 

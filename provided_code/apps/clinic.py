@@ -101,7 +101,13 @@ def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstr
                               allow_missing_targets=allow_missing_targets, site=site)
     arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, in memory
     arrays.folder = out_dir  # (its files: out_dir/patient/...)
-    predicted = model.predict(arrays, batch_size=1, tta=tta, progress=progress)[0]
+    from provided_code.inference import PredictionError
+
+    try:
+        predicted = model.predict(arrays, batch_size=1, tta=tta, progress=progress)[0]
+    except PredictionError as error:  # the import is written; no dose is
+        raise PredictionError(f"{error}; no dose was written ({imported.folder} holds the imported patient).") \
+            from None
     checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
                                     arrays.voxel_dimensions[0], site, arrays.ct[0])
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])

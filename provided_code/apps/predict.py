@@ -211,7 +211,12 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, model
     ``trust``: what the predictions may say of themselves; None: none asked (a fold's out-of-fold
     predictions). ``recording(new)``: what ``scores.json`` also records of them (``new``: the folder
     the CSVs were written into); None: nothing more."""
-    predictions = model.predict(arrays, batch_size, tta, progress)
+    from provided_code.inference import PredictionError
+
+    try:
+        predictions = model.predict(arrays, batch_size, tta, progress)
+    except PredictionError as error:
+        raise PredictionError(f"{error}; nothing was written.") from None
     # The whole set (CSVs, zip, scores) is written into a new folder and moved into place whole.
     predictions_dir = folder.predictions(stage)
     zip_name = folder.submission_name(stage, model.epoch)
