@@ -214,8 +214,8 @@ class DeployedModel:
             return no_trust(self.name, coverage, f"an ensemble of {len(self.members)} models "
                                                  f"({', '.join(member.name for member in self.members)}): no "
                                                  f"commissioning assesses it")
-        return load_trust(self.source, [(member.folder, member.epoch, member.sha256) for member in self.members],
-                          coverage)
+        return load_trust(self.source, [(member.folder, member.epoch, member.sha256, member.checkpoint)
+                                        for member in self.members], coverage)
 
     # -- predicting ------------------------------------------------------------------------------
     def loaded(self) -> "DeployedModel":
