@@ -156,8 +156,8 @@ class DeployedModel:
     def _of_folders(cls, model_dir: Path, folders: list[RunFolder], epoch: int | str | None,
                     requested_site: Site | str | None) -> "DeployedModel":
         epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # every member's, before any is hashed
-        return cls(model_dir.name, tuple(open_member(folder, e, requested_site) for folder, e in zip(folders, epochs)),
-                   model_dir)
+        return cls(model_dir.name, tuple(open_member(folder, e, requested_site)
+                                         for folder, e in zip(folders, epochs, strict=True)), model_dir)
 
     @classmethod
     def of_runs(cls, name: str, folders: Sequence[RunFolder], epochs: Sequence[int | str | None],
@@ -166,7 +166,8 @@ class DeployedModel:
         """``folders``, each at its checkpoint of ``epochs`` (as :func:`open_member` reads them),
         called ``name``; ``source``: the model folder they stand for (None: several models);
         ``ensemble``: named with ``--ensemble`` (``name``: the names given, comma-separated)."""
-        return cls(name, tuple(open_member(folder, epoch, requested_site) for folder, epoch in zip(folders, epochs)),
+        return cls(name, tuple(open_member(folder, epoch, requested_site)
+                               for folder, epoch in zip(folders, epochs, strict=True)),
                    Path(source) if source is not None else None, ensemble)
 
     # -- what it is ------------------------------------------------------------------------------

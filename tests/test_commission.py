@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from provided_code.apps.commission import run as commission_module
-from provided_code.apps.commission.run import CommissioningError, commission
+from provided_code.apps.commission.run import CommissioningError, certify, commission, complete_folds
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, read_sparse_csv
+from provided_code.deployed_model import DeployedModel
 from provided_code.folds import read_dealing
 from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure_indices
 from provided_code.run_folder import RunFolder
@@ -308,6 +309,16 @@ def test_a_fold_holding_another_folds_checkpoint_is_refused_naming_it(commission
     with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 2's checkpoint .*epoch_1.keras is "
                                                  r"byte-identical to fold 1's \(SHA-256 [0-9a-f]{12}…\)"):
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_deployed_model_whose_members_are_not_the_folds_in_order_certifies_nothing(cv_model):
+    """certify pairs each fold with the deployed model's member of the same fold: members in another
+    order (or another count) are refused, not certified against another fold's record."""
+    _, folds = complete_folds(cv_model)
+    model = DeployedModel.open(cv_model)
+    with pytest.raises(ValueError, match=r"^Invalid `model`. Expected the members of folds 2, 1, in order. Received: "
+                                         r"model='cv' of cv-fold-1 \(fold 1\), cv-fold-2 \(fold 2\)$"):
+        certify(model, folds[::-1])
 
 
 def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,

@@ -186,9 +186,14 @@ def certify(model: DeployedModel, folds: list[Fold]) -> list[dict]:
     and the SHA-256 of its checkpoint, as ``model``, the folds deployed, hashed them), certified to
     be the checkpoint that made its out-of-fold predictions, and a model of its own; a
     :class:`CommissioningError` naming the first fold whose checkpoint is byte-identical to another
-    fold's, differs from the one recorded with its predictions, or does not load."""
+    fold's, differs from the one recorded with its predictions, or does not load. ``model``'s
+    members are ``folds``' own, in order (else a ValueError: no fold is certified by another's)."""
+    if [member.fold for member in model.members] != [fold.number for fold in folds]:
+        raise ValueError(f"Invalid `model`. Expected the members of folds {', '.join(str(f.number) for f in folds)}, "
+                         f"in order. Received: model={model.name!r} of "
+                         f"{', '.join(f'{m.name} (fold {m.fold})' for m in model.members)}")
     identities, seen = [], {}
-    for fold, member in zip(folds, model.members):
+    for fold, member in zip(folds, model.members, strict=True):
         identity = member.identity()
         checkpoint = member.checkpoint
         twin = seen.setdefault(identity["sha256"], fold.number)
@@ -205,7 +210,7 @@ def certify(model: DeployedModel, folds: list[Fold]) -> list[dict]:
                                      f"restore it, or run fold {fold.number}'s command again to predict its held-out "
                                      f"patients with it.")
         identities.append(identity)
-    for fold, member in zip(folds, model.members):  # the deployed model's members load, as a prediction loads them
+    for fold, member in zip(folds, model.members, strict=True):  # the members load, as a prediction loads them
         _check_loads(fold.number, member)
     return identities
 
@@ -398,7 +403,8 @@ def _calibration(model: DeployedModel, folds: list[Fold], data_dir: Path, cache_
     written = read_scores(scores_path)
     made_with = recorded_members(written)  # checkpoints by SHA-256 where recorded (not by earlier versions)
     if ([member.get("epoch") for member in made_with] != [member.epoch for member in model.members]
-            or any(then.get("sha256", now.sha256) != now.sha256 for then, now in zip(made_with, model.members))):
+            or any(then.get("sha256", now.sha256) != now.sha256
+                   for then, now in zip(made_with, model.members, strict=True))):
         return {"note": f"The validation predictions in {folder} were not made by the {len(folds)} folds at their "
                         f"commissioned epochs ({', '.join(str(fold.epoch) for fold in folds)}): {command}."}
     site = folds[0].config.site
