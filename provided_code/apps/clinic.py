@@ -28,13 +28,13 @@ import numpy as np
 
 from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
+from provided_code.deployed_model import DeployedModel
 from provided_code.dicom.dvh import check_supersample
 from provided_code.dicom.dvh import dvh_report as ct_dvh_report
 from provided_code.dicom.dvh import write_dvh_files as write_dvh_tables
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid
-from provided_code.deployed_model import DeployedModel
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.calibration import DEFAULT_COVERAGE

@@ -26,10 +26,10 @@ from provided_code.config import ConfigError, TrainConfig
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, write_dose_csv
 from provided_code.data_folder import split_dir
+from provided_code.deployed_model import DeployedModel, member_folders
 from provided_code.exclusions import excluded_patients
 from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, FoldsError, held_out_record,
                                  read_dealing)
-from provided_code.deployed_model import DeployedModel, member_folders
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import calibration

@@ -28,6 +28,8 @@ def hold_commits(hold: Path) -> None:
     commit = Store.commit_result
 
     def held(self, staging, structure_set_uid):
+        # The hold ignores the node's stop event: a held node sent SIGTERM finishes this wait (until
+        # the hold file goes, at most HOLD_AT_MOST_S) before it stops.
         deadline = time.monotonic() + HOLD_AT_MOST_S
         while hold.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

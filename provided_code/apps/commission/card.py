@@ -14,8 +14,8 @@ import platform
 from pathlib import Path
 
 from provided_code.config import TrainConfig
-from provided_code.folds import Dealing, fold_dir
 from provided_code.deployed_model import recorded_members
+from provided_code.folds import Dealing, fold_dir
 from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
 
 logger = logging.getLogger(__name__)

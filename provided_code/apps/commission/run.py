@@ -47,6 +47,7 @@ from provided_code.config import TrainConfig
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
+from provided_code.deployed_model import DeployedModel, Member, recorded_members
 from provided_code.errors import UserError
 from provided_code.exclusions import excluded_patients, split_patients
 from provided_code.constants import DOSE_FILE
@@ -59,7 +60,6 @@ from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
 from provided_code.run_folder import SCORES_FILE, CheckpointError, RunFolder, read_scores
-from provided_code.deployed_model import DeployedModel, Member, recorded_members
 from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder
 
 logger = logging.getLogger(__name__)
