@@ -242,6 +242,23 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
     assert 'id="calibration"' in page and "Reliability: observed against nominal coverage" in page
 
 
+def test_validation_predictions_written_before_deployed_models_are_read_by_the_calibration_and_the_card(
+        commissioned_cv, tmp_path, phantom_data, phantom_cache):
+    """A scores.json as earlier versions wrote it ("epoch": "ensemble" beside members without their
+    SHA-256): commissioning's calibration takes the predictions (matched by epoch) and the card
+    names the members, as of one written today."""
+    model = tmp_path / "cv"
+    shutil.copytree(commissioned_cv, model)
+    path = model / "validation-predictions" / "scores.json"
+    written = json.loads(path.read_text())
+    legacy = [{"model": member["model"], "epoch": member["epoch"]} for member in written["members"]]
+    path.write_text(json.dumps({**written, "epoch": "ensemble", "members": legacy}))
+    report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert "note" not in report.report["calibration"] and report.report["calibration"]["patients"]
+    card = json.loads((model / "commissioning" / "model_card.json").read_text())
+    assert card["scores"]["deployed"]["members"] == legacy == [{"model": f"cv-fold-{k}", "epoch": 1} for k in (1, 2)]
+
+
 def test_without_validation_predictions_the_report_says_how_to_make_them(commissioned):
     _, report = commissioned
     assert report.report["calibration"]["note"].startswith("No scored validation predictions of the folds' ensemble")

@@ -16,6 +16,7 @@ from provided_code.config import ConfigError
 from provided_code.data.cache import load_split
 from provided_code.data_folder import split_dir
 from provided_code.deployed_model import DeployedModel, recorded_members
+from provided_code.folds import FoldsError
 from provided_code.inference import predict_full_resolution
 from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
@@ -49,9 +50,13 @@ def test_a_cross_validated_model_is_its_folds_each_at_its_final_checkpoint_by_sh
     assert model.used() == "the 2 folds (cv-fold-1 epoch 1, cv-fold-2 epoch 1) averaged"
 
 
+def _validation(phantom_data, phantom_cache):
+    return load_split(split_dir(phantom_data, "validation"), cache_dir=phantom_cache, require_dose=False,
+                      site=openkbp())
+
+
 def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_data, phantom_cache):
-    arrays = load_split(split_dir(phantom_data, "validation"), cache_dir=phantom_cache, require_dose=False,
-                        site=openkbp())
+    arrays = _validation(phantom_data, phantom_cache)
     model = DeployedModel.open(cv_model)
     averaged = model.predict(arrays, batch_size=1)
     own = []
@@ -65,8 +70,19 @@ def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_da
     # rounding (half an ulp, 2^-24 relative) is all that differs; halving is exact. 1e-6 relative
     # leaves room for that and nothing else, and 1e-6 Gy absolute for doses near zero.
     np.testing.assert_allclose(averaged, (own[0].astype(np.float64) + own[1]) / 2, rtol=1e-6, atol=1e-6)
-    held = model.loaded()  # kept in memory (the node's): the same doses
-    np.testing.assert_array_equal(held.predict(arrays, batch_size=1), averaged)
+
+
+def test_a_loaded_model_predicts_the_same_doses_without_reading_its_checkpoints(cv_model, phantom_data,
+                                                                                phantom_cache, monkeypatch):
+    """loaded() keeps each member's Keras model (the node's): its predictions are those of the model
+    loading each member in turn, and no checkpoint is read again."""
+    arrays = _validation(phantom_data, phantom_cache)
+    model = DeployedModel.open(cv_model)
+    expected = model.predict(arrays, batch_size=1)  # each member loaded in turn, let go after its prediction
+    held = model.loaded()
+    assert len(held.models) == 2 and held.loaded() is held and held == model  # the same members
+    monkeypatch.setattr(run_folder, "_load", lambda *args: pytest.fail("a checkpoint was read again"))
+    np.testing.assert_array_equal(held.predict(arrays, batch_size=1), expected)
     keras.backend.clear_session()
 
 
@@ -100,13 +116,33 @@ def test_folds_of_two_sites_are_refused_as_the_model_dir_option(cv_model, tmp_pa
     assert str(caught.value) == expected
 
 
-def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, tmp_path):
-    copy = tmp_path / "m"
-    shutil.copytree(tiny_model / "models", copy / "models")
-    with pytest.raises(FileNotFoundError, match=r"No checkpoint for epoch 9 in .*models \(have: \[1\]\)"):
-        DeployedModel.open(copy, epoch=9)
-    with pytest.raises(FileNotFoundError, match=r"No best checkpoint in .*--score-every"):
-        DeployedModel.open(copy, epoch="best")
+def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, monkeypatch):
+    monkeypatch.setattr(run_folder, "_load", lambda *args: pytest.fail("a checkpoint was loaded"))
+    with pytest.raises(FileNotFoundError, match=r"^No checkpoint for epoch 9 in .*models \(have: \[1\]\)$"):
+        DeployedModel.open(tiny_model, epoch=9)
+
+
+def test_a_missing_best_checkpoint_says_when_one_is_written(tiny_model):
+    with pytest.raises(FileNotFoundError, match=r"^No best checkpoint in .*--score-every\)\.$"):
+        DeployedModel.open(tiny_model, epoch="best")
+
+
+def test_a_cross_validated_model_missing_a_fold_is_named_as_it_is_opened(cv_model, tmp_path):
+    copy = tmp_path / "cv"
+    shutil.copytree(cv_model, copy, ignore=lambda folder, names: ["fold-2"] if folder == str(cv_model) else [])
+    with pytest.raises(FoldsError, match=rf"^{re.escape(str(copy))}: the cross-validated model's fold 2 of 2 is "
+                                         rf"missing \(fold-<K>/\): its folds serve together$"):
+        DeployedModel.open(copy)
+
+
+def test_runs_named_together_have_no_commissioning_and_say_why(tiny_model, tmp_path):
+    other = tmp_path / "m2"
+    shutil.copytree(tiny_model / "models", other / "models")
+    model = DeployedModel.of_runs("m,m2", [RunFolder(tiny_model), RunFolder(other)], [None, None], ensemble=True)
+    trust = model.trust(0.9)
+    assert trust.bands is None and trust.cohort is None and trust.uncommissioned
+    assert trust.lines() == ["No prediction bands or in-distribution check: an ensemble of 2 models (m, m2): no "
+                             "commissioning assesses it"]
 
 
 def test_a_truncated_checkpoint_is_named_as_the_model_is_opened_without_loading_it(tiny_model, tmp_path,
