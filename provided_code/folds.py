@@ -113,15 +113,16 @@ class Dealing:
         return dealing
 
 
-def held_out_record(checkpoint: os.PathLike | str, epoch: int, predictions_dir: os.PathLike | str, patients,
-                    split_dir: os.PathLike | str) -> dict:
+def held_out_record(checkpoint: os.PathLike | str, epoch: int, sha256: str, predictions_dir: os.PathLike | str,
+                    patients, split_dir: os.PathLike | str) -> dict:
     """What a fold's out-of-fold predictions were made with, as their ``scores.json`` keeps it
     (under :data:`MADE_WITH`), for ``openkbp-commission`` to certify that what it measures is what
-    it names: the ``checkpoint`` (its epoch, file name and SHA-256), each patient's prediction file
+    it names: the ``checkpoint`` (its epoch, file name and ``sha256``, as hashed when the model
+    that predicted was opened: the file loaded), each patient's prediction file
     as written (``predictions``: ``{patient: SHA-256 of <patient>.csv}`` in ``predictions_dir``) and
     each patient's plan as read (``plans``: ``{patient: SHA-256 of its dose.csv}`` in ``split_dir``)."""
     checkpoint, predictions_dir, split_dir = Path(checkpoint), Path(predictions_dir), Path(split_dir)
-    return {"checkpoint": {"epoch": int(epoch), "file": checkpoint.name, "sha256": file_checksum(checkpoint)},
+    return {"checkpoint": {"epoch": int(epoch), "file": checkpoint.name, "sha256": sha256},
             "predictions": {pid: file_checksum(predictions_dir / f"{pid}.csv") for pid in patients},
             "plans": {pid: file_checksum(split_dir / pid / DOSE_FILE) for pid in patients}}
 

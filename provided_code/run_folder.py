@@ -110,9 +110,10 @@ class RunFolder:
     def plots(self, stage: str) -> Path:
         return self.path / f"{stage}-plots"
 
-    def submission_name(self, stage: str, epoch: int | str) -> str:
-        """The submission zip's name: ``<model>_<stage>_epoch_<N>.zip``, or ``..._ensemble.zip``."""
-        return (f"{self.name}_{stage}_ensemble.zip" if epoch == "ensemble" else
+    def submission_name(self, stage: str, epoch: int | None) -> str:
+        """The submission zip's name: ``<model>_<stage>_epoch_<N>.zip``, or ``..._ensemble.zip`` for
+        several models averaged (``epoch`` None: :attr:`DeployedModel.epoch <provided_code.deployed_model.DeployedModel.epoch>`)."""
+        return (f"{self.name}_{stage}_ensemble.zip" if epoch is None else
                 f"{self.name}_{stage}_epoch_{epoch}.zip")
 
     def remove_if_unused(self) -> bool:
@@ -181,10 +182,14 @@ class RunFolder:
         commissioning and the bands are made of, must not come from it (as nnU-Net deploys each fold's
         final checkpoint). Raises if no model was trained here."""
         if not self.config_file.is_file():
-            raise FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
+            raise self.not_trained()
         if epoch is None:
             return "best" if self.best_checkpoint.is_file() and not self.is_fold else None
         return epoch
+
+    def not_trained(self) -> FileNotFoundError:
+        """The error for a folder named by its path (``--model-dir``) that holds no trained model."""
+        return FileNotFoundError(f"{self.path} is not a trained model's folder: {self.config_file} is missing")
 
     def missing_model(self) -> FileNotFoundError:
         """The error for a model that was never trained here (a cross-validated model's folder:
@@ -234,14 +239,30 @@ class RunFolder:
                                   f"from scratch, pass --start-over (the old files are moved aside, not deleted).")
         return None
 
-    def load_checkpoint(self, epoch: int, compile: bool = True):
-        """The model of checkpoint ``epoch``; a FileNotFoundError if there is none, a
-        :class:`CheckpointError` if it does not load."""
+    def checkpoint_file(self, epoch: int | str | None) -> tuple[int, Path]:
+        """``(epoch, path)`` of the checkpoint ``epoch`` names: an epoch's, ``"best"``
+        (``best.keras``, its epoch from its record) or None (the newest); a FileNotFoundError saying
+        which is missing (the one home of what an epoch names, before anything is loaded)."""
+        if epoch == "best":
+            record = self.read_best()
+            if record is None:  # read_best says None when best.keras is missing too
+                raise self._no_best()
+            return record["epoch"], self.best_checkpoint
         checkpoints = self.checkpoints()
+        if epoch is None:
+            if not checkpoints:
+                raise FileNotFoundError(f"No checkpoint of model {self.name!r} in {self.models}.")
+            return checkpoints[0]
         path = next((path for found, path in checkpoints if found == epoch), None)
         if path is None:
             raise FileNotFoundError(f"No checkpoint for epoch {epoch} in {self.models} "
                                     f"(have: {[found for found, _ in checkpoints]})")
+        return int(epoch), path
+
+    def load_checkpoint(self, epoch: int, compile: bool = True):
+        """The model of checkpoint ``epoch``; a FileNotFoundError if there is none, a
+        :class:`CheckpointError` if it does not load."""
+        _, path = self.checkpoint_file(epoch)
         try:
             return _load(path, compile)
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
@@ -283,13 +304,16 @@ class RunFolder:
         record = self.read_best()
         path = self.best_checkpoint
         if record is None:  # read_best says None when best.keras is missing too
-            raise FileNotFoundError(f"No best checkpoint in {self.models} ({BEST_FILE} and {BEST_RECORD}): it is "
-                                    f"written when validation patients with doses are scored during training "
-                                    f"(--score-every).")
+            raise self._no_best()
         try:
             return record["epoch"], _load(path, compile=False)
         except Exception as error:  # noqa: BLE001 - any failure means "this file is unusable"
             raise CheckpointError(f"Checkpoint {path} does not load: {_reason(path, error)}") from error
+
+    def _no_best(self) -> FileNotFoundError:
+        return FileNotFoundError(f"No best checkpoint in {self.models} ({BEST_FILE} and {BEST_RECORD}): it is "
+                                 f"written when validation patients with doses are scored during training "
+                                 f"(--score-every).")
 
     def checkpoint_record(self, epoch: int | str) -> dict:
         """A record of one checkpoint of this folder that finds it changed later
@@ -395,7 +419,8 @@ def check_site(spec: ModelSpec, requested: Site | str | None, source) -> None:
 
 
 def read_scores(path: os.PathLike | str, needed: tuple[str, ...] = ()) -> dict:
-    """A ``scores.json`` a stage's predictions hold (their scores, model, epoch, members); a
+    """A ``scores.json`` a stage's predictions hold (their scores, model, and epoch or members:
+    :func:`provided_code.deployed_model.recorded_members`); a
     :class:`CheckpointError` naming the file when it is not one (cut off, edited) or lacks a key of
     ``needed``."""
     path = Path(path)
@@ -423,9 +448,21 @@ def _load(path: Path, compile: bool):
     import provided_code.networks.layers  # noqa: F401  (registers the custom layers)
 
     if path.is_file() and not zipfile.is_zipfile(path):
-        raise _NotAKerasFile(f"not a complete .keras file (a zip archive): truncated or corrupt, "
-                             f"{path.stat().st_size} bytes")
+        raise _NotAKerasFile(_not_a_keras_file(path))
     return keras.models.load_model(path, compile=compile)
+
+
+def check_checkpoint_file(path: os.PathLike | str) -> None:
+    """A :class:`CheckpointError` naming ``path`` when it is not a complete ``.keras`` file (a zip
+    archive: cut off while it was written or copied, or not a checkpoint at all), as loading it
+    would say, without loading it."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"Checkpoint {path} does not load: {_not_a_keras_file(path)}")
+
+
+def _not_a_keras_file(path: Path) -> str:
+    return f"not a complete .keras file (a zip archive): truncated or corrupt, {path.stat().st_size} bytes"
 
 
 def _reason(path: Path, error: Exception) -> str:

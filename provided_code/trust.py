@@ -42,7 +42,6 @@ from typing import Iterable, Mapping
 
 from provided_code.errors import UserError
 from provided_code.folds import fold_members, fold_of_folder
-from provided_code.infra.checksum import file_checksum
 from provided_code.metrics import anatomy, calibration
 from provided_code.run_folder import RunFolder
 
@@ -72,15 +71,6 @@ def bands_record(residual_table, *, site_name: str, folds: list[dict]) -> dict:
     return {"format": BANDS_FORMAT, "method": calibration.METHOD, "site": site_name, "folds": folds,
             "patients": int(residual_table["patient"].nunique()),
             "residuals": calibration.sorted_residuals(residual_table)}
-
-
-def fold_identity(folder: RunFolder, epoch: int) -> dict:
-    """What identifies the checkpoint a fold predicts with: its fold number, epoch and the SHA-256
-    of its checkpoint file (a fold trained again, or a checkpoint replaced, differs there)."""
-    checkpoint = folder.checkpoint(epoch)
-    if not checkpoint.is_file():
-        raise TrustError(f"{folder.path}: no checkpoint of epoch {epoch} ({checkpoint} is missing)")
-    return {"fold": fold_of_folder(folder.path), "epoch": int(epoch), "sha256": file_checksum(checkpoint)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,10 +219,11 @@ def no_trust(model: str, coverage: float, why: str) -> Trust:
     return Trust(model, coverage, why_no_bands=why, why_no_check=why)
 
 
-def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int]],
+def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int, str, Path]],
                coverage: float = calibration.DEFAULT_COVERAGE) -> Trust:
     """What the predictions of ``model_dir``'s model carry when it predicts with ``used``: each
-    ``(run folder, epoch)`` it predicts with. Bands when those are all the folds of the
+    ``(run folder, epoch, SHA-256 of its checkpoint, the checkpoint file)`` it predicts with (a
+    :class:`~provided_code.deployed_model.DeployedModel`'s members, :meth:`~provided_code.deployed_model.DeployedModel.trust`). Bands when those are all the folds of the
     cross-validated model in ``model_dir``, each at the checkpoint commissioning assessed; the
     check when they are its folds at any checkpoints (module docstring). ``coverage``: the bands'
     nominal coverage, checked (a ValueError in the package's style). A commissioning file that is
@@ -250,7 +241,7 @@ def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int
                                         f"are calibrated on the out-of-fold predictions of a model's folds (train it "
                                         f"with --folds N --fold K, then run openkbp-commission)")
     wanted = {path.resolve() for path in folds}
-    got = {folder.path.resolve() for folder, _ in used}
+    got = {folder.path.resolve() for folder, *_ in used}
     if got != wanted:
         return no_trust(name, coverage, f"the prediction is made with {len(got)} model(s), not the {len(folds)} folds "
                                         f"of {name} together: its commissioning assesses those")
@@ -273,20 +264,23 @@ def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int
                  why_no_bands=why_no_bands, why_no_check=why_no_check)
 
 
-def _checked_bands(bands: dict, path: Path, used: list[tuple[RunFolder, int]], command: str) -> str:
-    """Why ``bands`` do not apply to the checkpoints ``used`` ('' when they do)."""
+def _checked_bands(bands: dict, path: Path, used: list[tuple[RunFolder, int, str, Path]], command: str) -> str:
+    """Why ``bands`` do not apply to the checkpoints ``used`` ('' when they do): each fold at
+    another epoch than commissioned, or whose file (``best.keras`` under ``--epoch best``, one
+    trained again or replaced) has another SHA-256 than the one the commissioning measured."""
     if bands.get("format") != BANDS_FORMAT or not isinstance(bands.get("residuals"), dict):
         raise TrustError(f"{path}: not a bands file of format {BANDS_FORMAT} (format {bands.get('format')!r}): "
                          f"{command} again")
     commissioned = {entry["fold"]: entry for entry in bands.get("folds", [])}
     differ = []
-    for folder, epoch in used:
-        now = fold_identity(folder, epoch)
+    for folder, epoch, sha256, checkpoint in used:
+        now = {"fold": fold_of_folder(folder.path), "epoch": int(epoch), "sha256": sha256}
         then = commissioned.get(now["fold"])
         if then is None or then["epoch"] != now["epoch"] or then.get("sha256") != now["sha256"]:
             differ.append(f"fold {now['fold']} at epoch {now['epoch']}" + (
                 f" (commissioned at epoch {then['epoch']})" if then is not None and then["epoch"] != now["epoch"] else
-                " (its checkpoint changed since: trained again, or the file replaced)" if then is not None else ""))
+                f" ({checkpoint}: SHA-256 {sha256[:12]}…, not the {str(then.get('sha256'))[:12]}… its commissioning "
+                f"measured)" if then is not None else ""))
     if differ:
         return (f"the bands were calibrated on other checkpoints than those predicting ({'; '.join(differ)}): "
                 f"predict with each fold's commissioned checkpoint (the default), or {command} again")

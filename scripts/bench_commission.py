@@ -34,6 +34,7 @@ from provided_code.data.csv_io import exact_dose, write_dose_csv  # noqa: E402
 from provided_code.data_folder import split_dir  # noqa: E402
 from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, deal, fold_dir, held_out_record,  # noqa: E402
                                  natural_key)
+from provided_code.infra.checksum import file_checksum  # noqa: E402
 from provided_code.run_folder import RunFolder  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
 
@@ -72,7 +73,8 @@ def write_folds(arrays, model: Path, folds: int) -> None:
             plan = exact_dose(arrays.dose[row], int(arrays.dose_decimals[row]))
             noisy = np.clip(plan * 0.95 + rng.uniform(-2, 2, plan.shape), 0, None).astype(np.float32)
             write_dose_csv(out / f"{pid}.csv", noisy, mask)
-        made_with = held_out_record(folder.checkpoint(1), 1, out, sorted(held), arrays.folder)
+        made_with = held_out_record(folder.checkpoint(1), 1, file_checksum(folder.checkpoint(1)), out, sorted(held),
+                                    arrays.folder)
         (out / "scores.json").write_text(json.dumps({"epoch": 1, "dose_score": 0.0, "dvh_score": 0.0,
                                                      "patients": len(held), MADE_WITH: made_with}) + "\n")
 
@@ -87,7 +89,7 @@ def main() -> None:
     from provided_code.apps.commission import run
     from provided_code.apps.commission.run import commission
 
-    run._check_loads = lambda fold: None  # the stand-ins for checkpoints are not models: their loading is not measured
+    run._check_loads = lambda number, member: None  # the stand-ins for checkpoints are not models: their loading is not measured
 
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)

@@ -185,8 +185,7 @@ def main() -> None:
             send(node.port, warm)
             wait_until(lambda: len(listener.datasets()) == 1, 300, "the warm-up patient sent")
             ct_dir, rtstruct, rtdose = export(clone_patient(phantom, 0), workdir / "warm")
-            predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / "warm-out", rtdose=rtdose, plots=False,
-                                  loaded=predictor.loaded)
+            predict_dicom_patient(predictor.model, ct_dir, rtstruct, workdir / "warm-out", rtdose=rtdose, plots=False)
             node_s, predict_s, stages = [], [], []
             for repeat in range(1, args.repeats + 1):
                 patient = clone_patient(phantom, repeat)
@@ -206,8 +205,8 @@ def main() -> None:
                                "to_listener_s": received[0] - times["predicted"]})
                 ct_dir, rtstruct, rtdose = export(patient, workdir / f"files-{repeat}")
                 start = time.perf_counter()
-                predict_dicom_patient(model_dir, ct_dir, rtstruct, workdir / f"out-{repeat}", rtdose=rtdose,
-                                      plots=False, loaded=predictor.loaded)
+                predict_dicom_patient(predictor.model, ct_dir, rtstruct, workdir / f"out-{repeat}", rtdose=rtdose,
+                                      plots=False)
                 predict_s.append(time.perf_counter() - start)
 
             small = read_patient_files(small_patient(workdir / "small", step=4))

@@ -48,11 +48,10 @@ from provided_code.data.cache import load_split  # noqa: E402
 from provided_code.data.csv_io import exact_dose, read_patient  # noqa: E402
 from provided_code.data.phantoms import write_phantom_split  # noqa: E402
 from provided_code.data_folder import split_dir  # noqa: E402
-from provided_code.folds import fold_members  # noqa: E402
+from provided_code.deployed_model import DeployedModel  # noqa: E402
 from provided_code.metrics import calibration  # noqa: E402
 from provided_code.metrics.dvh_table import patient_table  # noqa: E402
 from provided_code.run_folder import RunFolder  # noqa: E402
-from provided_code.trust import load_trust  # noqa: E402
 
 WINDOWS = {0.9: (0.85, 0.95), 0.68: (0.63, 0.73)}  # the issue's acceptance windows
 
@@ -66,12 +65,10 @@ def _binomial_interval(n: int, p: float, mass: float = 0.95) -> tuple[float, flo
     return low / n, high / n
 
 
-def _rows(model: Path, data_dir: Path, cache_dir) -> tuple[pd.DataFrame, object]:
+def _rows(model: DeployedModel, data_dir: Path, cache_dir) -> tuple[pd.DataFrame, object]:
     """(patient, structure, metric, plan, predicted) of every validation patient with a dose."""
-    predictions = RunFolder(model).predictions("validation")
-    folds = fold_members(model)
-    trained = [RunFolder(path) for path in folds]
-    site = trained[0].spec().site
+    predictions = RunFolder(model.source).predictions("validation")
+    site = model.site
     arrays = load_split(split_dir(data_dir, "validation"), cache_dir=cache_dir, require_dose=False, site=site)
     records = []
     for row, pid in enumerate(arrays.patient_ids):
@@ -174,7 +171,7 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ranks_a, ranks_b)[0, 1])
 
 
-def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame, bands: dict) -> dict:
+def _member_spread(model: DeployedModel, arrays, table: pd.DataFrame, bands: dict) -> dict:
     """Each fold's predictions of the validation patients with a dose, their spread per (patient,
     structure, metric) against the ensemble's |error| (module docstring), and the bands' overall
     coverage of the plans had each fold predicted alone (what the out-of-fold residuals the bands
@@ -186,8 +183,8 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame, bands: d
     rows = [row for row in range(len(arrays)) if arrays.has_dose[row]]
     chosen = arrays.select(rows)
     values = {}  # (patient, structure, metric) -> [each fold's value]
-    for fold in folds:
-        trained = fold.load_trained_model(fold.epoch_to_apply())  # the fold's final checkpoint
+    for member in model.members:  # each fold alone, at its deployed (final) checkpoint
+        trained = member.load()
         doses = predict_full_resolution(trained.model, chosen, trained.spec, batch_size=1)
         for row, pid in enumerate(chosen.patient_ids):
             found = patient_table(doses[row], chosen.structure_masks[row], chosen.voxel_dimensions[row], chosen.site)
@@ -204,7 +201,7 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame, bands: d
             correlations.append(_spearman(group["spread"].to_numpy(), group["error"].to_numpy()))
     correlations = np.array(correlations)
     alone = {}
-    for k in range(len(folds)):
+    for k in range(len(model.members)):
         single = table.assign(predicted=[values[(r.patient, r.structure, r.metric)][k] for r in table.itertuples()])
         summary = calibration.coverage_summary(calibration.coverage_rows(single, bands["residuals"])).set_index("nominal")
         for level in WINDOWS:
@@ -217,12 +214,11 @@ def _member_spread(folds: list[RunFolder], arrays, table: pd.DataFrame, bands: d
 
 
 def measure(model: Path, data_dir: Path, altered: list[Path], phantoms: int, cache_dir, members: bool) -> dict:
-    folds = [RunFolder(path) for path in fold_members(model)]
-    used = [(fold, fold.checkpoints()[0][0]) for fold in folds]  # each fold's final checkpoint, as predicted
-    trust = load_trust(model, used)
+    deployed = DeployedModel.open(model)  # the folds, each at its final checkpoint, as predicted
+    trust = deployed.trust(calibration.DEFAULT_COVERAGE)
     if trust.bands is None or trust.cohort is None:
         raise SystemExit(f"{model}: {trust.why_no_bands or trust.why_no_check}")
-    table, arrays = _rows(model, data_dir, cache_dir)
+    table, arrays = _rows(deployed, data_dir, cache_dir)
     site = arrays.site
     result = {"model": str(model), "calibration_patients": trust.bands["patients"],
               "validation_patients": int(table["patient"].nunique()), "method": calibration.METHOD,
@@ -245,7 +241,7 @@ def measure(model: Path, data_dir: Path, altered: list[Path], phantoms: int, cac
                                                                                   site, set(names))))
     result["in_distribution"] = flags
     if members:
-        result["member_spread"] = _member_spread(folds, arrays, table, trust.bands)
+        result["member_spread"] = _member_spread(deployed, arrays, table, trust.bands)
     return result
 
 

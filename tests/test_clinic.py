@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import zipfile
 
 import numpy as np
 import pandas as pd
@@ -13,14 +14,17 @@ pydicom = pytest.importorskip("pydicom", reason="the dicom extra (pip install -e
 
 import provided_code.apps.clinic as clinic_module  # noqa: E402
 from provided_code.apps.dicom_cli import main  # noqa: E402
+from provided_code import inference  # noqa: E402
 from provided_code.config import TrainConfig  # noqa: E402
 from provided_code.data.csv_io import exact_dose  # noqa: E402
+from provided_code.deployed_model import DeployedModel  # noqa: E402
 from provided_code.data.split_arrays import SplitArrays  # noqa: E402
 from provided_code.data.csv_io import read_dose_csv, read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from tests.kit.synthetic import CLINICAL_NAMES, write_patient  # noqa: E402
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh  # noqa: E402
 from provided_code.metrics.scoring import score_split, structure_indices  # noqa: E402
+from provided_code.run_folder import RunFolder, TrainedModel  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
@@ -118,7 +122,9 @@ def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
     that is not the reference); returns the list each prediction is appended to."""
     (run / "models").mkdir(parents=True)
     (run / "models" / "config.json").write_text("{}")
-    monkeypatch.setattr(clinic_module.RunFolder, "load_trained_model", lambda folder, epoch: clinic_module.TrainedModel(
+    with zipfile.ZipFile(run / "models" / "epoch_7.keras", "w") as archive:  # what the deployed model hashes
+        archive.writestr("a stand-in", "")  # a complete .keras file is a zip archive
+    monkeypatch.setattr(RunFolder, "load_trained_model", lambda folder, epoch: TrainedModel(
         folder, TrainConfig(resolution=128), TrainConfig(resolution=128).spec, 7, None))
     predictions = []
 
@@ -127,8 +133,34 @@ def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
             exact_dose(arrays.dose[0], int(arrays.dose_decimals[0])), 2, axis=1), 0).astype(np.float32))
         return predictions
 
-    monkeypatch.setattr(clinic_module, "predict_full_resolution", predict)
+    monkeypatch.setattr(inference, "predict_full_resolution", predict)
     return predictions
+
+
+def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_written(tmp_path, monkeypatch):
+    """The clinic's path imports before it predicts: a checkpoint whose doses are not finite is one
+    line naming it and its log, which says that the imported patient is on disk and no dose is."""
+    volumes = make_phantom(3)
+    masks = {name: volumes[name] for name in STRUCTURES}
+    masks["BODY"] = volumes["possible_dose_mask"]
+    target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)))
+    keep = slice(target_slices.min() - 2, target_slices.max() + 3)  # a short scan: fast
+    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+    run = tmp_path / "run"
+    _model_replaced_by_the_reference_moved(run, monkeypatch)
+
+    def diverged(model, arrays, spec, batch_size, tta, progress, label):
+        raise inference.PredictionError(f"{label} predicts NaN or infinite doses for patient")
+
+    monkeypatch.setattr(inference, "predict_full_resolution", diverged)
+    out = tmp_path / "out"
+    with pytest.raises(inference.PredictionError) as caught:
+        clinic_module.predict_dicom_patient(DeployedModel.open(run), clinic.ct_dir, clinic.rtstruct, out, plots=False)
+    assert str(caught.value) == (f"Model 'run' at epoch 7 predicts NaN or infinite doses for patient: this checkpoint "
+                                 f"is unusable (did training diverge? see {run / 'training_log.csv'}); no dose was "
+                                 f"written ({out / 'patient'} holds the imported patient).")
+    assert (out / "patient" / "ct.csv").is_file() and not (out / "RD.dcm").exists()
 
 
 @pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
@@ -146,8 +178,8 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
                            volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=2)
     predictions = _model_replaced_by_the_reference_moved(tmp_path / "run", monkeypatch)
     out = tmp_path / "out"
-    report = clinic_module.predict_dicom_patient(tmp_path / "run", clinic.ct_dir, clinic.rtstruct, out,
-                                                 rtdose=clinic.rtdose, plots=False)
+    report = clinic_module.predict_dicom_patient(DeployedModel.open(tmp_path / "run"), clinic.ct_dir, clinic.rtstruct,
+                                                 out, rtdose=clinic.rtdose, plots=False)
     table = json.loads((out / "dvh.json").read_text())
     geometry = report.imported.geometry
     assert table["grid"]["rows"] == 256 and table["grid"]["slices"] == len(clinic.slice_z)
@@ -260,8 +292,8 @@ def test_a_cross_validated_models_folds_predict_a_clinics_patient_together(cv_mo
         doses[model.name], outputs[model.name] = read_dose_csv(out / "prediction.csv"), result.output
     assert "Predicted with the 2 folds (cv-fold-1 epoch 1, cv-fold-2 epoch 1) averaged" in outputs["cv"]
     report = json.loads((tmp_path / "cv" / "dvh.json").read_text())
-    assert report["model"]["epoch"] == "ensemble"
-    assert [m["model"] for m in report["model"]["members"]] == ["cv-fold-1", "cv-fold-2"]
+    assert "epoch" not in report["model"]  # each member has its own
+    assert [(m["model"], m["epoch"]) for m in report["model"]["members"]] == [("cv-fold-1", 1), ("cv-fold-2", 1)]
     # the mean of the two folds' float32 doses, each written as its shortest decimals: an ulp or two apart
     np.testing.assert_allclose(doses["cv"], (doses["fold-1"] + doses["fold-2"]) / 2, atol=2e-5)
     assert np.abs(doses["fold-1"] - doses["fold-2"]).max() > 1e-3  # the folds differ: the mean is not either
@@ -368,8 +400,8 @@ def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_mo
         return report
 
     monkeypatch.setattr(clinic_module, "import_patient", import_then_remove_the_csvs)
-    report = clinic_module.predict_dicom_patient(tiny_model, clinic.ct_dir, clinic.rtstruct, tmp_path / "out",
-                                                 rtdose=clinic.rtdose, plots=False)
+    report = clinic_module.predict_dicom_patient(DeployedModel.open(tiny_model), clinic.ct_dir, clinic.rtstruct,
+                                                 tmp_path / "out", rtdose=clinic.rtdose, plots=False)
     predicted = read_dose_csv(tmp_path / "out" / "prediction.csv")  # the float32 prediction, exactly
     arrays = SplitArrays.from_patients([read_back["patient"]], site=openkbp())
     assert not predicted[~arrays.possible_dose_mask[0]].any()
@@ -387,7 +419,19 @@ def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny
     assert (f"Invalid `site`. Expected the model's own site, openkbp ({tiny_model / 'models' / 'config.json'}), or no "
             f"--site. Received: site='prostate'") in result.output
     assert not (tmp_path / "out").exists()
-    assert clinic_module.RunFolder(tiny_model).spec("openkbp").site.name == "openkbp"
+    assert RunFolder(tiny_model).spec("openkbp").site.name == "openkbp"
+
+
+def test_a_wrong_model_dir_is_named_in_one_line_and_no_folder_is_made(tmp_path):
+    """--model-dir of a folder that does not exist (a typo): one line naming it, before any lock
+    (a lock would create the folder) and before the import."""
+    wrong = tmp_path / "results" / "mdoel"
+    result = CliRunner().invoke(main, ["predict", "--model-dir", str(wrong), "--ct", str(tmp_path / "ct"),
+                                       "--rtstruct", str(tmp_path / "RS.dcm"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"{wrong} is not a trained model's folder: {wrong / 'models' / 'config.json'} is missing"
+            in result.output)
+    assert not wrong.exists() and not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
 
 
 def test_predict_refuses_a_model_being_trained_in_one_line_before_importing(tiny_model, tmp_path):
@@ -395,7 +439,7 @@ def test_predict_refuses_a_model_being_trained_in_one_line_before_importing(tiny
     named, and nothing is written."""
     model = tmp_path / "m"
     shutil.copytree(tiny_model, model)
-    with clinic_module.RunFolder(model).lock("training"):
+    with RunFolder(model).lock("training"):
         result = CliRunner().invoke(main, ["predict", "--model-dir", str(model), "--ct", str(tmp_path / "ct"),
                                            "--rtstruct", str(tmp_path / "RS.dcm"), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "Traceback" not in result.output

@@ -5,6 +5,7 @@ model card's checksums."""
 import hashlib
 import json
 import logging
+import re
 import shutil
 
 import numpy as np
@@ -12,9 +13,10 @@ import pandas as pd
 import pytest
 
 from provided_code.apps.commission import run as commission_module
-from provided_code.apps.commission.run import CommissioningError, commission
+from provided_code.apps.commission.run import CommissioningError, certify, commission, complete_folds
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, read_sparse_csv
+from provided_code.deployed_model import DeployedModel
 from provided_code.folds import read_dealing
 from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure_indices
 from provided_code.run_folder import RunFolder
@@ -240,6 +242,23 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
     assert 'id="calibration"' in page and "Reliability: observed against nominal coverage" in page
 
 
+def test_validation_predictions_written_before_deployed_models_are_read_by_the_calibration_and_the_card(
+        commissioned_cv, tmp_path, phantom_data, phantom_cache):
+    """A scores.json as earlier versions wrote it ("epoch": "ensemble" beside members without their
+    SHA-256): commissioning's calibration takes the predictions (matched by epoch) and the card
+    names the members, as of one written today."""
+    model = tmp_path / "cv"
+    shutil.copytree(commissioned_cv, model)
+    path = model / "validation-predictions" / "scores.json"
+    written = json.loads(path.read_text())
+    legacy = [{"model": member["model"], "epoch": member["epoch"]} for member in written["members"]]
+    path.write_text(json.dumps({**written, "epoch": "ensemble", "members": legacy}))
+    report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert "note" not in report.report["calibration"] and report.report["calibration"]["patients"]
+    card = json.loads((model / "commissioning" / "model_card.json").read_text())
+    assert card["scores"]["deployed"]["members"] == legacy == [{"model": f"cv-fold-{k}", "epoch": 1} for k in (1, 2)]
+
+
 def test_without_validation_predictions_the_report_says_how_to_make_them(commissioned):
     _, report = commissioned
     assert report.report["calibration"]["note"].startswith("No scored validation predictions of the folds' ensemble")
@@ -309,6 +328,16 @@ def test_a_fold_holding_another_folds_checkpoint_is_refused_naming_it(commission
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+def test_a_deployed_model_whose_members_are_not_the_folds_in_order_certifies_nothing(cv_model):
+    """certify pairs each fold with the deployed model's member of the same fold: members in another
+    order (or another count) are refused, not certified against another fold's record."""
+    _, folds = complete_folds(cv_model)
+    model = DeployedModel.open(cv_model)
+    with pytest.raises(ValueError, match=r"^Invalid `model`. Expected the members of folds 2, 1, in order. Received: "
+                                         r"model='cv' of cv-fold-1 \(fold 1\), cv-fold-2 \(fold 2\)$"):
+        certify(model, folds[::-1])
+
+
 def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
                                                                    phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -324,7 +353,8 @@ def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned
 
 def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
                                                                    phantom_cache):
-    """Damaged before its predictions' record was written (the record matches): it does not load."""
+    """Damaged before its predictions' record was written (the record matches): it does not load,
+    said as the deployed model is opened (not a complete .keras file), naming the fold's file."""
     model = _copy(commissioned, tmp_path)
     checkpoint = RunFolder(model / "fold-2").checkpoints()[0][1]
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
@@ -332,7 +362,9 @@ def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned
     saved = json.loads(scores.read_text())
     saved["made_with"]["checkpoint"]["sha256"] = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     scores.write_text(json.dumps(saved))
-    with pytest.raises(CommissioningError, match=r"^Cannot commission: fold 2's checkpoint .* does not load"):
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission: Checkpoint {re.escape(str(checkpoint))} does not "
+                                                 rf"load: not a complete \.keras file .*: restore it, or train its "
+                                                 rf"fold again\.$"):
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 

@@ -37,9 +37,9 @@ from provided_code.infra.atomic import folder_temporaries  # noqa: E402
 from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, Journal  # noqa: E402
 from provided_code.apps.node.predictor import ModelPredictor  # noqa: E402
 from provided_code.apps.node.sender import parse_destination  # noqa: E402
-from provided_code.apps.node.patients import HOLD_VARIABLE  # noqa: E402
 from provided_code.apps.node import reactor  # noqa: E402
 from provided_code.apps.node.server import Node, NodeSettings, server_ssl_context  # noqa: E402
+from tests.kit import held_node  # noqa: E402
 from tests.kit.repo import REPO  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.node import (  # noqa: E402
@@ -156,7 +156,7 @@ def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(star
     uid = rtstruct_uid(patient)
     wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
     [dose] = doses_for(listener, patient)
-    assert dose.SeriesDescription == f"Uncommissioned model: predicted dose, m epoch {predictor.epoch}"
+    assert dose.SeriesDescription == f"Uncommissioned model: predicted dose, m epoch {predictor.model.epoch}"
     assert dict(node.journal.history(uid))["predicted"].endswith(
         "; uncommissioned model (no bands, no in-distribution check)")
     assert json.loads(node.journal.patient(uid)["trust"])["uncommissioned"] is True
@@ -714,7 +714,8 @@ def test_a_node_serving_a_cross_validated_model_predicts_with_its_folds_and_hold
     served = tmp_path / "results" / "cv"
     shutil.copytree(cv_model, served)
     with ModelPredictor(served) as predictor:
-        assert predictor.epoch == "ensemble" and [m.name for m in predictor.loaded] == ["cv-fold-1", "cv-fold-2"]
+        assert predictor.model.averages and [m.name for m in predictor.model.members] == ["cv-fold-1", "cv-fold-2"]
+        assert predictor.model.label == "2 folds"
         for fold in ("fold-1", "fold-2"):
             with pytest.raises(RunLockedError, match=r"a DICOM node"):
                 RunFolder(served / fold).lock("training").__enter__()
@@ -1013,11 +1014,11 @@ def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
 
 def _serve(model_dir, store, port, destination, hold=None, *options):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop(HOLD_VARIABLE, None)
-    if hold is not None:
-        env[HOLD_VARIABLE] = str(hold)
     log = open(store.parent / f"node-{port}-{hold is not None}.log", "ab")
-    command = [sys.executable, "-m", "provided_code.apps.dicom_cli", "serve", "--model-dir", str(model_dir), "--store",
+    # with a hold file: the node whose commits wait while it exists (tests/kit/held_node.py)
+    start = ([sys.executable, "-m", "provided_code.apps.dicom_cli"] if hold is None else
+             [sys.executable, "-c", held_node.COMMAND, str(hold)])
+    command = [*start, "serve", "--model-dir", str(model_dir), "--store",
                str(store), "--host", LOCALHOST, "--port", str(port), "--send-to", destination,
                "--completion-timeout", "30", "--send-backoff", "0.2", "--min-free-mb", "0", *options]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log)

@@ -1,6 +1,8 @@
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +24,7 @@ from provided_code.data.csv_io import read_sparse_csv
 from provided_code.data.resample import downsample_split, upsample_dose
 from provided_code.errors import RunLockedError
 from provided_code.inference import PredictionError, mirror_left_right, predict_arrays
-from provided_code.run_folder import RunFolder
+from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
 from provided_code.training.train import train
 from tests.kit.repo import console_script
@@ -150,6 +152,25 @@ def test_unknown_model_is_a_clear_error(trained):
         predict(dataclasses.replace(trained, model_name="nope"))
 
 
+def test_a_truncated_newest_checkpoint_is_named_before_the_patients_load(tiny_model, phantom_data, phantom_cache,
+                                                                         tmp_path, monkeypatch):
+    """--predict-only's newest checkpoint cut off (a copy killed mid-write): refused naming the file
+    (what is hashed is what is loaded: no earlier checkpoint instead), before any patient is read."""
+    import provided_code.apps.predict as predict_module
+
+    copy = tmp_path / "results" / "m"
+    shutil.copytree(tiny_model / "models", copy / "models")
+    _, newest = RunFolder(copy).checkpoints()[0]
+    with open(newest, "r+b") as handle:
+        handle.truncate(newest.stat().st_size // 3)
+    read = []
+    monkeypatch.setattr(predict_module, "load_split", lambda *args, **kwargs: read.append(args))
+    with pytest.raises(CheckpointError, match=rf"^Checkpoint {re.escape(str(newest))} does not load: not a complete "
+                                              rf"\.keras file \(a zip archive\): truncated or corrupt"):
+        predict_module.predict_stage(copy, phantom_data, stage="validation", cache_dir=phantom_cache)
+    assert read == [] and not (copy / "validation-predictions").exists()
+
+
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(run):
     plain = run.run_dir / "validation-predictions" / "pt_201.csv"  # the shared run's, without TTA
     _, plain_values = read_sparse_csv(plain, "pt_201", with_values=True)
@@ -180,7 +201,8 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))
     model.save(RunFolder(broken.run_dir).models / "epoch_3.keras")
     keras.backend.clear_session()
-    with pytest.raises(PredictionError, match="'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202"):
+    with pytest.raises(PredictionError, match=r"'m' at epoch 3 predicts NaN or infinite doses for pt_201, pt_202: this "
+                                              r"checkpoint is unusable .*; nothing was written\.$"):
         predict(broken, stage="validation")
     assert not (broken.run_dir / "validation-predictions").exists()
 
@@ -192,10 +214,13 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
     ensemble = dataclasses.replace(run, model_name="ens")
     report = predict(ensemble, stage="validation", ensemble=["m", "m2"])  # each at its best epoch
     # JSON keeps a float64 exactly: the same arithmetic on the same predictions, the same number
-    assert report.epoch == "ensemble" and report.scores.dose_score == single["dose_score"]
+    assert report.epoch is None and report.scores.dose_score == single["dose_score"]
     assert report.scores.dvh_score == single["dvh_score"]
     summary = json.loads(report.scores_path.read_text())
-    assert summary["members"] == [{"model": "m", "epoch": single["epoch"]}, {"model": "m2", "epoch": single["epoch"]}]
+    best = hashlib.sha256((run.run_dir / "models" / "best.keras").read_bytes()).hexdigest()  # m2's is a copy
+    assert summary["members"] == [{"model": "m", "epoch": single["epoch"], "sha256": best},
+                                  {"model": "m2", "epoch": single["epoch"], "sha256": best}]
+    assert "epoch" not in summary  # an ensemble has its members' epochs, none of its own
     assert report.predictions_dir == Path(run.results_dir) / "ens" / "validation-predictions"
     assert report.submission.name == "ens_validation_ensemble.zip"
     from provided_code.apps.score_folder import score_prediction_folder
@@ -218,6 +243,18 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
         predict(dataclasses.replace(run, model_name="m"), stage="validation", ensemble=["./m", "m2"])
     with pytest.raises(ConfigError, match=r"Expected the names of one or more trained runs. Received: ensemble=\[\]"):
         predict(ensemble, stage="validation", ensemble=[])
+
+
+def test_one_run_named_with_ensemble_records_its_member_and_writes_the_ensembles_zip(run):
+    """--ensemble m (one ordinary run): its predictions in results/ens/ name the member that made
+    them (model, epoch, SHA-256), not an epoch ens does not have, and the zip is the ensemble's."""
+    report = predict(dataclasses.replace(run, model_name="ens"), stage="validation", ensemble=["m"])
+    summary = json.loads(report.scores_path.read_text())
+    epoch = RunFolder(run.run_dir).read_best()["epoch"]  # at its best by default
+    best = hashlib.sha256((run.run_dir / "models" / "best.keras").read_bytes()).hexdigest()
+    assert summary["members"] == [{"model": "m", "epoch": epoch, "sha256": best}] and "epoch" not in summary
+    assert report.epoch is None and report.submission.name == "ens_validation_ensemble.zip"
+    assert f"with an ensemble of 1 model (m epoch {epoch})." in report.summary()
 
 
 def _copy_run(trained, results_dir: Path, name: str = "m") -> TrainConfig:

@@ -81,3 +81,42 @@ def test_a_fold_applies_its_final_checkpoint_and_a_single_run_its_best(tmp_path)
     assert RunFolder(tmp_path / "cv" / "fold-1").epoch_to_apply() is None  # the newest: the final
     assert RunFolder(tmp_path / "cv" / "fold-1").epoch_to_apply(3) == 3  # one asked for is taken
     assert "is a cross-validated model: its folds are its models" in str(RunFolder(tmp_path / "cv").missing_model())
+
+
+def _checkpoints(tmp_path) -> RunFolder:
+    """A run folder with checkpoints of epochs 2 and 10 and a best of epoch 2 (no file is loaded)."""
+    folder = RunFolder(tmp_path / "m")
+    folder.models.mkdir(parents=True)
+    for epoch in (2, 10):
+        folder.checkpoint(epoch).write_bytes(b"")
+    folder.best_checkpoint.write_bytes(b"")
+    folder.best_record.write_text(json.dumps({"epoch": 2, "val_dose_score": 3.0, "val_dvh_score": 5.0}))
+    return folder
+
+
+def test_the_checkpoint_file_of_an_epoch_is_its_own(tmp_path):
+    folder = _checkpoints(tmp_path)
+    assert folder.checkpoint_file(2) == (2, folder.models / "epoch_2.keras")
+
+
+def test_the_checkpoint_file_of_none_is_the_newest_by_epoch_not_by_name(tmp_path):
+    folder = _checkpoints(tmp_path)
+    assert folder.checkpoint_file(None) == (10, folder.models / "epoch_10.keras")
+
+
+def test_the_checkpoint_file_of_best_is_best_keras_at_its_records_epoch(tmp_path):
+    folder = _checkpoints(tmp_path)
+    assert folder.checkpoint_file("best") == (2, folder.best_checkpoint)
+
+
+def test_a_checkpoint_file_that_is_not_there_names_the_epochs_there_are(tmp_path):
+    folder = _checkpoints(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"^No checkpoint for epoch 3 in {folder.models} \(have: \[10, 2\]\)$"):
+        folder.checkpoint_file(3)
+
+
+def test_a_folder_without_checkpoints_has_no_newest(tmp_path):
+    folder = RunFolder(tmp_path / "m")
+    folder.models.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=rf"^No checkpoint of model 'm' in {folder.models}\.$"):
+        folder.checkpoint_file(None)

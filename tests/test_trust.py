@@ -16,7 +16,7 @@ from provided_code.run_folder import RunFolder
 from provided_code.sites import site_from_dict
 from provided_code.metrics.dvh_table import dvh_cell, dvh_columns
 from provided_code.trust import (BANDS_FILE, COHORT_FILE, OUTSIDE, TrustError, bands_record, commissioning_folder,
-                                 described, flag_line, fold_identity, load_trust)
+                                 described, flag_line, load_trust)
 
 SITE = site_from_dict({"name": "geometry", "beams": {"type": "none"}, "structures": [
     {"name": "Organ", "kind": "oar"}, {"name": "PTV", "kind": "target", "prescription_gy": 60}]}, "test")
@@ -69,7 +69,7 @@ def model(tmp_path):
         (models / "best.keras").write_bytes(b"")  # a best record is read beside its checkpoint
         for saved in (epoch - 1, epoch):
             (models / f"epoch_{saved}.keras").write_bytes(f"fold {fold} weights at epoch {saved}".encode())
-    folds = [fold_identity(RunFolder(model_dir / f"fold-{fold}"), epoch) for fold, epoch in EPOCHS.items()]
+    folds = [{"fold": fold, "epoch": epoch, "sha256": sha256} for fold, (_, epoch, sha256, _) in zip(EPOCHS, _used(model_dir))]
     folder = commissioning_folder(model_dir)
     folder.mkdir()
     (folder / BANDS_FILE).write_text(json.dumps(bands_record(_residual_table(), site_name=SITE.name, folds=folds)))
@@ -78,7 +78,14 @@ def model(tmp_path):
 
 
 def _used(model_dir, epochs=EPOCHS):
-    return [(RunFolder(model_dir / f"fold-{fold}"), epoch) for fold, epoch in epochs.items()]
+    """Each fold's ``(run folder, epoch, SHA-256 of its checkpoint, the checkpoint)``, as a deployed
+    model's members name them (provided_code.deployed_model.DeployedModel.trust)."""
+    return [(folder, epoch, _sha256(folder.checkpoint(epoch)), folder.checkpoint(epoch))
+            for fold, epoch in epochs.items() for folder in [RunFolder(model_dir / f"fold-{fold}")]]
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_the_folds_at_their_commissioned_checkpoints_have_bands_and_the_check(model):
@@ -173,9 +180,25 @@ def test_other_checkpoints_than_the_commissioned_have_the_check_but_no_bands(mod
     assert trust.why_no_bands == (f"the bands were calibrated on other checkpoints than those predicting (fold 2 at "
                                   f"epoch 8 (commissioned at epoch 9)): predict with each fold's commissioned checkpoint "
                                   f"(the default), or run openkbp-commission {model} again")
-    (model / "fold-2" / "models" / "epoch_9.keras").write_bytes(b"fold 2 trained again")
-    assert ("fold 2 at epoch 9 (its checkpoint changed since: trained again, or the file replaced)"
-            in load_trust(model, _used(model)).why_no_bands)
+
+
+def test_a_checkpoint_replaced_since_the_commissioning_is_named_with_both_sha256(model):
+    checkpoint = model / "fold-2" / "models" / "epoch_9.keras"
+    then = _sha256(checkpoint)
+    checkpoint.write_bytes(b"fold 2 trained again")
+    assert (f"fold 2 at epoch 9 ({checkpoint}: SHA-256 {_sha256(checkpoint)[:12]}…, not the {then[:12]}… its "
+            f"commissioning measured)" in load_trust(model, _used(model)).why_no_bands)
+
+
+def test_the_folds_best_checkpoints_are_named_as_the_files_the_bands_were_not_calibrated_on(model):
+    """--ensemble cv --epoch best: each fold's best.keras, at the epoch commissioned (its final was
+    its best here) but another file than the one the commissioning measured: named, with its SHA-256."""
+    used = [(folder, epoch, _sha256(folder.best_checkpoint), folder.best_checkpoint)
+            for folder, epoch, _, _ in _used(model)]
+    best = model / "fold-1" / "models" / "best.keras"
+    assert (f"fold 1 at epoch 7 ({best}: SHA-256 {_sha256(best)[:12]}…, not the "
+            f"{_sha256(model / 'fold-1' / 'models' / 'epoch_7.keras')[:12]}… its commissioning measured)"
+            in load_trust(model, used).why_no_bands)
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -192,9 +215,9 @@ def test_a_model_without_bands_says_why_in_one_line(model, case, expected):
     if case == "single run":
         single = model.parent / "m"
         (single / "models").mkdir(parents=True)
-        trust = load_trust(single, [(RunFolder(single), 3)])
+        trust = load_trust(single, [(RunFolder(single), 3, "0" * 64, single / "models" / "epoch_3.keras")])
     elif case == "one fold":
-        trust = load_trust(model / "fold-1", [(RunFolder(model / "fold-1"), 7)])
+        trust = load_trust(model / "fold-1", _used(model, {1: 7})[:1])
     elif case == "some folds":
         trust = load_trust(model, _used(model, {1: 7}))
     else:

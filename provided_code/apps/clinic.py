@@ -19,35 +19,27 @@ to the CT grid's table. Another model predicts as before and says why it has no 
 
 from __future__ import annotations
 
-import contextlib
-
 import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from provided_code.config import ConfigError
-from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.split_arrays import SplitArrays
 from provided_code.data.csv_io import write_dose_csv
+from provided_code.deployed_model import DeployedModel
 from provided_code.dicom.dvh import check_supersample
 from provided_code.dicom.dvh import dvh_report as ct_dvh_report
 from provided_code.dicom.dvh import write_dvh_files as write_dvh_tables
 from provided_code.dicom.exporter import dose_on_ct_grid, write_dose_on_ct_grid
 from provided_code.dicom.importer import ImportReport, import_patient
 from provided_code.dicom.rtdose import DoseGrid
-from provided_code.folds import fold_members
-from provided_code.inference import predict_full_resolution
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
-from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
+from provided_code.metrics.calibration import DEFAULT_COVERAGE
 from provided_code.metrics.scoring import score_split
-from provided_code.run_folder import RunFolder, TrainedModel, check_site
-from provided_code.sites import Site
-from provided_code.trust import Trust, band_lines, described, flag_line, load_trust
+from provided_code.trust import Trust, band_lines, described, flag_line
 
 logger = logging.getLogger(__name__)
 
@@ -59,18 +51,14 @@ OUTPUTS = {"rtdose": "RD.dcm", "nifti": "dose.nii.gz", "dvh_csv": "dvh.csv", "dv
 @dataclasses.dataclass
 class ClinicReport:
     out_dir: Path
-    epoch: int | str  # the checkpoint's; "ensemble" for a cross-validated model's folds
+    model: DeployedModel  # what predicted the patient
     imported: ImportReport
     dvh: dict  # the dvh.json content
     plots: list[Path]
-    members: list[dict] = dataclasses.field(default_factory=list)  # {"model", "epoch"} of each model predicted with
     trust: Trust | None = None  # what the model's commissioning lets the prediction say
 
     def summary(self) -> str:
-        used = (f"the epoch {self.epoch} checkpoint" if self.epoch != "ensemble" else
-                f"the {len(self.members)} folds (" + ", ".join(f"{m['model']} epoch {m['epoch']}" for m in self.members)
-                + ") averaged")
-        lines = [*self.imported.lines, f"Predicted with {used}.",
+        lines = [*self.imported.lines, f"Predicted with {self.model.used()}.",
                  f"RT Dose: {self.out_dir / OUTPUTS['rtdose']}", f"NIfTI: {self.out_dir / OUTPUTS['nifti']}",
                  f"DVH table: {self.out_dir / OUTPUTS['dvh_csv']} and {OUTPUTS['dvh_json']}"]
         lines += [f"Plot: {path}" for path in self.plots]
@@ -92,101 +80,59 @@ def trust_lines(dvh: dict, trust: Trust | None) -> list[str]:
     return lines
 
 
-def model_folders(model_dir: os.PathLike | str) -> list[RunFolder]:
-    """The run folders a model folder stands for: itself, or a cross-validated model's folds
-    (``--folds``), which serve together as its deployed ensemble."""
-    folds = fold_members(model_dir)
-    return [RunFolder(path) for path in folds] if folds else [RunFolder(model_dir)]
-
-
-def load_models(model_dir: os.PathLike | str, epoch: int | str | None = None) -> list[TrainedModel]:
-    """The trained models of ``model_dir`` (:func:`model_folders`), each at ``epoch`` (None: its best
-    when it has one, else its newest), to keep in memory (the node's)."""
-    return [folder.load_trained_model(folder.epoch_to_apply(epoch)) for folder in model_folders(model_dir)]
-
-
-def predict_dicom_patient(model_dir: os.PathLike | str, ct_dir: os.PathLike | str, rtstruct: os.PathLike | str,
-                          out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None,
-                          epoch: int | str | None = None, tta: bool = False, names: os.PathLike | str | None = None,
-                          allow_missing_targets: bool = False, plots: bool = True,
-                          progress: Progress = no_progress, loaded: Sequence[TrainedModel] | None = None,
-                          site: Site | str | None = None, dvh_supersample: int = 1, band: float = DEFAULT_COVERAGE,
+def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstruct: os.PathLike | str,
+                          out_dir: os.PathLike | str, rtdose: os.PathLike | str | None = None, tta: bool = False,
+                          names: os.PathLike | str | None = None, allow_missing_targets: bool = False,
+                          plots: bool = True, progress: Progress = no_progress, dvh_supersample: int = 1,
                           trust: Trust | None = None) -> ClinicReport:
-    """Import, predict, export and tabulate one patient (see the module docstring).
-
-    ``model_dir``: a run folder (``results/<model-name>``), or a cross-validated model's folder,
-    whose folds predict together (their 128³ doses averaged). ``epoch``: a checkpoint's epoch,
-    "best", or None: ``best`` when the run has one, else the newest checkpoint (each fold's).
-    ``loaded``: the models of this folder as :func:`load_models` returned them, kept in memory (the
-    node's): then nothing of the model's folder is read again. ``site``: None (the model's), or
-    the model's own (``--site``): another is refused in one line. ``dvh_supersample``: sub-voxels
-    per axis of the DVH table's sampling (:mod:`provided_code.dicom.dvh`; 1: the CT's voxels, and
-    sub-voxels for small structures only). ``band``: the bands' nominal coverage (``--band``);
-    ``trust``: what :func:`provided_code.trust.load_trust` read for ``loaded`` (the node's, read once;
-    None: read here, for ``band``).
+    """Import, predict, export and tabulate one patient (see the module docstring) with ``model``
+    (:meth:`DeployedModel.locked`'s; a node's kept :meth:`~DeployedModel.loaded`): a run, or a cross-validated
+    model's folds, whose 128³ doses are averaged. ``dvh_supersample``: sub-voxels per axis of the
+    DVH table's sampling (:mod:`provided_code.dicom.dvh`; 1: the CT's voxels, and sub-voxels for
+    small structures only). ``trust``: what :meth:`DeployedModel.trust` read for the bands'
+    nominal coverage (the node's, read once; None: read here at the default coverage).
     """
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    out_dir = Path(out_dir)
     check_supersample(dvh_supersample)
-    band = check_coverage(band)
-    with contextlib.ExitStack() as locks:
-        if loaded is None:
-            folders = model_folders(model_dir)
-            epochs = [folder.epoch_to_apply(epoch) for folder in folders]  # before the import: no model fails at once
-            for folder in folders:  # read while no training changes them (the node holds its own)
-                locks.enter_context(folder.lock("read by openkbp-dicom predict", shared=True))
-            specs = [folder.spec(site) for folder in folders]  # the model's own site; another --site is refused now
-        else:
-            specs = [trained.spec for trained in loaded]
-            for spec in specs:
-                check_site(spec, site, model_dir)
-        if not all(spec.site.same_as(specs[0].site) for spec in specs):
-            raise ConfigError(f"Invalid `model_dir`. Expected folds of one site. Received: {model_dir} with folds of "
-                              f"{', '.join(sorted({spec.site.name for spec in specs}))}")
-        site_of_model = specs[0].site
-        imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
-                                  allow_missing_targets=allow_missing_targets, site=site_of_model)
-        arrays = SplitArrays.from_patients([imported.patient], site=site_of_model)  # the folder's patient, in memory
-        arrays.folder = out_dir  # (its files: out_dir/patient/...)
-        models = loaded if loaded is not None else [folder.load_trained_model(e) for folder, e in zip(folders, epochs)]
-        if trust is None:  # before predicting: a damaged commissioning is said before the work
-            trust = load_trust(model_dir, [(trained.folder, trained.epoch) for trained in models], band)
-        predicted, members = None, []
-        for trained in models:
-            warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {trained.folder.path}")
-            one = predict_full_resolution(trained.model, arrays, trained.spec, batch_size=1, tta=tta, progress=progress,
-                                          label=f"Model {trained.folder.path} at epoch {trained.epoch}")[0]
-            predicted = one if predicted is None else predicted + one
-            members.append({"model": trained.name, "epoch": trained.epoch})
-        if len(members) > 1:
-            predicted /= np.float32(len(members))
-        epoch = members[0]["epoch"] if len(members) == 1 else "ensemble"
-        checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
-                                        arrays.voxel_dimensions[0], site_of_model, arrays.ct[0])
-        write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
-        dose_ct = dose_on_ct_grid(predicted, imported.geometry)
-        used = f"epoch {epoch}" if len(members) == 1 else f"{len(members)} folds"
-        write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
-                              description=described(f"Predicted dose, {model_dir.name} {used}", checked,
-                                                    uncommissioned=trust.uncommissioned))
-        dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
-        del dose_ct
-        dvh["model"] = {"folder": str(model_dir), "epoch": epoch, "tta": tta,
-                        **({"members": members} if len(members) > 1 else {})}
-        banded = trust.band(dvh["predicted"])
-        if banded is not None:
-            dvh["band"] = banded
-        if checked is not None:
-            dvh["in_distribution"] = checked
-        write_dvh_files(out_dir, dvh)
-        written = []
-        if plots:
-            from provided_code.plots import has_matplotlib, plot_patient
+    if trust is None:  # before predicting: a damaged commissioning is said before the work
+        trust = model.trust(DEFAULT_COVERAGE)
+    site = model.site
+    imported = import_patient(ct_dir, rtstruct, out_dir / PATIENT_FOLDER, rtdose=rtdose, names=names,
+                              allow_missing_targets=allow_missing_targets, site=site)
+    arrays = SplitArrays.from_patients([imported.patient], site=site)  # the folder's patient, in memory
+    arrays.folder = out_dir  # (its files: out_dir/patient/...)
+    from provided_code.inference import PredictionError
 
-            if has_matplotlib():
-                written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
-            else:
-                logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
-        return ClinicReport(out_dir, epoch, imported, dvh, written, members, trust)
+    try:
+        predicted = model.predict(arrays, batch_size=1, tta=tta, progress=progress)[0]
+    except PredictionError as error:  # the import is written; no dose is
+        raise PredictionError(f"{error}; no dose was written ({imported.folder} holds the imported patient).") \
+            from None
+    checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
+                                    arrays.voxel_dimensions[0], site, arrays.ct[0])
+    write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
+    dose_ct = dose_on_ct_grid(predicted, imported.geometry)
+    write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
+                          description=described(f"Predicted dose, {model.name} {model.label}", checked,
+                                                uncommissioned=trust.uncommissioned))
+    dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
+    del dose_ct
+    dvh["model"] = {"folder": str(model.source or model.name), **model.what(), "tta": tta}
+    banded = trust.band(dvh["predicted"])
+    if banded is not None:
+        dvh["band"] = banded
+    if checked is not None:
+        dvh["in_distribution"] = checked
+    write_dvh_files(out_dir, dvh)
+    written = []
+    if plots:
+        from provided_code.plots import has_matplotlib, plot_patient
+
+        if has_matplotlib():
+            written = plot_patient(out_dir, "patient", arrays, 0, predicted, stem="dose")
+        else:
+            logger.warning("No plots: matplotlib is not installed (pip install 'provided_code[plots]')")
+    return ClinicReport(out_dir, model, imported, dvh, written, trust)
 
 
 def dvh_report(arrays: SplitArrays, predicted: np.ndarray, imported: ImportReport, dose_ct: np.ndarray,

@@ -166,11 +166,17 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
     epoch = parse_epoch(epoch)
     try:
         from provided_code.apps.clinic import predict_dicom_patient
+        from provided_code.deployed_model import DeployedModel
+        from provided_code.dicom.dvh import check_supersample
 
-        report = predict_dicom_patient(model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, epoch=epoch, tta=tta,
-                                       names=names, allow_missing_targets=allow_missing_targets,
-                                       plots=not no_plots, progress=click_progress, site=site,
-                                       dvh_supersample=dvh_supersample, band=band)
+        check_supersample(dvh_supersample)
+        band = check_coverage(band)
+        # read while no training changes the model's folders (a node holds its own)
+        with DeployedModel.locked(model_dir, "read by openkbp-dicom predict", epoch, site) as model:
+            report = predict_dicom_patient(model, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=tta, names=names,
+                                           allow_missing_targets=allow_missing_targets, plots=not no_plots,
+                                           progress=click_progress, dvh_supersample=dvh_supersample,
+                                           trust=model.trust(band))
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())

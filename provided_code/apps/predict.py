@@ -19,20 +19,17 @@ import shutil
 import zipfile
 from pathlib import Path
 
-import keras
-import numpy as np
 import pandas as pd
 
 from provided_code.apps.score_folder import SparseDoses, read_prediction, reference_rows, write_score_reports
 from provided_code.config import ConfigError, TrainConfig
-from provided_code.data.batches import warn_plan_files_not_taken
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose, write_dose_csv
 from provided_code.data_folder import split_dir
+from provided_code.deployed_model import DeployedModel, member_folders
 from provided_code.exclusions import excluded_patients
-from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, FoldsError, fold_members, held_out_record,
+from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, FoldsError, held_out_record,
                                  read_dealing)
-from provided_code.inference import PredictionError, predict_full_resolution
 from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_folder, tidy_folder, write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import calibration
@@ -41,7 +38,7 @@ from provided_code.metrics.dvh_table import CLINICAL_METRICS, dvh_csv_text, pati
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
 from provided_code.sites import Site
-from provided_code.trust import OUTSIDE, Trust, load_trust, no_trust
+from provided_code.trust import OUTSIDE, Trust
 
 DVH_FOLDER = "dvh"  # <stage>-predictions/dvh/<patient>.csv and .json: each prediction's table, bands and check
 
@@ -51,7 +48,7 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass
 class PredictionReport:
     stage: str
-    epoch: int | str  # "ensemble" for an ensemble
+    model: DeployedModel  # what predicted them
     patients: int
     predictions_dir: Path
     submission: Path
@@ -59,9 +56,13 @@ class PredictionReport:
     scores_path: Path | None
     trust: list[str] = dataclasses.field(default_factory=list)  # what the predictions say about themselves, or why not
 
+    @property
+    def epoch(self) -> int | None:
+        """The checkpoint's epoch of a single model; None for several averaged (:attr:`model`'s members)."""
+        return self.model.epoch
+
     def summary(self) -> str:
-        model = "an ensemble" if self.epoch == "ensemble" else f"the epoch {self.epoch} checkpoint"
-        lines = [f"Predicted {self.patients} {self.stage} patients with {model}.",
+        lines = [f"Predicted {self.patients} {self.stage} patients with {self.model.used()}.",
                  f"Predictions: {self.predictions_dir}", f"Submission: {self.submission}"]
         if self.scores is not None:
             if self.scores.without_reference:
@@ -89,7 +90,9 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
     ``ensemble``: names of trained runs beside ``run_dir`` (each once), each at ``epoch`` (default
     ``"best"``; a cross-validated model's folds: their final checkpoints); their 128³ predictions
     (each with its own mirror flips under ``tta``) are averaged, then written and scored like one model's into ``run_dir``, which must not be a
-    member's folder. The scores JSON names the members. Each member's folder is locked shared
+    member's folder. The scores JSON names the members (each with its epoch and SHA-256, and no
+    epoch of the ensemble's: even one run named so) and the zip is ``<model>_<stage>_ensemble.zip``.
+    Each member's folder is locked shared
     meanwhile: a member still training (or being predicted) refuses the ensemble.
 
     The CSVs, the submission zip and the scores go into a new folder beside
@@ -118,20 +121,19 @@ def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage
         locks.enter_context(folder.lock(f"--predict-only --stage {stage}"))
         for member in members if ensemble else []:
             locks.enter_context(member.lock(f"read by the ensemble {folder.name!r}", shared=True))
-        model_site = _members_site(members, site)  # under the locks: a config being written is not read
+        # under the locks: a config or checkpoint being written is not read. A run alone at --epoch
+        # (None: its newest); an ensemble's members each at its best by default (a fold: its final)
+        epochs = [member.epoch_to_apply(epoch) for member in members] if ensemble is not None else [epoch]
+        source = (None if ensemble is not None and len(ensemble) > 1 else
+                  _beside(folder, ensemble[0]).path if ensemble is not None else folder.path)
+        model = DeployedModel.of_runs(",".join(ensemble) if ensemble is not None else folder.name, members, epochs,
+                                      site, source=source, ensemble=ensemble is not None)
         tidy_folder(folder.predictions(stage))  # left by a killed run
         stage_dir = split_dir(data_dir, stage)
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=False, skip_incomplete=skip_incomplete,
-                            progress=progress, site=model_site)
-
-        def trusting(used):  # the commissioning of the model it names, if any
-            if ensemble is not None and len(ensemble) > 1:
-                return no_trust(folder.name, band, f"an ensemble of {len(ensemble)} models ({', '.join(ensemble)}): "
-                                                   f"no commissioning assesses it")
-            return load_trust(_beside(folder, ensemble[0]).path if ensemble else folder.path, used, band)
-
-        return _predict_stage(folder, stage_dir, arrays, stage, epoch, tta, plots, progress,
-                              members if ensemble is not None else None, batch_size, trusting)
+                            progress=progress, site=model.site)
+        return _predict_stage(folder, stage_dir, arrays, stage, model, tta, plots, progress, batch_size,
+                              trust=model.trust(band))
 
 
 def ensemble_members(folder: RunFolder, names: list[str]) -> list[RunFolder]:
@@ -144,10 +146,9 @@ def ensemble_members(folder: RunFolder, names: list[str]) -> list[RunFolder]:
         raise ConfigError("Invalid `ensemble`. Expected the names of one or more trained runs. Received: ensemble=[]")
     named = []  # (the name given, its run folder)
     for name in names:
-        member = _beside(folder, name)
-        folds = fold_members(member.path)
-        named += [(f"{name} fold {k}", RunFolder(path)) for k, path in enumerate(folds, start=1)] if folds else \
-            [(name, member)]
+        given = _beside(folder, name)
+        named += [(name if member.path == given.path else f"{name} fold {k}", member)
+                  for k, member in enumerate(member_folders(given.path), start=1)]
     where = [member.path.resolve() for _, member in named]
     groups: dict[Path, list[str]] = {}
     for (name, _), path in zip(named, where):
@@ -187,27 +188,16 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
         arrays = load_split(stage_dir, cache_dir=cache_dir, require_dose=True, skip_incomplete=skip_incomplete,
                             progress=progress, site=saved.site)
         arrays = arrays.select([row for row, pid in enumerate(arrays.patient_ids) if pid in held_out])
-        epoch = folder.epoch_to_apply(None)  # a fold's final checkpoint: not its best, picked on these patients
+        # a fold's final checkpoint: not its best, picked on these patients
+        model = DeployedModel.of_runs(folder.name, [folder], [folder.epoch_to_apply(None)], source=folder.path)
 
-        def made_with(new: Path, used: list) -> dict:  # what commissioning certifies (folds.held_out_record)
-            (member, used_epoch), = used
-            return {MADE_WITH: held_out_record(member.checkpoint(used_epoch), used_epoch, new, arrays.patient_ids,
+        def made_with(new: Path) -> dict:  # what commissioning certifies (folds.held_out_record)
+            member, = model.members
+            return {MADE_WITH: held_out_record(member.checkpoint, member.epoch, member.sha256, new, arrays.patient_ids,
                                                stage_dir)}
 
-        return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, epoch, False, False, progress, None,
-                              batch_size, recording=made_with)
-
-
-def _members_site(members: list[RunFolder], requested: Site | str | None) -> Site:
-    """The site the models were trained on (:meth:`RunFolder.spec`, which refuses a ``requested``
-    ``--site`` that is another); a ConfigError if an ensemble's members differ."""
-    sites = [(member.name, member.spec(requested).site) for member in members]
-    first_name, first = sites[0]
-    for name, other in sites[1:]:
-        if not other.same_as(first):
-            raise ConfigError(f"Invalid `ensemble`. Expected members trained on one site. Received: {first_name!r} "
-                              f"on {first.name}, {name!r} on {other.name}")
-    return first
+        return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, model, False, False, progress, batch_size,
+                              recording=made_with)
 
 
 def _beside(folder: RunFolder, name: str) -> RunFolder:
@@ -215,45 +205,22 @@ def _beside(folder: RunFolder, name: str) -> RunFolder:
     return RunFolder(folder.path.parent / name)
 
 
-def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch: int | str | None, tta: bool,
-                   plots: bool, progress: Progress, ensemble: list[RunFolder] | None,
-                   batch_size: int, trusting=None, recording=None) -> PredictionReport:
-    """``trusting(used)``: the :class:`~provided_code.trust.Trust` of the predictions made with
-    ``used`` (``[(run folder, epoch)]``); None: none asked (a fold's out-of-fold predictions).
-    ``recording(new, used)``: what ``scores.json`` also records of them (``new``: the folder the
-    CSVs were written into); None: nothing more."""
-    members = []  # {"model": name, "epoch": epoch} of each model predicted with
-    used = []  # (run folder, epoch) of each
-    predictions = None
-    models = ensemble or [folder]
-    # an ensemble's members: each at its best by default (a fold: its final), all resolved before any is loaded
-    epochs = [member.epoch_to_apply(epoch) for member in models] if ensemble else [epoch]
-    for member, member_epoch in zip(models, epochs):
-        name = member.name
-        trained = member.load_trained_model(member_epoch)
-        warn_plan_files_not_taken(arrays, trained.spec.inputs_left_out(), f"Model {name!r}")
-        try:
-            predicted = predict_full_resolution(trained.model, arrays, trained.spec, batch_size, tta, progress,
-                                                label=f"Model {name!r} at epoch {trained.epoch}")
-        except PredictionError as error:
-            raise PredictionError(f"{error}: this checkpoint is unusable (did training diverge? see "
-                                  f"{member.log}); nothing was written.") from None
-        predictions = predicted if predictions is None else predictions + predicted
-        members.append({"model": name, "epoch": trained.epoch})
-        used.append((member, trained.epoch))
-        del trained
-        keras.backend.clear_session()
-    if ensemble:
-        predictions /= np.float32(len(members))
-        epoch = "ensemble"
-        logger.info("Ensemble of %s", ", ".join(f"{m['model']} (epoch {m['epoch']})" for m in members))
-    else:
-        epoch = members[0]["epoch"]
-    trust = trusting(used) if trusting is not None else None
+def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, model: DeployedModel, tta: bool,
+                   plots: bool, progress: Progress, batch_size: int, trust: Trust | None = None,
+                   recording=None) -> PredictionReport:
+    """``model``'s predictions of ``arrays`` written and scored into ``folder``'s ``<stage>-predictions/``.
+    ``trust``: what the predictions may say of themselves; None: none asked (a fold's out-of-fold
+    predictions). ``recording(new)``: what ``scores.json`` also records of them (``new``: the folder
+    the CSVs were written into); None: nothing more."""
+    from provided_code.inference import PredictionError
 
+    try:
+        predictions = model.predict(arrays, batch_size, tta, progress)
+    except PredictionError as error:
+        raise PredictionError(f"{error}; nothing was written.") from None
     # The whole set (CSVs, zip, scores) is written into a new folder and moved into place whole.
     predictions_dir = folder.predictions(stage)
-    zip_name = folder.submission_name(stage, epoch)
+    zip_name = folder.submission_name(stage, model.epoch)
     scores = None
     new = new_folder_beside(predictions_dir)
     try:
@@ -269,8 +236,8 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
             scores = score_split(arrays, lambda row: written[row] if row in written else
                                  read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
-            extra = {"model": folder.name, "stage": stage, "epoch": epoch, **({"members": members} if ensemble else {}),
-                     **trusted, **(recording(new, used) if recording is not None else {})}
+            extra = {"model": folder.name, "stage": stage, **model.what(), **trusted,
+                     **(recording(new) if recording is not None else {})}
             write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"), extra=extra)
         replace_folder(new, predictions_dir)
     except BaseException:
@@ -293,7 +260,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, epoch
     said = _trust_lines(trusted, trust, predictions_dir) if trust is not None else []
     for line in said:
         logger.info("%s", line)
-    return PredictionReport(stage, epoch, len(arrays), predictions_dir, submission, scores, scores_path, said)
+    return PredictionReport(stage, model, len(arrays), predictions_dir, submission, scores, scores_path, said)
 
 
 def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: SparseDoses) -> dict:

@@ -14,6 +14,7 @@ import platform
 from pathlib import Path
 
 from provided_code.config import TrainConfig
+from provided_code.deployed_model import recorded_members
 from provided_code.folds import Dealing, fold_dir
 from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
 
@@ -49,7 +50,7 @@ def _deployed(model_dir: Path) -> dict | None:
         return None
     scores = read_scores(path)
     return {"stage": "validation", "dose_score": scores.get("dose_score"), "dvh_score": scores.get("dvh_score"),
-            "patients": scores.get("patients"), "members": scores.get("members")}
+            "patients": scores.get("patients"), "members": recorded_members(scores)}
 
 
 def _parent(config: TrainConfig) -> dict | None:
@@ -70,7 +71,7 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfi
                report: dict) -> tuple[str, dict]:
     """``(markdown, card)`` of the model in ``model_dir``; ``first``: its first fold's config (the
     folds are trained alike); ``checkpoints``: each fold's checkpoint as
-    :func:`provided_code.trust.fold_identity` names it (fold, epoch, SHA-256); ``report``: the
+    :meth:`provided_code.deployed_model.Member.identity` names it (fold, epoch, SHA-256); ``report``: the
     commissioning's figures (:mod:`.run`)."""
     model_dir = Path(model_dir)
     excluded = report["cohort"]["excluded"]

@@ -47,6 +47,7 @@ from provided_code.config import TrainConfig
 from provided_code.data.cache import load_split
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
+from provided_code.deployed_model import DeployedModel, Member, recorded_members
 from provided_code.errors import UserError
 from provided_code.exclusions import excluded_patients, split_patients
 from provided_code.constants import DOSE_FILE
@@ -58,8 +59,8 @@ from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
-from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
-from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder, fold_identity
+from provided_code.run_folder import SCORES_FILE, CheckpointError, RunFolder, read_scores
+from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder
 
 logger = logging.getLogger(__name__)
 
@@ -180,16 +181,21 @@ def _check_exclusions(model_dir: Path, folds: list[Fold]) -> None:
                                  f"as a new model, then commission it.")
 
 
-def certify(folds: list[Fold]) -> list[dict]:
-    """Each fold's identity (:func:`provided_code.trust.fold_identity`: its fold, epoch and the
-    SHA-256 of its checkpoint), certified to be the checkpoint that made its out-of-fold
-    predictions, and a model of its own; a :class:`CommissioningError` naming the first fold whose
-    checkpoint is byte-identical to another fold's, differs from the one recorded with its
-    predictions, or does not load."""
+def certify(model: DeployedModel, folds: list[Fold]) -> list[dict]:
+    """Each fold's identity (:meth:`provided_code.deployed_model.Member.identity`: its fold, epoch
+    and the SHA-256 of its checkpoint, as ``model``, the folds deployed, hashed them), certified to
+    be the checkpoint that made its out-of-fold predictions, and a model of its own; a
+    :class:`CommissioningError` naming the first fold whose checkpoint is byte-identical to another
+    fold's, differs from the one recorded with its predictions, or does not load. ``model``'s
+    members are ``folds``' own, in order (else a ValueError: no fold is certified by another's)."""
+    if [member.fold for member in model.members] != [fold.number for fold in folds]:
+        raise ValueError(f"Invalid `model`. Expected the members of folds {', '.join(str(f.number) for f in folds)}, "
+                         f"in order. Received: model={model.name!r} of "
+                         f"{', '.join(f'{m.name} (fold {m.fold})' for m in model.members)}")
     identities, seen = [], {}
-    for fold in folds:
-        identity = fold_identity(fold.folder, fold.epoch)  # each checkpoint hashed once
-        checkpoint = fold.folder.checkpoint(fold.epoch)
+    for fold, member in zip(folds, model.members, strict=True):
+        identity = member.identity()
+        checkpoint = member.checkpoint
         twin = seen.setdefault(identity["sha256"], fold.number)
         if twin != fold.number:
             raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} is byte-identical "
@@ -204,22 +210,21 @@ def certify(folds: list[Fold]) -> list[dict]:
                                      f"restore it, or run fold {fold.number}'s command again to predict its held-out "
                                      f"patients with it.")
         identities.append(identity)
-    for fold in folds:  # the deployed model's members load, as a prediction will load them
-        _check_loads(fold)
+    for fold, member in zip(folds, model.members, strict=True):  # the members load, as a prediction loads them
+        _check_loads(fold.number, member)
     return identities
 
 
-def _check_loads(fold: Fold) -> None:
+def _check_loads(number: int, member: Member) -> None:
     import keras
 
-    checkpoint = fold.folder.checkpoint(fold.epoch)
     try:
-        trained = fold.folder.load_trained_model(fold.epoch)
+        trained = member.load()
         del trained
     except Exception as error:  # whatever Keras, h5py or zipfile raise for a damaged file
-        raise CommissioningError(f"Cannot commission: fold {fold.number}'s checkpoint {checkpoint} does not load "
+        raise CommissioningError(f"Cannot commission: fold {number}'s checkpoint {member.checkpoint} does not load "
                                  f"({type(error).__name__}: {' '.join(str(error).split())[:300]}): restore it, or train fold "
-                                 f"{fold.number} again.") from None
+                                 f"{number} again.") from None
     finally:
         keras.backend.clear_session()
 
@@ -297,7 +302,11 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
     _check_predictions_and_plans(model_dir, folds, fold_of, [arrays.patient_ids[row] for row in rows],
                                  split_dir(data_dir, "train"))
-    identities = certify(folds)
+    try:
+        model = DeployedModel.open(model_dir)  # each fold at its final checkpoint, as it is deployed
+    except CheckpointError as error:  # a fold's checkpoint that is not a complete .keras file, named
+        raise CommissioningError(f"Cannot commission: {error}: restore it, or train its fold again.") from None
+    identities = certify(model, folds)
     predictions = SparseDoses()
     for row in progress(rows, len(rows), "Reading out-of-fold predictions"):
         pid = arrays.patient_ids[row]
@@ -322,7 +331,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
                   "reasons": list(entry["reasons"])} for pid, entry in geometric_scores.iterrows() if entry["flagged"]]
     goals = commissioning.goal_table(plans, site.goals)
     bands = bands_record(residuals, site_name=site.name, folds=identities)
-    calibration_figures = _calibration(model_dir, folds, data_dir, cache_dir, bands, cohort, progress)
+    calibration_figures = _calibration(model, folds, data_dir, cache_dir, bands, cohort, progress)
 
     flagged = list(dict.fromkeys([o["patient"] for o in dosimetric] + [o["patient"] for o in geometric]))
     row_of = {pid: row for row, pid in enumerate(arrays.patient_ids)}
@@ -375,7 +384,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     return CommissioningReport(folder, report)
 
 
-def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
+def _calibration(model: DeployedModel, folds: list[Fold], data_dir: Path, cache_dir, bands: dict, cohort: dict,
                  progress: Progress) -> dict:
     """The report's ``calibration``: the bands' observed coverage on the validation split, as the
     folds' ensemble predicted it (``--predict-only --ensemble <model> --model-name <model>``:
@@ -384,6 +393,7 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
     metric (with the coverage exchangeable patients would have, ``exact``), and the in-distribution
     scores of the validation patients. Without those predictions (or made by other checkpoints than
     the commissioned ones): ``{"note": why}``."""
+    model_dir = model.source
     folder = RunFolder(model_dir).predictions(VALIDATION_STAGE)
     command = (f"predict the validation split with the folds (--predict-only --stage {VALIDATION_STAGE} --ensemble "
                f"{model_dir.name} --model-name {model_dir.name}), then commission again")
@@ -391,8 +401,10 @@ def _calibration(model_dir: Path, folds: list[Fold], data_dir: Path, cache_dir, 
     if not scores_path.is_file():
         return {"note": f"No scored validation predictions of the folds' ensemble ({scores_path} is missing): {command}."}
     written = read_scores(scores_path)
-    made_with = [member.get("epoch") for member in written.get("members", [])]
-    if made_with != [fold.epoch for fold in folds]:
+    made_with = recorded_members(written)  # checkpoints by SHA-256 where recorded (not by earlier versions)
+    if ([member.get("epoch") for member in made_with] != [member.epoch for member in model.members]
+            or any(then.get("sha256", now.sha256) != now.sha256
+                   for then, now in zip(made_with, model.members, strict=True))):
         return {"note": f"The validation predictions in {folder} were not made by the {len(folds)} folds at their "
                         f"commissioned epochs ({', '.join(str(fold.epoch) for fold in folds)}): {command}."}
     site = folds[0].config.site

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import shutil
 import threading
@@ -43,14 +42,9 @@ from provided_code.trust import OUTSIDE, UNCOMMISSIONED, flag_line
 
 logger = logging.getLogger(__name__)
 
-# Tests only: while the file this names exists, the worker waits after writing a prediction's
-# outputs and before committing them (so that a test can kill the node mid-prediction).
-HOLD_VARIABLE = "OPENKBP_NODE_TEST_HOLD"
-
-
 class Patients:
     """The node's patients. ``predictor(ct_dir, rtstruct, out_dir, rtdose)`` writes a patient's
-    outputs into ``out_dir`` and returns what it predicted with (``.epoch``), the import's
+    outputs into ``out_dir`` and returns what it predicted with (``.used``: ``epoch <N>``), the import's
     ``.warnings``, the bands' nominal coverage (``.band``, None without) and the in-distribution
     check (``.in_distribution``, None without) and whether the model carries neither
     (``.uncommissioned``: its patients' journal entries say so); its ``rtdose_file`` names the RT Dose
@@ -167,11 +161,11 @@ class Patients:
             if not uid:
                 continue
             try:
-                self._predict(uid, stop)
+                self._predict(uid)
             except Exception as error:  # noqa: BLE001 - the journal itself failed; the next patient may not
                 logger.error("Patient %s: %s", uid, one_line(error))
 
-    def _predict(self, uid: str, stop: threading.Event) -> None:
+    def _predict(self, uid: str) -> None:
         journal = self.journal
         if not journal.transition(uid, PREDICTING, expect=(READY,)):
             return
@@ -185,7 +179,6 @@ class Patients:
             staging = self.store.staging_dir(uid)
             predicted = self.predictor(self.store.series_dir(row["series_uid"]), Path(journal.object_path(uid)),
                                        staging, Path(rtdose) if rtdose else None)
-            _hold_for_tests(stop)
             final = self.store.commit_result(staging, uid)
             staging = None
         except Exception as error:  # noqa: BLE001 - a failed prediction fails the patient, not the node
@@ -207,7 +200,7 @@ class Patients:
                                                                  "feature", "too_small", "reasons")}
                                   if checked is not None else {"inside": None}),
                  "uncommissioned": predicted.uncommissioned}
-        journal.transition(uid, PREDICTED, f"epoch {predicted.epoch}{', with the clinic RT Dose' if rtdose else ''}, "
+        journal.transition(uid, PREDICTED, f"{predicted.used}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else "")
                            + (f"; {100 * band:g} % bands" if band is not None else "")
@@ -244,12 +237,6 @@ class Patients:
         if to_predict or to_send or waiting or interrupted:
             logger.info("Resuming from the journal: %d patient(s) receiving, %d to predict, %d to send "
                         "(%d send attempt(s) interrupted)", waiting, len(to_predict), len(to_send), interrupted)
-
-
-def _hold_for_tests(stop: threading.Event) -> None:
-    hold = os.environ.get(HOLD_VARIABLE)
-    while hold and os.path.exists(hold) and not stop.is_set():
-        time.sleep(0.05)
 
 
 def _label(patient_id: str, structure_set_uid: str) -> str:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.apps.clinic import OUTPUTS, load_models, model_folders, predict_dicom_patient
+from provided_code.apps.clinic import OUTPUTS, predict_dicom_patient
+from provided_code.deployed_model import DeployedModel
 from provided_code.dicom.names import load_names
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
-from provided_code.trust import load_trust
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ LOCK_HOLDER = "a DICOM node serving it (openkbp-dicom serve)"  # what a refused 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    epoch: int | str  # the checkpoint's; "ensemble" for a cross-validated model's folds
+    used: str  # the model in a few words: "epoch <N>", or "<N> folds" averaged (DeployedModel.label)
     warnings: tuple[str, ...] = ()  # the import's warnings (skipped contours, missing structures, ...)
     band: float | None = None  # the nominal coverage of the dvh table's bands (None: the model has none)
     in_distribution: dict | None = None  # the in-distribution check (provided_code.trust.Trust.in_distribution)
@@ -51,38 +51,35 @@ class ModelPredictor:
         band = check_coverage(band)  # before the models load
         self._locks = contextlib.ExitStack()
         try:
-            for folder in model_folders(self.model_dir):
-                self._locks.enter_context(folder.lock(LOCK_HOLDER, shared=True))
-            self.loaded = load_models(self.model_dir, epoch)
-            self.epoch = self.loaded[0].epoch if len(self.loaded) == 1 else "ensemble"
-            self.trust = load_trust(self.model_dir, [(trained.folder, trained.epoch) for trained in self.loaded], band)
+            self.model = self._locks.enter_context(DeployedModel.locked(self.model_dir, LOCK_HOLDER, epoch)).loaded()
+            self.trust = self.model.trust(band)
             # the names file read once (a broken one fails the node's start, not its first patient)
-            self.names = load_names(names, self.loaded[0].spec.site)
+            self.names = load_names(names, self.model.site)
             self.tta, self.allow_missing_targets = tta, allow_missing_targets
             self._warm_up()
         except BaseException:
             self.close()
             raise
         logger.info("Model %s loaded: %s", self.model_dir,
-                    ", ".join(f"{trained.name} at epoch {trained.epoch}" for trained in self.loaded))
+                    ", ".join(f"{member.name} at epoch {member.epoch}" for member in self.model.members))
         for line in self.trust.lines():
             logger.info("Model %s: %s", self.model_dir, line)
 
     def _warm_up(self) -> None:
         """One prediction on zeros, so that the first patient does not pay for tracing the models."""
-        for trained in self.loaded:
+        for trained in self.model.models:
             model = trained.model
             inputs = {tensor.name.split(":")[0]: np.zeros((1, *tensor.shape[1:]), tensor.dtype)
                       for tensor in model.inputs}
             model.predict_on_batch(inputs)
 
     def __call__(self, ct_dir: Path, rtstruct: Path, out_dir: Path, rtdose: Path | None = None) -> Prediction:
-        report = predict_dicom_patient(self.model_dir, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=self.tta,
+        report = predict_dicom_patient(self.model, ct_dir, rtstruct, out_dir, rtdose=rtdose, tta=self.tta,
                                        names=self.names, allow_missing_targets=self.allow_missing_targets,
-                                       plots=False, loaded=self.loaded, trust=self.trust)
+                                       plots=False, trust=self.trust)
         warnings = tuple(line for line in report.imported.lines if line.startswith(("warning:", "missing:")))
         band = report.dvh.get("band")
-        return Prediction(report.epoch, warnings, band=band["coverage"] if band else None,
+        return Prediction(self.model.label, warnings, band=band["coverage"] if band else None,
                           in_distribution=report.dvh.get("in_distribution"), uncommissioned=self.trust.uncommissioned)
 
     def close(self) -> None:
