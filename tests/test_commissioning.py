@@ -282,8 +282,11 @@ def test_a_cell_with_too_few_patients_is_said_so_not_passed():
     assert [c["status"] for c in found["cells"][:3]] == ["pass"] * 3
     assert found["words"].startswith("Not judged: 3 of 6 have too few patients to judge (PTV63 D95: 8 patients, 10 "
                                      "needed; PTV70 D95: 12 patients, 20 needed; PTV56 D95: 0 patients, 10 needed); "
-                                     "none of the 3 judged fails.")
+                                     "the other 3 pass. The model is not shown fit for clinical use")
     plans.loc[plans.structure == "Brainstem", "predicted"] += 10.0
+    alone = verdict(plans.iloc[:0], CELLS[:1])["words"]
+    assert alone.startswith("Not judged: 1 of 1 have too few patients to judge (Brainstem Dmean: 0 patients, 10 "
+                            "needed); no structure-metric could be judged.")
     failing = verdict(plans, CELLS[:3] + [("PTV56", "D95", 3.0, 0.9)])
     assert failing["status"] == "fail" and failing["words"].startswith("Not fit for clinical use: 1 of 4")
     assert failing["words"].endswith("; 1 of 4 have too few patients to judge (PTV56 D95: 0 patients, 10 needed).")

@@ -286,8 +286,10 @@ def _verdict_words(status: str, entries: list[dict]) -> str:
     if status == "not judged":
         if not entries:
             return "Not judged: the tolerances name no structure-metric of these patients."
-        return (f"Not judged: {few}; none of the {len(entries) - len(unjudged)} judged fails. The model is not shown "
-                f"fit for clinical use until every structure-metric is judged on enough patients.")
+        judged = len(entries) - len(unjudged)
+        return (f"Not judged: {few}; " + (f"the other {judged} pass" if judged else "no structure-metric could be judged")
+                + ". The model is not shown fit for clinical use until every structure-metric is judged on enough "
+                  "patients.")
     closest = min(entries, key=lambda e: e["observed"] - e["fraction"])
     return f"Within the tolerances: all {len(entries)} structure-metrics pass (the closest, {said(closest)})."
 
