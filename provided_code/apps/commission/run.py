@@ -60,7 +60,7 @@ from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import naming_path, new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
-from provided_code import tolerances as tolerance_file
+import provided_code.tolerances as tolerance_file
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
 from provided_code.run_folder import SCORES_FILE, RunFolder, read_scores
