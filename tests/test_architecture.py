@@ -16,7 +16,7 @@ PACKAGE = REPO / "provided_code"
 LAYERS = (
     ("constants", "errors", "infra", "sites", "beams", "model_spec", "data_folder"),
     ("data", "networks", "losses", "metrics", "dicom", "config", "presets"),
-    ("inference", "plots", "run_folder", "folds", "exclusions", "trust", "deployed_model"),
+    ("inference", "plots", "run_folder", "folds", "exclusions", "tolerances", "trust", "deployed_model"),
     ("training", "apps.predict", "apps.score_folder", "apps.clinic", "apps.commission"),
     ("apps.node",),
     ("apps.cli", "apps.dicom_cli", "apps.demo", "apps.console", "apps.__init__", "__init__", "__main__"),

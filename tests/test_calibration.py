@@ -1,6 +1,9 @@
 """The prediction bands' arithmetic (provided_code/metrics/calibration.py) against a plain
 recomputation: the order statistics of a split-conformal band, its coverage on exchangeable
-residuals, too few patients, and the coverage tables."""
+residuals, too few patients, the coverage tables, and the binomial range a calibrated cell's
+observed coverage lies in."""
+
+import itertools
 
 import math
 
@@ -12,12 +15,16 @@ from provided_code.errors import UserError
 from provided_code.metrics.calibration import (
     CoverageError,
     band,
+    binomial_counts,
+    binomial_range,
     check_coverage,
     coverage_rows,
     coverage_summary,
     exact_coverage,
     largest_coverage,
+    outside_probability,
     patients_needed,
+    range_check,
     ranks,
     sorted_residuals,
 )
@@ -121,3 +128,51 @@ def test_coverage_rows_and_summary_against_a_plain_count():
             assert found["median_width"] == pytest.approx(np.median([high - low for low, high in bands]))
     overall = coverage_summary(covered).set_index("nominal")
     assert overall.loc[0.9, "n"] == 40
+
+
+def test_the_binomial_range_of_20_values_at_90_percent_is_75_to_100_percent():
+    """By hand: P(X ≤ 14) = 0.0113 and P(X ≤ 15) = 0.0432 for X ~ Binomial(20, 0.9), so the 2.5 %
+    quantile is 15; P(X ≤ 19) = 1 − 0.9²⁰ = 0.878, so the 97.5 % quantile is 20."""
+    pmf = [math.comb(20, k) * 0.9 ** k * 0.1 ** (20 - k) for k in range(21)]
+    assert sum(pmf[:15]) == pytest.approx(0.0113, abs=5e-5) and sum(pmf[:16]) == pytest.approx(0.0432, abs=5e-5)
+    assert binomial_counts(20, 0.9) == (15, 20) and binomial_range(20, 0.9) == (0.75, 1.0)
+    assert outside_probability(20, 0.9) == pytest.approx(sum(pmf[:15]), rel=1e-12)  # nothing above 20
+
+
+def _enumerated(n, coverage, level=0.95):
+    """The central range by brute force: every one of the 2ⁿ outcomes of n held-out values, each
+    held with probability ``coverage``, weighed; the quantiles read off the sorted counts."""
+    mass = {}
+    for outcome in itertools.product((0, 1), repeat=n):
+        k = sum(outcome)
+        mass[k] = mass.get(k, 0.0) + coverage ** k * (1 - coverage) ** (n - k)
+    cumulative, low, high = 0.0, None, None
+    for k in range(n + 1):
+        cumulative += mass.get(k, 0.0)
+        if low is None and cumulative >= (1 - level) / 2 - 1e-12:
+            low = k
+        if high is None and cumulative >= (1 + level) / 2 - 1e-12:
+            high = k
+    return low, high, sum(p for k, p in mass.items() if not low <= k <= high)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 13])
+@pytest.mark.parametrize("coverage", [0.5, 0.68, 0.9, 0.95, 37 / 41])
+def test_the_binomial_range_is_that_of_a_brute_force_enumeration(n, coverage):
+    low, high, outside = _enumerated(n, coverage)
+    assert binomial_counts(n, coverage) == (low, high)
+    assert outside_probability(n, coverage) == pytest.approx(outside, abs=1e-12) and outside <= 0.05 + 1e-12
+
+
+def test_the_cells_outside_their_range_are_counted_with_those_chance_puts_there():
+    by_pair = pd.DataFrame({"structure": ["PTV70", "PTV70", "Brainstem", "Brainstem"],
+                            "metric": ["D95", "D95", "Dmax", "Dmax"], "nominal": [0.9, 0.68, 0.9, 0.68],
+                            "n": [20, 20, 20, 20], "observed": [0.7, 0.7, 0.95, 1.0], "exact": [0.9, 0.68, 0.9, 0.68]})
+    table, totals = range_check(by_pair)
+    assert list(table["outside"]) == [True, False, False, True]  # 14 of 20 below 15; 20 of 20 above 68 %'s range
+    assert (table.loc[0, "range_low"], table.loc[0, "range_high"]) == (0.75, 1.0)
+    assert binomial_counts(20, 0.68)[1] < 20
+    assert (totals["cells"], totals["outside"], totals["expected"]) == (4, 2, pytest.approx(0.2))
+    assert totals["expected_exact"] == pytest.approx(2 * outside_probability(20, 0.9) + 2 * outside_probability(20, 0.68))
+    assert [(level["nominal"], level["cells"], level["outside"]) for level in totals["by_level"]] == [(0.9, 2, 1),
+                                                                                                     (0.68, 2, 1)]

@@ -31,6 +31,19 @@ def test_the_console_scripts_are_the_commands():
         assert f"Usage: {name} " in result.stdout and says in result.stdout
 
 
+def test_commission_help_says_the_tolerances_and_their_defaults_without_importing_tensorflow():
+    probe = ("import sys\nfrom provided_code.apps.cli import commission_command\n"
+             "try:\n    commission_command(['--help'], prog_name='openkbp-commission')\n"
+             "except SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('tensorflow', 'keras', 'h5py') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    said = " ".join(result.stdout.split())
+    assert "--tolerances FILE" in said and "structure,metric,within_gy,fraction" in said
+    assert ("each organ's Dmean within 3 Gy of the plan for 90 % of patients; each target's D95 within 3 Gy of the "
+            "plan for 90 % of patients") in said
+    assert "LOADED []" in result.stdout
+
+
 def test_missing_data_folder_says_where_data_comes_from(tmp_path):
     result = run("--data-dir", str(tmp_path / "nope"), "--results-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert result.returncode == 1

@@ -1,6 +1,6 @@
 """openkbp-commission on a cross-validated model: its figures from the folds' out-of-fold predictions
-alone (nothing predicted again), a plain recomputation of them, the unfinished folds named, and the
-model card's checksums."""
+alone (nothing predicted again), a plain recomputation of them, the unfinished folds named, the
+model card's checksums, and the verdict by the physicist's tolerances on the report and the card."""
 
 import hashlib
 import json
@@ -234,12 +234,25 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
     for key, covered in held.items():  # the site's metrics: the clinical ones are recomputed by the same rows
         assert found[key]["n"] == len(covered) and found[key]["observed"] == pytest.approx(np.mean(covered))
     assert calibration["patients"] == arrays.patient_ids
+    from provided_code.metrics.calibration import binomial_range
+
+    for row in calibration["by_structure_metric"]:  # each cell against its binomial 95 % range at the band's coverage
+        low, high = binomial_range(row["n"], row["exact"])
+        assert (row["range_low"], row["range_high"]) == (low, high)
+        assert row["outside"] == (not low <= round(row["observed"] * row["n"]) / row["n"] <= high)
+    check = calibration["range_check"]
+    assert check["cells"] == len(calibration["by_structure_metric"]) and check["expected"] == pytest.approx(
+        0.05 * check["cells"]) and check["outside"] == sum(row["outside"] for row in calibration["by_structure_metric"])
     card = (folder / "MODEL_CARD.md").read_text()  # the check's level, and that 4 patients cannot flag at it
     assert ("- In-distribution check: flags a patient whose anatomy and CT have a conformal p-value below alpha = "
             f"0.05 against the training patients' (a patient like them is flagged at most 5 % of the time); "
             f"{anatomy.too_small(4, 0.05)}.") in card
     page = (folder / "report.html").read_text()
     assert 'id="calibration"' in page and "Reliability: observed against nominal coverage" in page
+    assert f"Prediction bands: <b>{check['outside']} of {check['cells']}</b> structure-metric cells" in \
+        page[:page.index("<nav>")]
+    assert (f"Prediction bands on the validation patients: {check['outside']} of {check['cells']} structure-metric "
+            f"cells outside their binomial 95 % range") in card
 
 
 def test_validation_predictions_written_before_deployed_models_are_read_by_the_calibration_and_the_card(
@@ -472,3 +485,72 @@ def test_a_fold_whose_held_out_patients_are_all_excluded_is_said_so_not_run_it(c
                                                  rf"\({', '.join(held)}\) are all excluded") as refused:
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
     assert "not trained" not in str(refused.value)
+
+
+def test_the_verdict_by_the_default_tolerances_heads_the_report_and_the_card(commissioned):
+    """Judged on plans.csv as a plain recomputation: each organ's Dmean and each target's D95 within
+    3 Gy for 90 %; 4 patients are too few to judge any, which the report and the card say, and
+    neither passes the model."""
+    from provided_code.metrics.commissioning import patients_to_judge
+
+    model, report = commissioned
+    folder = model / "commissioning"
+    plans = pd.read_csv(folder / "plans.csv")
+    found = json.loads((folder / "report.json").read_text())["verdict"]
+    site = openkbp()
+    expected = [(name, "Dmean") for name in site.oars] + [(name, "D95") for name in site.targets]
+    assert [(c["structure"], c["metric"]) for c in found["cells"]] == expected
+    for cell in found["cells"]:
+        rows = plans[(plans.structure == cell["structure"]) & (plans.metric == cell["metric"])]
+        assert cell["n"] == len(rows) <= 4 and cell["needed"] == patients_to_judge(0.9) == 10
+        assert cell["within"] == int(((rows.predicted - rows.plan).abs() <= 3.0 + 1e-4).sum())  # plans.csv: 4 decimals
+        assert cell["status"] == "too few"
+    assert found["status"] == "not judged" and found["failing"] == [] and len(found["unjudged"]) == len(expected)
+    assert found["tolerances"]["source"] == "the defaults" and found["tolerances"]["sha256"] is None
+    page = (folder / "report.html").read_text()
+    first = page[:page.index("<nav>")]
+    assert "Verdict: Not judged: too few patients" in first and "Within the tolerances" not in page
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert card.index("## Verdict") < card.index("## Site")
+    assert f"**Not judged: too few patients.** {found['words']}" in card
+    assert "| PTV70 | D95 | 3 Gy | " in card and card.count("| too few patients |") == len(expected)
+    assert json.loads((folder / "model_card.json").read_text())["verdict"]["status"] == "not judged"
+    assert f"Verdict (the defaults): {found['words']}" in report.summary()
+
+
+def test_a_tolerance_file_is_recorded_and_a_bad_one_refused_before_anything_is_read(commissioned, tmp_path,
+                                                                                   phantom_data, phantom_cache):
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    model = _copy(commissioned, tmp_path)
+    before = (model / "commissioning" / "report.json").read_bytes()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("structure,metric,within_gy,fraction\ntargets,D95,3,0.9\nParotid_L,Dmean,3,0.9\n")
+    result = CliRunner().invoke(cli.commission_command, [str(model), "--data-dir", str(phantom_data), "--cache-dir",
+                                                         str(phantom_cache), "--tolerances", str(bad)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"Error: Invalid `tolerances`. Expected a structure of site openkbp (Brainstem, SpinalCord, "
+            f"RightParotid, LeftParotid, Esophagus, Larynx, Mandible, PTV56, PTV63, PTV70), organs or targets. "
+            f"Received: {bad}, line 3: unknown structure 'Parotid_L'") in result.output
+    negative = tmp_path / "negative.csv"
+    negative.write_text("structure,metric,within_gy,fraction\nPTV70,D95,-3,0.9\n")
+    result = CliRunner().invoke(cli.commission_command, [str(tmp_path / "no-model"), "--tolerances", str(negative)])
+    assert result.exit_code == 1 and f"Received: {negative}, line 2: 'PTV70,D95,-3,0.9'" in result.output
+    assert (model / "commissioning" / "report.json").read_bytes() == before  # nothing written
+    good = tmp_path / "clinic.csv"
+    good.write_text("structure,metric,within_gy,fraction\norgans,Dmean,4,0.9\nPTV70,D95,2,0.95\n")
+    commission(model, data_dir=phantom_data, cache_dir=phantom_cache, tolerances=good)
+    found = json.loads((model / "commissioning" / "report.json").read_text())["verdict"]
+    assert found["tolerances"] == {"source": str(good), "sha256": hashlib.sha256(good.read_bytes()).hexdigest(),
+                                   "rules": [{"structure": "organs", "metric": "Dmean", "within_gy": 4.0,
+                                              "fraction": 0.9},
+                                             {"structure": "PTV70", "metric": "D95", "within_gy": 2.0,
+                                              "fraction": 0.95}],
+                                   "words": "each organ's Dmean within 4 Gy of the plan for 90 % of patients; PTV70's "
+                                            "D95 within 2 Gy of the plan for 95 % of patients"}
+    assert [(c["structure"], c["metric"], c["needed"]) for c in found["cells"]] == [
+        *[(name, "Dmean", 10) for name in openkbp().oars], ("PTV70", "D95", 20)]
+    card = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert f"by the tolerances of {good} (SHA-256 `{found['tolerances']['sha256']}`)" in card

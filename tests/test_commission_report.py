@@ -1,6 +1,6 @@
-"""The commissioning report: one self-contained HTML page (no URL, nothing fetched), every section,
-every text escaped, its figures those of a plain recomputation; opened in a real browser with the
-network off."""
+"""The commissioning report: one self-contained HTML page (no URL, nothing fetched), its verdict
+first, every section, every text escaped, its figures those of a plain recomputation; opened in a
+real browser with the network off, the verdict on its first screen."""
 
 import math
 import os
@@ -17,8 +17,12 @@ from provided_code.apps.commission import svg
 from provided_code.apps.commission.report import SECTIONS, render_report
 from provided_code.metrics.anatomy import cohort_scores, fit_cohort
 from provided_code.metrics.commissioning import (Z_THRESHOLD, dosimetric_outliers, dvh_curve, fit_summary, goal_table,
-                                                 residuals)
+                                                 residuals, verdict)
 from provided_code.sites import openkbp
+from provided_code.tolerances import Tolerance, cells, describe
+
+# the synthetic plans have the site's metrics: the defaults' clinical Dmean and D95 as the site's mean and D_95
+TOLERANCES = (Tolerance("organs", "mean", 3.0, 0.9), Tolerance("targets", "D_95", 3.0, 0.9))
 
 HOSTILE = '<script>alert("x")</script> & "quoted" <b>'  # in a patient id, a reason and an exclusion
 
@@ -28,10 +32,11 @@ def _json_rows(frame: pd.DataFrame) -> list[dict]:
             for row in frame.to_dict(orient="records")]
 
 
-def _report(patients: int = 24, hostile: bool = False) -> dict:
+def _report(patients: int = 24, hostile: bool = False, target_error: float = 0.0) -> dict:
     """A report as the orchestration fills it, from synthetic plans of OpenKBP's structures: the
-    plans vary across patients, the predictions follow them within a few Gy, one plan spared its
-    parotid much less than predicted, one patient's anatomy is unlike the others'."""
+    plans vary across patients, the predictions follow them within a few Gy (the targets' D_95 off
+    by ``target_error`` Gy more), one plan spared its parotid much less than predicted, one
+    patient's anatomy is unlike the others'; judged by :data:`TOLERANCES`."""
     site = openkbp()
     rng = np.random.default_rng(0)
     ids = [f"pt_{k + 1}" for k in range(patients)]
@@ -46,6 +51,7 @@ def _report(patients: int = 24, hostile: bool = False) -> dict:
                 rows.append({"patient": patient, "structure": structure.name, "metric": metric, "plan": plan,
                              "predicted": plan + rng.uniform(-2.0, 2.5)})
     plans = pd.DataFrame(rows)
+    plans.loc[plans.metric == "D_95", "predicted"] -= target_error
     planted = (plans.patient == ids[1]) & (plans.structure == "LeftParotid") & (plans.metric == "mean")
     plans.loc[planted, "plan"] += 14.0
     table = residuals(plans)
@@ -72,7 +78,10 @@ def _report(patients: int = 24, hostile: bool = False) -> dict:
             "dosimetric_outliers": outliers, "geometric_outliers": geometric,
             "geometric_scores": [{"patient": p, "score": s} for p, s in scored["score"].items()],
             "thresholds": {"z": Z_THRESHOLD, "geometric": cohort["threshold"], "alpha": cohort["alpha"]},
-            "goals": goal_table(plans, site.goals), "dvh_curves": curves}
+            "goals": goal_table(plans, site.goals), "dvh_curves": curves,
+            "verdict": {**verdict(plans, [(s, m, t.within_gy, t.fraction) for s, m, t in cells(TOLERANCES, site)]),
+                        "tolerances": {"source": "the defaults", "sha256": None,
+                                       "rules": [t.to_dict() for t in TOLERANCES], "words": describe(TOLERANCES)}}}
 
 
 class _Tables(HTMLParser):
@@ -195,22 +204,48 @@ def _chromium() -> str | None:
 
 @pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (Debian: apt-get install chromium); "
                                                 "the page's static checks still run")
-def test_the_page_opens_in_a_browser_with_the_network_off(tmp_path):
+def _screenshot(tmp_path, report: dict, height: int) -> np.ndarray:
+    """The page's top ``height`` pixels (1200 wide) as headless Chromium draws it, RGB, with the
+    network off."""
     image = pytest.importorskip("PIL.Image", reason="Pillow reads the screenshot")
+    tmp_path.mkdir(exist_ok=True)
     page = tmp_path / "report.html"
-    page.write_text(render_report(_report()), encoding="utf-8")
+    page.write_text(render_report(report), encoding="utf-8")
     shot = tmp_path / "report.png"
     command = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--no-first-run", "--disable-sync", f"--user-data-dir={tmp_path / 'p'}",
                "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",  # nothing could be fetched
-               "--hide-scrollbars", "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()]
+               "--hide-scrollbars", f"--window-size=1200,{height}", f"--screenshot={shot}", page.as_uri()]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "HOME": str(tmp_path)})
     assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
     with image.open(shot) as png:
-        pixels = np.asarray(png.convert("L"))
+        return np.asarray(png.convert("RGB")).astype(int)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (Debian: apt-get install chromium); "
+                                                "the page's static checks still run")
+def test_the_page_opens_in_a_browser_with_the_network_off(tmp_path):
+    pixels = _screenshot(tmp_path, _report(), 2400).mean(axis=2)
     assert pixels.shape == (2400, 1200)
     assert pixels.std() > 10 and (pixels < 100).mean() > 0.005  # text and charts drawn, not a blank page
+
+
+def _share_of_colour(pixels: np.ndarray, hex_colour: str) -> float:
+    colour = np.array([int(hex_colour[k:k + 2], 16) for k in (1, 3, 5)])
+    return float((np.abs(pixels - colour).max(axis=2) <= 12).mean())
+
+
+@pytest.mark.skipif(_chromium() is None, reason="chromium is not installed (Debian: apt-get install chromium); "
+                                                "the page's static checks still run")
+def test_the_verdict_is_on_the_first_screen_in_its_colour(tmp_path):
+    """A laptop's first screen (1200 × 800): a failing model's box is drawn in red (its border and
+    heading, #b42318, on #fdecea), a passing one's in green (#1a7f37), and nothing of either below."""
+    failing = _screenshot(tmp_path / "fail", _report(target_error=10.0), 800)
+    passing = _screenshot(tmp_path / "pass", _report(), 800)
+    assert _share_of_colour(failing, "#b42318") > 0.002 and _share_of_colour(failing, "#fdecea") > 0.02
+    assert _share_of_colour(passing, "#1a7f37") > 0.002 and _share_of_colour(passing, "#b42318") < 0.0005
+    assert _share_of_colour(failing, "#1a7f37") > 0  # its passing organs say so, in green
 
 
 def test_the_calibration_shows_observed_against_nominal_coverage_and_the_validation_patients_outside():
@@ -242,3 +277,67 @@ def test_the_calibration_shows_observed_against_nominal_coverage_and_the_validat
     assert len(_table(section, "coverage-by-metric")) == 3  # its header and the two structure-metrics
     note = render_report({**_report(), "calibration": {"note": "No scored validation predictions"}})
     assert "No scored validation predictions" in note[note.index('<section id="calibration">'):]
+
+
+def _section_text(page: str, start: str, end: str) -> str:
+    return page[page.index(start):page.index(end, page.index(start))]
+
+
+def test_the_verdict_heads_the_page_and_names_the_failing_cells():
+    report = _report(target_error=10.0)
+    page = render_report(report)
+    box = _section_text(page, '<div class="verdict fail" id="verdict">', "</div>")
+    assert page.index('id="verdict"') < page.index("<nav>") < page.index('<section id="cohort">')
+    assert "Verdict: Not fit for clinical use" in box
+    failing = report["verdict"]["failing"]
+    assert failing == [f"{name} D_95" for name in openkbp().targets]  # 10 Gy low: no target within 3 Gy
+    assert svg.escape(report["verdict"]["words"]) in box and report["verdict"]["words"].startswith(
+        "Not fit for clinical use: 3 of 10 structure-metrics fail the tolerances (PTV56 D_95: 0 of 24 patients")
+    shown = _table(box, "verdict-table")
+    assert shown[0] == ["structure", "metric", "tolerance", "patients within", "share", "required",
+                        "largest error (Gy)", "verdict"]
+    assert [(row[0], row[1], row[-1]) for row in shown[1:]] == [
+        (c["structure"], c["metric"], "fails" if c["status"] == "fail" else "passes") for c in report["verdict"]["cells"]]
+    assert box.count('<td class="text fail">fails</td>') == 3
+    assert "the default tolerances" in box
+    assert svg.escape("each organ's mean within 3 Gy of the plan for 90 % of patients") in box
+
+
+def test_a_model_within_its_tolerances_says_so_and_a_cell_too_small_is_not_passed():
+    page = render_report(_report())
+    assert "Verdict: Within the tolerances" in page and "not fit" not in page.lower()
+    small = render_report(_report(patients=8))
+    box = _section_text(small, '<div class="verdict unjudged" id="verdict">', "</div>")
+    assert "Verdict: Not judged: too few patients" in box and "Within the tolerances" not in box
+    assert "8 patients, 10 needed" in box and box.count("too few patients</td>") == 10
+    old = render_report({key: value for key, value in _report().items() if key != "verdict"})
+    assert "No verdict" in old[:old.index("<nav>")]
+
+
+def test_each_band_cell_is_shown_against_its_binomial_range_with_the_count_outside_and_expected():
+    from provided_code.metrics import calibration
+
+    by_pair = pd.DataFrame({"structure": ["PTV70", "PTV70", "Brainstem", "Brainstem"],
+                            "metric": ["D95", "D95", "Dmax", "Dmax"], "nominal": [0.9, 0.68, 0.9, 0.68],
+                            "n": [20, 20, 20, 20], "observed": [0.7, 0.7, 0.95, 1.0],
+                            "median_width": [8.0, 5.0, 9.0, 6.0], "exact": [0.9, 0.68, 0.9, 0.68]})
+    table, check = calibration.range_check(by_pair)
+    report = _report()
+    report["calibration"] = {"split": "validation-pats", "patients": [f"pt_{k}" for k in range(20)],
+                             "levels": [0.68, 0.9], "method": calibration.METHOD, "calibration_patients": 40,
+                             "overall": [{"nominal": 0.68, "n": 40, "observed": 0.85, "median_width": 5.5},
+                                         {"nominal": 0.9, "n": 40, "observed": 0.825, "median_width": 8.5}],
+                             "by_structure_metric": _json_rows(table), "range_check": check}
+    page = render_report(report)
+    section = page[page.index('<section id="calibration">'):page.index('<section id="method">')]
+    rows = {row[0]: row for row in _table(section, "coverage-by-metric")[1:]}
+    low, high = calibration.binomial_range(20, 0.9)
+    assert rows["PTV70"][2:4] == ["70 % (outside)", f"{100 * low:.0f}–{100 * high:.0f} %"] == ["70 % (outside)",
+                                                                                             "75–100 %"]
+    assert rows["Brainstem"][2] == "95 %" and rows["Brainstem"][6] == "100 % (outside)"
+    assert section.count('class="outside"') == 2
+    assert "<b>2 of 4</b> cells lie outside their range; 0.2 expected by chance" in section
+    assert _table(section, "range-check-table")[1:] == [["90 %", "2", "1", "0.1"], ["68 %", "2", "1", "0.1"]]
+    first = page[:page.index("<nav>")]
+    assert "Prediction bands: <b>2 of 4</b> structure-metric cells of the validation patients lie outside their " \
+           "binomial 95 % range, 0.2 expected by chance" in first

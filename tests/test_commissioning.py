@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from provided_code.metrics.commissioning import (Z_THRESHOLD, dosimetric_outliers, fit_summary, goal_table,
-                                                 residuals)
+                                                 patients_to_judge, residuals, verdict)
 from provided_code.sites import Goal, openkbp
 
 KINDS = {"LeftParotid": "oar", "SpinalCord": "oar", "PTV70": "target"}
@@ -213,3 +213,80 @@ def test_a_value_at_the_goal_s_bound_meets_it():
     (entry,) = goal_table(plans, [Goal("PTV70", "D_95", min_gy=66.5)])
     assert (entry["plans_meeting"], entry["predictions_meeting"], entry["agreement"]) == (0.5, 0.5, 0.0)
     assert (entry["plan_only"], entry["prediction_only"]) == (1, 1) and entry["goal"] == "PTV70 D_95 ≥ 66.5 Gy"
+
+
+def _out_of_fold(patients: int = 30, target_error: float = 1.0, seed: int = 1) -> pd.DataFrame:
+    """Out-of-fold numbers of three organs' Dmean and two targets' D95: each prediction within 2 Gy
+    of its plan, the targets' D95 off by ``target_error`` Gy more (every patient, alternating sign)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in range(patients):
+        for structure, metric in (("Brainstem", "Dmean"), ("LeftParotid", "Dmean"), ("SpinalCord", "Dmean"),
+                                  ("PTV63", "D95"), ("PTV70", "D95")):
+            plan = rng.uniform(20, 70)
+            error = rng.uniform(-2.0, 2.0) + (target_error * (-1) ** p if metric == "D95" else 0.0)
+            rows.append({"patient": f"pt_{p}", "structure": structure, "metric": metric, "plan": plan,
+                         "predicted": plan + error})
+    return pd.DataFrame(rows)
+
+
+CELLS = [(s, m, 3.0, 0.9) for s, m in (("Brainstem", "Dmean"), ("LeftParotid", "Dmean"), ("SpinalCord", "Dmean"),
+                                       ("PTV63", "D95"), ("PTV70", "D95"))]
+
+
+def test_a_model_inside_its_tolerances_passes_every_cell():
+    found = verdict(_out_of_fold(target_error=0.0), CELLS)
+    assert found["status"] == "pass" and found["failing"] == found["unjudged"] == []
+    assert [(c["n"], c["within"], c["status"]) for c in found["cells"]] == [(30, 30, "pass")] * 5
+    assert found["words"].startswith("Within the tolerances: all 5 structure-metrics pass")
+    assert "not fit" not in found["words"].lower()
+
+
+def test_a_model_whose_target_d95_errors_exceed_them_is_not_fit_for_clinical_use_naming_the_cells():
+    plans = _out_of_fold(target_error=8.0)  # 6 to 10 Gy off: none within 3 Gy
+    plans.loc[(plans.structure == "PTV63") & (plans.patient.isin(["pt_0", "pt_1"])), "predicted"] = \
+        plans.loc[(plans.structure == "PTV63") & (plans.patient.isin(["pt_0", "pt_1"])), "plan"] + 0.5
+    found = verdict(plans, CELLS)
+    assert found["status"] == "fail" and found["failing"] == ["PTV63 D95", "PTV70 D95"]
+    by_cell = {(c["structure"], c["metric"]): c for c in found["cells"]}
+    assert (by_cell[("PTV63", "D95")]["within"], by_cell[("PTV70", "D95")]["within"]) == (2, 0)
+    errors = (plans.predicted - plans.plan).abs()[plans.structure == "PTV70"]
+    assert by_cell[("PTV70", "D95")]["worst"] == pytest.approx(errors.max())
+    assert all(by_cell[(s, "Dmean")]["status"] == "pass" for s in ("Brainstem", "LeftParotid", "SpinalCord"))
+    assert found["words"] == ("Not fit for clinical use: 2 of 5 structure-metrics fail the tolerances (PTV63 D95: 2 of "
+                              "30 patients within 3 Gy, 90 % required; PTV70 D95: 0 of 30 patients within 3 Gy, 90 % "
+                              "required).")
+
+
+def test_the_share_within_is_compared_with_the_fraction_as_a_count_at_its_edge():
+    plans = _out_of_fold(patients=20, target_error=0.0)
+    far = (plans.structure == "PTV70") & plans.patient.isin(["pt_0", "pt_1"])
+    plans.loc[far, "predicted"] = plans.loc[far, "plan"] + 3.5
+    plans.loc[(plans.structure == "PTV63") & (plans.patient == "pt_0"), "predicted"] = \
+        plans.loc[(plans.structure == "PTV63") & (plans.patient == "pt_0"), "plan"] + 3.0  # at the bound: within
+    by_cell = {c["structure"]: c for c in verdict(plans, CELLS)["cells"]}
+    assert (by_cell["PTV70"]["within"], by_cell["PTV70"]["status"]) == (18, "pass")  # 18 of 20: 90 % exactly
+    assert (by_cell["PTV63"]["within"], by_cell["PTV63"]["status"]) == (20, "pass")
+    plans.loc[(plans.structure == "PTV70") & (plans.patient == "pt_2"), "predicted"] += 5.0
+    assert verdict(plans, CELLS)["failing"] == ["PTV70 D95"]  # 17 of 20
+
+
+def test_a_cell_with_too_few_patients_is_said_so_not_passed():
+    assert [patients_to_judge(f) for f in (0.5, 0.9, 0.95, 0.99, 1.0)] == [10, 10, 20, 100, 10]
+    plans = _out_of_fold(patients=12, target_error=0.0)
+    plans = plans[~((plans.structure == "PTV63") & (plans.patient.isin([f"pt_{k}" for k in range(4)])))]
+    found = verdict(plans, CELLS[:3] + [("PTV63", "D95", 3.0, 0.9), ("PTV70", "D95", 3.0, 0.95),
+                                        ("PTV56", "D95", 3.0, 0.9)])
+    assert found["status"] == "not judged" and found["failing"] == []
+    assert found["unjudged"] == ["PTV63 D95", "PTV70 D95", "PTV56 D95"]  # 8 patients; 12 of the 20 95 % needs; none
+    assert [c["status"] for c in found["cells"][:3]] == ["pass"] * 3
+    assert found["words"].startswith("Not judged: 3 of 6 have too few patients to judge (PTV63 D95: 8 patients, 10 "
+                                     "needed; PTV70 D95: 12 patients, 20 needed; PTV56 D95: 0 patients, 10 needed); "
+                                     "the other 3 pass. The model is not shown fit for clinical use")
+    plans.loc[plans.structure == "Brainstem", "predicted"] += 10.0
+    alone = verdict(plans.iloc[:0], CELLS[:1])["words"]
+    assert alone.startswith("Not judged: 1 of 1 have too few patients to judge (Brainstem Dmean: 0 patients, 10 "
+                            "needed); no structure-metric could be judged.")
+    failing = verdict(plans, CELLS[:3] + [("PTV56", "D95", 3.0, 0.9)])
+    assert failing["status"] == "fail" and failing["words"].startswith("Not fit for clinical use: 1 of 4")
+    assert failing["words"].endswith("; 1 of 4 have too few patients to judge (PTV56 D95: 0 patients, 10 needed).")

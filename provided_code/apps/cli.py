@@ -29,6 +29,7 @@ from provided_code.metrics.calibration import DEFAULT_COVERAGE
 from provided_code.beams import BEAM_CHANNELS
 from provided_code.presets import PRESETS, apply_preset
 from provided_code.run_folder import RunFolder
+from provided_code.tolerances import describe as describe_tolerances
 
 DEFAULTS = TrainConfig()
 CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HOME/provided_code, "
@@ -328,7 +329,12 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
               help="The in-distribution check's level: a new patient is flagged outside the training cohort when "
                    "its conformal p-value is below it (a patient like the cohort is flagged at most this often). "
                    "Recorded in commissioning/cohort.json and on the model card.")
-def commission_command(model_dir, data_dir, cache_dir, alpha):
+@click.option("--tolerances", "tolerances", default=None, metavar="FILE",
+              help="The physicist's tolerances the model is judged by, a CSV of structure,metric,within_gy,fraction "
+                   "(organs or targets for every structure of a kind; docs/commissioning.md). The verdict, which "
+                   "structure-metrics pass and which fail, heads the report and the model card [default: "
+                   f"{describe_tolerances()}].")
+def commission_command(model_dir, data_dir, cache_dir, alpha, tolerances):
     """Commission a cross-validated model (results/<model>, its folds trained with --folds N --fold K):
     from the folds' out-of-fold predictions, write results/<model>/commissioning/ (report.html,
     report.json, plans.csv, the model card). Nothing is predicted again."""
@@ -336,7 +342,8 @@ def commission_command(model_dir, data_dir, cache_dir, alpha):
     from provided_code.apps.commission.run import commission
 
     try:
-        report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress, alpha=alpha)
+        report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress, alpha=alpha,
+                            tolerances=tolerances)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())

@@ -28,6 +28,18 @@ have is (n − 1)/(n + 1) (:func:`largest_coverage`: 90 % needs 19 patients, 95 
 band would be unbounded and there is none (``None``), said with the patients that would be needed.
 A dose is never negative: ``low`` is at least 0 Gy (which can only hold the plan more often).
 
+**Is a band calibrated?** A cell (a structure-metric at a nominal level) whose band holds the plan
+of each of its n held-out values with probability c holds, if the values are independent, a
+Binomial(n, c) count of them: its observed coverage lies in the central 95 % range of
+Binomial(n, c)/n (:func:`binomial_range`, from the exact binomial distribution) with probability at
+least 95 %. ±5 points cannot be met at 30 patients a cell (the range of a 90 % band is 77 % to
+100 % there); the range can. Of many cells about 5 % lie outside by chance (at most 5 % each:
+:func:`outside_probability` is the exact chance for a cell, the range's discreteness keeps it
+below); many more outside say the bands are not calibrated. c is the band's coverage for
+exchangeable patients (:func:`exact_coverage`, the nominal up to 2/(n + 1) above it). The cells of
+one validation split share their calibration residuals, which spreads their coverages more than
+independent draws would: the count outside the ranges is a screen, not a test.
+
 Pure arithmetic on arrays and tables (pandas DataFrames, imported where they are made: the command
 lines read :data:`DEFAULT_COVERAGE` without it): no file I/O.
 """
@@ -35,6 +47,7 @@ lines read :data:`DEFAULT_COVERAGE` without it): no file I/O.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Mapping
 
 import numpy as np
@@ -44,6 +57,7 @@ from provided_code.errors import UserError
 METHOD = "split-conformal, equal-tailed, on out-of-fold residuals"
 DEFAULT_COVERAGE = 0.9  # a band's nominal coverage unless asked otherwise (--band)
 LEVELS = (0.5, 0.68, 0.8, 0.9, 0.95)  # the nominal coverages a reliability table shows
+RANGE_LEVEL = 0.95  # the share of a calibrated cell's observed coverages its binomial range holds (binomial_range)
 
 
 class CoverageError(UserError, ValueError):
@@ -171,3 +185,89 @@ def coverage_summary(rows, by: tuple[str, ...] = ()):
     grouped = rows.groupby(keys, sort=False)
     summary = grouped.agg(n=("covered", "size"), observed=("covered", "mean"), median_width=("width", "median"))
     return summary.reset_index()
+
+
+def _binomial_pmf(n: int, probability) -> list[Fraction]:
+    """P(X = k), k = 0..n, of X ~ Binomial(n, ``probability``) in exact rational arithmetic: a float
+    probability is taken as the decimal it prints as (0.9 is 9/10, not its binary neighbour)."""
+    p = Fraction(repr(float(probability))) if isinstance(probability, float) else Fraction(probability)
+    q = 1 - p
+    return [math.comb(n, k) * p ** k * q ** (n - k) for k in range(n + 1)]
+
+
+def _checked_range(n, coverage, level) -> tuple[int, float, Fraction]:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"Invalid `n`. Expected a count of held-out values, at least 1. Received: n={n!r}")
+    try:
+        value = float(coverage)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"Invalid `coverage`. Expected a probability between 0 and 1. Received: coverage={coverage!r}")
+    if open_fraction(level) is None:
+        raise ValueError(f"Invalid `level`. Expected a fraction strictly between 0 and 1 (0.95). Received: "
+                         f"level={level!r}")
+    return int(n), value, (1 - Fraction(repr(float(level)))) / 2
+
+
+def binomial_counts(n: int, coverage: float, level: float = RANGE_LEVEL) -> tuple[int, int]:
+    """``(low, high)``: the central ``level`` range of X ~ Binomial(n, ``coverage``), its
+    (1 − level)/2 and (1 + level)/2 quantiles: ``low`` the least k with P(X ≤ k) ≥ (1 − level)/2,
+    ``high`` the least k with P(X ≤ k) ≥ (1 + level)/2. So P(X < low) < (1 − level)/2,
+    P(X > high) ≤ (1 − level)/2 and P(low ≤ X ≤ high) ≥ ``level``; from the exact distribution
+    (rational arithmetic: a cumulative probability at a tail's edge is not misjudged by rounding).
+    n = 20, coverage 0.9: (15, 20), P(X ≤ 14) = 0.011, P(X ≤ 15) = 0.043."""
+    n, coverage, tail = _checked_range(n, coverage, level)
+    low = high = None
+    cumulative = Fraction(0)
+    for k, mass in enumerate(_binomial_pmf(n, coverage)):
+        cumulative += mass
+        if low is None and cumulative >= tail:
+            low = k
+        if cumulative >= 1 - tail:
+            high = k
+            break
+    return low, n if high is None else high
+
+
+def binomial_range(n: int, coverage: float, level: float = RANGE_LEVEL) -> tuple[float, float]:
+    """The central ``level`` range of the observed coverage of ``n`` held-out values, each held
+    by its band with probability ``coverage``: :func:`binomial_counts` over n (module docstring)."""
+    low, high = binomial_counts(n, coverage, level)
+    return low / n, high / n
+
+
+def outside_probability(n: int, coverage: float, level: float = RANGE_LEVEL) -> float:
+    """The exact probability that a calibrated cell's observed coverage lies outside its
+    :func:`binomial_range`: P(X < low) + P(X > high), at most 1 − ``level``."""
+    low, high = binomial_counts(n, coverage, level)
+    pmf = _binomial_pmf(int(n), coverage)
+    return float(sum(pmf[:low]) + sum(pmf[high + 1:]))
+
+
+def range_check(by_pair, level: float = RANGE_LEVEL):
+    """:func:`coverage_summary`'s rows per structure-metric (columns ``structure``, ``metric``,
+    ``nominal``, ``n``, ``observed`` and ``exact``, the coverage of the band for exchangeable
+    patients; the nominal where it is missing) with ``range_low`` and ``range_high`` (the observed
+    coverage's :func:`binomial_range` at that coverage) and ``outside`` (observed below or above it)
+    added; and per nominal level and over all: ``cells``, ``outside``, ``expected`` (``1 − level``
+    of the cells: what chance alone puts outside, at most) and ``expected_exact`` (the sum of the
+    cells' :func:`outside_probability`)."""
+    table = by_pair.copy()
+    claimed = table["exact"].where(table["exact"].notna(), table["nominal"]) if "exact" in table else table["nominal"]
+    ranges = [binomial_counts(int(n), float(c), level) for n, c in zip(table["n"], claimed)]
+    table["range_low"] = [low / n for (low, _), n in zip(ranges, table["n"])]
+    table["range_high"] = [high / n for (_, high), n in zip(ranges, table["n"])]
+    # the observed coverage is a count over n: compared as counts, no rounding decides a cell
+    counts = [round(observed * n) for observed, n in zip(table["observed"], table["n"])]
+    table["outside"] = [not low <= k <= high for k, (low, high) in zip(counts, ranges)]
+    chance = [outside_probability(int(n), float(c), level) for n, c in zip(table["n"], claimed)]
+
+    def totals(mask) -> dict:
+        cells = int(sum(mask))
+        return {"cells": cells, "outside": int(sum(o for o, m in zip(table["outside"], mask) if m)),
+                "expected": (1 - level) * cells, "expected_exact": float(sum(p for p, m in zip(chance, mask) if m))}
+
+    per_level = [{"nominal": float(nominal), **totals([abs(v - nominal) < 1e-12 for v in table["nominal"]])}
+                 for nominal in dict.fromkeys(table["nominal"])]
+    return table, {"level": level, **totals([True] * len(table)), "by_level": per_level}

@@ -11,9 +11,21 @@ table's (``D99``, ``D95``, ``D50``, ``Dmean``, ``D1``, ``Dmax``).
 - :func:`dosimetric_outliers`: the plans whose achieved metrics lie far from what the model
   predicts for their anatomy, with the reason in words;
 - :func:`goal_table`: per clinical goal, how often the plans and the predictions meet it;
-- :func:`dvh_curve`: a structure's cumulative DVH, as the report draws a flagged patient's.
+- :func:`dvh_curve`: a structure's cumulative DVH, as the report draws a flagged patient's;
+- :func:`verdict`: the physicist's tolerances judged per structure-metric (which pass, which fail,
+  which have too few patients to judge) and the model's verdict in words.
 
 Pure arithmetic on tables: no file I/O.
+
+**The verdict.** A tolerance asks that a structure-metric's out-of-fold prediction be within
+``within_gy`` of the plan (|predicted − plan| ≤ within_gy) for at least ``fraction`` of the
+patients that have it (:mod:`provided_code.tolerances`). A cell passes when the share within is
+at least the fraction, and fails when it is less; it is not judged when it has fewer patients than
+:func:`patients_to_judge` asks, at least :data:`MIN_PATIENTS_TO_JUDGE` (10) and 1/(1 − fraction)
+(20 for 95 %): with fewer, one patient moves the share by more than 10 points, and the share cannot
+tell the fraction asked from all the patients (a single miss fails the cell). A model that fails a
+cell is "not fit for clinical use"; one with every cell passed is within its tolerances; one with
+cells too small to judge and none failing is not judged (never passed).
 
 **The standardised residual** of a row is (difference − median) / scale, the median of that
 structure-metric's differences across patients and the scale 1.4826 · MAD (median absolute
@@ -56,6 +68,8 @@ Z_THRESHOLD = 3.5  # |robust z| above this flags a plan (module docstring)
 MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this estimates its standard deviation
 MIN_SCALE_GY = 1.0  # the robust z's scale is at least this (module docstring)
 COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
+MIN_PATIENTS_TO_JUDGE = 10  # the fewest patients a tolerance is judged on (module docstring: the verdict)
+VERDICTS = {"fail": "not fit for clinical use", "not judged": "not judged", "pass": "within the tolerances"}
 DVH_STEP_GY = 0.5  # the dose step of a DVH curve (dvh_curve)
 _HOT = ("D1", "Dmax")  # clinical metrics of a target's hottest part (D_<cc>_cc and D_<p> with p < 50 too)
 _METRIC_WORDS = {"mean": "mean dose", "Dmean": "mean dose", "Dmax": "maximum dose", "D99": "D99", "D95": "D95",
@@ -213,6 +227,71 @@ def goal_table(plans: pd.DataFrame, goals: Iterable) -> list[dict]:
                         "plan_only": int((plan_meets & ~predicted_meets).sum()),
                         "prediction_only": int((predicted_meets & ~plan_meets).sum())})
     return entries
+
+
+def patients_to_judge(fraction: float) -> int:
+    """The fewest patients a tolerance of ``fraction`` is judged on: at least
+    :data:`MIN_PATIENTS_TO_JUDGE` and 1/(1 − fraction) (module docstring: the verdict)."""
+    if fraction >= 1.0:
+        return MIN_PATIENTS_TO_JUDGE
+    return max(MIN_PATIENTS_TO_JUDGE, math.ceil(round(1.0 / (1.0 - fraction), 9)))
+
+
+def verdict(plans: pd.DataFrame, cells) -> dict:
+    """The tolerances judged on ``plans`` (the out-of-fold table; module docstring: the verdict).
+
+    ``cells``: ``(structure, metric, within_gy, fraction)`` per structure-metric judged
+    (:func:`provided_code.tolerances.cells`). Returns ``status`` (``fail``, ``not judged`` or
+    ``pass``), ``words`` (the verdict in a sentence), ``cells`` (per cell, in order: ``structure``,
+    ``metric``, ``within_gy``, ``fraction``, ``n`` (patients with it), ``within`` (of them within
+    the tolerance), ``observed`` (their share; None for none), ``needed`` (patients to judge it),
+    ``worst`` (the largest |predicted − plan|, Gy; None for none) and ``status``: ``pass``,
+    ``fail`` or ``too few``), and ``failing`` and ``unjudged``: the cells' names
+    (``"PTV70 D95"``) with those statuses."""
+    table = _checked(plans)
+    entries = []
+    for structure, metric, within_gy, fraction in cells:
+        rows = table.loc[(table["structure"] == structure) & (table["metric"] == metric)]
+        errors = (rows["predicted"] - rows["plan"]).abs().to_numpy(np.float64)
+        errors = errors[np.isfinite(errors)]
+        n, needed = int(errors.size), patients_to_judge(float(fraction))
+        within = int((errors <= float(within_gy) + 1e-9).sum())  # a plans.csv value at the bound is within
+        status = "too few" if n < needed else "pass" if within >= float(fraction) * n - 1e-9 else "fail"
+        entries.append({"structure": str(structure), "metric": str(metric), "within_gy": float(within_gy),
+                        "fraction": float(fraction), "n": n, "within": within, "observed": within / n if n else None,
+                        "needed": needed, "worst": float(errors.max()) if n else None, "status": status})
+    failing = [f"{e['structure']} {e['metric']}" for e in entries if e["status"] == "fail"]
+    unjudged = [f"{e['structure']} {e['metric']}" for e in entries if e["status"] == "too few"]
+    status = "fail" if failing else "not judged" if unjudged or not entries else "pass"
+    return {"status": status, "words": _verdict_words(status, entries), "cells": entries, "failing": failing,
+            "unjudged": unjudged}
+
+
+def _verdict_words(status: str, entries: list[dict]) -> str:
+    def said(entry):
+        share = "no patient" if entry["n"] == 0 else f"{entry['within']} of {entry['n']} patients"
+        return (f"{entry['structure']} {entry['metric']}: {share} within {entry['within_gy']:g} Gy, "
+                f"{100 * entry['fraction']:g} % required")
+
+    failing = [e for e in entries if e["status"] == "fail"]
+    unjudged = [e for e in entries if e["status"] == "too few"]
+    few = ""
+    if unjudged:
+        few = (f"{len(unjudged)} of {len(entries)} have too few patients to judge ("
+               + "; ".join(f"{e['structure']} {e['metric']}: {e['n']} patients, {e['needed']} needed" for e in unjudged)
+               + ")")
+    if status == "fail":
+        return (f"Not fit for clinical use: {len(failing)} of {len(entries)} structure-metrics fail the tolerances ("
+                + "; ".join(map(said, failing)) + ")" + (f"; {few}" if few else "") + ".")
+    if status == "not judged":
+        if not entries:
+            return "Not judged: the tolerances name no structure-metric of these patients."
+        judged = len(entries) - len(unjudged)
+        return (f"Not judged: {few}; " + (f"the other {judged} pass" if judged else "no structure-metric could be judged")
+                + ". The model is not shown fit for clinical use until every structure-metric is judged on enough "
+                  "patients.")
+    closest = min(entries, key=lambda e: e["observed"] - e["fraction"])
+    return f"Within the tolerances: all {len(entries)} structure-metrics pass (the closest, {said(closest)})."
 
 
 def dvh_curve(doses, step_gy: float = DVH_STEP_GY) -> list[list[float]]:

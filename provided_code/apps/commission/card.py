@@ -1,5 +1,7 @@
 """A model card (``MODEL_CARD.md`` and ``model_card.json``): what a cross-validated model was trained on
-and how well it did, as a clinic's quality records need: its site, its patients (pseudonyms), the
+and how well it did, as a clinic's quality records need: first its verdict (the physicist's
+tolerances judged per structure-metric: which pass, which fail, "not fit for clinical use" when any
+fails), then its site, its patients (pseudonyms), the
 patients left out and why, its recipe and network, the software that trained it, the folds' and the
 deployed ensemble's scores, the commissioning's summary, and a checksum of every checkpoint it
 describes (so that a file changed since is found)."""
@@ -90,6 +92,7 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfi
         "parent": _parent(first),
         "software": _versions(),
         "scores": {"out_of_fold": report["scores"], "folds": report["folds"], "deployed": _deployed(model_dir)},
+        "verdict": _verdict(report),
         "commissioning": {"dosimetric_outliers": [o["patient"] for o in report["dosimetric_outliers"]],
                           "geometric_outliers": [o["patient"] for o in report["geometric_outliers"]],
                           "thresholds": report["thresholds"],
@@ -104,6 +107,7 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfi
 def _markdown(card: dict) -> str:
     out = [f"# Model card: {card['model']}", "",
            f"Written {card['written']} by openkbp-commission.", "",
+           *_verdict_markdown(card["verdict"]), "",
            "## Site", "", f"{card['site']['name']}: {card['site']['description']}", "",
            "## Patients", "",
            f"- Trained and cross-validated on {len(card['patients']['training'])} patients of "
@@ -142,6 +146,37 @@ def _markdown(card: dict) -> str:
     out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]
     out += [f"| {c['fold']} | {c['epoch']} | {c['path']} | `{c['sha256']}` |" for c in card["checkpoints"]]
     return "\n".join(out) + "\n"
+
+
+_HEADS = {"fail": "Not fit for clinical use", "not judged": "Not judged: too few patients",
+          "pass": "Within the tolerances"}
+_CELL_WORDS = {"fail": "**fails**", "too few": "too few patients", "pass": "passes"}
+
+
+def _verdict(report: dict) -> dict:
+    """The card's ``verdict``: the report's (:func:`provided_code.metrics.commissioning.verdict`,
+    with its tolerances) and the bands' calibration against their binomial ranges, when measured."""
+    found = dict(report["verdict"])
+    check = (report.get("calibration") or {}).get("range_check")
+    found["bands"] = None if not check else {key: check[key] for key in ("cells", "outside", "expected")}
+    return found
+
+
+def _verdict_markdown(verdict: dict) -> list[str]:
+    tolerances = verdict["tolerances"]
+    source = ("the default tolerances" if tolerances["source"] == "the defaults" else
+              f"the tolerances of {tolerances['source']} (SHA-256 `{tolerances['sha256']}`)")
+    out = ["## Verdict", "", f"**{_HEADS[verdict['status']]}.** {verdict['words']}", "",
+           f"Judged on the out-of-fold predictions by {source}: {tolerances['words']}.", "",
+           "| structure | metric | tolerance | patients within | required | verdict |", "|---|---|---|---|---|---|"]
+    out += [f"| {c['structure']} | {c['metric']} | {c['within_gy']:g} Gy | {c['within']} of {c['n']} | "
+            f"{100 * c['fraction']:g} % | {_CELL_WORDS[c['status']]} |" for c in verdict["cells"]]
+    bands = verdict.get("bands")
+    if bands:
+        out += ["", f"Prediction bands on the validation patients: {bands['outside']} of {bands['cells']} "
+                    f"structure-metric cells outside their binomial 95 % range ({bands['expected']:.1f} expected by "
+                    f"chance)."]
+    return out
 
 
 def _parent_markdown(parent: dict | None) -> list[str]:

@@ -1,5 +1,6 @@
 """The commissioning report: one self-contained HTML file (:func:`render_report`) that a physicist
-reads top to bottom: the cohort, the summary, predicted against achieved, the residuals, each
+reads top to bottom: first the verdict (the physicist's tolerances judged per structure-metric:
+which pass, which fail, "not fit for clinical use" when any fails), then the cohort, the summary, predicted against achieved, the residuals, each
 flagged patient with its reason and its DVH, and the clinical goals. CSS inline, charts inline SVG
 (:mod:`.svg`), system fonts: nothing is fetched, it reads with no network.
 
@@ -40,6 +41,10 @@ page shows comes from it):
     cannot flag, when it cannot}``.
 ``goals``
     :func:`provided_code.metrics.commissioning.goal_table`'s entries.
+``verdict`` (optional: a report made before tolerances has none, and says so)
+    :func:`provided_code.metrics.commissioning.verdict`'s ``status``, ``words``, ``cells``,
+    ``failing`` and ``unjudged``, and ``tolerances``: ``{"source": the file or "the defaults",
+    "sha256", "rules", "words"}``.
 ``dvh_curves``
     ``{patient: {structure: {"plan": [[Gy, %], ...], "predicted": [[Gy, %], ...]}}}`` for the flagged
     patients (:func:`provided_code.metrics.commissioning.dvh_curve`).
@@ -51,7 +56,10 @@ page shows comes from it):
     :func:`provided_code.metrics.calibration.coverage_summary` (``nominal``, ``n``, ``observed``,
     ``median_width``) ``overall``, ``by_structure`` (with ``structure``) and
     ``by_structure_metric`` (with ``structure``, ``metric`` and ``exact``, the coverage
-    exchangeable patients would have); or ``note`` (why there is none) alone.
+    exchangeable patients would have, and optionally ``range_low``, ``range_high`` and
+    ``outside``: the cell against its binomial 95 % range); ``range_check`` (optional: the totals of
+    :func:`provided_code.metrics.calibration.range_check`, ``cells``, ``outside``, ``expected``,
+    ``expected_exact`` and ``by_level``); or ``note`` (why there is none) alone.
 
 ``model``, ``site``, ``cohort``, ``summary`` and ``plans`` are required; the other sections show
 "none" when absent or empty.
@@ -96,6 +104,14 @@ svg .identity { stroke: #8c959f; stroke-dasharray: 4 3; stroke-width: 1; }
 svg .point { fill: #1f77b4; fill-opacity: 0.75; } svg .point.flagged { fill: #d62728; fill-opacity: 1; }
 svg .bar { fill: #6e9fcf; } svg .marker { stroke: #d62728; stroke-dasharray: 4 3; stroke-width: 1.2; }
 details summary { cursor: pointer; color: #0b57d0; }
+.verdict { border: 2px solid #8c959f; border-radius: 8px; padding: 10px 16px; margin: 14px 0 10px; }
+.verdict h2 { margin: 0 0 4px; border: none; padding: 0; font-size: 1.35em; }
+.verdict.fail { border-color: #b42318; background: #fdecea; } .verdict.fail h2 { color: #b42318; }
+.verdict.unjudged { border-color: #9a6700; background: #fff8e1; } .verdict.unjudged h2 { color: #7a5200; }
+.verdict.pass { border-color: #1a7f37; background: #eaf6ec; } .verdict.pass h2 { color: #1a7f37; }
+.verdict table { background: #ffffff; margin: 6px 0; } .verdict p { margin: 4px 0; }
+td.fail { color: #b42318; font-weight: 600; } td.unjudged { color: #7a5200; font-weight: 600; }
+td.pass { color: #1a7f37; } td.outside { color: #b42318; font-weight: 600; }
 """
 
 
@@ -107,7 +123,7 @@ def render_report(report: dict) -> str:
                          f"{', '.join(missing)}")
     title = f"Model commissioning: {report['model']}"
     body = [f"<header><h1>{escape(title)}</h1>", f'<p class="lead">{escape(_subtitle(report))}</p>',
-            '<nav><ol>' + "".join(f'<li><a href="#{key}">{escape(name)}</a></li>' for key, name in SECTIONS)
+            _verdict(report), '<nav><ol>' + "".join(f'<li><a href="#{key}">{escape(name)}</a></li>' for key, name in SECTIONS)
             + "</ol></nav></header>",
             _section("cohort", _cohort(report)), _section("summary", _summary(report)),
             _section("scatter", _scatter(report)), _section("residuals", _residuals(report)),
@@ -118,8 +134,12 @@ def render_report(report: dict) -> str:
             f"<style>{_STYLE}</style></head><body><main>" + "\n".join(body) + "</main></body></html>\n")
 
 
+def _number(key: str) -> int:
+    return [k for k, _ in SECTIONS].index(key) + 1
+
+
 def _section(key: str, content: str) -> str:
-    number = [k for k, _ in SECTIONS].index(key) + 1
+    number = _number(key)
     name = dict(SECTIONS)[key]
     return f'<section id="{key}"><h2>{number}. {escape(name)}</h2>{content}</section>'
 
@@ -131,6 +151,53 @@ def _subtitle(report: dict) -> str:
     if report.get("created"):
         parts.append(f"made {report['created']}")
     return "; ".join(parts)
+
+
+# -- the verdict, on the first screen ---------------------------------------------------------------
+
+_VERDICT_CLASS = {"fail": "fail", "not judged": "unjudged", "pass": "pass"}
+_VERDICT_HEAD = {"fail": "Not fit for clinical use", "not judged": "Not judged: too few patients",
+                 "pass": "Within the tolerances"}
+_CELL_WORDS = {"fail": "fails", "too few": "too few patients", "pass": "passes"}
+
+
+def _verdict(report: dict) -> str:
+    """The verdict box: the tolerances judged per structure-metric, the failing cells named, and
+    the bands' calibration in one line."""
+    found = report.get("verdict")
+    if not found:
+        return ('<div class="verdict unjudged" id="verdict"><h2>No verdict</h2><p>This report was made before '
+                'commissioning judged the model by tolerances: commission it again (openkbp-commission) for its '
+                'verdict.</p></div>')
+    status = found.get("status")
+    tolerances = found.get("tolerances") or {}
+    source = tolerances.get("source") or "the defaults"
+    judged_by = ("the default tolerances" if source == "the defaults" else f"the tolerances of {source}"
+                 + (f" (SHA-256 {tolerances['sha256'][:12]}…)" if tolerances.get("sha256") else ""))
+    parts = [f'<div class="verdict {_VERDICT_CLASS.get(status, "unjudged")}" id="verdict">'
+             f'<h2>Verdict: {escape(_VERDICT_HEAD.get(status, str(status)))}</h2>'
+             f'<p id="verdict-words">{escape(found.get("words", ""))}</p>'
+             f'<p class="muted">Judged on the out-of-fold predictions by {escape(judged_by)}: '
+             f'{escape(tolerances.get("words", ""))}. A structure-metric is judged on at least 10 patients, and at '
+             f'least 1/(1 − the share required).</p>']
+    rows = []
+    for cell in found.get("cells") or []:
+        rows.append(([cell.get("structure"), cell.get("metric"), f"{_fmt(cell.get('within_gy'), 1)} Gy",
+                      f"{cell.get('within')} of {cell.get('n')}", _percent(cell.get("observed")),
+                      _percent(cell.get("fraction")), _fmt(cell.get("worst"), 1),
+                      _CELL_WORDS.get(cell.get("status"), cell.get("status"))],
+                     {7: _VERDICT_CLASS.get({"too few": "not judged"}.get(cell.get("status"), cell.get("status")), "")}))
+    if rows:
+        parts.append(_table(["structure", "metric", "tolerance", "patients within", "share", "required",
+                             "largest error (Gy)", "verdict"], [row for row, _ in rows], text_columns=(0, 1, 7),
+                            table_id="verdict-table", cell_classes=[classes for _, classes in rows]))
+    check = (report.get("calibration") or {}).get("range_check")
+    if check:
+        parts.append(f'<p id="verdict-bands">Prediction bands: <b>{escape(check.get("outside"))} of '
+                     f'{escape(check.get("cells"))}</b> structure-metric cells of the validation patients lie outside '
+                     f'their binomial 95 % range, {escape(_fmt(check.get("expected"), 1))} expected by chance (5 % of '
+                     f'the cells; section {_number("calibration")}).</p>')
+    return "".join(parts) + "</div>"
 
 
 # -- sections --------------------------------------------------------------------------------------
@@ -346,15 +413,40 @@ def _calibration(report: dict) -> str:
             for level in shown:
                 if abs(row["nominal"] - level) < 1e-9:
                     pairs.setdefault((row["structure"], row["metric"]), {})[level] = row
+        check = calibration.get("range_check")
+        if check:
+            parts.append(f'<p id="range-check">Each structure-metric at each level is a cell: its observed coverage '
+                         f'against the central 95 % range a calibrated band gives n held-out values (Binomial(n, c)/n, '
+                         f'c the coverage the band has for exchangeable patients). <b>{escape(check.get("outside"))} '
+                         f'of {escape(check.get("cells"))}</b> cells lie outside their range; '
+                         f'{escape(_fmt(check.get("expected"), 1))} expected by chance (5 % of the cells; '
+                         f'{escape(_fmt(check.get("expected_exact"), 1))} for these cells\' n exactly). Many more '
+                         f'outside: the bands do not hold what they claim. The cells of one split share their '
+                         f'calibration residuals, so a few more outside is no proof of it.</p>')
+            parts.append(_table(["nominal", "cells", "outside their range", "expected (5 %)"],
+                                [[_percent(level.get("nominal")), level.get("cells"), level.get("outside"),
+                                  _fmt(level.get("expected"), 1)] for level in check.get("by_level") or []],
+                                table_id="range-check-table"))
         if pairs:
             header = ["structure", "metric"] + [f"{title} {_percent(level)}" for level in shown
-                                                for title in ("observed", "expected", "width")]
-            rows = [[structure, metric] + [cell for level in shown for cell in (
-                _percent((found.get(level) or {}).get("observed")), _percent((found.get(level) or {}).get("exact")),
-                _fmt((found.get(level) or {}).get("median_width"), 2))] for (structure, metric), found in pairs.items()]
-            parts.append("<details><summary>Per structure and metric (observed on the validation patients; expected: "
-                         "the coverage exchangeable patients would have; the median band width in Gy)</summary>"
-                         + _table(header, rows, text_columns=(0, 1), table_id="coverage-by-metric") + "</details>")
+                                                for title in ("observed", "95 % range", "expected", "width")]
+            rows, classes = [], []
+            for (structure, metric), found in pairs.items():
+                row, marks = [structure, metric], {}
+                for level in shown:
+                    cell = found.get(level) or {}
+                    if cell.get("outside"):
+                        marks[len(row)] = "outside"
+                    row += [_percent(cell.get("observed")) + (" (outside)" if cell.get("outside") else ""),
+                            _range(cell.get("range_low"), cell.get("range_high")), _percent(cell.get("exact")),
+                            _fmt(cell.get("median_width"), 2)]
+                rows.append(row)
+                classes.append(marks)
+            parts.append("<details><summary>Per structure and metric (observed on the validation patients; its "
+                         "binomial 95 % range; expected: the coverage exchangeable patients would have; the median "
+                         "band width in Gy)</summary>"
+                         + _table(header, rows, text_columns=(0, 1), table_id="coverage-by-metric",
+                                  cell_classes=classes) + "</details>")
     scores = calibration.get("in_distribution") or []
     threshold = calibration.get("threshold")
     if scores:
@@ -391,13 +483,18 @@ def _method(report: dict) -> str:
 # -- pieces ----------------------------------------------------------------------------------------
 
 def _table(header: list[str], rows: Iterable[list], text_columns: tuple[int, ...] = (),
-           table_id: str | None = None) -> str:
-    def cell(tag, k, value):
-        kind = ' class="text"' if k in text_columns else ""
+           table_id: str | None = None, cell_classes: list[dict] | None = None) -> str:
+    """A table; ``cell_classes``: per row, ``{column: class}`` of the cells to mark."""
+    def cell(tag, k, value, marked=""):
+        kinds = " ".join(name for name in ("text" if k in text_columns else "", marked) if name)
+        kind = f' class="{escape(kinds)}"' if kinds else ""
         return f"<{tag}{kind}>{escape('–' if value is None else value)}</{tag}>"
 
+    rows = list(rows)
+    marks = cell_classes or [{}] * len(rows)
     head = "<tr>" + "".join(cell("th", k, name) for k, name in enumerate(header)) + "</tr>"
-    body = "".join("<tr>" + "".join(cell("td", k, value) for k, value in enumerate(row)) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(cell("td", k, value, marked.get(k, "")) for k, value in enumerate(row)) + "</tr>"
+                   for row, marked in zip(rows, marks))
     identity = f' id="{escape(table_id)}"' if table_id else ""
     return f"<table{identity}><thead>{head}</thead><tbody>{body}</tbody></table>"
 
@@ -413,4 +510,9 @@ def _fmt(value, digits: int) -> str:
 
 def _percent(fraction) -> str:
     return f"{100 * fraction:.0f} %" if _finite(fraction) else "–"
+
+
+def _range(low, high) -> str:
+    """``75–100 %``; – without one."""
+    return f"{100 * low:.0f}–{100 * high:.0f} %" if _finite(low) and _finite(high) else "–"
 

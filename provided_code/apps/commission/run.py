@@ -8,8 +8,11 @@ prediction's, their difference and its standardised residual; per structure and 
 spread, mean absolute error and R²; the dose and DVH scores of the out-of-fold predictions; the
 site's clinical goals met by the plans and by the predictions; the dosimetric outliers (plans far
 from what the model predicts for their anatomy) and the geometric ones (anatomies unlike the
-cohort's, from features computed once per patient). :mod:`provided_code.metrics.commissioning` and
-:mod:`provided_code.metrics.anatomy` hold the arithmetic; :mod:`.report` draws the page.
+cohort's, from features computed once per patient); and the verdict: the physicist's tolerances
+(``--tolerances FILE``, :mod:`provided_code.tolerances`; its defaults without) judged per
+structure-metric, which pass, which fail, and "not fit for clinical use" when any fails.
+:mod:`provided_code.metrics.commissioning` and :mod:`provided_code.metrics.anatomy` hold the
+arithmetic; :mod:`.report` draws the page.
 
 ``results/<model>/commissioning/`` (written beside its place and moved in whole)::
 
@@ -21,7 +24,8 @@ cohort's, from features computed once per patient). :mod:`provided_code.metrics.
                        band is computed from (provided_code/trust.py: both files' home)
     report.json        every figure of the report (flagged patients under dosimetric_outliers and
                        geometric_outliers, each with its reason; the bands' coverage on the
-                       validation split under calibration)
+                       validation split under calibration, each cell with its binomial range;
+                       the tolerances and their judgement under verdict)
     report.html        one self-contained page, read top to bottom
     MODEL_CARD.md      what the model was trained on and how well it did (and model_card.json)
 """
@@ -57,6 +61,7 @@ from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import naming_path, new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import anatomy, calibration, commissioning
+import provided_code.tolerances as tolerance_file
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
 from provided_code.run_folder import SCORES_FILE, CheckpointError, RunFolder, read_scores
@@ -100,10 +105,15 @@ class CommissioningReport:
         report = self.report
         lines = [f"Commissioned {report['model']} ({report['site']}): {len(report['cohort']['patients'])} patients, "
                  f"{report['cohort']['folds']} folds.",
+                 f"Verdict ({report['verdict']['tolerances']['source']}): {report['verdict']['words']}",
                  f"Out-of-fold dose score {report['scores']['dose_score']:.3f} Gy, DVH score "
                  f"{report['scores']['dvh_score']:.3f} Gy.",
                  f"Dosimetric outliers: {', '.join(o['patient'] for o in report['dosimetric_outliers']) or 'none'}.",
                  f"Geometric outliers: {', '.join(o['patient'] for o in report['geometric_outliers']) or 'none'}."]
+        check = (report.get("calibration") or {}).get("range_check")
+        if check:
+            lines.append(f"Band calibration: {check['outside']} of {check['cells']} structure-metric cells outside "
+                         f"their binomial 95 % range ({check['expected']:.1f} expected by chance).")
         if report["thresholds"].get("geometric_note"):
             lines.append(f"In-distribution check: {report['thresholds']['geometric_note']}.")
         lines += [f"{name}: {self.folder / FILES[key]}" for key, name in (
@@ -264,16 +274,19 @@ def _listed(names: list[str], most: int = 5) -> str:
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
                cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
-               alpha: float = anatomy.DEFAULT_ALPHA) -> CommissioningReport:
+               alpha: float = anatomy.DEFAULT_ALPHA, tolerances: os.PathLike | str | None = None) -> CommissioningReport:
     """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
     ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
     the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them;
-    ``alpha``: the in-distribution check's level (recorded in cohort.json).
+    ``alpha``: the in-distribution check's level (recorded in cohort.json); ``tolerances``: the
+    physicist's tolerance file (:mod:`provided_code.tolerances`; None: its defaults), read and
+    checked against the folds' site before anything is measured.
 
     Meanwhile the model's folder is locked (another commissioning, or the folds' ensemble predicting
     the validation patients the calibration reads, is refused in one line) and each fold's is locked
     shared (a fold training is refused; a node serving the model is not)."""
     model_dir = Path(model_dir)
+    judged_by = _Tolerances.read(tolerances)  # a bad file is refused before the model's folder is read
     with contextlib.ExitStack() as locks:
         if (model_dir / SPLITS_FILE).is_file():  # else complete_folds says what the folder is not
             locks.enter_context(RunFolder(model_dir).lock("commissioning",
@@ -281,14 +294,38 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
-        return _commission(model_dir, data_dir, cache_dir, progress, anatomy.check_alpha(alpha))
+        return _commission(model_dir, data_dir, cache_dir, progress, anatomy.check_alpha(alpha), judged_by)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tolerances:
+    rules: tuple  # of provided_code.tolerances.Tolerance
+    source: str  # the file, or "the defaults"
+    sha256: str | None  # the file's
+
+    @classmethod
+    def read(cls, path: os.PathLike | str | None) -> "_Tolerances":
+        if path is None:
+            return cls(tolerance_file.DEFAULTS, "the defaults", None)
+        return cls(tolerance_file.read_tolerances(path), str(path), file_checksum(Path(path)))
+
+    def record(self, plans: pd.DataFrame, site) -> dict:
+        """The report's ``verdict``: :func:`provided_code.metrics.commissioning.verdict` of the
+        plans, with the tolerances it judged by (their source, SHA-256 and rows)."""
+        cells = [(structure, metric, rule.within_gy, rule.fraction)
+                 for structure, metric, rule in tolerance_file.cells(self.rules, site)]
+        return {**commissioning.verdict(plans, cells),
+                "tolerances": {"source": self.source, "sha256": self.sha256,
+                               "rules": [rule.to_dict() for rule in self.rules],
+                               "words": tolerance_file.describe(self.rules)}}
 
 
 def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: os.PathLike | str | None,
-                progress: Progress, alpha: float) -> CommissioningReport:
+                progress: Progress, alpha: float, judged_by: _Tolerances) -> CommissioningReport:
     dealing, folds = complete_folds(model_dir)
     first = folds[0].config
     site = first.site
+    tolerance_file.check_site(judged_by.rules, site, judged_by.source)
     data_dir = Path(data_dir) if data_dir is not None else Path(first.data_dir)
     excluded = {entry["patient"]: entry["reason"] for fold in folds for entry in fold.config.excluded}
     arrays = load_split(split_dir(data_dir, "train"), cache_dir=cache_dir, require_dose=True, progress=progress,
@@ -355,6 +392,7 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         "geometric_scores": [{"patient": pid, "score": float(entry["score"])}
                              for pid, entry in geometric_scores.iterrows()],
         "goals": goals,
+        "verdict": judged_by.record(plans, site),
         "dvh_curves": {pid: _dvh_curves(arrays, row_of[pid], predictions[row_of[pid]])
                        for pid in flagged if row_of[pid] in predictions},
         "calibration": calibration_figures,
@@ -433,9 +471,10 @@ def _calibration(model: DeployedModel, folds: list[Fold], data_dir: Path, cache_
     by_pair = calibration.coverage_summary(covered, by=("structure", "metric"))
     by_pair["exact"] = [calibration.exact_coverage(len(bands["residuals"][s][m]), level)
                         for s, m, level in zip(by_pair["structure"], by_pair["metric"], by_pair["nominal"])]
+    by_pair, range_check = calibration.range_check(by_pair)  # each cell against its binomial 95 % range
     return {**figures, "overall": _records(calibration.coverage_summary(covered)),
             "by_structure": _records(calibration.coverage_summary(covered, by=("structure",))),
-            "by_structure_metric": _records(by_pair)}
+            "by_structure_metric": _records(by_pair), "range_check": range_check}
 
 
 def _plan_table(arrays, rows: list[int], predictions: dict, scores, progress: Progress) -> pd.DataFrame:
