@@ -36,11 +36,12 @@ class TrainConfig:
     site: "str | dict | Site" = "openkbp"  # the treatment site (provided_code/sites): openkbp, prostate or a site
     #                                        file; resolved to its Site once, saved whole (its structures,
     #                                        prescriptions, names, beams) in config.json
-    arch: str = "generator"  # the network's body (model_spec.ARCHS): generator, the 2020 starter's (no convolution
-    #                          at full resolution); resunet, a residual U-Net with a full-resolution stem and head
+    arch: str = "resunet"  # the network's body (model_spec.ARCHS): resunet, a residual U-Net with a full-resolution
+    #                        stem and head (the default since docs/recipe.md's body comparison); generator, the 2020
+    #                        starter's (no convolution at full resolution; --preset v2)
     filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
-    dropout: float = 0.2  # SpatialDropout3D rate on alternate decoder blocks (0: none)
+    dropout: float = 0.0  # SpatialDropout3D rate on alternate decoder blocks (0: none; --preset v2: 0.2)
     prescription_channel: bool = True  # one more input channel: each voxel's highest PTV prescription / 70 Gy
     norm: str = "instance"  # instance: per sample and channel (no statistics cross the batch or the replicas:
     #                         the whole replica step compiles); batch: batch norm, synchronised across replicas
@@ -73,7 +74,7 @@ class TrainConfig:
     # -- optimisation --
     epochs: int = 100  # total epochs; a resumed run continues up to this number
     batch_size: int = 2  # patients per step per device; the global batch is this × replicas
-    learning_rate: float = 2e-4  # Adam, beta_1 0.5, beta_2 0.999; the peak rate of a schedule
+    learning_rate: float = 1e-3  # Adam, beta_1 0.5, beta_2 0.999; the peak rate of a schedule (--preset v2: 2e-4)
     lr_schedule: str = "cosine"  # cosine: decay from the peak towards 0 over the epochs after warm-up; constant
     ema: bool = False  # keep a moving average of the weights over about training.ema.EMA_EPOCHS epochs; the
     #                    averaged weights are validated, scored, kept as best.keras and predicted with
@@ -410,7 +411,7 @@ class TrainConfig:
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
-ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "physics": False, "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
                 "ema": False, "dvh_weight": 0.0}
 
 

@@ -5,10 +5,11 @@ restructuring must leave it identical (weights, losses, scores, prediction files
     python scripts/behaviour_digest.py [--workdir W]      # in each checkout, then compare the JSON
 
 Four short deterministic runs on phantoms (4 filters at 32³, 2 epochs, ``--xla off``, one thread):
-OpenKBP's ``--preset v1 --augment flip,rotate,shift``, OpenKBP's defaults, the prostate's (with
-patients of their own plans: per-patient prescriptions and beams) with ``--augment flip,rotate``,
-and OpenKBP's ``--beams 5 --beam-channels each --norm batch --no-prescription-channel`` scored
-every epoch; then ``--predict-only`` of each (``--epoch best``, or ``--tta``). Prints JSON: each
+OpenKBP's ``--preset v1 --augment flip,rotate,shift``, OpenKBP's ``--preset v2`` (the defaults until
+the residual U-Net became the default body), the prostate's ``--preset v2`` (with patients of their
+own plans: per-patient prescriptions and beams) with ``--augment flip,rotate``, and OpenKBP's
+``--preset v2 --beams 5 --beam-channels each --norm batch --no-prescription-channel`` scored every
+epoch; then ``--predict-only`` of each (``--epoch best``, or ``--tta``). Prints JSON: each
 run's weights fingerprint, its ``--predict-only`` scores, and a SHA-256 (16 hex digits) of every
 prediction CSV, ``scores.json`` and the training log's losses and scores.
 """
@@ -29,9 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 RUN = ("--filters", "4", "--resolution", "32", "--epochs", "2", "--xla", "off")
 RUNS = {  # name: (data, flags)
     "v1": ("openkbp", ("--preset", "v1", "--augment", "flip,rotate,shift")),
-    "def": ("openkbp", ()),
-    "pro": ("prostate", ("--site", "prostate", "--augment", "flip,rotate")),
-    "pro2": ("openkbp", ("--beams", "5", "--beam-channels", "each", "--norm", "batch", "--no-prescription-channel",
+    "def": ("openkbp", ("--preset", "v2")),
+    "pro": ("prostate", ("--preset", "v2", "--site", "prostate", "--augment", "flip,rotate")),
+    "pro2": ("openkbp", ("--preset", "v2", "--beams", "5", "--beam-channels", "each", "--norm", "batch", "--no-prescription-channel",
                          "--score-every", "1")),
 }
 PREDICT = {"v1": ("--tta",), "def": ("--epoch", "best"), "pro": ("--tta",), "pro2": ("--epoch", "best")}

@@ -30,14 +30,14 @@ configure_tensorflow()  # oneDNN CPU kernels for every test and the processes te
 from provided_code.data.phantoms import write_phantom_split, write_prostate_phantom_split  # noqa: E402
 from tests.kit.made_once import made_once, made_once_in_parts  # noqa: E402
 from tests.kit.ordering import slow_first  # noqa: E402
-from tests.kit.runs import forget_models, trained_once  # noqa: E402
+from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, forget_models, trained_once  # noqa: E402
 from provided_code.sites import load_site, openkbp  # noqa: E402
 
 # The phantom patients of phantom_data and prostate_data: (split, patient number)
 PHANTOM_PATIENTS = [("train-pats", number) for number in range(1, 5)] + [("validation-pats", number) for number in (201, 202)]
 
 # 5 epochs of 4 steps: on these phantoms the masked loss fell by a quarter (3.62 to 2.73) before sites existed
-PROSTATE_RUN = ("--site", "prostate", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "5",
+PROSTATE_RUN = (*LIGHT_FLAGS, "--site", "prostate", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "5",
                 "--batch-size", "1", "--learning-rate", "3e-3", "--lr-schedule", "constant", "--loss", "masked-mae",
                 "--score-every", "0", "--save-every", "1")
 
@@ -85,7 +85,7 @@ def tiny_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
     from provided_code.config import TrainConfig
 
     return trained_once(tmp_path_factory, "tiny-model", lambda root: TrainConfig(
-        filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
+        **LIGHT_BODY, filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
         results_dir=str(root / "results"), model_name="m", cache_dir=str(phantom_cache))).run_dir
 
 
@@ -120,7 +120,7 @@ def prostate_model(prostate_data, tmp_path_factory) -> Path:
 
 
 # A cross-validated model: 2 folds of phantom_data's 4 training phantoms, one epoch each, scored
-CV_RUN = ("--folds", "2", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "1", "--score-every", "1",
+CV_RUN = (*LIGHT_FLAGS, "--folds", "2", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "1", "--score-every", "1",
           "--model-name", "cv")
 
 

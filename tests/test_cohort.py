@@ -30,6 +30,7 @@ from tests.kit.synthetic import (  # noqa: E402
     PROSTATE_CLINICAL_NAMES, scatter_files, write_dicomdir, write_dose, write_patient, write_plan, write_series)
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
+from tests.kit.runs import LIGHT_FLAGS
 
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 STRUCTURES = openkbp().names  # OpenKBP's channel order
@@ -497,7 +498,7 @@ def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp
 
     where = ["--site", "prostate", "--data-dir", str(data), "--results-dir", str(tmp_path / "results"),
              "--model-name", "clinic", "--cache-dir", str(tmp_path / "cache")]
-    result = CliRunner().invoke(train_cli.main, [*where, "--filters", "4", "--resolution", "32", "--epochs", "1",
+    result = CliRunner().invoke(train_cli.main, [*where, *LIGHT_FLAGS, "--filters", "4", "--resolution", "32", "--epochs", "1",
                                                  "--xla", "off", "--batch-size", "1"])
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(train_cli.main, [*where, "--predict-only"])

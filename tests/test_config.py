@@ -43,6 +43,7 @@ def test_a_config_saved_before_a_setting_existed_loads_as_what_it_trained():
     assert (old.norm, old.prescription_channel, old.beams, old.beam_angles, old.ema, old.dvh_weight) == \
         ("batch", False, 0, "", False, 0.0)
     assert (old.arch, old.physics, old.spec.arch) == ("generator", False, "generator")  # before --arch, --physics
+    assert (old.dropout, old.learning_rate) == (0.2, 2e-4)  # the generator's, before the residual U-Net's defaults
     assert set(ABSENT_MEANS) <= {field for field in TrainConfig.__dataclass_fields__}
     new = TrainConfig(filters=8, resolution=32, beams=9, norm="instance")
     assert TrainConfig.from_json(new.to_json()) == new
@@ -53,6 +54,16 @@ def test_a_config_saved_before_a_setting_existed_loads_as_what_it_trained():
 def test_rates_and_weights_must_be_finite(field, value):
     with pytest.raises(ConfigError, match=f"Invalid `{field}`. Expected a finite number"):
         TrainConfig(**{field: value})
+
+
+def test_a_new_model_trains_the_residual_unet_and_an_old_one_resumes_its_generator():
+    """The default body is the residual U-Net at 1e-3 without dropout (docs/recipe.md's body
+    comparison); a model saved with the generator resumes as the generator at its own rate and
+    dropout, whatever the defaults now are."""
+    assert (TrainConfig().arch, TrainConfig().dropout, TrainConfig().learning_rate) == ("resunet", 0.0, 1e-3)
+    saved = TrainConfig(filters=8, resolution=32, arch="generator", dropout=0.2, learning_rate=2e-4)
+    resumed, changes = TrainConfig(filters=8, resolution=32).resume(saved, given=set())
+    assert (resumed.arch, resumed.dropout, resumed.learning_rate, changes) == ("generator", 0.2, 2e-4, [])
 
 
 def test_a_resume_takes_the_saved_recipe_and_architecture_where_no_flag_is_given():
@@ -110,7 +121,7 @@ def test_toggling_ema_on_a_resume_is_refused_even_with_change_recipe():
 
 def test_a_warm_up_as_long_as_the_run_and_too_many_or_too_close_beams_are_concerns():
     assert TrainConfig(resolution=32).concerns() == []
-    assert "the peak --learning-rate 0.0002 is never reached" in TrainConfig(warmup_epochs=5, epochs=5).concerns()[0]
+    assert "the peak --learning-rate 0.001 is never reached" in TrainConfig(warmup_epochs=5, epochs=5).concerns()[0]
     (many,) = TrainConfig(beams=40, resolution=128).concerns()
     assert "40 beams: more than 36" in many
     assert len(TrainConfig(beams=1000, resolution=128).concerns()) == 2  # too many, and 0.36° apart

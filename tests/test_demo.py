@@ -22,7 +22,8 @@ def test_demo_runs_the_whole_pipeline_and_ends_with_the_dose_score(phantom_data,
         os.link(path, data / "validation-pats" / "pt_201" / path.name)
     linked_cache(phantom_cache, tmp_path / "cache")  # $OPENKBP_CACHE_DIR in the tests
     result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--train-patients", "4",
-                                       "--validation-patients", "2", "--epochs", "3", "--filters", "4"])
+                                       "--validation-patients", "2", "--epochs", "3", "--filters", "4",
+                                       "--arch", "generator"])
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
     assert re.search(r"dose score \d+\.\d+ Gy", last)
@@ -46,7 +47,8 @@ def test_demo_on_the_prostate_site(prostate_data, tmp_path):
     data.mkdir()
     (data / "train-pats").symlink_to(prostate_data / "train-pats", target_is_directory=True)
     result = CliRunner().invoke(main, ["--results-dir", str(tmp_path), "--site", "prostate", "--train-patients", "4",
-                                       "--validation-patients", "1", "--epochs", "2", "--filters", "4"])
+                                       "--validation-patients", "1", "--epochs", "2", "--filters", "4",
+                                       "--arch", "generator"])
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
     assert re.search(r"dose score \d+\.\d+ Gy, DVH score \d+\.\d+ Gy on 1 held-out phantom$", last)

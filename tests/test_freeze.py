@@ -23,8 +23,8 @@ def test_the_encoder_stays_bit_identical_for_n_epochs_and_moves_after(tiny_model
     """A prostate model started from the OpenKBP tiny model: its first convolution is its own (other
     input channels) and trains from the first update; the rest of the encoder is the parent's, exactly,
     for two epochs; the decoder trains throughout."""
-    config = TrainConfig(site="prostate", filters=4, resolution=32, epochs=3, save_every=1, keep=5, xla="off",
-                         score_every=0, batch_size=1, learning_rate=3e-3, lr_schedule="constant",
+    config = TrainConfig(site="prostate", arch="generator", dropout=0.2, filters=4, resolution=32, epochs=3, save_every=1,
+                         keep=5, xla="off", score_every=0, batch_size=1, learning_rate=3e-3, lr_schedule="constant",
                          data_dir=str(prostate_data), results_dir=str(tmp_path / "results"), model_name="tuned",
                          cache_dir=str(tmp_path / "cache"), init_from=str(tiny_model), init_epoch=1,
                          freeze="encoder", freeze_epochs=2)

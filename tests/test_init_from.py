@@ -29,7 +29,7 @@ from provided_code.training.init_from import (
 from provided_code.training.model import new_model
 from provided_code.training.train import model_weights, train
 from tests.kit.cache_files import linked_cache
-from tests.kit.runs import model_spec
+from tests.kit.runs import LIGHT_BODY, model_spec
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
 
@@ -163,7 +163,7 @@ def test_a_parent_checkpoint_changed_since_it_was_recorded_is_refused_naming_it(
 @pytest.fixture
 def child(tiny_model, phantom_data, phantom_cache, tmp_path) -> TrainConfig:
     """A new model on the phantoms started from ``tiny_model``'s epoch 1 (4 filters at 32³)."""
-    return TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, keep=5, xla="off", score_every=0,
+    return TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, keep=5, xla="off", score_every=0,
                        data_dir=str(phantom_data), results_dir=str(tmp_path / "results"), model_name="child",
                        cache_dir=str(linked_cache(phantom_cache, tmp_path / "cache")), init_from=str(tiny_model),
                        init_epoch=1)

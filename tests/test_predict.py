@@ -28,7 +28,7 @@ from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
 from provided_code.training.train import train
 from tests.kit.repo import console_script
-from tests.kit.runs import copy_of_run, predict, trained_once
+from tests.kit.runs import LIGHT_BODY, copy_of_run, predict, trained_once
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 MIRROR_BITS = load_site("openkbp").mirror_bits  # the parotids
@@ -41,7 +41,8 @@ def trained(phantom_data, tmp_path_factory) -> TrainConfig:
     also the best: scored at the last epoch only). Read-only (its copy: ``run``); its data (links to
     phantom_data's files) and cache are shared (all three splits cached first)."""
     def config_in(root):
-        return TrainConfig(filters=4, resolution=32, epochs=2, save_every=1, xla="off", data_dir=str(root / "data"),
+        return TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, xla="off",
+                           data_dir=str(root / "data"),
                            results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
 
     def write_data(root):
@@ -335,7 +336,7 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
 
 def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(run):
     config = run  # with the run's validation and test predictions
-    train(TrainConfig(filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
+    train(TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
                       results_dir=config.results_dir, model_name="m", cache_dir=config.cache_dir), start_over=True)
     keras.backend.clear_session()
     (abandoned,) = config.run_dir.glob("abandoned-*")

@@ -12,6 +12,7 @@ from provided_code.errors import ConfigError
 from provided_code.infra.preflight import check_writable
 from tests.kit.cache_files import linked_cache
 from tests.kit.repo import REPO
+from tests.kit.runs import LIGHT_FLAGS
 
 
 
@@ -38,7 +39,7 @@ def _read_only(folder: Path) -> Path:
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv (util-linux) is not installed")
 def test_read_only_results_or_cache_folder_is_one_line_before_tensorflow(phantom_data, tmp_path):
     results = _read_only(tmp_path / "results")
-    command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data), "--filters", "2",
+    command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data), *LIGHT_FLAGS, "--filters", "2",
                "--resolution", "32", "--epochs", "1", "--results-dir", str(results), "--cache-dir", str(tmp_path / "c")]
     result = _as_unprivileged(command)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -61,7 +62,7 @@ def test_models_folder_made_read_only_mid_run_is_one_line_naming_the_path(phanto
     models = results / "m" / "models"
     setpriv = [shutil.which("setpriv"), "--bounding-set", "-dac_override,-dac_read_search"]
     process = subprocess.Popen([*setpriv, sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
-                                "--filters", "2", "--resolution", "32", "--epochs", "200", "--save-every", "1",
+                                *LIGHT_FLAGS, "--filters", "2", "--resolution", "32", "--epochs", "200", "--save-every", "1",
                                 "--score-every", "0", "--model-name", "m", "--results-dir", str(results),
                                 "--cache-dir", str(linked_cache(phantom_cache, tmp_path / "cache"))],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -22,7 +22,8 @@ def trained(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
     """Two epochs, a checkpoint after each (constant rate, no scores), trained once per test run:
     not to be changed, copy it."""
     return trained_once(tmp_path_factory, "run-files-run", lambda root: TrainConfig(
-        filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
+        arch="generator", filters=2, resolution=32, epochs=2, save_every=1, xla="off", score_every=0, dropout=0.0,
+        learning_rate=2e-4,
         lr_schedule="constant", data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="m",
         cache_dir=str(phantom_cache)))
 

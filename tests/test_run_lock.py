@@ -10,7 +10,7 @@ import pytest
 from provided_code.config import TrainConfig
 from provided_code.errors import RunLockedError
 from provided_code.run_folder import LOCK_FILE, RunFolder
-from tests.kit.runs import predict
+from tests.kit.runs import LIGHT_BODY, predict
 
 HOLD = ("import sys, time\nfrom provided_code.run_folder import RunFolder\n"
         "with RunFolder(sys.argv[1]).lock('training'):\n    print('locked', flush=True)\n    time.sleep(120)\n")
@@ -45,7 +45,7 @@ def test_second_run_refused_while_the_first_lives_and_allowed_after_sigkill(tmp_
 def test_training_and_prediction_take_the_lock_before_loading_anything(tmp_path, phantom_data):
     from provided_code.training.train import train
 
-    config = TrainConfig(filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),
+    config = TrainConfig(**LIGHT_BODY, filters=2, resolution=32, epochs=1, xla="off", data_dir=str(phantom_data),
                          results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
     RunFolder(config.run_dir).models.mkdir(parents=True)
     holder = _holder(config.run_dir)

@@ -25,13 +25,13 @@ from provided_code.training.train import model_weights
 from tests.kit.cache_files import linked_cache
 from tests.kit.made_once import made_once
 from tests.kit.repo import REPO
-from tests.kit.runs import forget_models, log_epochs
+from tests.kit.runs import LIGHT_FLAGS, forget_models, log_epochs
 
 
 def cli_command(phantom_data, tmp_path, *args):
     return [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
             "--results-dir", str(tmp_path / "results"), "--cache-dir", str(tmp_path / "cache"),
-            "--filters", "4", "--resolution", "32", "--save-every", "1", "--dropout", "0", *args]
+            *LIGHT_FLAGS, "--filters", "4", "--resolution", "32", "--save-every", "1", "--dropout", "0", *args]
 
 
 def run_cli(phantom_data, tmp_path, *args, env=None, check=True):
@@ -210,7 +210,7 @@ def start_workers(phantom_data, tmp_path, name, *args):
                                                     "task": {"type": "worker", "index": index}}))
         command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", str(phantom_data),
                    "--results-dir", str(tmp_path / "results"), "--cache-dir", str(tmp_path / f"cache{index}"),
-                   "--filters", "4", "--resolution", "32", "--dropout", "0", "--batch-size", "1",
+                   *LIGHT_FLAGS, "--filters", "4", "--resolution", "32", "--dropout", "0", "--batch-size", "1",
                    "--model-name", name, "--multi-worker", *args]
         log = open(tmp_path / f"{name}-worker{index}.log", "w+")
         workers.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log))

@@ -24,7 +24,7 @@ from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights, train, weights_fingerprint
 from tests.kit.cache_files import linked_cache
 from tests.kit.repo import REPO
-from tests.kit.runs import log_epochs, predict, trained_once
+from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, log_epochs, predict, trained_once
 from tests.kit.skips import requires_float16_convolutions
 
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("reset_keras")
 
 @pytest.fixture
 def config(phantom_data, phantom_cache, tmp_path) -> TrainConfig:
-    return TrainConfig(filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla="off", score_every=0,
+    return TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=3, save_every=1, keep=2, xla="off", score_every=0,
                        data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
                        model_name="tiny", cache_dir=str(linked_cache(phantom_cache, tmp_path / "cache")))
 
@@ -43,7 +43,7 @@ def config(phantom_data, phantom_cache, tmp_path) -> TrainConfig:
 def _two_epochs(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
     """``config`` trained to epoch 2 once per test run (checkpoints 1 and 2, the log, config.json)."""
     return trained_once(tmp_path_factory, "train-two-epochs", lambda root: TrainConfig(
-        filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0, data_dir=str(phantom_data),
+        **LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0, data_dir=str(phantom_data),
         results_dir=str(root / "results"), model_name="tiny", cache_dir=str(phantom_cache)))
 
 
@@ -299,7 +299,7 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config, caplog
 
     command = [sys.executable, str(REPO / "runpod_train.py"), "--data-dir", config.data_dir,
                "--results-dir", config.results_dir, "--model-name", "killed", "--cache-dir", config.cache_dir,
-               "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "6", "--save-every", "2", "--score-every", "0",
+               *LIGHT_FLAGS, "--filters", "4", "--resolution", "32", "--no-xla", "--epochs", "6", "--save-every", "2", "--score-every", "0",
                "--keep", "2"]
     log = Path(config.results_dir) / "killed" / "training_log.csv"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,7 +15,7 @@ from provided_code.sites import openkbp
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import train
 from provided_code.training.validation_scores import is_scoring_epoch
-from tests.kit.runs import copy_of_run, predict, trained_once
+from tests.kit.runs import LIGHT_BODY, copy_of_run, predict, trained_once
 
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
@@ -30,7 +30,7 @@ def test_a_reference_dose_outside_its_mask_is_refused_when_loaded_not_at_the_fir
     data = Path(shutil.copytree(phantom_data, tmp_path / "data"))
     dose = data / "validation-pats" / "pt_202" / "dose.csv"
     dose.write_text(dose.read_text() + "0,2.5\n")  # voxel 0, a corner: outside the possible-dose mask
-    config = TrainConfig(filters=4, resolution=32, epochs=1, score_every=1, xla="off", data_dir=str(data),
+    config = TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=1, score_every=1, xla="off", data_dir=str(data),
                          results_dir=str(tmp_path / "results"), model_name="m", cache_dir=str(tmp_path / "cache"))
     with pytest.raises(PatientDataError, match=r"^Patient pt_202: .*pt_202/dose\.csv: the dose is non-zero in 1 "
                                                r"voxel\(s\) outside the possible-dose mask"):
@@ -48,7 +48,8 @@ def scored(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
     """Two epochs, each scored and checkpointed, trained once per test run: not to be changed, copy
     it (:func:`copy_of`)."""
     return trained_once(tmp_path_factory, "scored-run", lambda root: TrainConfig(
-        filters=4, resolution=32, epochs=2, save_every=1, keep=5, score_every=1, xla="off", learning_rate=2e-3,
+        arch="generator", dropout=0.2, filters=4, resolution=32, epochs=2, save_every=1, keep=5, score_every=1, xla="off",
+        learning_rate=2e-3,
         data_dir=str(phantom_data), results_dir=str(root / "results"), model_name="scored",
         cache_dir=str(phantom_cache)))
 

@@ -18,27 +18,31 @@ import click
 
 from provided_code.apps.console import click_progress, setup_logging
 from provided_code.data_folder import split_dir, split_folder_name
+from provided_code.config import TrainConfig
 from provided_code.data.resample import RESOLUTIONS
+from provided_code.model_spec import ARCHS
 from provided_code.errors import UserError
 from provided_code.run_folder import RunFolder
+
+DEFAULTS = TrainConfig()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.option("--results-dir", default="results", help="Where demo-data/ and demo/ go.")
 @click.option("--train-patients", type=int, default=10, help="Synthetic training patients.")
 @click.option("--validation-patients", type=int, default=3, help="Synthetic held-out patients.")
-@click.option("--epochs", type=int, default=60, help="Training epochs.")
+@click.option("--epochs", type=int, default=20, help="Training epochs (the residual U-Net's 20 cost what the generator's 60 did).")
 @click.option("--filters", type=int, default=8, help="Base filters of the U-Net.")
+@click.option("--arch", type=click.Choice(ARCHS), default=DEFAULTS.arch, help="The network's body (runpod_train.py's --arch).")
 @click.option("--learning-rate", type=float, default=2e-3, help="Adam learning rate (10× the default: few epochs).")
 @click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default="32",
               help="Training resolution.")
 @click.option("--site", "site_spec", default="openkbp",
               help="The treatment site of the phantoms and the model: openkbp (head and neck) or prostate "
                    "(or a site file with the structures of one of them).")
-def main(results_dir, train_patients, validation_patients, epochs, filters, learning_rate, resolution, site_spec):
+def main(results_dir, train_patients, validation_patients, epochs, filters, arch, learning_rate, resolution, site_spec):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
     setup_logging()
-    from provided_code.config import TrainConfig
     from provided_code.data.phantoms import write_site_phantom
     from provided_code.sites import load_site, openkbp
 
@@ -65,7 +69,7 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, lear
     if model_dir.exists():
         click.echo(f"Removing the previous demo model {model_dir}")
         shutil.rmtree(model_dir)
-    config = TrainConfig(model_name=model_name, data_dir=str(data), results_dir=str(results), filters=filters,
+    config = TrainConfig(model_name=model_name, data_dir=str(data), results_dir=str(results), arch=arch, filters=filters,
                          resolution=int(resolution), epochs=epochs, learning_rate=learning_rate,
                          save_every=max(1, epochs // 2), site=site)
     click.echo(f"Training a {resolution}³ U-Net ({filters} filters) for {epochs} epochs on {train_patients} "
