@@ -106,8 +106,8 @@ def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstr
     try:
         predicted = model.predict(arrays, batch_size=1, tta=tta, progress=progress)[0]
     except PredictionError as error:  # the import is written; no dose is
-        raise PredictionError(f"{error}; no dose was written ({imported.folder} holds the imported patient).") \
-            from None
+        said = f"{error}; no dose was written ({imported.folder} holds the imported patient)."
+        raise PredictionError(said) from None
     checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
                                     arrays.voxel_dimensions[0], site, arrays.ct[0])
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
