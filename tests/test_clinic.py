@@ -137,16 +137,22 @@ def _model_replaced_by_the_reference_moved(run, monkeypatch) -> list:
     return predictions
 
 
-def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_written(tmp_path, monkeypatch):
-    """The clinic's path imports before it predicts: a checkpoint whose doses are not finite is one
-    line naming it and its log, which says that the imported patient is on disk and no dose is."""
-    volumes = make_phantom(3)
+def _short_scan_patient(folder, seed):
+    """A phantom's clinic export (CT, RTSTRUCT, RT Dose) cut to PTV70's slices and two more on each
+    side: a short scan, fast."""
+    volumes = make_phantom(seed)
     masks = {name: volumes[name] for name in STRUCTURES}
     masks["BODY"] = volumes["possible_dose_mask"]
     target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)))
-    keep = slice(target_slices.min() - 2, target_slices.max() + 3)  # a short scan: fast
-    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
-                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+    keep = slice(target_slices.min() - 2, target_slices.max() + 3)
+    return write_patient(folder, volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
+                         volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+
+
+def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_written(tmp_path, monkeypatch):
+    """The clinic's path imports before it predicts: a checkpoint whose doses are not finite is one
+    line naming it and its log, which says that the imported patient is on disk and no dose is."""
+    clinic = _short_scan_patient(tmp_path / "clinic", seed=3)
     run = tmp_path / "run"
     _model_replaced_by_the_reference_moved(run, monkeypatch)
 
@@ -218,13 +224,7 @@ def test_predict_with_dvh_supersample_tabulates_sub_voxels_of_the_rt_doses(tmp_p
     from provided_code.dicom.grid import PatientGeometry
     from provided_code.dicom.rtdose import read_rtdose
 
-    volumes = make_phantom(5)
-    masks = {name: volumes[name] for name in STRUCTURES}
-    masks["BODY"] = volumes["possible_dose_mask"]
-    target_slices = np.flatnonzero(volumes["PTV70"].any((0, 1)))
-    keep = slice(target_slices.min() - 2, target_slices.max() + 3)  # a short scan: fast
-    clinic = write_patient(tmp_path / "clinic", volumes["ct"][:, :, keep], {k: m[:, :, keep] for k, m in masks.items()},
-                           volumes["voxel_dimensions"], volumes["dose"][:, :, keep], factor=1)
+    clinic = _short_scan_patient(tmp_path / "clinic", seed=5)
     _model_replaced_by_the_reference_moved(tmp_path / "run", monkeypatch)
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["predict", "--model-dir", str(tmp_path / "run"), "--ct", str(clinic.ct_dir),
