@@ -835,6 +835,8 @@ def test_a_prediction_failing_with_a_traceback_in_its_message_is_one_log_line(st
     wait_until(lambda: state(node, rtstruct_uid(patient)) == FAILED, 30, "the patient failed")
     reason = "prediction failed: RuntimeError: Graph execution error:"
     assert node.journal.patient(rtstruct_uid(patient))["reason"] == reason
+    # the journal says FAILED an instant before the worker logs it
+    wait_until(lambda: [r for r in caplog.records if "failed:" in r.getMessage()], 10, "the failure logged")
     [record] = [r for r in caplog.records if "failed:" in r.getMessage()]
     assert record.getMessage() == f"Patient PHANTOM29 (structure set {rtstruct_uid(patient)}) failed: {reason}"
 
