@@ -68,6 +68,9 @@ TABLES = {
     "body": {
         "v2": ["--preset", "v2"],
         "resunet": ["--preset", "v2", "--arch", "resunet", "--dropout", "0", "--learning-rate", "1e-3"],
+        "v2-physics": ["--preset", "v2", "--physics"],
+        "resunet-physics": ["--preset", "v2", "--arch", "resunet", "--dropout", "0", "--learning-rate", "1e-3",
+                            "--physics"],
     },
 }
 

@@ -395,11 +395,11 @@ def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node,
     node = start_node()
     image = clone_patient(phantom, 14)[0]
     with pytest.warns(UserWarning, match="Invalid value for VR UI"):
-        setattr(image, keyword, "../../../escape")
+        setattr(image, keyword, "../../../uid-escape-7f3a")  # a name no test's folder has
     if keyword == "SOPInstanceUID":
         image.file_meta.MediaStorageSOPInstanceUID = image.SOPInstanceUID
     assert send(node.port, [image]) == [CANNOT_UNDERSTAND]
-    assert [p for p in tmp_path.parent.rglob("*escape*")] == []
+    assert [p for p in tmp_path.parent.rglob("*uid-escape-7f3a*")] == []
     assert not any(node.store.objects.iterdir())
 
 
