@@ -34,6 +34,9 @@ memory are each measurement's own; all of them in one run, side by side:
   config and at 64³ (at least 40 steps); and the
   seconds one ``--score-every`` scoring takes (prediction at the benchmark's config, back to 128³,
   the challenge's scores) for the phantoms;
+- (``--part trace`` runs only these) the first training step, and a short run of the command
+  line, with the step's functions traced with autograph on (TensorFlow's default) and off (the
+  project's);
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
 - the input pipeline's share of the fastest step (the pipeline the default recipe trains with: the
   possible-dose mask for the masked loss, the default augmentation's draws), and the fetch time of
@@ -70,9 +73,12 @@ def child(spec: dict) -> dict:
     strategy = make_placement(str(spec.get("devices", 1))).strategy  # before TF starts
     import tensorflow as tf
 
+    if "autograph" in spec:  # --part trace: every tf.function of the step made with autograph on or off
+        plain = tf.function
+        tf.function = lambda *args, **options: plain(*args, **{**options, "autograph": spec["autograph"]})
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
         tf.config.threading.set_inter_op_parallelism_threads(1)
-    kinds = {"fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step,
+    kinds = {"run": child_run, "fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step,
              "loss_pair": child_loss_pair, "bodies": child_bodies}
     return kinds[spec.get("kind", "step")](spec, strategy)
 
@@ -94,6 +100,31 @@ def _phantoms(spec: dict):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return full, downsample_split(full, spec["resolution"])
+
+
+def child_run(spec: dict, strategy) -> dict:
+    """A short run of the command line in this process (``--part trace``): six phantoms, two epochs
+    of the preset's recipe, scored at the last; its seconds from the call to its end (data cached,
+    model built, steps traced and run, checkpoints and scores written)."""
+    import shutil
+    import tempfile
+    import time
+
+    from provided_code.apps.cli import main as cli
+    from provided_code.data.phantoms import write_phantom_split
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
+    try:
+        write_phantom_split(workdir / "data" / "train-pats", 4)
+        write_phantom_split(workdir / "data" / "validation-pats", 2, first_number=201)
+        start = time.perf_counter()
+        cli(["--data-dir", str(workdir / "data"), "--results-dir", str(workdir / "results"), "--cache-dir",
+             str(workdir / "cache"), "--preset", spec["preset"], "--resolution", str(spec["resolution"]), "--filters",
+             str(spec["filters"]), "--batch-size", str(spec["batch_size"]), "--epochs", "2", "--xla", "off"],
+            standalone_mode=False)
+        return {"run_s": time.perf_counter() - start}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def child_fetch(spec: dict, strategy) -> dict:
@@ -184,8 +215,8 @@ def child_step(spec: dict, strategy) -> dict:
     keras.mixed_precision.set_global_policy(spec.get("policy", "float32"))
     keras.utils.set_random_seed(0)
     recipe = PRESETS[spec["preset"]] if "preset" in spec else {}  # a preset: its network, loss and augmentation
-    config = TrainConfig(resolution=resolution, filters=spec["filters"], dropout=0.2, batch_size=batch,
-                         accumulate=accumulate, **{**recipe, **spec.get("network", {})})
+    config = TrainConfig(resolution=resolution, filters=spec["filters"], batch_size=batch, accumulate=accumulate,
+                         **{"dropout": 0.2, **recipe, **spec.get("network", {})})
     if spec.get("patient_beams"):  # the run's angles again, but as each patient's own (a model input)
         arrays = dataclasses.replace(arrays, beam_angles=np.tile(np.float32(config.gantry_angles), (len(arrays), 1)))
         config = dataclasses.replace(config, beam_slots=config.beams)
@@ -437,6 +468,28 @@ def network_comparison(batch_size: int) -> dict:
             "network_runs": runs}
 
 
+def trace_comparison(base: dict) -> dict:
+    """``--part trace``: with the step's functions traced with autograph on (TensorFlow's default)
+    and off (the project's: the step's control flow is Python's), the first training step (trace
+    and step) and a whole short run of the command line (:func:`child_run`), for ``--preset v2``
+    (the generator) and the defaults; medians of three alternating fresh processes each."""
+    from provided_code.infra.environment import cpu_flags
+
+    runs = {}
+    for preset in ("v2", "default"):
+        for kind, figure in (("step", "first_step_s"), ("run", "run_s")):
+            samples = {True: [], False: []}
+            for _ in range(3):
+                for on in (True, False):
+                    samples[on].append(measure(dict(base, kind=kind, preset=preset, steps=2, autograph=on))[figure])
+            for on, name in ((True, "autograph_on"), (False, "autograph_off")):
+                runs[f"{figure}_{preset}_{name}"] = statistics.median(samples[on])
+                runs[f"{figure}_{preset}_{name}_each"] = samples[on]
+            runs[f"{figure}_{preset}_off_over_on"] = (runs[f"{figure}_{preset}_autograph_off"]
+                                                      / runs[f"{figure}_{preset}_autograph_on"])
+    return {"trace_config": base, "cpu_flags": cpu_flags(), **runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", type=int, default=32)
@@ -448,10 +501,10 @@ def main() -> None:
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
-    parser.add_argument("--part", choices=("all", "network", "body"), default="all",
+    parser.add_argument("--part", choices=("all", "network", "body", "trace"), default="all",
                         help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14); "
                              "body: only the bodies' and the physics channel's step times at 64³ (--filters, "
-                             "--steps rounds)")
+                             "--steps rounds); trace: the first step with autograph on and off")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -459,6 +512,10 @@ def main() -> None:
         return
     if args.part == "network":
         print(json.dumps(network_comparison(args.batch_size), indent=2))
+        return
+    if args.part == "trace":
+        print(json.dumps(trace_comparison({"resolution": args.resolution, "filters": args.filters,
+                                           "batch_size": args.batch_size}), indent=2))
         return
     if args.part == "body":
         print(json.dumps(body_comparison(args.batch_size, args.filters, args.steps), indent=2))

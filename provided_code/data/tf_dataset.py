@@ -131,8 +131,8 @@ def distributed_dataset(strategy: tf.distribute.Strategy, arrays, schedule: list
 
         # One Python call per element through numpy_function: half the cost per element of
         # Dataset.from_generator (scripts/bench_train.py, input_pipeline_share).
-        dataset = tf.data.Dataset.range(len(schedule) * local).map(
-            lambda position: as_element(*tf.numpy_function(produce, [position], [tensors[n].dtype for n in names])))
+        dataset = tf.data.Dataset.range(len(schedule) * local).map(tf.autograph.experimental.do_not_convert(
+            lambda position: as_element(*tf.numpy_function(produce, [position], [tensors[n].dtype for n in names]))))
         # A fixed prefetch, no autotuning: tf.data's autotune thread sleeps up to a minute between
         # rounds, and deleting the iterator waited for it (measured: 9 to 51 s at the end of a run).
         options = tf.data.Options()

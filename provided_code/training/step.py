@@ -80,11 +80,15 @@ class TrainStep:
         self._freezing = tf.Variable(False, trainable=False, name="freezing") if self._frozen else None
         self._forward = training_forward(model, recompute_blocks=recompute, block_of=unet_block_of)
         compile_whole = xla and not synchronised
-        self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True) if compile_whole \
-            else self._replica_loss_and_grads
-        self._eval_loss = tf.function(self._replica_eval_loss_body, jit_compile=xla)  # XLA only with --xla
-        self.train = tf.function(self._distributed_train)
-        self._evaluate = tf.function(self._distributed_evaluate)
+        # autograph=False: the steps' control flow is Python's, decided while tracing (micro-batches,
+        # frozen variables, loss scaling); autograph's rewriting of every function they call took a
+        # third of a short run's first epoch, for nothing (scripts/bench_train.py --part trace).
+        self._loss_and_grads = tf.function(self._replica_loss_and_grads, jit_compile=True, autograph=False) \
+            if compile_whole else self._replica_loss_and_grads
+        self._eval_loss = tf.function(self._replica_eval_loss_body, jit_compile=xla,  # XLA only with --xla
+                                      autograph=False)
+        self.train = tf.function(self._distributed_train, autograph=False)
+        self._evaluate = tf.function(self._distributed_evaluate, autograph=False)
 
     # -- per replica -------------------------------------------------------------------------
     def _replica_loss_and_grads(self, element: TrainingElement):

@@ -539,7 +539,8 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
                            kept_until_scored=_before_an_unscored_change(config, folder, initial_epoch)),
     ]
     if config.score_every and validation is not None:
-        predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla)
+        predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla,
+                                    autograph=False)
         measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
                                          model, predict_batch, spec))
         callbacks.append(TrainingCurves(folder, initial_epoch))
@@ -613,7 +614,7 @@ def replicas_agree(strategy: tf.distribute.Strategy, value_fn) -> tuple[bool, fl
         value = tf.cast(value_fn(), tf.float64)
         return value, value * value
 
-    @tf.function
+    @tf.function(autograph=False)
     def sums():
         values, squares = strategy.run(per_replica)
         return strategy.reduce("SUM", values, axis=None), strategy.reduce("SUM", squares, axis=None)
