@@ -377,19 +377,25 @@ def test_change_recipe_on_a_new_run_is_said_not_ignored(config, caplog):
 
 
 @pytest.mark.slow
-def test_a_residual_unet_with_the_physics_channel_resumes_as_if_uninterrupted(config):
+def test_a_residual_unet_with_the_physics_channel_resumes_as_if_uninterrupted(config, caplog):
     """--arch resunet --physics (2 filters: the step's own size is not what is tested): killed after
-    the epoch-1 checkpoint, the same command resumes to the weights an uninterrupted run reaches."""
+    the epoch-1 checkpoint, the same command resumes to the weights an uninterrupted run reaches;
+    the log's network line names the channel, on the resume too."""
     recipe = dataclasses.replace(config, filters=2, epochs=2, arch="resunet", physics=True,
                                  dropout=0.0, augment="flip,rotate")
-    train(recipe)
+    with caplog.at_level(logging.INFO, logger="provided_code.training.train"):
+        train(recipe)
     uninterrupted = model_weights(RunFolder(recipe.run_dir).load_newest()[1])
     saved = TrainConfig.from_json((RunFolder(recipe.run_dir).models / "config.json").read_text())
     assert (saved.arch, saved.physics, saved.spec.input_names[-1]) == ("resunet", True, "voxel_dimensions")
     (RunFolder(recipe.run_dir).models / "epoch_2.keras").unlink()
     keras.backend.clear_session()
     bare = dataclasses.replace(recipe, arch=TrainConfig().arch, physics=False)  # the bare command: the saved network
-    assert train(bare, given=set()).first_epoch == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="provided_code.training.train"):
+        assert train(bare, given=set()).first_epoch == 1
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Network: ")]
+    assert line.startswith("Network: resunet, 2 filters") and line.endswith(", the beams' primary fluence (--physics)")
     _, resumed = RunFolder(recipe.run_dir).load_newest()
     assert resumed.name == "resunet" and resumed.get_layer("compact_inputs").physics
     for x, y in zip(uninterrupted, model_weights(resumed)):

@@ -511,13 +511,14 @@ def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, mode
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
                        "those moves, or --augment without %s)", spec.beam_angles_text, " and ".join(broken),
                        " and ".join(broken))
-    logger.info("Network: %s, %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s", spec.arch,
+    logger.info("Network: %s, %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s%s", spec.arch,
                 spec.filters, spec.resolution, spec.norm, len(spec.site.names), spec.site.name,
                 (", each patient's prescription" if spec.patient_prescriptions else ", prescription")
                 if spec.prescription_channel else "",
                 (f", each patient's beams (up to {spec.beam_slots}; {spec.beam_channels})" if spec.beam_slots
                  else f", {len(spec.gantry_angles)} beams at gantry {spec.beam_angles_text}° ({spec.beam_channels})")
-                if spec.gantry_angles else "")
+                if spec.gantry_angles else "",
+                ", the beams' primary fluence (--physics)" if spec.physics else "")
 
 
 def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
