@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -36,16 +35,10 @@ from provided_code.data.csv_io import read_patient  # noqa: E402
 from provided_code.data.phantoms import make_phantom  # noqa: E402
 from provided_code.data_folder import split_dir  # noqa: E402
 from provided_code.folds import natural_key  # noqa: E402
-from provided_code.metrics import anatomy  # noqa: E402
+from provided_code.metrics import anatomy, calibration  # noqa: E402
 from provided_code.sites import load_site  # noqa: E402
 from scripts.alter_anatomy import (ORGANS, TARGET, deleted_organ, grown_target, moved_into_target,  # noqa: E402
                                    moved_onto_target, shifted_ct)
-
-
-def binomial_range(n: int, p: float, mass: float = 0.95) -> list[int]:
-    """The central ``mass`` range of k ~ Binomial(n, p)."""
-    cdf = np.cumsum([math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)])
-    return [int(np.searchsorted(cdf, (1 - mass) / 2)), int(np.searchsorted(cdf, 1 - (1 - mass) / 2))]
 
 
 def _patients(data_dir: Path, split: str, site):
@@ -64,7 +57,7 @@ def _bits(site, masks: dict, shape) -> np.ndarray:
 def _summary(found: dict, alpha: float) -> dict:
     flagged = {pid: entry for pid, entry in found.items() if not entry["inside"]}
     return {"patients": len(found), "flagged": len(flagged), "rate": round(len(flagged) / max(len(found), 1), 4),
-            "binomial_95_if_exchangeable": binomial_range(len(found), alpha),
+            "binomial_95_if_exchangeable": list(calibration.binomial_counts(len(found), alpha)),
             "each": {pid: {"p_value": round(entry["p_value"], 4), "feature": entry["feature"],
                            "flagged": not entry["inside"], "reason": (entry["reasons"] or [None])[0]}
                      for pid, entry in found.items()}}

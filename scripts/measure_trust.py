@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -54,15 +53,6 @@ from provided_code.metrics.dvh_table import patient_table  # noqa: E402
 from provided_code.run_folder import RunFolder  # noqa: E402
 
 WINDOWS = {0.9: (0.85, 0.95), 0.68: (0.63, 0.73)}  # the issue's acceptance windows
-
-
-def _binomial_interval(n: int, p: float, mass: float = 0.95) -> tuple[float, float]:
-    """The central ``mass`` interval of k/n for k ~ Binomial(n, p) (exact, from the pmf)."""
-    pmf = np.array([math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)])
-    cdf = np.cumsum(pmf)
-    low = int(np.searchsorted(cdf, (1 - mass) / 2))
-    high = int(np.searchsorted(cdf, 1 - (1 - mass) / 2))
-    return low / n, high / n
 
 
 def _rows(model: DeployedModel, data_dir: Path, cache_dir) -> tuple[pd.DataFrame, object]:
@@ -105,7 +95,7 @@ def _coverage(table: pd.DataFrame, bands: dict) -> dict:
         for row in at.itertuples():
             n_calibration = len(bands["residuals"][row.structure][row.metric])
             expected = calibration.exact_coverage(n_calibration, level)
-            low, high = _binomial_interval(int(row.n), expected)
+            low, high = calibration.binomial_range(int(row.n), expected)
             spread.append({"structure": row.structure, "metric": row.metric, "n": int(row.n),
                            "observed": round(float(row.observed), 4), "expected": round(expected, 4),
                            "binomial_95": [round(low, 4), round(high, 4)],
