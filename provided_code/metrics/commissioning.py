@@ -69,7 +69,9 @@ MAD_SCALE = 1.4826  # 1 / Φ⁻¹(3/4): the MAD of a normal sample times this es
 MIN_SCALE_GY = 1.0  # the robust z's scale is at least this (module docstring)
 COLUMNS = ("patient", "structure", "metric", "plan", "predicted")
 MIN_PATIENTS_TO_JUDGE = 10  # the fewest patients a tolerance is judged on (module docstring: the verdict)
-VERDICTS = {"fail": "not fit for clinical use", "not judged": "not judged", "pass": "within the tolerances"}
+VERDICT_HEADS = {"fail": "Not fit for clinical use", "not judged": "Not judged: too few patients",
+                 "pass": "Within the tolerances"}  # a verdict's heading (the report's and the model card's)
+CELL_VERDICTS = {"fail": "fails", "too few": "too few patients", "pass": "passes"}  # a structure-metric's
 DVH_STEP_GY = 0.5  # the dose step of a DVH curve (dvh_curve)
 _HOT = ("D1", "Dmax")  # clinical metrics of a target's hottest part (D_<cc>_cc and D_<p> with p < 50 too)
 _METRIC_WORDS = {"mean": "mean dose", "Dmean": "mean dose", "Dmax": "maximum dose", "D99": "D99", "D95": "D95",
@@ -281,7 +283,7 @@ def _verdict_words(status: str, entries: list[dict]) -> str:
                + "; ".join(f"{e['structure']} {e['metric']}: {e['n']} patients, {e['needed']} needed" for e in unjudged)
                + ")")
     if status == "fail":
-        return (f"Not fit for clinical use: {len(failing)} of {len(entries)} structure-metrics fail the tolerances ("
+        return (f"{VERDICT_HEADS['fail']}: {len(failing)} of {len(entries)} structure-metrics fail the tolerances ("
                 + "; ".join(map(said, failing)) + ")" + (f"; {few}" if few else "") + ".")
     if status == "not judged":
         if not entries:
@@ -291,7 +293,7 @@ def _verdict_words(status: str, entries: list[dict]) -> str:
                 + ". The model is not shown fit for clinical use until every structure-metric is judged on enough "
                   "patients.")
     closest = min(entries, key=lambda e: e["observed"] - e["fraction"])
-    return f"Within the tolerances: all {len(entries)} structure-metrics pass (the closest, {said(closest)})."
+    return f"{VERDICT_HEADS['pass']}: all {len(entries)} structure-metrics pass (the closest, {said(closest)})."
 
 
 def dvh_curve(doses, step_gy: float = DVH_STEP_GY) -> list[list[float]]:

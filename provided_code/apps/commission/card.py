@@ -18,6 +18,7 @@ from pathlib import Path
 from provided_code.config import TrainConfig
 from provided_code.deployed_model import recorded_members
 from provided_code.folds import Dealing, fold_dir
+from provided_code.metrics.commissioning import CELL_VERDICTS, VERDICT_HEADS
 from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -148,9 +149,6 @@ def _markdown(card: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-_HEADS = {"fail": "Not fit for clinical use", "not judged": "Not judged: too few patients",
-          "pass": "Within the tolerances"}
-_CELL_WORDS = {"fail": "**fails**", "too few": "too few patients", "pass": "passes"}
 
 
 def _verdict(report: dict) -> dict:
@@ -162,15 +160,21 @@ def _verdict(report: dict) -> dict:
     return found
 
 
+def _cell_words(status: str) -> str:
+    """A structure-metric's verdict in the card's table: a failing one in bold."""
+    words = CELL_VERDICTS[status]
+    return f"**{words}**" if status == "fail" else words
+
+
 def _verdict_markdown(verdict: dict) -> list[str]:
     tolerances = verdict["tolerances"]
     source = ("the default tolerances" if tolerances["source"] == "the defaults" else
               f"the tolerances of {tolerances['source']} (SHA-256 `{tolerances['sha256']}`)")
-    out = ["## Verdict", "", f"**{_HEADS[verdict['status']]}.** {verdict['words']}", "",
+    out = ["## Verdict", "", f"**{VERDICT_HEADS[verdict['status']]}.** {verdict['words']}", "",
            f"Judged on the out-of-fold predictions by {source}: {tolerances['words']}.", "",
            "| structure | metric | tolerance | patients within | required | verdict |", "|---|---|---|---|---|---|"]
     out += [f"| {c['structure']} | {c['metric']} | {c['within_gy']:g} Gy | {c['within']} of {c['n']} | "
-            f"{100 * c['fraction']:g} % | {_CELL_WORDS[c['status']]} |" for c in verdict["cells"]]
+            f"{100 * c['fraction']:g} % | {_cell_words(c['status'])} |" for c in verdict["cells"]]
     bands = verdict.get("bands")
     if bands:
         out += ["", f"Prediction bands on the validation patients: {bands['outside']} of {bands['cells']} "

@@ -72,6 +72,7 @@ from typing import Iterable
 
 from provided_code.apps.commission import svg
 from provided_code.apps.commission.svg import escape
+from provided_code.metrics.commissioning import CELL_VERDICTS, MIN_PATIENTS_TO_JUDGE, VERDICT_HEADS
 
 REQUIRED = ("model", "site", "cohort", "summary", "plans")
 SECTIONS = (("cohort", "The cohort"), ("summary", "How well the model predicts the plans"),
@@ -156,9 +157,6 @@ def _subtitle(report: dict) -> str:
 # -- the verdict, on the first screen ---------------------------------------------------------------
 
 _VERDICT_CLASS = {"fail": "fail", "not judged": "unjudged", "pass": "pass"}
-_VERDICT_HEAD = {"fail": "Not fit for clinical use", "not judged": "Not judged: too few patients",
-                 "pass": "Within the tolerances"}
-_CELL_WORDS = {"fail": "fails", "too few": "too few patients", "pass": "passes"}
 
 
 def _verdict(report: dict) -> str:
@@ -175,17 +173,17 @@ def _verdict(report: dict) -> str:
     judged_by = ("the default tolerances" if source == "the defaults" else f"the tolerances of {source}"
                  + (f" (SHA-256 {tolerances['sha256'][:12]}…)" if tolerances.get("sha256") else ""))
     parts = [f'<div class="verdict {_VERDICT_CLASS.get(status, "unjudged")}" id="verdict">'
-             f'<h2>Verdict: {escape(_VERDICT_HEAD.get(status, str(status)))}</h2>'
+             f'<h2>Verdict: {escape(VERDICT_HEADS.get(status, str(status)))}</h2>'
              f'<p id="verdict-words">{escape(found.get("words", ""))}</p>'
              f'<p class="muted">Judged on the out-of-fold predictions by {escape(judged_by)}: '
-             f'{escape(tolerances.get("words", ""))}. A structure-metric is judged on at least 10 patients, and at '
-             f'least 1/(1 − the share required).</p>']
+             f'{escape(tolerances.get("words", ""))}. A structure-metric is judged on at least {MIN_PATIENTS_TO_JUDGE} '
+             f'patients, and at least 1/(1 − the share required).</p>']
     rows = []
     for cell in found.get("cells") or []:
         rows.append(([cell.get("structure"), cell.get("metric"), f"{_fmt(cell.get('within_gy'), 1)} Gy",
                       f"{cell.get('within')} of {cell.get('n')}", _percent(cell.get("observed")),
                       _percent(cell.get("fraction")), _fmt(cell.get("worst"), 1),
-                      _CELL_WORDS.get(cell.get("status"), cell.get("status"))],
+                      CELL_VERDICTS.get(cell.get("status"), cell.get("status"))],
                      {7: _VERDICT_CLASS.get({"too few": "not judged"}.get(cell.get("status"), cell.get("status")), "")}))
     if rows:
         parts.append(_table(["structure", "metric", "tolerance", "patients within", "share", "required",
