@@ -30,8 +30,15 @@ def forget_models() -> None:
 # and rate (the defaults before the residual U-Net's comparison), a third to a half of the residual
 # U-Net's step time at the tests' shapes. The tests of the body, and of what depends on it, ask for
 # the residual U-Net by name (docs/development.md lists them).
-LIGHT_BODY = {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4}
-LIGHT_FLAGS = ("--arch", "generator", "--dropout", "0.2", "--learning-rate", "2e-4")  # before a test's own flags
+def _light_body() -> dict:
+    from provided_code.presets import PRESETS
+
+    return {name: PRESETS["v2"][name] for name in ("arch", "dropout", "learning_rate")}
+
+
+LIGHT_BODY = _light_body()
+LIGHT_FLAGS = tuple(word for name, value in LIGHT_BODY.items()  # the same as flags, before a test's own flags
+                    for word in (f"--{name.replace('_', '-')}", str(value)))
 
 
 def model_spec(**fields):
