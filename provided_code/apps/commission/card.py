@@ -149,8 +149,6 @@ def _markdown(card: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-
-
 def _verdict(report: dict) -> dict:
     """The card's ``verdict``: the report's (:func:`provided_code.metrics.commissioning.verdict`,
     with its tolerances) and the bands' calibration against their binomial ranges, when measured."""
