@@ -10,10 +10,11 @@ with one TensorFlow thread (on a 2-core machine about 1.4 times the throughput o
 both cores). ``--ensemble ROW`` also averages that row's seeds (``--predict-only --ensemble``)
 and scores the average.
 
-Two tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
-above) and ``--table network`` (issue 14's longer comparison: every row is ``--preset v1`` plus one
-change, ``combined`` the changes the single rows supported, and the rows after it ``combined``
-plus one change).
+Three tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
+above), ``--table network`` (the longer comparison: every row is ``--preset v1`` plus one change,
+``combined`` the changes the single rows supported, ``--preset v2``, and the rows after it
+``combined`` plus one change) and ``--table body`` (the residual U-Net against the generator of
+``--preset v2``, each with and without ``--physics``; ``--filters 8`` and ``16``).
 
     bash ../shared/openkbp-more/make-data-dir.sh /tmp/openkbp-55
     python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation \\
@@ -58,11 +59,11 @@ TABLES = {
         "rotate-shift": ["--preset", "v1", "--augment", "flip,rotate,shift"],
         "cosine": ["--preset", "v1", "--lr-schedule", "cosine"],
         "ema": ["--preset", "v1", "--ema"],
-        "combined": ["--preset", "default"],
-        "combined-ema": ["--preset", "default", "--ema"],
-        # the DVH weight measured on the steadier default (its seeds end 0.06 Gy apart, v1's 0.4)
-        "combined-dvh-0.2": ["--preset", "default", "--dvh-weight", "0.2"],
-        "combined-dvh-1": ["--preset", "default", "--dvh-weight", "1"],
+        "combined": ["--preset", "v2"],  # the defaults it chose (until the body's comparison)
+        "combined-ema": ["--preset", "v2", "--ema"],
+        # the DVH weight measured on the steadier combined (its seeds end 0.06 Gy apart, v1's 0.4)
+        "combined-dvh-0.2": ["--preset", "v2", "--dvh-weight", "0.2"],
+        "combined-dvh-1": ["--preset", "v2", "--dvh-weight", "1"],
     },
     # issue 40's: the network's body (and its inputs) against --preset v2, the generator
     "body": {

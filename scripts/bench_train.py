@@ -27,8 +27,8 @@ memory are each measurement's own; all of them in one run, side by side:
 - at 64³ with 16 filters (``--part network`` runs only these): the DVH term (``--dvh-weight 0.2``)
   against the masked MAE alone (one step of each in turn, in one process), and, as medians of
   three alternating runs, instance against batch norm, the beam channel
-  (``--beams 9``) against none, and the default preset's whole recipe against v1's
-  (``step_s_default_over_v1``);
+  (``--beams 9``) against none, and ``--preset v2``'s whole recipe (the generator's) against v1's
+  (``step_s_v2_over_v1``; the residual U-Net against the generator is ``--part body``'s);
 - full augmentation (flip, rotate, shift; drawn by the input pipeline, applied in the step) with
   the masked loss, against neither, both fed by the real input pipeline, at the benchmark's
   config and at 64³ (at least 40 steps); and the
@@ -444,8 +444,8 @@ def network_comparison(batch_size: int) -> dict:
     process, :func:`child_loss_pair`); in fresh processes, medians of three alternating runs
     of each: instance against batch norm, the beam channel against none (MAE on one fixed
     element), per-patient beam channels against the run-wide table (the same nine angles, one fixed
-    element), and the default preset's whole recipe (network, inputs, loss, augmentation, through
-    the input pipeline) against v1's."""
+    element), and ``--preset v2``'s whole recipe (network, inputs, loss, augmentation, through
+    the input pipeline) against v1's (both on the generator: :func:`body_comparison` compares the bodies)."""
     config = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
     loss_pair = measure(dict(config, kind="loss_pair", dvh_weight=0.2, rounds=100))
     runs = {"loss_pair_64": loss_pair,
@@ -453,18 +453,18 @@ def network_comparison(batch_size: int) -> dict:
             **alternating({"no_beams_64": config, "beams_64": dict(config, network={"beams": 9})}),
             **alternating({"run_beams_64": dict(config, network={"beams": 9}),
                            "patient_beams_64": dict(config, network={"beams": 9}, patient_beams=True)}),
-            **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_default_64": dict(config, preset="default")})}
+            **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_v2_64": dict(config, preset="v2")})}
     from provided_code.presets import PRESETS
 
     ratio = lambda a, b: runs[a]["step_s"] / runs[b]["step_s"]  # noqa: E731
-    return {"network_config": config, "default_preset": PRESETS["default"],
+    return {"network_config": config, "v2_preset": PRESETS["v2"],
             "step_s_dvh_loss_over_none": loss_pair["dvh_over_none"],
             "step_s_dvh_loss_over_none_quartiles": loss_pair["dvh_over_none_quartiles"],
             "dvh_term_s": loss_pair["dvh_term_s"],
             "step_s_instance_over_batch_norm": ratio("instance_norm_64", "batch_norm_64"),
             "step_s_beams_over_none": ratio("beams_64", "no_beams_64"),
             "step_s_patient_beams_over_run_beams": ratio("patient_beams_64", "run_beams_64"),
-            "step_s_default_over_v1": ratio("preset_default_64", "preset_v1_64"),
+            "step_s_v2_over_v1": ratio("preset_v2_64", "preset_v1_64"),
             "network_runs": runs}
 
 

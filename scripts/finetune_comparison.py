@@ -48,13 +48,13 @@ REPO = Path(__file__).resolve().parents[1]
 SCRATCH = "scratch"
 # arm -> its flags beyond the common ones ({parent}: the parent's run folder; {freeze}: epochs)
 ARMS = {
-    SCRATCH: ["--preset", "default"],
-    "tuned-2e-4": ["--preset", "default", "--init-from", "{parent}"],
-    "tuned-1e-4-warm": ["--preset", "default", "--init-from", "{parent}", "--learning-rate", "1e-4",
+    SCRATCH: ["--preset", "v2"],
+    "tuned-2e-4": ["--preset", "v2", "--init-from", "{parent}"],
+    "tuned-1e-4-warm": ["--preset", "v2", "--init-from", "{parent}", "--learning-rate", "1e-4",
                         "--warmup-epochs", "2"],
-    "tuned-5e-5-warm": ["--preset", "default", "--init-from", "{parent}", "--learning-rate", "5e-5",
+    "tuned-5e-5-warm": ["--preset", "v2", "--init-from", "{parent}", "--learning-rate", "5e-5",
                         "--warmup-epochs", "2"],
-    "tuned-5e-5-warm-freeze": ["--preset", "default", "--init-from", "{parent}", "--learning-rate", "5e-5",
+    "tuned-5e-5-warm-freeze": ["--preset", "v2", "--init-from", "{parent}", "--learning-rate", "5e-5",
                                "--warmup-epochs", "2", "--freeze", "encoder", "--freeze-epochs", "{freeze}"],
 }
 
@@ -225,7 +225,7 @@ def main(data_dir, work, parent_patients, clinics, seeds, deal_seed, filters, re
     parent_updates = math.ceil(len(parents) / batch_size)
     if not finished(parent_dir, parent_epochs):
         lanes.run(train_command(results, folders["parent"], "parent", parent_epochs, 10, common,
-                                ["--preset", "default"]), "parent", logs / "parent.log")
+                                ["--preset", "v2"]), "parent", logs / "parent.log")
 
     # 2. the clinics' arms: one queue, arm after arm within each clinic and seed
     todo, plan = [], {}
@@ -258,7 +258,7 @@ def main(data_dir, work, parent_patients, clinics, seeds, deal_seed, filters, re
                 cross[name] = {"arm": arm, "seed": seed}
                 if not finished(results / name, cross_site_epochs):
                     todo.append((train_command(results, prostate, name, cross_site_epochs, 1, common,
-                                               ["--site", "prostate", "--preset", "default", "--seed", str(seed),
+                                               ["--site", "prostate", "--preset", "v2", "--seed", str(seed),
                                                 *flags]), name))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for future in [pool.submit(lanes.run, command, label, logs / f"{label}.log") for command, label in todo]:
