@@ -82,7 +82,8 @@ def run_name(row: str, seed: int) -> str:
 
 def read_scores(log_path: Path, tail: int) -> dict:
     """The last and best scores of a run, and the mean of its last ``tail`` scorings (less noisy
-    than the last alone; where the curve has flattened, close to the best)."""
+    than the last alone; where the curve has flattened, close to the best); its last epoch's
+    training loss and its median seconds an epoch (robust to an epoch slowed by a pause)."""
     with open(log_path, newline="") as handle:
         every = list(csv.DictReader(handle))
     rows = [row for row in every if row["val_dose_score"]]
@@ -94,6 +95,8 @@ def read_scores(log_path: Path, tail: int) -> dict:
             "best_epoch": int(best["epoch"]), "best_dose_score": float(best["val_dose_score"]),
             "best_dvh_score": float(best["val_dvh_score"]),
             "curve": [[int(row["epoch"]), round(float(row["val_dose_score"]), 3)] for row in rows],
+            "final_loss": float(every[-1]["loss"]),
+            "median_epoch_seconds": statistics.median(float(row["epoch_seconds"]) for row in every),
             "seconds": sum(float(row["epoch_seconds"]) for row in every)}
 
 
@@ -206,6 +209,12 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     for row, scores in ensembles.items():
         print(f"| {row}, ensemble of seeds {','.join(map(str, seeds))} (best.keras each) | `--predict-only "
               f"--ensemble` | | | | {scores['dose_score']:.2f} ({scores['dvh_score']:.2f}) |", file=sys.stderr)
+    print(f"\n| row | seed | best dose score (its DVH score), epoch | last epoch: dose / DVH score | final training "
+          f"loss | seconds per epoch (median) |\n|---|---|---|---|---|---|", file=sys.stderr)
+    for run in runs.values():
+        print(f"| {run['row']} | {run['seed']} | {run['best_dose_score']:.2f} ({run['best_dvh_score']:.2f}), "
+              f"{run['best_epoch']} | {run['last_dose_score']:.2f} / {run['last_dvh_score']:.2f} Gy | "
+              f"{run['final_loss']:.2f} Gy | {run['median_epoch_seconds']:.0f} s |", file=sys.stderr)
     print(json.dumps({"settings": {"table": table, "epochs": epochs, "resolution": int(resolution),
                                    "filters": filters, "seeds": seeds, "score_every": score_every, "tail": tail,
                                    "data_dir": data_dir, "jobs": jobs},
