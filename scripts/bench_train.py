@@ -295,7 +295,8 @@ def child_loss_pair(spec: dict, strategy) -> dict:
     _, arrays = _phantoms(spec)
     batch = spec["batch_size"]
     keras.utils.set_random_seed(0)
-    config = TrainConfig(resolution=spec["resolution"], filters=spec["filters"], dropout=0.2)
+    config = TrainConfig(resolution=spec["resolution"], filters=spec["filters"],
+                         **{"dropout": 0.2, **spec.get("network", {})})
     with strategy.scope():
         model = new_model(config.spec, config.learning_rate)
         model.optimizer.build(model.trainable_variables)
@@ -446,16 +447,21 @@ def network_comparison(batch_size: int) -> dict:
     element), per-patient beam channels against the run-wide table (the same nine angles, one fixed
     element), and ``--preset v2``'s whole recipe (network, inputs, loss, augmentation, through
     the input pipeline) against v1's (both on the generator: :func:`body_comparison` compares the bodies)."""
-    config = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
-    loss_pair = measure(dict(config, kind="loss_pair", dvh_weight=0.2, rounds=100))
-    runs = {"loss_pair_64": loss_pair,
-            **alternating({"batch_norm_64": config, "instance_norm_64": dict(config, network={"norm": "instance"})}),
-            **alternating({"no_beams_64": config, "beams_64": dict(config, network={"beams": 9})}),
-            **alternating({"run_beams_64": dict(config, network={"beams": 9}),
-                           "patient_beams_64": dict(config, network={"beams": 9}, patient_beams=True)}),
-            **alternating({"preset_v1_64": dict(config, preset="v1"), "preset_v2_64": dict(config, preset="v2")})}
+    from provided_code.config import TrainConfig
     from provided_code.presets import PRESETS
 
+    # every network but the presets' is v1's (the generator, batch norm, no extra channel) plus the one change
+    v1 = {name: value for name, value in PRESETS["v1"].items() if name in TrainConfig.NETWORK}
+    plain = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
+    config = dict(plain, network=v1)
+    beams = dict(config, network={**v1, "beams": 9})
+    loss_pair = measure(dict(config, kind="loss_pair", dvh_weight=0.2, rounds=100))
+    runs = {"loss_pair_64": loss_pair,
+            **alternating({"batch_norm_64": config,
+                           "instance_norm_64": dict(config, network={**v1, "norm": "instance"})}),
+            **alternating({"no_beams_64": config, "beams_64": beams}),
+            **alternating({"run_beams_64": beams, "patient_beams_64": dict(beams, patient_beams=True)}),
+            **alternating({"preset_v1_64": dict(plain, preset="v1"), "preset_v2_64": dict(plain, preset="v2")})}
     ratio = lambda a, b: runs[a]["step_s"] / runs[b]["step_s"]  # noqa: E731
     return {"network_config": config, "v2_preset": PRESETS["v2"],
             "step_s_dvh_loss_over_none": loss_pair["dvh_over_none"],
