@@ -10,7 +10,7 @@ larger's). Each is a folder of symlinks under ``<work>/data/`` whose ``validatio
 shared folder (one cache): ``parent/``, ``clinic-10/``, ``clinic-20/``. Nothing is copied.
 
 The runs (``<work>/results/``): the parent, then, for every clinic and seed, each arm (``ARMS``:
-scratch, fine-tuned with today's recipe, fine-tuned at lower rates after a short warm-up, with and
+scratch, fine-tuned at ``--preset v2``'s rate (2e-4), fine-tuned at lower rates after a short warm-up, with and
 without the encoder frozen at first), every one ``--updates`` updates long (so the epochs of a
 clinic of N patients are updates / ceil(N / batch)), scored every ``--score-updates`` updates.
 The arms of one clinic and seed are queued one after another, alternating, two runs at a time on

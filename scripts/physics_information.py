@@ -10,9 +10,10 @@ own first layer (``--preset v2 --physics``: the CT, the structures, the prescrip
 nine beams' count channel, the physics channel). A linear model of the dose from a set of channels,
 voxel by voxel inside the possible-dose mask, is fitted by least squares on the training patients
 and scored on the validation patients: the mean over the patients of the mean absolute error (Gy,
-against the dose at that resolution) and R² over all their voxels. No spatial context: a network
-sees a neighbourhood, so this bounds from below what a channel tells it, and says whether the
-physics channel carries what the other channels do not.
+against the dose at that resolution) and R² over all their voxels. No spatial context: the physics
+channel is made from the CT, the targets and the beams, which the networks have anyway, so this
+says only how much of it a voxel-wise linear model finds already in the other channels, not what
+a network, which sees a neighbourhood, can make of any of them.
 
 Prints JSON: ``sets`` (the channel sets, each with ``validation_mae_gy`` and ``validation_r2``),
 the patients' counts, the resolution and the channel names.
