@@ -245,6 +245,10 @@ def _started_from(config: TrainConfig, given: set[str] | None) -> TrainConfig:
     if inherited:
         logger.info("Network of the %s, for the flags not given: %s", parent_label(record), ", ".join(
             f"{name} {config.site.name if name == 'site' else getattr(config, name)!r}" for name in inherited))
+    if given is not None and "learning_rate" not in given:  # the rate is the recipe's, never the parent's
+        logger.warning("Fine-tuning at the default learning rate %g, a training-from-scratch rate that no "
+                       "fine-tuning comparison measured; docs/finetune.md's is --preset finetune (1e-4 after a "
+                       "2-epoch warm-up), or give --learning-rate", config.learning_rate)
     return dataclasses.replace(config, parent=record)
 
 
