@@ -44,41 +44,44 @@ SETS = {  # a name -> the channels (by name) of its linear model
 }
 
 
-def channel_columns(structures: int) -> dict[str, list[int]]:
-    """The first layer's channels under ``--preset v2 --physics`` (``CompactInputs``'s order): the CT,
-    one per structure, the prescription, the beams' count, the physics channel."""
-    return {"ct": [0], "structures": list(range(1, 1 + structures)), "prescription": [1 + structures],
-            "beams": [2 + structures], "physics": [3 + structures]}
-
-
-def patient_channels(data_dir: Path, split: str, resolution: int, cache_dir: str | None):
-    """Per patient of the split: its channels and its dose inside the possible-dose mask."""
+def first_layer(resolution: int):
+    """``(model, columns)``: the model's first layer as a model of its own (``--preset v2 --physics``,
+    the nine beams as one count channel) and its channels' columns by name, in ``CompactInputs``'s
+    order: the CT, one per structure, the prescription, the beams' count, the physics channel."""
     import keras
 
     from provided_code.config import TrainConfig
-    from provided_code.data.batches import fit_vectors, take_inputs
-    from provided_code.data.cache import load_split
-    from provided_code.data.resample import downsample_split
-    from provided_code.data_folder import split_dir
     from provided_code.presets import PRESETS
-    from provided_code.sites import openkbp
     from provided_code.training.model import new_model
 
     spec = TrainConfig(resolution=resolution, filters=4, **{**PRESETS["v2"], "beams": 9, "physics": True}).spec
     model = new_model(spec, 1e-3)
-    first_layer = keras.Model(model.inputs, model.get_layer("compact_inputs").output)
-    full = load_split(split_dir(data_dir, split), cache_dir=cache_dir, site=openkbp())
+    layer = model.get_layer("compact_inputs")
+    structures = layer.structures
+    columns = {"ct": [0], "structures": list(range(1, 1 + structures)), "prescription": [1 + structures],
+               "beams": [2 + structures], "physics": [3 + structures]}
+    if layer.output.shape[-1] != structures + 4:  # the layer's order is no longer the one above
+        raise RuntimeError(f"the first layer makes {layer.output.shape[-1]} channels; expected the CT, {structures} "
+                           f"structures, the prescription, the beams and physics")
+    return keras.Model(model.inputs, layer.output), spec, columns
+
+
+def patient_channels(layer, spec, data_dir: Path, split: str, resolution: int, cache_dir: str | None):
+    """Per patient of the split: its channels and its dose inside the possible-dose mask."""
+    from provided_code.data.batches import fit_vectors, take_inputs
+    from provided_code.data.cache import load_split
+    from provided_code.data.resample import downsample_split
+    from provided_code.data_folder import split_dir
+
+    full = load_split(split_dir(data_dir, split), cache_dir=cache_dir, site=spec.site)
     arrays = fit_vectors(downsample_split(full, resolution), spec.inputs)
     channels, doses = [], []
     for row in range(len(arrays)):
-        volume = np.asarray(first_layer(take_inputs(arrays, np.array([row]), spec.inputs)))[0]
-        if volume.shape[-1] != len(openkbp().structures) + 4:  # channel_columns's order no longer holds
-            raise RuntimeError(f"the first layer made {volume.shape[-1]} channels; expected the CT, "
-                               f"{len(openkbp().structures)} structures, the prescription, the beams and physics")
+        volume = np.asarray(layer(take_inputs(arrays, np.array([row]), spec.inputs)))[0]
         inside = arrays.possible_dose_mask[row] > 0
         channels.append(volume[inside].astype(np.float64))
         doses.append(arrays.dose[row][inside].astype(np.float64))
-    return channels, doses, len(openkbp().structures)
+    return channels, doses
 
 
 def linear_fit(train, validation, columns: list[int]) -> dict:
@@ -102,9 +105,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=None)
     args = parser.parse_args()
     configure_tensorflow()
-    *train, structures = patient_channels(args.data_dir, "train", args.resolution, args.cache_dir)
-    *validation, _ = patient_channels(args.data_dir, "validation", args.resolution, args.cache_dir)
-    columns = channel_columns(structures)
+    layer, spec, columns = first_layer(args.resolution)
+    train, validation = (patient_channels(layer, spec, args.data_dir, split, args.resolution, args.cache_dir)
+                         for split in ("train", "validation"))
     sets = {name: {"channels": list(names),
                    **linear_fit(train, validation, [c for channel in names for c in columns[channel]])}
             for name, names in SETS.items()}
