@@ -151,10 +151,11 @@ def child_fetch(spec: dict, strategy) -> dict:
 
 
 def child_parameters(spec: dict, strategy) -> dict:
+    """The default network's parameters at the default 128³ and 64 filters (its body as configured)."""
     from provided_code.config import TrainConfig
-    from provided_code.networks.unet import build_unet
+    from provided_code.networks.build import build_network
 
-    return {"parameters": build_unet(TrainConfig().spec).count_params()}
+    return {"parameters": build_network(TrainConfig().spec).count_params()}
 
 
 def child_score(spec: dict, strategy) -> dict:
@@ -167,17 +168,18 @@ def child_score(spec: dict, strategy) -> dict:
     import tensorflow as tf
 
     from provided_code.config import TrainConfig
-    from provided_code.networks.unet import build_unet
+    from provided_code.networks.build import build_network
     from provided_code.run_folder import RunFolder
     from provided_code.training.validation_scores import Validation, ValidationScores
 
     full, low = _phantoms(spec)
     keras.utils.set_random_seed(0)
-    model = build_unet(TrainConfig(resolution=spec["resolution"], filters=spec["filters"]).spec)
+    model_spec = TrainConfig(resolution=spec["resolution"], filters=spec["filters"]).spec
+    model = build_network(model_spec)
     predict_batch = tf.function(lambda inputs: model(inputs, training=False))
     scoring = ValidationScores(Validation(low, full), spec["batch_size"], score_every=1, epochs=2,
                                folder=RunFolder(tempfile.mkdtemp(prefix="bench-score-")), model=model,
-                               predict_batch=predict_batch)
+                               predict_batch=predict_batch, spec=model_spec)
     try:
         scoring.start()
         scoring.measure(0)  # traces the prediction; saves best.keras
