@@ -17,8 +17,8 @@ above), ``--table network`` (the longer comparison: every row is ``--preset v1``
 ``--preset v2``, each with and without ``--physics``; ``--filters 8`` and ``16``).
 
     bash ../shared/openkbp-more/make-data-dir.sh /tmp/openkbp-55
-    python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation \\
-        --epochs 120 --score-every 10 --jobs 2 --ensemble combined > ablation.json
+    python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation-network \\
+        --epochs 120 --score-every 10 --jobs 2 --first-seed-only beams-each --ensemble combined > network.json
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ DEFAULTS = TrainConfig()
 @click.option("--epochs", type=int, default=20, help="Training epochs (the residual U-Net's 20 cost what the generator's 60 did).")
 @click.option("--filters", type=int, default=8, help="Base filters of the U-Net.")
 @click.option("--arch", type=click.Choice(ARCHS), default=DEFAULTS.arch, help="The network's body (runpod_train.py's --arch).")
-@click.option("--learning-rate", type=float, default=2e-3, help="Adam learning rate (10× the default: few epochs).")
+@click.option("--learning-rate", type=float, default=2e-3, help="Adam learning rate (above runpod_train.py's default: few epochs).")
 @click.option("--resolution", type=click.Choice([str(r) for r in RESOLUTIONS]), default="32",
               help="Training resolution.")
 @click.option("--site", "site_spec", default="openkbp",
