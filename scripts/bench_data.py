@@ -17,7 +17,8 @@ Memory-mapped training (``--memory-map``, ``data/mapped.py``), also in the same 
   ``batch_s_memory_map_cold``: a fresh mapping after ``posix_fadvise(DONTNEED)`` dropped the file
   from the page cache (chunks verified: a cohort larger than the page cache, from its second epoch);
 - ``train_peak_rss_mb_memory_map``: the peak resident memory (VmHWM) of a process that trains a
-  few 128³ steps (``--rss-filters`` filters, batch 1, the masked loss, the project's input
+  few 128³ steps (``--preset v2``'s generator, whose figures docs/performance.md records;
+  ``--rss-filters`` filters, batch 1, the masked loss, the project's input
   pipeline and step) on a phantom cohort of ``--cohort-patients`` patients mapped from its cache
   (the cohort is a few phantoms, each under many patient numbers), with
   ``cohort_stacked_over_peak_rss`` (the cohort's stacked arrays over that peak: at least 4 asked);
@@ -161,6 +162,7 @@ def child_train_rss(spec: dict) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.data.tf_dataset import distributed_dataset, update_schedule
     from provided_code.losses import loss_function, needs_possible_dose_mask
+    from provided_code.presets import PRESETS
     from provided_code.training.memory import peak_rss_mb
     from provided_code.training.model import new_model
     from provided_code.training.step import TrainStep
@@ -168,7 +170,9 @@ def child_train_rss(spec: dict) -> dict:
     tf.config.experimental.enable_op_determinism()  # as training on a CPU without XLA: the same losses
     strategy = tf.distribute.get_strategy()
     cohort = load_cache(Path(spec["cache"]), mapped=True, site=openkbp())
-    config = TrainConfig(resolution=128, filters=spec["filters"], batch_size=1, augment="none", xla="off")
+    generator = {name: value for name, value in PRESETS["v2"].items() if name in TrainConfig.NETWORK}
+    config = TrainConfig(**{**generator, "resolution": 128, "filters": spec["filters"]}, batch_size=1, augment="none",
+                         xla="off")
     schedule = update_schedule(len(cohort), 1, 1, 1, seed=0, first_epoch=0, epochs=1)[:spec["steps"]]
     arrays = cohort
     if not spec["mapped"]:  # the steps' patients only, read into memory; the rows renumbered

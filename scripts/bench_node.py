@@ -3,7 +3,7 @@
     python scripts/bench_node.py [--model-dir results/unet] [--step 1] [--repeats 3] [--patients 20] [--clients 4]
 
 Without ``--model-dir`` a small model is trained first on phantoms (4 filters, 32³, 1 epoch, as the
-tests train). Everything runs in this process on 127.0.0.1; the listener is a pynetdicom Storage
+tests train: their light body, ``tests/kit/runs.py``). Everything runs in this process on 127.0.0.1; the listener is a pynetdicom Storage
 SCP standing in for the planning system (``tests/kit/node.py``; needs the dev extra).
 
 - ``node_s_received_to_sent``: one phantom patient (CT, RTSTRUCT naming its images, the clinic's
@@ -129,10 +129,11 @@ def train_small_model(workdir: Path) -> Path:
     from provided_code.config import TrainConfig
     from provided_code.data.phantoms import write_phantom_split
     from provided_code.training.train import train
+    from tests.kit.runs import LIGHT_BODY
 
     write_phantom_split(workdir / "data" / "train-pats", 4, first_number=1)
     write_phantom_split(workdir / "data" / "validation-pats", 2, first_number=201)
-    train(TrainConfig(filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(workdir / "data"),
+    train(TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(workdir / "data"),
                       results_dir=str(workdir / "results"), model_name="m", cache_dir=str(workdir / "cache")))
     keras.backend.clear_session()
     return workdir / "results" / "m"

@@ -4,7 +4,9 @@
 
 Every measurement runs the project's own training step (``training/step.py``) on synthetic
 phantoms in a fresh process, so that process-wide settings (oneDNN, logical CPU devices) and peak
-memory are each measurement's own; all of them in one run, side by side:
+memory are each measurement's own; all of them in one run, side by side. Where a measurement names
+no network (the main run's), it is the default one (the residual U-Net since issue 40; figures in
+docs/performance.md measured before that are the generator's, as they say):
 
 - time to first step (trace + compile + step) and steady samples per second: XLA against not,
   float32 against mixed_float16, TensorFlow's oneDNN CPU kernels (``TF_ENABLE_ONEDNN_OPTS=1``)
@@ -37,7 +39,8 @@ memory are each measurement's own; all of them in one run, side by side:
 - (``--part trace`` runs only these) the first training step, and a short run of the command
   line, with the step's functions traced with autograph on (TensorFlow's default) and off (the
   project's);
-- the first XLA step with Keras's built-in AveragePooling3D against the project's separable one;
+- the first XLA step with Keras's built-in AveragePooling3D against the project's separable one
+  (the generator's final smoothing: ``--preset v2``'s network);
 - the input pipeline's share of the fastest step (the pipeline the default recipe trains with: the
   possible-dose mask for the masked loss, the default augmentation's draws), and the fetch time of
   a batch at 128³.
@@ -218,7 +221,7 @@ def child_step(spec: dict, strategy) -> dict:
     keras.utils.set_random_seed(0)
     recipe = PRESETS[spec["preset"]] if "preset" in spec else {}  # a preset: its network, loss and augmentation
     config = TrainConfig(resolution=resolution, filters=spec["filters"], batch_size=batch, accumulate=accumulate,
-                         **{"dropout": 0.2, **recipe, **spec.get("network", {})})
+                         **{**recipe, **spec.get("network", {})})
     if spec.get("patient_beams"):  # the run's angles again, but as each patient's own (a model input)
         arrays = dataclasses.replace(arrays, beam_angles=np.tile(np.float32(config.gantry_angles), (len(arrays), 1)))
         config = dataclasses.replace(config, beam_slots=config.beams)
@@ -530,6 +533,10 @@ def main() -> None:
         return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
+    from provided_code.config import TrainConfig
+    from provided_code.presets import PRESETS
+
+    generator = {name: value for name, value in PRESETS["v2"].items() if name in TrainConfig.NETWORK}  # the pooling's body
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
            "batch_size": args.memory_batch_size, "steps": 10, "sequential": True}
     runs = {
@@ -544,9 +551,9 @@ def main() -> None:
         **augment_comparison(dict(base, steps=max(args.steps, 40))),
         **alternating({"no_recompute_64": big, "recompute_64": dict(big, recompute=True)}),
         "pool_separable_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
-                                       "steps": 1, "xla": True}),
+                                       "steps": 1, "xla": True, "network": generator}),
         "pool_builtin_xla": measure({"resolution": args.pool_resolution, "filters": 4, "batch_size": 1,
-                                     "steps": 1, "xla": True, "builtin_pool": True}),
+                                     "steps": 1, "xla": True, "builtin_pool": True, "network": generator}),
     }
     fetch = measure(dict(base, kind="fetch"))["fetch_s"]
     fetch_128 = measure(dict(base, kind="fetch", resolution=128))["fetch_s"]
