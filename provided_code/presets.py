@@ -18,7 +18,7 @@ preset.
 
 from __future__ import annotations
 
-from provided_code.config import field_defaults
+from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import ConfigError
 
 _DEFAULTS = field_defaults()
@@ -42,6 +42,12 @@ PRESETS: dict[str, dict] = {
                  "dvh_weight": 0.0, "learning_rate": 1e-4, "freeze": "none", "freeze_epochs": 0},
 }
 FINETUNE_FIELDS = tuple(PRESETS["finetune"])
+
+
+def preset_network(name: str) -> dict:
+    """The network fields (``TrainConfig.NETWORK``) preset ``name`` sets: what shapes the weights of a
+    model built with it (``{}`` for ``finetune``, which leaves the network to the parent)."""
+    return {field: value for field, value in PRESETS[name].items() if field in TrainConfig.NETWORK}
 
 
 def apply_preset(name: str | None, options: dict, given: set[str]) -> dict:

@@ -162,7 +162,7 @@ def child_train_rss(spec: dict) -> dict:
     from provided_code.config import TrainConfig
     from provided_code.data.tf_dataset import distributed_dataset, update_schedule
     from provided_code.losses import loss_function, needs_possible_dose_mask
-    from provided_code.presets import PRESETS
+    from provided_code.presets import preset_network
     from provided_code.training.memory import peak_rss_mb
     from provided_code.training.model import new_model
     from provided_code.training.step import TrainStep
@@ -170,8 +170,7 @@ def child_train_rss(spec: dict) -> dict:
     tf.config.experimental.enable_op_determinism()  # as training on a CPU without XLA: the same losses
     strategy = tf.distribute.get_strategy()
     cohort = load_cache(Path(spec["cache"]), mapped=True, site=openkbp())
-    generator = {name: value for name, value in PRESETS["v2"].items() if name in TrainConfig.NETWORK}
-    config = TrainConfig(**{**generator, "resolution": 128, "filters": spec["filters"]}, batch_size=1, augment="none",
+    config = TrainConfig(**{**preset_network("v2"), "resolution": 128, "filters": spec["filters"]}, batch_size=1, augment="none",
                          xla="off")
     schedule = update_schedule(len(cohort), 1, 1, 1, seed=0, first_epoch=0, epochs=1)[:spec["steps"]]
     arrays = cohort

@@ -452,11 +452,10 @@ def network_comparison(batch_size: int) -> dict:
     element), per-patient beam channels against the run-wide table (the same nine angles, one fixed
     element), and ``--preset v2``'s whole recipe (network, inputs, loss, augmentation, through
     the input pipeline) against v1's (both on the generator: :func:`body_comparison` compares the bodies)."""
-    from provided_code.config import TrainConfig
-    from provided_code.presets import PRESETS
+    from provided_code.presets import PRESETS, preset_network
 
     # every network but the presets' is v1's (the generator, batch norm, no extra channel) plus the one change
-    v1 = {name: value for name, value in PRESETS["v1"].items() if name in TrainConfig.NETWORK}
+    v1 = preset_network("v1")
     plain = {"resolution": 64, "filters": 16, "batch_size": batch_size, "steps": 20}
     config = dict(plain, network=v1)
     beams = dict(config, network={**v1, "beams": 9})
@@ -533,10 +532,9 @@ def main() -> None:
         return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
-    from provided_code.config import TrainConfig
-    from provided_code.presets import PRESETS
+    from provided_code.presets import preset_network
 
-    generator = {name: value for name, value in PRESETS["v2"].items() if name in TrainConfig.NETWORK}  # the pooling's body
+    generator = preset_network("v2")  # the pooling's body
     big = {"resolution": args.memory_resolution, "filters": args.memory_filters,
            "batch_size": args.memory_batch_size, "steps": 10, "sequential": True}
     runs = {

@@ -45,7 +45,7 @@ SETS = {  # a name -> the channels (by name) of its linear model
 
 
 def first_layer(resolution: int):
-    """``(model, columns)``: the model's first layer as a model of its own (``--preset v2 --physics``,
+    """``(model, spec, columns)``: the model's first layer as a model of its own (``--preset v2 --physics``,
     the nine beams as one count channel) and its channels' columns by name, in ``CompactInputs``'s
     order: the CT, one per structure, the prescription, the beams' count, the physics channel."""
     import keras
@@ -66,7 +66,7 @@ def first_layer(resolution: int):
     return keras.Model(model.inputs, layer.output), spec, columns
 
 
-def patient_channels(layer, spec, data_dir: Path, split: str, resolution: int, cache_dir: str | None):
+def patient_channels(layer, spec, data_dir: Path, split: str, cache_dir: str | None):
     """Per patient of the split: its channels and its dose inside the possible-dose mask."""
     from provided_code.data.batches import fit_vectors, take_inputs
     from provided_code.data.cache import load_split
@@ -74,7 +74,7 @@ def patient_channels(layer, spec, data_dir: Path, split: str, resolution: int, c
     from provided_code.data_folder import split_dir
 
     full = load_split(split_dir(data_dir, split), cache_dir=cache_dir, site=spec.site)
-    arrays = fit_vectors(downsample_split(full, resolution), spec.inputs)
+    arrays = fit_vectors(downsample_split(full, spec.resolution), spec.inputs)
     channels, doses = [], []
     for row in range(len(arrays)):
         volume = np.asarray(layer(take_inputs(arrays, np.array([row]), spec.inputs)))[0]
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_tensorflow()
     layer, spec, columns = first_layer(args.resolution)
-    train, validation = (patient_channels(layer, spec, args.data_dir, split, args.resolution, args.cache_dir)
+    train, validation = (patient_channels(layer, spec, args.data_dir, split, args.cache_dir)
                          for split in ("train", "validation"))
     sets = {name: {"channels": list(names),
                    **linear_fit(train, validation, [c for channel in names for c in columns[channel]])}

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 import provided_code.apps.cli as cli
 from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import UserError
-from provided_code.presets import FINETUNE_FIELDS, PRESET_FIELDS, PRESETS, apply_preset
+from provided_code.presets import FINETUNE_FIELDS, PRESET_FIELDS, PRESETS, apply_preset, preset_network
 
 # What the default recipe trained before --preset existed (the README's comparison chose it).
 V1 = {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
@@ -106,3 +106,14 @@ def test_v2_is_the_generators_default_of_the_longer_comparison_byte_for_byte():
     assert v2.to_json() == before.to_json()
     assert (v2.arch, v2.beams, v2.beam_channels) == ("generator", 9, "count")
     assert v2 != TrainConfig()  # the default body is the residual U-Net's comparison's choice (docs/recipe.md)
+
+
+def test_a_presets_network_is_the_network_its_whole_preset_builds_and_finetune_has_none():
+    """preset_network: the fields that shape the weights, so a config made from them alone has the
+    whole preset's network (the benchmarks build the generator this way)."""
+    for name in ("starter", "v1", "v2", "default"):
+        network = preset_network(name)
+        assert set(network) <= set(TrainConfig.NETWORK) and "learning_rate" not in network
+        whole = TrainConfig(**apply_preset(name, field_defaults(), given=set()))
+        assert TrainConfig(**network).spec == whole.spec
+    assert preset_network("finetune") == {}
