@@ -18,7 +18,7 @@ from provided_code.data.augment import parse_augment
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.beams import BEAM_CHANNELS, beam_concerns, resolve_beam_angles
 from provided_code.errors import ConfigError  # noqa: F401  (raised here; importers take it from here too)
-from provided_code.model_spec import ARCHS, ModelSpec
+from provided_code.model_spec import ARCHS, BODIES, HEADS, ModelSpec, parse_widths, widths_text
 from provided_code.sites import SHIPPED, Site, load_site
 
 PRECISIONS = ("auto", "mixed_float16", "mixed_bfloat16", "float32")
@@ -39,7 +39,10 @@ class TrainConfig:
     arch: str = "resunet"  # the network's body (model_spec.ARCHS): resunet, a residual U-Net with a full-resolution
     #                        stem and head (the default since docs/recipe.md's body comparison); generator, the 2020
     #                        starter's (no convolution at full resolution; --preset v2)
-    filters: int = 64  # base filters; levels use 1, 2, 4, 8, 8, 8 × filters
+    filters: int = 64  # base filters: stage k has widths[k] × filters features
+    widths: str = ""  # the features of each of the 6 stages as multiples of filters, full resolution first
+    #                   ("0.25,1,2,4,8,8"); "": the body's own (model_spec.BODIES); resolved when saved
+    head: str = ""  # the dose head's last activation (model_spec.HEADS): relu or softplus; "": the body's own
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.0  # SpatialDropout3D rate on alternate decoder blocks (0: none; --preset v2: 0.2)
     prescription_channel: bool = True  # one more input channel: each voxel's highest PTV prescription / 70 Gy
@@ -142,8 +145,9 @@ class TrainConfig:
     #   resolved to): set when the model starts; a resume keeps the saved ones and refuses
     #   --init-from (it continues from the run's own checkpoints, never the parent's weights).
     # Everything else (checkpoint and scoring cadence, hardware, folders) is per command.
-    NETWORK = ("site", "arch", "filters", "resolution", "dropout", "norm", "prescription_channel", "beams", "beam_angles",
-               "beam_channels", "physics", "patient_prescriptions", "beam_slots")  # what the weights are shaped by
+    # what the weights are shaped by: ModelSpec's fields (its gantry_angles are beams and beam_angles here)
+    NETWORK = tuple(name for field in dataclasses.fields(ModelSpec) if field.init
+                    for name in (("beams", "beam_angles") if field.name == "gantry_angles" else (field.name,)))
     ARCHITECTURE = NETWORK + ("folds", "fold")
     RECIPE = ("loss", "dvh_weight", "augment", "lr_schedule", "warmup_epochs", "learning_rate", "scale_lr", "ema",
               "seed", "excluded", "freeze", "freeze_epochs")
@@ -159,6 +163,9 @@ class TrainConfig:
         self._check_choice("loss", LOSSES)
         self._check_choice("norm", NORMS)
         self._check_choice("arch", ARCHS)
+        self.widths = widths_text(_parsed(parse_widths, self.widths) if self.widths else BODIES[self.arch].widths)
+        self.head = self.head or BODIES[self.arch].head
+        self._check_choice("head", HEADS)
         self._check("dvh_weight", _is_finite_number(self.dvh_weight) and self.dvh_weight >= 0, "a finite number >= 0")
         self.site = load_site(self.site)  # once: a Site stays itself through dataclasses.replace; a SiteError
         #                                   names the file and the field
@@ -253,10 +260,8 @@ class TrainConfig:
     @functools.cached_property
     def spec(self) -> ModelSpec:
         """The model these settings describe (its architecture fields), resolved once per config."""
-        return ModelSpec(site=self.site, filters=self.filters, resolution=self.resolution, dropout=self.dropout,
-                         norm=self.norm, prescription_channel=self.prescription_channel,
-                         gantry_angles=self.gantry_angles, beam_channels=self.beam_channels, arch=self.arch, physics=self.physics,
-                         patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots)
+        return ModelSpec(**{field.name: getattr(self, field.name) for field in dataclasses.fields(ModelSpec)
+                            if field.init})
 
     @property
     def augmentations(self) -> tuple[str, ...]:
@@ -411,7 +416,7 @@ class TrainConfig:
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
-ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
+ABSENT_MEANS = {"site": "openkbp", "arch": "generator", "widths": "1,2,4,8,8,8", "head": "relu", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
                 "ema": False, "dvh_weight": 0.0}
 
 

@@ -28,8 +28,50 @@ ANGLES = "angles"  # gantry degrees turned with the patient: a flip takes g to -
 UNCHANGED = "unchanged"  # a fact of the patient that no move changes (a prescription)
 MOVES = (VOLUME, STRUCTURE_BITS, ANGLES, UNCHANGED)
 # The network's body (--arch): "generator", the OpenKBP 2020 starter's (networks/unet.py: strided 4³
-# convolutions, none at full resolution); "resunet", a residual U-Net (networks/resunet.py)
-ARCHS = ("generator", "resunet")
+# convolutions, none at full resolution); "resunet", a residual U-Net (networks/resunet.py); "plain",
+# the residual U-Net's stem, stages and head without the residual additions (its control)
+ARCHS = ("generator", "resunet", "plain")
+# The dose head's last activation (--head): "relu", max(0, x) (the generator's, and the residual U-Net's
+# before it could die: a ReLU whose input is negative everywhere passes no gradient back); "softplus",
+# log(1 + e^x), positive with a gradient everywhere (Adam's steps are the same size however small it is)
+HEADS = ("relu", "softplus")
+STAGES = 6  # encoder stages (levels) at 128³: 128, 64, 32, 16, 8, 4; fewer at a lower resolution
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """What a body (``ARCHS``) is where a run names no more: its stage widths (features per stage as
+    multiples of ``filters``, full resolution first, ``STAGES`` of them) and its head."""
+
+    widths: tuple[float, ...]
+    head: str
+
+
+BODIES = {
+    "generator": Body(widths=(1, 2, 4, 8, 8, 8), head="relu"),
+    "resunet": Body(widths=(1, 2, 4, 8, 8, 8), head="softplus"),
+    "plain": Body(widths=(1, 2, 4, 8, 8, 8), head="softplus"),
+}
+
+
+def parse_widths(text) -> tuple[float, ...]:
+    """``--widths`` (``"0.25,1,2,4,8,8"``, or a sequence of numbers) as ``STAGES`` positive numbers;
+    ValueError in the house style otherwise."""
+    items = [item.strip() for item in text.split(",")] if isinstance(text, str) else list(text)
+    try:
+        widths = tuple(float(item) for item in items)
+    except (TypeError, ValueError):
+        widths = ()
+    if len(widths) != STAGES or not all(0 < width < 1e4 for width in widths):
+        raise ValueError(f"Invalid `widths`. Expected {STAGES} positive numbers, the features of each stage as "
+                         f"multiples of --filters from full resolution down (e.g. 0.25,1,2,4,8,8). Received: "
+                         f"widths={text!r}")
+    return widths
+
+
+def widths_text(widths) -> str:
+    """Stage widths as ``--widths`` and ``config.json`` spell them: ``0.25,1,2,4,8,8``."""
+    return ",".join(f"{width:g}" for width in widths)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +184,9 @@ class ModelSpec:
     ``patient_prescriptions`` / ``beam_slots``: each patient's own prescriptions / gantry angles
     (up to ``beam_slots``) are inputs; they count only with a prescription channel / beams, and are
     stored so (``ModelSpec(..., patient_prescriptions=True, prescription_channel=False)`` has none).
+    ``widths``: the features of each encoder stage (and of the decoder stage at its resolution)
+    as multiples of ``filters``, full resolution first (:func:`stage_features`); () for the body's own
+    (``BODIES``). ``head``: the dose head's last activation (``HEADS``); "" for the body's own.
     ``inputs`` is derived (:func:`model_inputs`), in the order the network reads them.
     """
 
@@ -157,6 +202,8 @@ class ModelSpec:
     physics: bool = False
     patient_prescriptions: bool = False
     beam_slots: int = 0
+    widths: tuple[float, ...] = ()
+    head: str = ""
     inputs: tuple[InputSpec, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -172,9 +219,19 @@ class ModelSpec:
         if self.physics and not angles:
             raise ValueError("Invalid `physics`. Expected beams to make the physics channel of (gantry_angles). "
                              "Received: physics=True with no beams")
+        body = BODIES[self.arch]
+        object.__setattr__(self, "widths", parse_widths(self.widths) if self.widths else body.widths)
+        object.__setattr__(self, "head", self.head or body.head)
+        if self.head not in HEADS:
+            raise ValueError(f"Invalid `head`. Expected one of {HEADS}. Received: head={self.head!r}")
         object.__setattr__(self, "inputs", model_inputs(
             self.site, patient_prescriptions=self.patient_prescriptions, beam_slots=self.beam_slots,
             beam_angles=angles, all_beam_slots=self.beam_channels == "each", physics=bool(self.physics)))
+
+    def stage_features(self, stage: int) -> int:
+        """The features of encoder stage ``stage`` (0: full resolution): ``filters × widths[stage]``,
+        rounded, at least 1."""
+        return max(1, round(self.filters * self.widths[stage]))
 
     @property
     def input_names(self) -> tuple[str, ...]:

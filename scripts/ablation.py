@@ -73,6 +73,22 @@ TABLES = {
         "resunet-physics": ["--preset", "v2", "--arch", "resunet", "--dropout", "0", "--learning-rate", "1e-3",
                             "--physics"],
     },
+    # issue 52's: the body's widths by quality per compute (--preset default is the residual U-Net with the
+    # softplus head; the first rows change its widths or its residual additions, the last ones its schedule
+    # and augmentation on the thin body)
+    "width": {
+        "v2": ["--preset", "v2"],
+        "resunet": ["--preset", "default", "--arch", "resunet", "--widths", "1,2,4,8,8,8"],
+        "resunet-f4": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],  # = --filters 4
+        "thin": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8"],
+        "thin-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,0.5,1,2,4,4"],
+        "plain-thin": ["--preset", "default", "--arch", "plain", "--widths", "0.25,1,2,4,8,8"],
+        "thin-60": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8", "--epochs", "60"],
+        "thin-rotate": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8",
+                        "--augment", "flip,rotate"],
+        "thin-rotate-shift": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8",
+                              "--augment", "flip,rotate,shift"],
+    },
 }
 
 
@@ -98,6 +114,11 @@ def read_scores(log_path: Path, tail: int) -> dict:
             "final_loss": float(every[-1]["loss"]),
             "median_epoch_seconds": statistics.median(float(row["epoch_seconds"]) for row in every),
             "seconds": sum(float(row["epoch_seconds"]) for row in every)}
+
+
+def row_epochs(flags: list[str], epochs: int) -> int:
+    """The epochs a row trains: its own ``--epochs`` where it gives one (a shorter schedule), else the table's."""
+    return int(flags[flags.index("--epochs") + 1]) if "--epochs" in flags else epochs
 
 
 def finished(log_path: Path, epochs: int) -> bool:
@@ -172,7 +193,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     for row in chosen:
         for seed in seeds_of(row):
             name = run_name(row, seed)
-            if not finished(Path(results_dir) / name / "training_log.csv", epochs):
+            if not finished(Path(results_dir) / name / "training_log.csv", row_epochs(recipes[row], epochs)):
                 todo.append(([sys.executable, str(REPO / "runpod_train.py"), *common, *recipes[row],
                               "--seed", str(seed), "--model-name", name], name))
     with ThreadPoolExecutor(max_workers=jobs) as pool:

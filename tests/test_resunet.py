@@ -1,12 +1,14 @@
-"""The residual U-Net (networks/resunet.py): its layout at every size, its dtypes and its blocks."""
+"""The residual U-Net and its plain control (networks/resunet.py): their layout at every size and
+width, their dtypes, their heads and their blocks."""
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from provided_code.networks.build import build_network
+from provided_code.networks.build import build_network, network_body
 from provided_code.networks.resunet import build_resunet, num_stages
-from provided_code.networks.unet import block_of, build_unet, in_encoder
+from provided_code.networks.unet import build_unet
 from tests.kit.runs import model_spec
 from tests.kit.skips import requires_float16_convolutions
 
@@ -70,7 +72,7 @@ def test_mixed_precision_computes_in_float16_and_keeps_float32_outputs():
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert model.get_layer("encoder_0_stem_conv").compute_dtype == "float16"
-    for name in ("dose_head", "dose_scale", "dose"):
+    for name in ("dose_head", "dose_positive", "dose"):
         assert model.get_layer(name).compute_dtype == "float32"
     ct = np.full((1, 16, 16, 16), 1000, np.uint16)
     out = model({"ct": ct, "structure_masks": np.zeros_like(ct), "voxel_dimensions": np.full((1, 3), 3.5, "float32")})
@@ -84,12 +86,67 @@ def test_the_builder_builds_the_body_the_spec_names_and_the_generators_refuses_a
         build_unet(resunet_spec(resolution=16, filters=2))
 
 
-def test_every_weighted_layer_is_in_a_recompute_block_and_the_encoder_is_named_as_such():
-    model = build_resunet(resunet_spec(resolution=16, filters=2, dropout=0.2))
-    unblocked = [layer.name for layer in model.layers if layer.weights and block_of(layer.name) is None]
+@pytest.mark.parametrize("arch,head", [("resunet", "softplus"), ("resunet", "relu"), ("plain", "softplus")])
+def test_every_weighted_layer_is_in_a_recompute_block_and_the_encoder_is_named_as_such(arch, head):
+    body = network_body(arch)
+    model = build_network(resunet_spec(resolution=16, filters=2, dropout=0.2, arch=arch, head=head))
+    unblocked = [layer.name for layer in model.layers if layer.weights and body.block_of(layer.name) is None]
     assert not unblocked
-    assert block_of("compact_inputs") == block_of("encoder_0_stem_conv") == "inputs"
-    assert block_of("dose_head") == block_of("dose_scale") == block_of("dose") == "decoder_0"
-    encoder = {layer.name for layer in model.layers if in_encoder(layer.name) and layer.weights}
-    assert "encoder_0_res1a_conv" in encoder and "encoder_2_down_conv" in encoder
+    assert body.block_of("compact_inputs") == body.block_of("encoder_0_stem_conv") == "inputs"
+    head_layers = [layer.name for layer in model.layers if layer.name.startswith("dose")]
+    assert {body.block_of(name) for name in head_layers} == {"decoder_0"}
+    encoder = {layer.name for layer in model.layers if body.in_encoder(layer.name) and layer.weights}
+    assert "encoder_0_stem_conv" in encoder and "encoder_2_down_conv" in encoder
     assert not any(name.startswith(("decoder", "dose")) for name in encoder)
+
+
+def test_widths_set_each_stages_features_at_every_resolution():
+    widths = (0.25, 1, 2, 4, 5, 5)
+    for resolution, stages in ((64, 5), (32, 4)):
+        model = build_resunet(resunet_spec(resolution=resolution, filters=8, widths=widths))
+        features = [model.get_layer("encoder_0_stem_conv").filters] + [
+            model.get_layer(f"encoder_{s}_down_conv").filters for s in range(1, stages)]
+        assert features == [2, 8, 16, 32, 40][:stages]
+        ups = [model.get_layer(f"decoder_{s}_up").filters for s in range(stages - 2, -1, -1)]
+        assert ups == features[-2::-1]  # each decoder stage as wide as the encoder's at its resolution
+    assert build_resunet(resunet_spec(resolution=32, filters=2, widths=(0.1, 1, 1, 1, 1, 1))).get_layer(
+        "encoder_0_stem_conv").filters == 1  # never fewer than one feature
+
+
+def test_the_plain_control_is_the_residual_body_without_its_additions():
+    residual = build_resunet(resunet_spec(resolution=32, filters=4))
+    plain = build_resunet(resunet_spec(resolution=32, filters=4, arch="plain"))
+    assert plain.name == "plain_unet"
+    assert not any(isinstance(layer, keras.layers.Add) for layer in plain.layers)
+    assert not any("_proj" in layer.name for layer in plain.layers)
+
+    def convolutions(model):
+        return [(layer.filters, layer.kernel_size, layer.strides) for layer in model.layers
+                if isinstance(layer, (keras.layers.Conv3D, keras.layers.Conv3DTranspose)) and "_proj" not in layer.name]
+
+    assert convolutions(plain) == convolutions(residual)
+    assert not {layer.name for layer in plain.layers if layer.weights} & {
+        layer.name for layer in residual.layers if "_res" in layer.name}  # --init-from takes nothing across by name
+
+
+def test_the_softplus_head_starts_at_a_quarter_of_the_prescription_and_keeps_a_gradient_below_zero():
+    model = build_resunet(resunet_spec(resolution=16, filters=2))
+    ct = np.random.default_rng(0).integers(0, 4000, (2, 16, 16, 16)).astype(np.uint16)
+    inputs = {"ct": ct, "structure_masks": np.zeros_like(ct)}
+    start = np.asarray(model(inputs))
+    highest = model.get_layer("dose").scale
+    np.testing.assert_allclose(start, 0.25 * highest, rtol=1e-5)  # the head's kernel starts at zero: one dose
+    head = model.get_layer("dose_head")
+    kernel, bias = head.get_weights()
+    head.set_weights([kernel, bias - 30.0])  # far below zero on every voxel: a ReLU head would be dead
+    with tf.GradientTape() as tape:
+        dose = model(inputs, training=True)
+        loss = tf.reduce_mean(tf.abs(dose - 10.0))
+    gradient = tape.gradient(loss, head.bias)
+    assert np.all(np.asarray(dose) > 0) and float(gradient[0]) < 0  # pushed up, not ignored
+
+
+def test_the_relu_head_of_models_saved_before_softplus_is_built_as_it_was():
+    model = build_resunet(resunet_spec(resolution=16, filters=2, head="relu"))
+    assert [layer.name for layer in model.layers[-3:]] == ["dose_head", "dose_scale", "dose"]
+    assert isinstance(model.get_layer("dose"), keras.layers.ReLU)

@@ -22,7 +22,7 @@ from provided_code.config import (
     read_tf_config,
 )
 from provided_code.data.resample import RESOLUTIONS
-from provided_code.model_spec import ARCHS
+from provided_code.model_spec import ARCHS, HEADS
 from provided_code.data_folder import STAGES, require_split
 from provided_code.infra.preflight import check_writable
 from provided_code.metrics.calibration import DEFAULT_COVERAGE
@@ -41,9 +41,16 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
               help="The treatment site: openkbp, prostate, or a site file (docs/sites.md). A resume, "
                    "--predict-only and --ensemble use the model's own.")
 @click.option("--arch", type=click.Choice(ARCHS), default=DEFAULTS.arch,
-              help="The network's body: generator (the 2020 starter's, no convolution at full resolution) or resunet "
-                   "(a residual U-Net with a full-resolution stem and head; docs/recipe.md).")
+              help="The network's body: generator (the 2020 starter's, no convolution at full resolution), resunet "
+                   "(a residual U-Net with a full-resolution stem and head; docs/recipe.md) or plain (resunet's "
+                   "layers without the residual additions).")
 @click.option("--filters", type=int, default=DEFAULTS.filters, help="Base filters of the U-Net.")
+@click.option("--widths", default="", show_default=False,
+              help="Features of each of the six stages (128³, 64³, … 4³; the first five at 64³) as multiples of "
+                   "--filters, e.g. 0.25,1,2,4,8,8 [default: the body's own, model_spec.BODIES].")
+@click.option("--head", type=click.Choice(HEADS), default=None, show_default=False,
+              help="The dose head's last activation: softplus (positive with a gradient everywhere: it cannot "
+                   "die) or relu [default: the body's own: softplus, the generator's relu].")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
               help="One more input channel: each voxel's highest target prescription over the site's highest "

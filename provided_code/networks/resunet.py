@@ -1,5 +1,6 @@
 """A residual 3D U-Net from CT and structures to dose, in the manner of nnU-Net's residual-encoder
-U-Net (Isensee et al., 2024). A pure builder, no I/O.
+U-Net (Isensee et al., 2024), and its plain control (the same layers without the residual
+additions). A pure builder, no I/O.
 
 Unlike the 2020 generator (:mod:`provided_code.networks.unet`), the first convolution sees the
 volume at full resolution and the dose comes out of a full-resolution 1×1×1 convolution.
@@ -7,26 +8,36 @@ volume at full resolution and the dose comes out of a full-resolution 1×1×1 co
 
 from __future__ import annotations
 
+import math
+
 import keras
 
-from provided_code.model_spec import ModelSpec
+from provided_code.model_spec import STAGES, ModelSpec
+from provided_code.networks.blocks import block_map
 from provided_code.networks.layers import unpacked_inputs
 
-STAGE_MULTIPLIERS = (1, 2, 4, 8, 8, 8)  # features per stage, × filters (as the generator's levels)
 BLOCKS_PER_STAGE = 1  # residual blocks in each encoder stage
 NEGATIVE_SLOPE = 0.01  # nnU-Net's LeakyReLU
+SOFTPLUS_START = math.log(math.expm1(0.25))  # the softplus head's first bias: a quarter of the highest prescription
+
+# The recompute blocks (networks/blocks.py): the stem with the inputs, the head with the last stage
+block_of = block_map({"compact_inputs": "inputs", "encoder_0_stem_conv": "inputs", "dose_head": "decoder_0",
+                      "dose_scale": "decoder_0", "dose_positive": "decoder_0", "dose": "decoder_0"})
 
 
 def num_stages(resolution: int) -> int:
-    """Encoder stages for a cubic input: log2(resolution) - 1, at most 6 (128³ → 6: 128 … 4³;
-    64³ → 5; 32³ → 4); the deepest stage is 4³ (8³ at most stages)."""
+    """Encoder stages for a cubic input: log2(resolution) - 1, at most ``STAGES`` (6: 128³ → 6:
+    128 … 4³; 64³ → 5; 32³ → 4); the deepest stage is 4³ (8³ at most stages)."""
     if resolution < 8 or resolution & (resolution - 1):
         raise ValueError(f"Invalid `resolution`. Expected a power of two >= 8. Received: resolution={resolution}")
-    return min(len(STAGE_MULTIPLIERS), resolution.bit_length() - 2)
+    return min(STAGES, resolution.bit_length() - 2)
 
 
 def build_resunet(spec: ModelSpec) -> keras.Model:
-    """Build (not compile) the residual U-Net ``spec`` describes (``spec.arch == "resunet"``).
+    """Build (not compile) the residual U-Net ``spec`` describes (``spec.arch`` ``"resunet"``), or
+    with ``spec.arch == "plain"`` its plain control: the same stem, stages, decoder and head, each
+    block's two convolutions without the addition of its input (and so without the shortcut's
+    projection).
 
     Inputs and output as :func:`provided_code.networks.unet.build_unet`: the compact volumes
     ``(batch, d, d, d)`` unpacked on the device by :class:`CompactInputs`, ``d = spec.resolution``
@@ -34,30 +45,39 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
     by ``2 ** (num_stages - 1)``, which every power of two of at least 8 is); output ``dose``
     ``(batch, d, d, d, 1)`` float32, in Gy, non-negative.
 
-    Layout (``F = spec.filters``, stage ``s`` at ``d / 2**s`` with ``F × STAGE_MULTIPLIERS[s]``
-    features):
+    Layout (stage ``s`` at ``d / 2**s`` with ``spec.stage_features(s)`` features: ``spec.filters``
+    × ``spec.widths[s]``, e.g. 1, 2, 4, 8, 8, 8 × filters, or 0.25, 1, 2, 4, 8, 8 × for a thin
+    full-resolution stage):
 
     - a stem at full resolution: Conv3D 3³ + normalisation + LeakyReLU(0.01);
     - each stage: (stages after the first) a Conv3D 3³ of stride 2 down + normalisation + LeakyReLU,
       then ``BLOCKS_PER_STAGE`` residual blocks: two Conv3D 3³ (normalisation after each, LeakyReLU
-      after the first) added to the block's input, then LeakyReLU;
+      after the first) added to the block's input, then LeakyReLU (plain: not added);
     - each decoder stage: Conv3DTranspose 2³ of stride 2 up, the encoder's features of the same
       stage concatenated, Conv3D 3³ + normalisation + LeakyReLU (SpatialDropout3D(``spec.dropout``)
       after alternate stages, as the generator, when ``spec.dropout`` > 0);
-    - the head: Conv3D 1³ to one channel, times the site's highest prescription (Gy: the
-      convolution's output is dose relative to it, of the order of its normalised features, so
-      that Adam's small steps reach doses of tens of Gy), and a ReLU, all float32 whatever the
-      dtype policy.
+    - the head, all float32 whatever the dtype policy: Conv3D 1³ to one channel, then
+      ``spec.head``: ``"softplus"``, the site's highest prescription × softplus (positive, with a
+      gradient everywhere: the output cannot die); ``"relu"`` (models saved before the softplus
+      head), times the highest prescription, then a ReLU (a convolution negative on every voxel
+      passes no gradient back, and the model predicts 0 Gy from then on). The scaling makes the
+      convolution's output a dose relative to the prescription, of the order of its normalised
+      features, so that Adam's small steps reach doses of tens of Gy.
 
     Convolutions have no bias (a normalisation follows each), but the head's. Normalisation as the
     generator's (``spec.norm``: instance or synchronised batch norm).
 
     Layer names follow the generator's blocks (``encoder_<s>_*``, ``decoder_<s>_*``: what
-    ``--recompute`` splits on and ``--freeze encoder`` holds, :func:`provided_code.networks.unet.block_of`)
-    with names of their own inside (``_stem``, ``_down``, ``_res<b>``, ``_up``, ``_fuse``), so
-    that ``--init-from`` never takes a generator's weights into this body by name.
+    ``--recompute`` splits on and ``--freeze encoder`` holds, :data:`block_of`,
+    :func:`provided_code.networks.blocks.in_encoder`) with names of their own inside (``_stem``,
+    ``_down``, ``_res<b>`` (plain: ``_conv<b>``), ``_up``, ``_fuse``), so that ``--init-from``
+    never takes a generator's weights into this body by name, nor a plain body's into a residual one.
     """
-    filters, stages = spec.filters, num_stages(spec.resolution)
+    if spec.arch not in ("resunet", "plain"):
+        raise ValueError(f"Invalid `spec`. Expected arch 'resunet' or 'plain' (networks.build.build_network builds "
+                         f"every body). Received: arch={spec.arch!r}")
+    residual = spec.arch == "resunet"
+    stages = num_stages(spec.resolution)
 
     def normalisation(name: str) -> keras.layers.Layer:
         if spec.norm == "instance":
@@ -79,28 +99,42 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
             x = conv_norm(x, features, f"{name}_proj", kernel=1)
         return act(keras.layers.Add(name=f"{name}_add")([x, y]), name)
 
+    def plain_block(x, features: int, name: str):
+        y = act(conv_norm(x, features, f"{name}a"), f"{name}a")
+        return act(conv_norm(y, features, f"{name}b"), name)
+
     inputs, x = unpacked_inputs(spec)
 
     skips = []
     for stage in range(stages):
-        features = filters * STAGE_MULTIPLIERS[stage]
+        features = spec.stage_features(stage)
         if stage == 0:
             x = act(conv_norm(x, features, "encoder_0_stem"), "encoder_0_stem")
         else:
             x = act(conv_norm(x, features, f"encoder_{stage}_down", strides=2), f"encoder_{stage}_down")
         for block in range(1, BLOCKS_PER_STAGE + 1):
-            x = residual_block(x, features, f"encoder_{stage}_res{block}")
+            if residual:
+                x = residual_block(x, features, f"encoder_{stage}_res{block}")
+            else:
+                x = plain_block(x, features, f"encoder_{stage}_conv{block}")
         skips.append(x)
 
     for block, stage in enumerate(range(stages - 2, -1, -1)):
-        features = filters * STAGE_MULTIPLIERS[stage]
+        features = spec.stage_features(stage)
         x = keras.layers.Conv3DTranspose(features, 2, strides=2, use_bias=False, name=f"decoder_{stage}_up")(x)
         x = keras.layers.Concatenate(name=f"decoder_{stage}_skip")([x, skips[stage]])
         x = act(conv_norm(x, features, f"decoder_{stage}_fuse"), f"decoder_{stage}_fuse")
         if block % 2 == 1 and spec.dropout > 0:
             x = keras.layers.SpatialDropout3D(spec.dropout, name=f"decoder_{stage}_dropout")(x)
 
-    x = keras.layers.Conv3D(1, 1, dtype="float32", name="dose_head")(x)
-    x = keras.layers.Rescaling(spec.site.max_prescription_gy, dtype="float32", name="dose_scale")(x)
-    dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
-    return keras.Model(inputs=inputs, outputs=dose, name="resunet")
+    scale = spec.site.max_prescription_gy
+    if spec.head == "relu":
+        x = keras.layers.Conv3D(1, 1, dtype="float32", name="dose_head")(x)
+        x = keras.layers.Rescaling(scale, dtype="float32", name="dose_scale")(x)
+        dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    else:
+        x = keras.layers.Conv3D(1, 1, dtype="float32", kernel_initializer="zeros",
+                                bias_initializer=keras.initializers.Constant(SOFTPLUS_START), name="dose_head")(x)
+        x = keras.layers.Activation(spec.head, dtype="float32", name="dose_positive")(x)
+        dose = keras.layers.Rescaling(scale, dtype="float32", name="dose")(x)
+    return keras.Model(inputs=inputs, outputs=dose, name="resunet" if residual else "plain_unet")

@@ -3,49 +3,25 @@
 from __future__ import annotations
 
 import math
-import re
 
 import keras
 
-from provided_code.model_spec import ModelSpec
+from provided_code.model_spec import STAGES, ModelSpec
+from provided_code.networks.blocks import block_map
 from provided_code.networks.layers import AveragePool3x3x3, unpacked_inputs
 
-LEVEL_MULTIPLIERS = (1, 2, 4, 8, 8, 8)
-
-# The blocks ``--recompute`` recomputes, declared here beside the layer names they are read from:
-# every layer ``encoder_<k>_*`` / ``decoder_<k>_*`` belongs to block ``encoder_<k>`` /
-# ``decoder_<k>``; the input unpacking goes with the first convolution (so that only the compact
-# uint16 inputs are kept, and without the first batch norm, so that the block can run one sample
-# at a time), the output layers with the last decoder block. Dropout layers belong to no block
-# (a second run would draw other numbers); so does anything not named here.
-_BLOCK_PREFIX = re.compile(r"^((?:encoder|decoder)_\d+)_")
-_ENCODER_LAYER = re.compile(r"^encoder_\d+_")
-_BLOCK_OF_LAYER = {"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
-                   "dose_smooth": "decoder_0", "dose": "decoder_0",
-                   # the residual U-Net's (networks/resunet.py): its stem with the inputs, its head with the last stage
-                   "encoder_0_stem_conv": "inputs", "dose_head": "decoder_0", "dose_scale": "decoder_0"}
-
-
-def block_of(layer_name: str) -> str | None:
-    """The recompute block of the layer called ``layer_name`` of either body (the generator's or
-    the residual U-Net's, whose names follow the same blocks; None: no block)."""
-    if layer_name.endswith("_dropout"):
-        return None
-    match = _BLOCK_PREFIX.match(layer_name)
-    return _BLOCK_OF_LAYER.get(layer_name, match.group(1) if match else None)
-
-
-def in_encoder(layer_name: str) -> bool:
-    """Whether the U-Net layer called ``layer_name`` is the encoder's: ``encoder_<k>_*``, its
-    convolutions and their normalisations (what ``--freeze encoder`` holds fixed)."""
-    return _ENCODER_LAYER.match(layer_name) is not None
+# The generator's recompute blocks (networks/blocks.py): the input unpacking with the first
+# convolution (and without the first batch norm, so that the block can run one sample at a time),
+# the output layers with the last decoder block
+block_of = block_map({"compact_inputs": "inputs", "encoder_1_conv": "inputs", "dose_conv": "decoder_0",
+                      "dose_smooth": "decoder_0", "dose": "decoder_0"})
 
 
 def num_levels(resolution: int) -> int:
     """Encoder levels for a cubic input: log2(resolution) - 1, at most 6 (128³ → 6, 32³ → 4)."""
     if resolution < 8 or resolution & (resolution - 1):
         raise ValueError(f"Invalid `resolution`. Expected a power of two >= 8. Received: resolution={resolution}")
-    return min(len(LEVEL_MULTIPLIERS), int(math.log2(resolution)) - 1)
+    return min(STAGES, int(math.log2(resolution)) - 1)
 
 
 def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
@@ -65,10 +41,11 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
     :class:`CompactInputs`. Output ``dose``: ``(batch, d0, d1, d2, 1)`` float32, in Gy, non-negative.
 
     Encoder: ``num_levels`` blocks of Conv3D (kernel 4, stride 2, no bias) + normalisation (not on
-    the bottleneck) + LeakyReLU(0.2), with 1, 2, 4, 8, 8, 8 × ``filters``. Decoder: Conv3DTranspose
+    the bottleneck) + LeakyReLU(0.2), with ``spec.stage_features(level)`` features (``filters`` × the
+    level's ``spec.widths``: 1, 2, 4, 8, 8, 8 × ``filters`` unless set otherwise). Decoder: Conv3DTranspose
     (kernel 4, stride 2, no bias) + normalisation + ReLU (+ SpatialDropout3D(``spec.dropout``) on
     alternate blocks), concatenating the encoder's features of the same size. Then a
-    Conv3DTranspose to one channel, a 3×3×3 average pooling and a ReLU, all float32 whatever the
+    Conv3DTranspose to one channel, a 3×3×3 average pooling and ``spec.head`` (a ReLU), all float32 whatever the
     dtype policy.
 
     With ``spec.prescription_channel`` the inputs carry one more channel, each voxel's highest
@@ -84,7 +61,7 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
     if spec.arch != "generator":
         raise ValueError(f"Invalid `spec`. Expected arch='generator' (networks.build.build_network builds every "
                          f"body). Received: arch={spec.arch!r}")
-    resolution, filters, dropout = spec.resolution, spec.filters, spec.dropout
+    resolution, dropout = spec.resolution, spec.dropout
 
     def normalisation(name: str) -> keras.layers.Layer:
         if spec.norm == "instance":
@@ -96,7 +73,7 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
 
     skips = []
     for level in range(levels):
-        x = keras.layers.Conv3D(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
+        x = keras.layers.Conv3D(spec.stage_features(level), 4, strides=2, padding="same",
                                 use_bias=False, name=f"encoder_{level + 1}_conv")(x)
         if level < levels - 1:
             x = normalisation(f"encoder_{level + 1}")(x)
@@ -106,7 +83,7 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
     for block, level in enumerate(range(levels - 2, -1, -1)):
         if block > 0:
             x = keras.layers.Concatenate(name=f"decoder_{level + 1}_skip")([x, skips[level + 1]])
-        x = keras.layers.Conv3DTranspose(filters * LEVEL_MULTIPLIERS[level], 4, strides=2, padding="same",
+        x = keras.layers.Conv3DTranspose(spec.stage_features(level), 4, strides=2, padding="same",
                                          use_bias=False, name=f"decoder_{level + 1}_conv")(x)
         x = normalisation(f"decoder_{level + 1}")(x)
         x = keras.layers.ReLU(name=f"decoder_{level + 1}_act")(x)
@@ -120,5 +97,8 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
         x = keras.layers.AveragePooling3D(3, strides=1, padding="same", dtype="float32", name="dose_smooth")(x)
     else:
         x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
-    dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    if spec.head == "relu":
+        dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    else:
+        dose = keras.layers.Activation(spec.head, dtype="float32", name="dose")(x)
     return keras.Model(inputs=inputs, outputs=dose, name="unet")

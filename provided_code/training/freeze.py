@@ -19,7 +19,7 @@ import logging
 import keras
 
 from provided_code.config import TrainConfig
-from provided_code.networks.unet import in_encoder
+from provided_code.networks.build import network_body
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ def frozen_layers(model: keras.Model, config: TrainConfig) -> tuple[list[str], l
     if config.freeze == "none":
         return [], []
     not_given = {entry["layer"] for entry in config.parent.get("not_taken", ())}
+    in_encoder = network_body(config.arch).in_encoder
     encoder = [layer.name for layer in model.layers if in_encoder(layer.name) and layer.trainable_weights]
     return [name for name in encoder if name not in not_given], [name for name in encoder if name in not_given]
 

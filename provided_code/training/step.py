@@ -17,7 +17,7 @@ import tensorflow as tf
 from provided_code.data.tf_augment import apply_geometry
 from provided_code.data.tf_dataset import TrainingElement
 from provided_code.model_spec import ModelSpec
-from provided_code.networks.unet import block_of as unet_block_of
+from provided_code.networks.build import network_body
 from provided_code.training.recompute import training_forward
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class TrainStep:
             raise ValueError(f"Invalid `frozen`. Expected trainable variables of the model. Received: "
                              f"{sorted(frozen_paths - {v.path for v in model.trainable_variables})}")
         self._freezing = tf.Variable(False, trainable=False, name="freezing") if self._frozen else None
-        self._forward = training_forward(model, recompute_blocks=recompute, block_of=unet_block_of)
+        self._forward = training_forward(model, recompute_blocks=recompute, block_of=network_body(spec.arch).block_of)
         compile_whole = xla and not synchronised
         # autograph=False: the steps' control flow is Python's, decided while tracing (micro-batches,
         # frozen variables, loss scaling); autograph's rewriting of every function they call took a

@@ -34,6 +34,7 @@ from provided_code.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
 from provided_code.training.checkpoints import RotatingCheckpoint
 from provided_code.training.curves import TrainingCurves
+from provided_code.training.dead_output import DeadOutputGuard
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
 from provided_code.training.ema import ema_momentum
 from provided_code.training.epoch_line import EpochLine
@@ -149,7 +150,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
                      recompute=config.recompute, spec=spec, loss_fn=loss_function(config.loss, config.dvh_weight, spec),
                      frozen=frozen_variables(model, frozen))
     callbacks, measures = _callbacks_and_measures(config, spec, folder, hardware, model, validation, initial_epoch,
-                                                  len(train_arrays))
+                                                  train_arrays)
     if frozen:  # on every worker
         callbacks.append(FreezeForEpochs(step, config.freeze_epochs))
     show_bar = verbose == 1 and placement.is_chief
@@ -527,16 +528,19 @@ def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, mode
 
 def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
                             model: keras.Model, validation: Validation | None, initial_epoch: int,
-                            patients: int) -> tuple[list, list]:
+                            train_arrays: SplitArrays) -> tuple[list, list]:
     """The Keras callbacks (every worker: dropout seeds and the learning rate; the chief: log, its
-    console line, checkpoints, curves, TensorBoard) and the epoch measures (the chief: peak memory,
-    then the validation scores, whose predictions must not count in the peak, then the epoch's
-    timer, whose seconds include them)."""
+    console line, checkpoints, curves, TensorBoard) and the epoch measures (every worker: the
+    dead-output check, which stops them alike; the chief: peak memory, then the validation scores,
+    whose predictions must not count in the peak, then the epoch's timer, whose seconds include them)."""
     callbacks = [ReseedDropoutEachEpoch(config.seed),
                  epoch_learning_rates(hardware.learning_rate, config.epochs, config.lr_schedule, config.warmup_epochs)]
+    predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla,
+                                autograph=False)
+    guard = DeadOutputGuard(train_arrays, config.batch_size, predict_batch, spec, folder.newest_checkpoint)
     if not hardware.placement.is_chief:
-        return callbacks, []
-    measures = [PeakMemory()]
+        return callbacks, [guard]
+    measures = [guard, PeakMemory()]
     callbacks += [
         EpochCSVLogger(folder.log),
         EpochLine(config.epochs),
@@ -544,14 +548,12 @@ def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFol
                            kept_until_scored=_before_an_unscored_change(config, folder, initial_epoch)),
     ]
     if config.score_every and validation is not None:
-        predict_batch = tf.function(lambda inputs: model(inputs, training=False), jit_compile=hardware.xla,
-                                    autograph=False)
         measures.append(ValidationScores(validation, config.batch_size, config.score_every, config.epochs, folder,
                                          model, predict_batch, spec))
         callbacks.append(TrainingCurves(folder, initial_epoch))
     if config.tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=str(folder.tensorboard)))
-    measures.append(EpochTimer(samples_per_epoch=patients))
+    measures.append(EpochTimer(samples_per_epoch=len(train_arrays)))
     return callbacks, measures
 
 

@@ -44,12 +44,14 @@ LIGHT_FLAGS = tuple(word for name, value in LIGHT_BODY.items()  # the same as fl
 def model_spec(**fields):
     """The :class:`~provided_code.model_spec.ModelSpec` of ``TrainConfig``'s default network (OpenKBP's
     site and nine beams, 64 filters at 128³) on the tests' light body (``LIGHT_BODY``), with ``fields``
-    changed: any resolution (16³ too), as tests build it."""
+    changed: any resolution (16³ too), as tests build it. Another ``arch`` comes with its own widths
+    and head unless ``fields`` names them."""
     import dataclasses
 
     from provided_code.config import TrainConfig
 
-    return dataclasses.replace(TrainConfig(**LIGHT_BODY).spec, **fields)
+    body = {"widths": (), "head": ""} if "arch" in fields else {}
+    return dataclasses.replace(TrainConfig(**LIGHT_BODY).spec, **{**body, **fields})
 
 
 def trained_once(tmp_path_factory, name: str, config_in, before=None, after=None):
