@@ -124,6 +124,9 @@ class TrainConfig:
     score_every: int = 5  # every N epochs and at the last: the challenge's dose and DVH scores on the
     #                       validation patients, and models/best.keras (lowest dose score); 0: never
     # -- the run's record --
+    cost: dict = dataclasses.field(default_factory=dict)  # set by training at each start: what the network
+    #                                                       costs (training/cost.py: parameters, GMAC per sample,
+    #                                                       memory at the batch, checkpoint bytes); never compared
     history: tuple = ()  # the recipe changes made on resumes (--change-recipe), oldest first: each
     #                      {"epoch": the first epoch trained with it, "field": name, "from": old, "to": new}
 
@@ -196,6 +199,7 @@ class TrainConfig:
                     "a number >= 1 or 'all'")
         self._check("model_name", bool(self.model_name) and os.sep not in self.model_name
                     and self.model_name not in (".", ".."), "a plain folder name")
+        self._check("cost", isinstance(self.cost, dict), "the network's cost (a JSON object)")
         self._check("history", isinstance(self.history, (list, tuple))
                     and all(isinstance(entry, dict) for entry in self.history), "a list of recipe changes")
         self.history = tuple(self.history)

@@ -14,76 +14,43 @@ under ``mixed_float16`` with the default inputs (CT, structures, prescription, t
   when every activation is kept (an upper bound of what TensorFlow keeps: some outputs, e.g. a
   ReLU's input, are not needed twice; workspace of the convolutions comes on top);
 - ``recompute_activations_gb`` (``--recompute``): the tensors that cross a block's border
-  (:func:`provided_code.networks.unet.block_of`) for the whole batch, plus the largest block's own
+  (the body's ``block_of``, :mod:`provided_code.networks.build`) for the whole batch, plus the largest block's own
   outputs for one sample (blocks without batch norm are recomputed one sample at a time);
 - ``total_gb`` and ``recompute_total_gb``: static plus activations; ``fits_24_gb`` /
   ``fits_80_gb``: whether the total is under 90 % of an RTX 3090's / an H100's memory (the rest
   for the CUDA context, cuDNN's workspace and the allocator's fragmentation).
 
-GB are 10^9 bytes. An estimate by arithmetic, not a measurement.
+GB are 10^9 bytes. An estimate by arithmetic, not a measurement: :mod:`provided_code.networks.cost`'s,
+which ``scripts/model_cost.py`` and the training command use too (for any flags).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "uint16": 2, "uint32": 4, "int32": 4}
-
-
-def tensor_bytes(tensor, batch: int, dtype: str) -> int:
-    return batch * math.prod(int(d) for d in tensor.shape[1:]) * DTYPE_BYTES[dtype]
-
 
 def estimate(arch: str, physics: bool, resolution: int, filters: int, batch: int) -> dict:
     import keras
 
     from provided_code.config import TrainConfig
-    from provided_code.networks.build import build_network
-    from provided_code.networks.unet import block_of
+    from provided_code.networks.build import build_network, network_body
+    from provided_code.networks.cost import memory_estimate
 
     keras.backend.clear_session()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         spec = TrainConfig(arch=arch, physics=physics, resolution=resolution, filters=filters,
-                           dropout=0.0 if arch == "resunet" else 0.2).spec
+                           dropout=0.2 if arch == "generator" else 0.0).spec
         model = build_network(spec)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    activations, boundary, per_block = 0, 0, {}
-    consumers = {}
-    for layer in model.layers:
-        for node in layer._inbound_nodes:
-            for tensor in node.input_tensors:
-                consumers.setdefault(id(tensor), set()).add(block_of(layer.name) or layer.name)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        outputs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
-        for tensor in outputs:
-            size = tensor_bytes(tensor, batch, layer.compute_dtype)
-            activations += size
-            block = block_of(layer.name) or layer.name
-            leaves = consumers.get(id(tensor), set()) - {block} or tensor is model.output
-            if leaves:
-                boundary += size
-            per_block[block] = per_block.get(block, 0) + size // batch
-    parameters = model.count_params()
-    static = 16 * parameters
-    recompute = boundary + max(per_block.values())
-    budget = {"24": 0.9 * 24e9, "80": 0.9 * 80e9}
-    return {"parameters": parameters, "static_gb": round(static / 1e9, 3),
-            "activations_gb": round(activations / 1e9, 2), "recompute_activations_gb": round(recompute / 1e9, 2),
-            "total_gb": round((static + activations) / 1e9, 2),
-            "recompute_total_gb": round((static + recompute) / 1e9, 2),
-            "fits_24_gb": static + activations < budget["24"], "fits_80_gb": static + activations < budget["80"],
-            "recompute_fits_24_gb": static + recompute < budget["24"]}
+    return memory_estimate(model, batch, network_body(arch).block_of)
 
 
 def main() -> None:

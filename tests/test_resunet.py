@@ -129,14 +129,18 @@ def test_the_plain_control_is_the_residual_body_without_its_additions():
         layer.name for layer in residual.layers if "_res" in layer.name}  # --init-from takes nothing across by name
 
 
-def test_the_softplus_head_starts_at_a_quarter_of_the_prescription_and_keeps_a_gradient_below_zero():
+def test_the_softplus_head_starts_low_and_keeps_a_gradient_below_zero():
     model = build_resunet(resunet_spec(resolution=16, filters=2))
     ct = np.random.default_rng(0).integers(0, 4000, (2, 16, 16, 16)).astype(np.uint16)
     inputs = {"ct": ct, "structure_masks": np.zeros_like(ct)}
-    start = np.asarray(model(inputs))
-    highest = model.get_layer("dose").scale
-    np.testing.assert_allclose(start, 0.25 * highest, rtol=1e-5)  # the head's kernel starts at zero: one dose
     head = model.get_layer("dose_head")
+    highest = model.get_layer("dose").scale
+    kernel, bias = head.get_weights()
+    head.set_weights([np.zeros_like(kernel), bias])
+    np.testing.assert_allclose(np.asarray(model(inputs)), 0.05 * highest, rtol=1e-5)  # the bias: 5 % of it
+    head.set_weights([kernel, bias])
+    start = np.asarray(model(inputs))
+    assert 0 < np.median(start) < 0.25 * highest and np.ptp(start) > 0.1  # low, and not one dose everywhere
     kernel, bias = head.get_weights()
     head.set_weights([kernel, bias - 30.0])  # far below zero on every voxel: a ReLU head would be dead
     with tf.GradientTape() as tape:

@@ -176,28 +176,11 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     setup_logging()
     made = []  # the run's folders this command creates: a refused run removes them, left unused
     try:
-        given = {name for name in ctx.params if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
-        if {"beams", "beam_angles"} <= given:
-            check_beam_flags(options["beams"], options["beam_angles"])
-        options = apply_preset(preset, options, given)
-        options["init_epoch"] = parse_epoch(options["init_epoch"], "--init-epoch")
-        if no_xla:
-            options["xla"] = "off"
-        exclude_file = options.pop("exclude_file")
-        if exclude_file is not None and predict_only:
+        if options["exclude_file"] is not None and predict_only:
             raise click.BadParameter("Expected --exclude only when training (the patients left out of training). "
                                      "Received: --exclude with --predict-only, which predicts every patient of the "
                                      "stage", param_hint="--exclude")
-        if exclude_file is not None:
-            from provided_code.exclusions import read_exclusions
-
-            options["excluded"] = read_exclusions(exclude_file)
-            options["excluded_by"] = {"file": str(Path(exclude_file).resolve()), "command": _command_line(ctx, given)}
-            given |= {"excluded", "excluded_by"}
-        config = TrainConfig(resolution=int(resolution), **options)
-        # What this command asks for on purpose (a resume takes the saved value of everything else):
-        # the flags given, and every field of a preset given.
-        given |= ({"xla"} if no_xla else set()) | (set(PRESETS[preset]) if preset is not None else set())
+        config, given = settings(ctx)
         # TF_CONFIG read once: a bad one fails now, before TensorFlow is imported and the data loaded
         cluster = read_tf_config() if config.multi_worker and not predict_only else None
         epoch = parse_epoch(epoch)
@@ -263,6 +246,39 @@ def main(ctx, predict_only, epoch, stage, tta, plots, resolution, no_xla, start_
     click.echo(f"Log: {RunFolder(config.run_dir).log}")
     if held_out is not None:
         click.echo(held_out.summary())
+
+
+# The training command's flags that are not a run's settings (TrainConfig's fields)
+NOT_SETTINGS = ("predict_only", "epoch", "stage", "tta", "plots", "resolution", "no_xla", "start_over", "change_recipe",
+                "ensemble", "preset", "band", "exclude_file")
+
+
+def settings(ctx: click.Context) -> tuple[TrainConfig, set[str]]:
+    """``(config, given)``: the run's settings from the training command's parsed flags (``ctx``:
+    this command's context, or ``main.make_context(...)``'s for a script that takes the same flags),
+    a ``--preset`` applied to the fields not given and ``--exclude``'s list read; and the fields
+    asked for on purpose (the flags given, every field of a preset given): a resume takes the saved
+    value of everything else."""
+    params = ctx.params
+    options = {name: value for name, value in params.items() if name not in NOT_SETTINGS}
+    given = {name for name in params if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT}
+    if {"beams", "beam_angles"} <= given:
+        check_beam_flags(options["beams"], options["beam_angles"])
+    preset = params["preset"]
+    options = apply_preset(preset, options, given)
+    options["init_epoch"] = parse_epoch(options["init_epoch"], "--init-epoch")
+    if params["no_xla"]:
+        options["xla"] = "off"
+    if params["exclude_file"] is not None:
+        from provided_code.exclusions import read_exclusions
+
+        options["excluded"] = read_exclusions(params["exclude_file"])
+        options["excluded_by"] = {"file": str(Path(params["exclude_file"]).resolve()),
+                                  "command": _command_line(ctx, given)}
+        given |= {"excluded", "excluded_by"}
+    config = TrainConfig(resolution=int(params["resolution"]), **options)
+    given |= ({"xla"} if params["no_xla"] else set()) | (set(PRESETS[preset]) if preset is not None else set())
+    return config, given
 
 
 def _command_line(ctx: click.Context, given: set[str]) -> str:

@@ -33,6 +33,7 @@ from provided_code.losses import loss_function
 from provided_code.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
 from provided_code.training.checkpoints import RotatingCheckpoint
+from provided_code.training.cost import model_cost
 from provided_code.training.curves import TrainingCurves
 from provided_code.training.dead_output import DeadOutputGuard
 from provided_code.training.divergence import DivergenceError, DivergenceGuard, loss_history
@@ -136,6 +137,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
                        initial_epoch + 1, CONFIG_FILE,
                        "; ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes))
+    config = dataclasses.replace(config, cost=model_cost(model, config))
     _describe_run(config, spec, hardware, model, validation)
     placement = hardware.placement
     if placement.is_chief:
@@ -516,14 +518,19 @@ def _describe_run(config: TrainConfig, spec: ModelSpec, hardware: Hardware, mode
                        "the beam channels describe beams the patient did not have (use angles symmetric under "
                        "those moves, or --augment without %s)", spec.beam_angles_text, " and ".join(broken),
                        " and ".join(broken))
-    logger.info("Network: %s, %d filters at %d³, %s norm; inputs CT, %d structures of site %s%s%s%s", spec.arch,
-                spec.filters, spec.resolution, spec.norm, len(spec.site.names), spec.site.name,
+    logger.info("Network: %s, %d filters × widths %s at %d³, %s norm, %s head; inputs CT, %d structures of site "
+                "%s%s%s%s", spec.arch, spec.filters, config.widths, spec.resolution, spec.norm, spec.head,
+                len(spec.site.names), spec.site.name,
                 (", each patient's prescription" if spec.patient_prescriptions else ", prescription")
                 if spec.prescription_channel else "",
                 (f", each patient's beams (up to {spec.beam_slots}; {spec.beam_channels})" if spec.beam_slots
                  else f", {len(spec.gantry_angles)} beams at gantry {spec.beam_angles_text}° ({spec.beam_channels})")
                 if spec.gantry_angles else "",
                 ", the beams' primary fluence (--physics)" if spec.physics else "")
+    cost = config.cost
+    logger.info("Cost: %s parameters, %.3g GMAC a sample forward, %.2f GB a step at batch %d under %s (weights, "
+                "gradients, Adam and every activation; estimated: scripts/model_cost.py)", f"{cost['parameters']:,}",
+                cost["gmac_per_sample"], cost["memory_gb"], cost["batch_size"], cost["policy"])
 
 
 def _callbacks_and_measures(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
