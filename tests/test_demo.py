@@ -72,3 +72,13 @@ def test_demo_refuses_a_site_it_has_no_phantoms_for(tmp_path):
     assert "Error: No phantoms for site lung: synthetic patients exist for the openkbp site and for sites with the " \
            "prostate's structures" in result.output
     assert not (tmp_path / "r" / "demo-data-lung" / "train-pats" / "pt_1").exists()
+
+
+def test_the_last_line_warns_when_the_model_has_not_learned():
+    from provided_code.apps.demo import learned_warning
+
+    assert learned_warning(1.3, 4.86, 20) == ""
+    hardly = learned_warning(3.0, 4.86, 20)
+    assert hardly.startswith("; WARNING: the model has hardly learned: its dose score is more than 0.5 × predicting "
+                             "zero dose everywhere's (4.860 Gy) after 20 epochs")
+    assert "has not learned: its dose score is no better than predicting zero dose" in learned_warning(4.86, 4.86, 20)

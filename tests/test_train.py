@@ -400,3 +400,26 @@ def test_a_residual_unet_with_the_physics_channel_resumes_as_if_uninterrupted(co
     assert resumed.name == "resunet" and resumed.get_layer("compact_inputs").physics
     for x, y in zip(uninterrupted, model_weights(resumed)):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # one process, deterministic ops: in practice exact
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("site", ["openkbp", "prostate"])
+def test_the_default_body_learns_each_sites_phantoms(site, request, tmp_path):
+    """The default network (its body, widths and head as TrainConfig has them), trained briefly on
+    four phantoms of each site, predicts the held-out two with a dose score under half of zero
+    dose's (measured: 0.20 to 0.32 of it; the residual U-Net's ReLU head stayed at zero dose's on
+    the prostate's)."""
+    from provided_code.data.cache import load_split
+    from provided_code.metrics.scoring import score_split
+
+    data = request.getfixturevalue("phantom_data" if site == "openkbp" else "prostate_data")
+    defaults = TrainConfig()
+    config = TrainConfig(site=site, filters=8, resolution=32, epochs=20, batch_size=1, learning_rate=3e-3, xla="off",
+                         score_every=20, save_every=20, data_dir=str(data), results_dir=str(tmp_path / "results"),
+                         model_name="learns", cache_dir=str(tmp_path / "cache"))
+    assert (config.arch, config.widths, config.head) == (defaults.arch, defaults.widths, defaults.head)
+    train(config)
+    validation = load_split(data / "validation-pats", cache_dir=config.cache_dir, site=config.site)
+    zero = score_split(validation, lambda row: np.zeros(validation.dose[row].size)).dose_score
+    scored = float(read_log(RunFolder(config.run_dir).log)[-1]["val_dose_score"])
+    assert scored < 0.5 * zero, (scored, zero)

@@ -25,6 +25,7 @@ from provided_code.errors import UserError
 from provided_code.run_folder import RunFolder
 
 DEFAULTS = TrainConfig()
+LEARNED_SHARE = 0.5  # a dose score under this share of zero dose's: the model learned
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -93,7 +94,20 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, arch
                else "Plots:        skipped (pip install matplotlib to get them)")
     click.echo(f"For scale: predicting zero dose everywhere scores a dose score of {zero_score:.3f} Gy.")
     click.echo(f"dose score {report.scores.dose_score:.3f} Gy, DVH score {report.scores.dvh_score:.3f} Gy "
-               f"on {report.patients} held-out phantom{'' if report.patients == 1 else 's'}")
+               f"on {report.patients} held-out phantom{'' if report.patients == 1 else 's'}"
+               + learned_warning(report.scores.dose_score, zero_score, epochs))
+
+
+def learned_warning(dose_score: float, zero_score: float, epochs: int) -> str:
+    """The end of the demo's last line when the model has not learned: a dose score not below half
+    of zero dose's (what a model that learned the phantoms' doses reaches in the demo's epochs)."""
+    if dose_score < LEARNED_SHARE * zero_score:
+        return ""
+    said = ("has not learned: its dose score is no better than predicting zero dose everywhere"
+            if dose_score >= zero_score else
+            f"has hardly learned: its dose score is more than {LEARNED_SHARE:g} × predicting zero dose everywhere's")
+    return (f"; WARNING: the model {said} ({zero_score:.3f} Gy) after {epochs} epochs (try more --epochs or "
+            f"another --learning-rate)")
 
 
 def _zero_prediction_dose_score(config) -> float:
