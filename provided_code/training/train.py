@@ -42,7 +42,7 @@ from provided_code.training.epoch_line import EpochLine
 from provided_code.training.epoch_log import EpochCSVLogger, read_log, repair_log
 from provided_code.training.epoch_timer import EpochTimer
 from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
-from provided_code.training.hardware import describe_devices, resolve_precision
+from provided_code.training.hardware import Hardware, resolve_hardware
 from provided_code.training.feeds import fit_patient_inputs, training_input, validation_input
 from provided_code.training.freeze import FreezeForEpochs, frozen_layers, frozen_variables
 from provided_code.training.init_from import load_parent, parent_label, parent_record, resolve_parent, take_weights
@@ -51,7 +51,6 @@ from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
-from provided_code.training.strategy import Placement, make_placement
 from provided_code.training.validation_scores import Validation, ValidationScores
 
 logger = logging.getLogger(__name__)
@@ -96,16 +95,6 @@ def train(config: TrainConfig, progress: Progress = no_progress, verbose: int | 
         return _train(config, folder, cluster, progress, verbose, start_over, given, change_recipe)
 
 
-@dataclasses.dataclass
-class Hardware:
-    placement: Placement
-    device: str  # what the log calls the device
-    policy: str  # the dtype policy, concrete
-    xla: bool
-    xla_reason: str
-    learning_rate: float  # the peak rate, scaled by the replica count with --scale-lr
-
-
 def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, progress: Progress, verbose: int | str,
            start_over: bool, given: set[str] | None, change_recipe: bool) -> TrainResult:
     if start_over:  # the earlier model's files, its predictions, scores, zips and plots included
@@ -120,7 +109,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         config, [train_arrays] + ([validation.arrays] if validation is not None else []), saved)
     if validation is not None:
         validation = dataclasses.replace(validation, arrays=validating[0])
-    hardware = _hardware(config, cluster, saved)  # 3. strategy, precision, XLA
+    hardware = resolve_hardware(config, cluster, saved)  # 3. strategy, precision, XLA
     config = dataclasses.replace(config, precision=hardware.policy)  # saved with the concrete policy
     updates = updates_per_epoch(len(train_arrays), config.batch_size, hardware.placement.replicas, config.accumulate)
     initial_epoch, model, config = _new_or_resumed_model(config, spec, folder, hardware, updates,  # 4. newest that
@@ -423,30 +412,6 @@ def _memory_map(config: TrainConfig, train_dir: Path, validation_dir: Path) -> b
     return False
 
 
-def _hardware(config: TrainConfig, cluster: Cluster | None, saved: TrainConfig | None) -> Hardware:
-    """The strategy first (it may split the CPU or join a cluster), then precision and XLA; sets
-    the dtype policy, the seeds and, on a CPU without XLA, deterministic ops."""
-    placement = make_placement(config.devices, cluster, config.collective_timeout)
-    device, capabilities = describe_devices()
-    if saved is not None and config.precision == "auto":
-        policy = saved.precision  # resume under the checkpoint's policy, whatever this machine would pick
-    else:
-        policy = resolve_precision(config.precision, capabilities)
-    keras.mixed_precision.set_global_policy(policy)  # loading under it restores the loss-scale optimizer
-    keras.utils.set_random_seed(config.seed)
-    xla, xla_reason = _resolve_xla(config.xla, bool(capabilities))
-    if not capabilities and not xla:  # deterministic ops: a resumed run equals an uninterrupted one
-        tf.config.experimental.enable_op_determinism()
-    learning_rate = config.learning_rate * (placement.replicas if config.scale_lr else 1)
-    global_batch = config.batch_size * placement.replicas
-    logger.info("Strategy: %s; batch %d per device × %d replica(s) = %d global%s; learning rate %g%s",
-                placement.description, config.batch_size, placement.replicas, global_batch,
-                f" × {config.accumulate} accumulated = {global_batch * config.accumulate} per update"
-                if config.accumulate > 1 else "", learning_rate,
-                " (scaled by the replica count)" if config.scale_lr and placement.replicas > 1 else "")
-    return Hardware(placement, device, policy, xla, xla_reason, learning_rate)
-
-
 def _new_or_resumed_model(config: TrainConfig, spec: ModelSpec, folder: RunFolder, hardware: Hardware,
                           updates: int, restarting: bool) -> tuple[int, keras.Model, TrainConfig]:
     """``(epochs done, model, config)``: the newest checkpoint that loads, else a new model (with
@@ -609,14 +574,6 @@ def weights_fingerprint(model: keras.Model) -> str:
     for weight in model_weights(model):
         digest.update(weight.tobytes())
     return digest.hexdigest()[:16]
-
-
-def _resolve_xla(setting: str, have_gpu: bool) -> tuple[bool, str]:
-    if setting == "on":
-        return True, "--xla on" + ("" if have_gpu else "; on a CPU XLA measured far slower than oneDNN")
-    if setting == "off":
-        return False, "--xla off"
-    return have_gpu, "--xla auto: " + ("a GPU is visible" if have_gpu else "no GPU, and XLA:CPU is slower than oneDNN")
 
 
 def replicas_agree(strategy: tf.distribute.Strategy, value_fn) -> tuple[bool, float]:
