@@ -28,7 +28,8 @@ def checkpoint_bytes(model: keras.Model) -> int:
     (Adam's two moments, the loss scale, the averaged weights with ``--ema``) as stored, plus the
     file's overhead; build the optimizer first (``model.optimizer.build``). An estimate: within 5 %
     of the files saved (the arrays are most of a file but for the smallest models)."""
-    variables = list(model.weights) + (list(model.optimizer.variables) if model.optimizer is not None else [])
+    optimizer = getattr(model, "optimizer", None)  # a model loaded to predict has none
+    variables = list(model.weights) + (list(optimizer.variables) if optimizer is not None else [])
     return sum(math.prod(variable.shape) * np.dtype(keras.backend.standardize_dtype(variable.dtype)).itemsize
                for variable in variables) + FILE_OVERHEAD_BYTES + VARIABLE_OVERHEAD_BYTES * len(variables)
 
