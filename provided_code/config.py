@@ -235,13 +235,6 @@ class TrainConfig:
         """A field's value as a message shows it (a site by its name, an exclusion list by its patients)."""
         return _shown(self, name)
 
-    def _same_start(self, saved: "TrainConfig") -> bool:
-        """Whether ``--init-from`` and ``--init-epoch`` name the parent ``saved`` started from (the
-        same command run again, to resume: the parent is not loaded again)."""
-        recorded = saved.parent.get("folder", saved.init_from) if saved.init_from else ""
-        return bool(recorded) and str(self.init_epoch) == str(saved.init_epoch) and \
-            os.path.realpath(self.init_from) == os.path.realpath(recorded)
-
     def _check(self, name: str, valid: bool, expected: str) -> None:
         """A :class:`ConfigError` in the house style unless ``valid``: the field, what it must be, its value."""
         if not valid:
@@ -316,107 +309,6 @@ class TrainConfig:
                             f"never trains")
         return concerns
 
-    def resume(self, saved: "TrainConfig", given: set[str] | None = None,
-               change_recipe: bool = False) -> tuple["TrainConfig", list[tuple[str, object, object]]]:
-        """``(config, changes)``: the settings a resume of ``saved`` trains with, and the recipe
-        changes it makes, ``(field, saved value, new value)``.
-
-        ``given``: the fields the caller set on purpose (the command line's explicit flags, a
-        ``--preset``'s fields); None: every field (a library caller's config says what it wants).
-        A field in ``ARCHITECTURE``, ``RECIPE`` or ``KEPT_ON_RESUME`` that is not given takes the
-        saved value. Raises :class:`ConfigError` for a given architecture field (or precision) that
-        differs, an ``ema`` toggle, a given ``init_from`` other than the parent the run started from
-        (a resume continues from the run's own checkpoints; the same command again is a resume), and, without ``change_recipe``, a given recipe field that differs, naming each
-        field's saved and requested value. The result keeps the saved ``history`` and where the
-        weights started (``STARTED_FROM``).
-        """
-        given = {field.name for field in dataclasses.fields(self)} if given is None else set(given)
-        if given & {"beams", "beam_angles"}:  # one setting: the angles, or their number
-            given |= {"beams", "beam_angles"}
-        given -= set(self.FROM_DATA)  # the model's, whatever the caller's config says: the data set them
-        if self.init_from and "init_from" in given and not self._same_start(saved):
-            started = (f"it started from {saved.parent.get('model', saved.init_from)!r} (epoch "
-                       f"{saved.parent.get('epoch', saved.init_epoch)})" if saved.init_from else
-                       "it started from random weights")
-            raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --init-from {self.init_from} "
-                f"(--init-epoch {self.init_epoch}): {started}, and a resume continues from its own checkpoints (or "
-                f"from that parent when it has none yet). Run the command with the parent it started from, or "
-                f"without --init-from and --init-epoch, or train a new --model-name (or --start-over).")
-        names = self.ARCHITECTURE + self.RECIPE + self.KEPT_ON_RESUME
-        config = dataclasses.replace(self, history=saved.history, **{
-            name: getattr(saved, name) for name in self.STARTED_FROM}, **{
-            name: getattr(self if name in given else saved, name) for name in names})
-        config.check_resume(saved)
-        if config.ema != saved.ema:
-            raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.run_dir} with --{'' if config.ema else 'no-'}ema: "
-                f"it was trained {'without' if config.ema else 'with'} weight averaging, and averaging cannot be "
-                f"turned {'on' if config.ema else 'off'} on a resume, not even with --change-recipe (the optimizer, "
-                f"the checkpoints and best.keras would disagree on which weights are the model). Drop the flag, or "
-                f"train a new --model-name.")
-        if saved.folds and config.seed != saved.seed:  # the folds' dealing: no recipe change changes it
-            raise ConfigError(
-                f"Cannot resume fold {saved.fold} of model {self.model_name!r} in {self.run_dir} with --seed "
-                f"{config.seed}: the model's patients were dealt into its folds with --seed {saved.seed} (its "
-                f"splits.json), which --change-recipe does not change. Drop --seed, or train a new --model-name.")
-        changes = [(name, getattr(saved, name), getattr(config, name)) for name in self.RECIPE
-                   if getattr(config, name) != getattr(saved, name)]
-        if changes and not change_recipe:
-            raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.run_dir} with another recipe ("
-                + "; ".join(f"{name}: saved {_as_text(name, old)}, requested {_as_text(name, new)}"
-                            for name, old, new in changes)
-                + "). A resume trains with the saved recipe: drop these flags, or pass --change-recipe to change "
-                  "it from the resumed epoch on (recorded in config.json's history).")
-        return config, changes
-
-    def with_parents_network(self, parent: "TrainConfig", given: set[str] | None) -> tuple["TrainConfig", list[str]]:
-        """``(config, taken)``: a new model that starts from ``parent``'s weights (``--init-from``)
-        has the parent's network (its ``NETWORK`` settings, but for those its data sets,
-        ``FROM_DATA``) wherever ``given`` does not say otherwise (None: the caller's
-        config says everything; nothing is taken), so that every weight fits; and the names of the
-        settings that took another value from the parent. A site given that is not the parent's
-        keeps its own beams (the beams are the site's technique, not the network's)."""
-        if given is None:
-            return self, []
-        given = set(given) | ({"beams", "beam_angles"} if set(given) & {"beams", "beam_angles"} else set())
-        if "site" in given and not self.site.same_as(parent.site):
-            given |= {"beams", "beam_angles"}
-        names = [name for name in self.NETWORK if name not in given and name not in self.FROM_DATA]
-        taken = self.differing_from(parent, names)
-        return dataclasses.replace(self, **{name: getattr(parent, name) for name in names}), taken
-
-    def with_changes_recorded(self, changes: list[tuple[str, object, object]], first_epoch: int) -> "TrainConfig":
-        """This config with ``changes`` (see :meth:`resume`) added to its ``history``, as made
-        from epoch ``first_epoch`` (1-based: the first epoch trained with them)."""
-        return dataclasses.replace(self, history=self.history + tuple(
-            {"epoch": first_epoch, "field": name, "from": old, "to": new} for name, old, new in changes))
-
-    def recipe_changed_at(self) -> int:
-        """The first epoch (1-based) trained with today's recipe: 1, unless a resume changed it
-        (``history``, any field)."""
-        return max([int(entry.get("epoch", 1)) for entry in self.history], default=1)
-
-    def loss_changed_at(self) -> int:
-        """The first epoch (1-based) trained with today's loss (``loss`` and ``dvh_weight``): 1,
-        unless a resume changed it (``history``). Losses before it are not comparable."""
-        return max([int(entry.get("epoch", 1)) for entry in self.history
-                    if entry.get("field") in ("loss", "dvh_weight")], default=1)
-
-    def check_resume(self, saved: "TrainConfig") -> None:
-        """Raise :class:`ConfigError` if resuming ``saved`` with these settings would change the model."""
-        changed = [f"{name}: saved {_shown(saved, name)}, requested {_shown(self, name)}"
-                   + (f" ({_site_changes(saved.site, self.site)})" if name == "site" and saved.site.name == self.site.name
-                      else "")
-                   for name in self.differing_from(saved, self.ARCHITECTURE)]
-        if self.precision != "auto" and saved.precision != self.precision:
-            changed.append(f"precision: saved {saved.precision!r}, requested {self.precision!r}")
-        if changed:
-            raise ConfigError(
-                f"Cannot resume model {self.model_name!r} in {self.run_dir}: its saved config differs ("
-                + "; ".join(changed) + "). Pass the saved values, or choose a new --model-name.")
-
 
 # What a saved config without the setting trained with: each setting added after the first models
 # were saved, at its value before it existed.
@@ -446,27 +338,6 @@ def _shown(config: TrainConfig, name: str) -> str:
         return repr(site.name) if site.name not in SHIPPED or site.same_as(load_site(site.name)) \
             else f"{site.name!r} (another version of it)"
     return repr(getattr(config, name))
-
-
-def _site_changes(saved: Site, requested: Site, most: int = 3) -> str:
-    """Where two versions of one site differ, field by field as the site file spells them
-    (``structures[9].prescription_gy 70 -> 72``): a site file edited in place since the model was
-    trained."""
-    found = []
-
-    def walk(old, new, where):
-        if isinstance(old, dict) and isinstance(new, dict):
-            for key in list(old) + [k for k in new if k not in old]:
-                walk(old.get(key), new.get(key), f"{where}.{key}" if where else key)
-        elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-            for k, (a, b) in enumerate(zip(old, new)):
-                walk(a, b, f"{where}[{k}]")
-        elif old != new:
-            found.append(f"{where} {json.dumps(old)} -> {json.dumps(new)}")
-
-    walk(saved.to_dict(), requested.to_dict(), "")
-    return "the site file differs: " + "; ".join(found[:most]) + (f"; and {len(found) - most} more" if len(found) > most
-                                                                   else "")
 
 
 def _is_finite_number(value) -> bool:
@@ -517,51 +388,3 @@ def check_beam_flags(beams: int, beam_angles: str) -> None:
     if beams != len(angles):
         raise ConfigError(f"Invalid `beams`. Expected the number of --beam-angles ({len(angles)}: {beam_angles!r}), "
                           f"or --beam-angles alone. Received: beams={beams}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """The machines of a ``--multi-worker`` run, as ``TF_CONFIG`` describes them."""
-
-    workers: list[str]  # "host:port" of every worker
-    index: int  # this worker's
-
-    @property
-    def is_chief(self) -> bool:
-        """Worker 0 is the chief: the one that holds the run's lock and writes checkpoints and logs."""
-        return self.index == 0
-
-
-def read_tf_config(environ=os.environ) -> Cluster:
-    """The cluster of ``TF_CONFIG``; a one-line ConfigError if bad. Read once per process (the
-    command line reads it before TensorFlow loads, and hands it on)."""
-    text = environ.get("TF_CONFIG")
-    if not text:
-        raise ConfigError("--multi-worker needs TF_CONFIG, e.g. TF_CONFIG='{\"cluster\": {\"worker\": "
-                          "[\"hostA:12345\", \"hostB:12345\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}' "
-                          "(see docs/distributed.md)")
-    try:
-        spec = json.loads(text)
-    except ValueError as error:
-        raise ConfigError(f"Invalid TF_CONFIG: not JSON ({error}). Received: TF_CONFIG={text!r}") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"Invalid TF_CONFIG: expected a JSON object. Received: TF_CONFIG={text!r}")
-    workers = (spec.get("cluster") or {}).get("worker") if isinstance(spec.get("cluster"), dict) else None
-    if not (isinstance(workers, list) and workers and all(isinstance(w, str) and ":" in w for w in workers)):
-        raise ConfigError(f"Invalid TF_CONFIG: expected cluster.worker, a list of \"host:port\". "
-                          f"Received: cluster={spec.get('cluster')!r}")
-    extra = sorted(set(spec["cluster"]) - {"worker"})
-    if extra:
-        raise ConfigError(f"Invalid TF_CONFIG: only \"worker\" tasks are used (worker 0 is the chief). "
-                          f"Received cluster task types: {extra}")
-    task = spec.get("task")
-    if not isinstance(task, dict):
-        raise ConfigError(f"Invalid TF_CONFIG: no task (expected \"task\": {{\"type\": \"worker\", \"index\": N}}). "
-                          f"Received: TF_CONFIG={text!r}")
-    if task.get("type") != "worker":
-        raise ConfigError(f"Invalid TF_CONFIG: task.type must be \"worker\". Received: task={task!r}")
-    index = task.get("index")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
-        raise ConfigError(f"Invalid TF_CONFIG: task.index must be 0..{len(workers) - 1} for "
-                          f"{len(workers)} workers. Received: task={task!r}")
-    return Cluster(workers, index)

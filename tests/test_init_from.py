@@ -27,7 +27,8 @@ from provided_code.training.init_from import (
     take_weights,
 )
 from provided_code.training.model import new_model
-from provided_code.training.train import _started_from, model_weights, train
+from provided_code.training.admission import started_from
+from provided_code.training.train import model_weights, train
 from tests.kit.cache_files import linked_cache
 from tests.kit.runs import LIGHT_BODY, model_spec
 
@@ -194,7 +195,7 @@ def test_a_fine_tune_takes_the_parents_network_and_records_the_parent_in_config_
 
 def test_a_fine_tune_at_a_rate_given_or_a_presets_is_not_warned_about_its_rate(child, caplog):
     with caplog.at_level(logging.INFO):
-        config = _started_from(child, given={"init_from", "init_epoch", "learning_rate"})
+        config = started_from(child, given={"init_from", "init_epoch", "learning_rate"})
     assert config.parent["model"] == "m"  # the parent was read and recorded
     assert "Fine-tuning at the default learning rate" not in caplog.text
 

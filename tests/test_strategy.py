@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from provided_code.apps.cli import main
-from provided_code.config import ConfigError, read_tf_config
+from provided_code.config import ConfigError
+from provided_code.infra.tf_config import read_tf_config
 from provided_code.run_folder import RunFolder
 from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights

@@ -369,10 +369,10 @@ def test_arrays_that_would_not_fit_are_mapped_and_the_log_says_why(config, phant
 
 
 def test_change_recipe_on_a_new_run_is_said_not_ignored(config, caplog):
-    from provided_code.training.train import _settings
+    from provided_code.training.admission import admit
 
     with caplog.at_level(logging.WARNING):
-        _settings(config, RunFolder(config.run_dir), given=None, change_recipe=True)
+        admit(config, RunFolder(config.run_dir), given=None, change_recipe=True)
     assert f"--change-recipe changes nothing: model 'tiny' in {config.run_dir} is new" in caplog.text
 
 

@@ -19,8 +19,8 @@ from provided_code.config import (
     XLA_MODES,
     TrainConfig,
     check_beam_flags,
-    read_tf_config,
 )
+from provided_code.infra.tf_config import read_tf_config
 from provided_code.data.resample import RESOLUTIONS
 from provided_code.model_spec import ARCHS, HEADS
 from provided_code.data_folder import STAGES, require_split

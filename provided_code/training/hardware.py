@@ -9,7 +9,8 @@ import logging
 import keras
 import tensorflow as tf
 
-from provided_code.config import Cluster, TrainConfig
+from provided_code.config import TrainConfig
+from provided_code.infra.tf_config import Cluster
 from provided_code.training.strategy import Placement, make_placement
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from provided_code.config import Cluster, ConfigError
+from provided_code.config import ConfigError
+from provided_code.infra.tf_config import Cluster
 
 
 @dataclasses.dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -13,7 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from provided_code.config import Cluster, ConfigError, TrainConfig, read_tf_config
+from provided_code.config import ConfigError, TrainConfig
+from provided_code.infra.tf_config import Cluster, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data import mapped
 from provided_code.data.cache import load_split
@@ -23,7 +23,7 @@ from provided_code.data.resample import downsample_split
 from provided_code.data.tf_dataset import updates_per_epoch
 from provided_code.data_folder import require_split, split_dir
 from provided_code.exclusions import excluded_patients, split_patients
-from provided_code.folds import SPLITS_FILE, dealing_for, fold_folders
+from provided_code.folds import SPLITS_FILE, dealing_for
 from provided_code.errors import UserError
 from provided_code.infra.environment import describe_cpu_kernels
 from provided_code.infra.host_memory import available_memory
@@ -32,6 +32,7 @@ from provided_code.model_spec import ModelSpec
 from provided_code.losses import loss_function
 from provided_code.beams import augmentations_that_move_beams
 from provided_code.run_folder import CONFIG_FILE, RunFolder
+from provided_code.training.admission import admit, loss_changed_at, recipe_changed_at, with_changes_recorded
 from provided_code.training.checkpoints import RotatingCheckpoint
 from provided_code.training.cost import model_cost
 from provided_code.training.curves import TrainingCurves
@@ -45,7 +46,7 @@ from provided_code.training.epoch_seeds import ReseedDropoutEachEpoch
 from provided_code.training.hardware import Hardware, resolve_hardware
 from provided_code.training.feeds import fit_patient_inputs, training_input, validation_input
 from provided_code.training.freeze import FreezeForEpochs, frozen_layers, frozen_variables
-from provided_code.training.init_from import load_parent, parent_label, parent_record, resolve_parent, take_weights
+from provided_code.training.init_from import load_parent, parent_label, parent_record, take_weights
 from provided_code.training.loop import run_epochs
 from provided_code.training.lr_schedule import epoch_learning_rates
 from provided_code.training.memory import PeakMemory
@@ -101,7 +102,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         moved = folder.start_over()
         if moved is not None:
             logger.warning("--start-over: moved the earlier run's files into %s", moved)
-    config, saved, changes = _settings(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
+    config, saved, changes = admit(config, folder, given, change_recipe)  # 1. a resume takes the saved run's
     train_arrays, validation = _load_data(config, progress)  # 2. cached, stacked, at the training resolution
     # per-patient prescriptions and beams, when the data has them: made once per split here; the
     # model the run trains (its site, architecture and inputs), resolved once
@@ -122,7 +123,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
         return TrainResult(initial_epoch, initial_epoch, hardware.policy, hardware.device, folder.newest_checkpoint(),
                            hardware.placement.is_chief)
     if changes:
-        config = config.with_changes_recorded(changes, initial_epoch + 1)
+        config = with_changes_recorded(config, changes, initial_epoch + 1)
         logger.warning("Recipe changed from epoch %d on (--change-recipe; recorded in %s's history): %s",
                        initial_epoch + 1, CONFIG_FILE,
                        "; ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changes))
@@ -149,7 +150,7 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
                                                  verbose=1 if show_bar else 0, epochs=config.epochs, steps=updates)
     if placement.is_chief:  # rows of epochs trained but not checkpointed are trained again: dropped
         repair_log(folder.log, initial_epoch)
-    guard = DivergenceGuard(loss_history(read_log(folder.log), config.loss_changed_at(), initial_epoch),
+    guard = DivergenceGuard(loss_history(read_log(folder.log), loss_changed_at(config), initial_epoch),
                             newest_checkpoint=folder.newest_checkpoint,
                             highest_dose_gy=spec.site.max_prescription_gy * (1 + config.dvh_weight))
     try:
@@ -180,124 +181,6 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     logger.info("Weights fingerprint %s (the same on every worker of a run)", weights_fingerprint(model))
     return TrainResult(initial_epoch, config.epochs, hardware.policy, hardware.device, folder.newest_checkpoint(),
                        placement.is_chief)
-
-
-def _settings(config: TrainConfig, folder: RunFolder, given: set[str] | None,
-              change_recipe: bool) -> tuple[TrainConfig, TrainConfig | None, list]:
-    """``(config, saved, changes)``: the settings to train with (on a resume, the saved ones
-    where ``given`` does not say otherwise), the saved config of the model (None for a new one),
-    and the recipe changes a resume makes (:meth:`TrainConfig.resume`)."""
-    saved = folder.read_config()
-    changes = []
-    if saved is not None:
-        config, changes = config.resume(saved, given, change_recipe)
-        _warn_schedule_change(config, saved)
-    elif folder.checkpoints():
-        raise ConfigError(f"{folder.models} holds checkpoints but no {CONFIG_FILE}: the flags cannot say what "
-                          f"those checkpoints are. Restore {CONFIG_FILE}, or pass --start-over to train anew.")
-    else:
-        if change_recipe:
-            logger.warning("--change-recipe changes nothing: model %r in %s is new, and trains with the recipe "
-                           "given", config.model_name, config.run_dir)
-        if config.init_from:
-            config = _started_from(config, given)
-    _check_kind_of_model(config)
-    if config.folds:
-        _check_other_folds(config, change_recipe)
-    if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'provided_code[tensorboard]' "
-                          "(or pip install tensorboard)")
-    for concern in config.concerns():
-        logger.warning("%s", concern)
-    return config, saved, changes
-
-
-def _check_kind_of_model(config: TrainConfig) -> None:
-    """A model's folder holds one model: a single run (its ``models/``) or a cross-validated one
-    (its ``splits.json`` and ``fold-<K>/``), never both (prediction, commissioning and the node
-    would take one for the other)."""
-    single = RunFolder(config.model_dir)
-    if config.folds and single.config_file.is_file():
-        raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} in {config.model_dir}: a "
-                          f"single run was trained there ({single.config_file}). Choose a new --model-name for the "
-                          f"cross-validated model.")
-    if not config.folds and (config.model_dir / SPLITS_FILE).is_file():
-        raise ConfigError(f"Cannot train model {config.model_name!r} as a single run: {config.model_dir} holds a "
-                          f"cross-validated model (its {SPLITS_FILE} and fold folders). Pass --folds N --fold K to "
-                          f"train one of its folds, or choose a new --model-name.")
-
-
-def _started_from(config: TrainConfig, given: set[str] | None) -> TrainConfig:
-    """A new model with ``--init-from``: the parent resolved and recorded in ``config.parent`` (its
-    checkpoint's SHA-256; the weights are taken when the model is made), and the parent's network
-    wherever ``given`` does not say otherwise (:meth:`TrainConfig.with_parents_network`)."""
-    record, parent = resolve_parent(config.init_from, config.init_epoch,
-                                    chosen=given is None or "init_epoch" in given)
-    config, inherited = config.with_parents_network(parent, given)
-    if inherited:
-        logger.info("Network of the %s, for the flags not given: %s", parent_label(record), ", ".join(
-            f"{name} {config.site.name if name == 'site' else getattr(config, name)!r}" for name in inherited))
-    if given is not None and "learning_rate" not in given:  # the rate is the recipe's, never the parent's
-        logger.warning("Fine-tuning at the default learning rate %g, a training-from-scratch rate that no "
-                       "fine-tuning comparison measured; docs/finetune.md's is --preset finetune (1e-4 after a "
-                       "2-epoch warm-up), or give --learning-rate", config.learning_rate)
-    return dataclasses.replace(config, parent=record)
-
-
-_PARENT_IDENTITY = ("folder", "epoch", "checkpoint", "sha256")
-
-
-def _same_parent(one: dict, other: dict) -> bool:
-    return all(one.get(key) == other.get(key) for key in _PARENT_IDENTITY)
-
-
-def _parent_text(record: dict) -> str:
-    return (f"{record['model']!r} epoch {record['epoch']}, {record['checkpoint']}, SHA-256 {record['sha256'][:12]}…"
-            if record else "random weights")
-
-
-DEALT_BY = ("folds", "seed")  # the settings a model's patients are dealt into folds by (provided_code.folds)
-
-
-def _check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
-    """The folds of one model are one model's: a fold whose network differs from another fold's is
-    refused, naming the settings; one whose recipe or exclusion list is not the other folds' is
-    refused, naming the fold and both, unless ``change_recipe``; one whose parent (``--init-from``:
-    its checkpoint, by SHA-256) is not the other folds' is refused, naming both."""
-    for fold, path in fold_folders(config.model_dir).items():
-        other = RunFolder(path).read_config() if fold != config.fold else None
-        if other is None:
-            continue
-        if not _same_parent(other.parent, config.parent):
-            raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} from another start "
-                              f"than fold {fold}'s (fold {fold}: {_parent_text(other.parent)}; here: "
-                              f"{_parent_text(config.parent)}): every fold of a model starts alike. Pass fold "
-                              f"{fold}'s --init-from and --init-epoch while that file is unchanged, or train the "
-                              f"folds again from one start (an --init-epoch N the parent keeps).")
-        # --folds and --seed deal the patients (splits.json): no --change-recipe changes them
-        fixed = [name for name in (*TrainConfig.NETWORK, *DEALT_BY) if name not in TrainConfig.FROM_DATA]
-        recipe = [name for name in TrainConfig.RECIPE if name not in ("excluded", *DEALT_BY)] if not change_recipe \
-            else []
-        differing = config.differing_from(other, (*fixed, *recipe))
-        if differing:
-            changeable = any(name in recipe for name in differing)
-            raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
-                              f"than fold {fold}'s (" + "; ".join(
-                                  f"{name}: fold {fold} {other.shown(name)}, requested {config.shown(name)}"
-                                  for name in differing)
-                              + f"): the folds of a model are trained alike. Pass fold {fold}'s settings"
-                              + (" (a recipe change: --change-recipe)" if changeable else "")
-                              + ", or choose a new --model-name.")
-        if excluded_patients(other.excluded) != excluded_patients(config.excluded):
-            said = other.shown("excluded")
-            if not change_recipe:
-                raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with another "
-                                  f"exclusion list than fold {fold}'s (excluded there: {said}; here: "
-                                  f"{config.shown('excluded')}): every fold of a "
-                                  f"model leaves the same patients out. Pass --exclude "
-                                  f"{other.excluded_by.get('file', 'FILE')}, or --change-recipe to train it so.")
-            logger.warning("Fold %d leaves other patients out than fold %d (there: %s) (--change-recipe)",
-                           config.fold, fold, said)
 
 
 def _load_data(config: TrainConfig, progress: Progress) -> tuple[SplitArrays, Validation | None]:
@@ -533,22 +416,12 @@ def _before_an_unscored_change(config: TrainConfig, folder: RunFolder, initial_e
     """The epochs done before the run's last recipe change, while no epoch since has been scored
     (its log, up to the resumed ``initial_epoch``: later rows were not checkpointed and are trained
     again), else None: the newest checkpoint of those epochs is kept until one is."""
-    changed_at = config.recipe_changed_at()
+    changed_at = recipe_changed_at(config)
     if changed_at <= 1:
         return None
     scored = any(changed_at <= int(row["epoch"]) <= initial_epoch and row["val_dose_score"]
                  and math.isfinite(float(row["val_dose_score"])) for row in read_log(folder.log))
     return None if scored else changed_at - 1
-
-
-def _warn_schedule_change(config: TrainConfig, saved: TrainConfig) -> None:
-    """A decaying schedule spans --epochs: resuming with another --epochs bends it."""
-    if "cosine" in (config.lr_schedule, saved.lr_schedule) and (
-            config.epochs != saved.epochs or config.lr_schedule != saved.lr_schedule):
-        logger.warning("The learning-rate schedule changes on this resume (saved: %s over %d epochs, now: %s over "
-                       "%d): the rate jumps at the resumed epoch. Resume with --epochs %d --lr-schedule %s to "
-                       "keep it.", saved.lr_schedule, saved.epochs, config.lr_schedule, config.epochs,
-                       saved.epochs, saved.lr_schedule)
 
 
 def _raise_corrupt_chunk(train_arrays: SplitArrays, validation: Validation | None) -> None:
