@@ -3,6 +3,9 @@ creation, and the splits that adding patients never changes."""
 
 import os
 
+import pytest
+
+from provided_code.dicom.errors import CohortError
 from provided_code.dicom.ledger import Ledger
 from provided_code.dicom.pseudonyms import IdentityMap, assign_splits, moved_pseudonyms
 
@@ -53,3 +56,37 @@ def test_a_pseudonym_whose_patient_now_has_an_id_the_map_lacks_is_named_as_moved
         pseudonym: f"{pseudonym} (line {edited.lines['PAT-9']}) was imported from the patient now under a PatientID "
                    f"the map does not have (it would get a new pseudonym)"}
     assert moved_pseudonyms(identity, earlier, {"1.2.3": "PAT-1", "1.2.4": "PAT-2"}) == {}
+
+
+def test_an_identity_map_in_another_encoding_is_refused_in_one_line_naming_its_line_and_byte(tmp_path):
+    path = tmp_path / "identity-map.csv"
+    path.write_bytes("pseudonym,patient_id,cohort\npt_1,MÜLLER-1,c0\n".encode("latin-1"))  # edited by hand, saved as Latin-1
+    with pytest.raises(CohortError) as raised:
+        IdentityMap(path)
+    offset = len(b"pseudonym,patient_id,cohort\npt_1,M")
+    assert str(raised.value) == (f"{path}, line 2: not UTF-8 text (byte 0xDC at offset {offset}); save the file as "
+                                 f"UTF-8 (a spreadsheet's \"CSV UTF-8\")")
+
+
+def test_an_identity_map_saved_as_csv_utf8_by_a_spreadsheet_is_read(tmp_path):
+    """Excel's "CSV UTF-8" begins the file with a byte-order mark: no part of the header."""
+    path = tmp_path / "identity-map.csv"
+    path.write_bytes("\ufeffpseudonym,patient_id,cohort\r\npt_1,MÜLLER-1,c0\r\npt_2,P-2,c0\r\n".encode("utf-8"))
+    identity = IdentityMap(path)
+    assert identity.pseudonyms == {"MÜLLER-1": "pt_1", "P-2": "pt_2"} and identity.cohort == "c0"
+    assert identity.lines == {"MÜLLER-1": 2, "P-2": 3}
+
+
+def test_import_cohort_with_a_map_in_another_encoding_says_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from provided_code.apps.dicom_cli import main
+
+    (tmp_path / "archive").mkdir()
+    path = tmp_path / "ids.csv"
+    path.write_bytes("pseudonym,patient_id,cohort\npt_1,caf\xe9,c0\n".encode("latin-1"))
+    result = CliRunner().invoke(main, ["import-cohort", str(tmp_path / "archive"), "--out", str(tmp_path / "data"),
+                                       "--identity-map", str(path)])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {path}, line 2: not UTF-8 text (byte 0xE9 at offset 36); save the file as UTF-8 " \
+                            f"(a spreadsheet's \"CSV UTF-8\")\n"

@@ -53,12 +53,21 @@ class EarlierImport:
 
 
 def read_csv(path: Path, columns: tuple[str, ...] | None = None, what: str = "") -> list[dict[str, str]]:
-    """The rows of ``path`` ([] when absent); with ``columns``, a :class:`CohortError` naming the file
-    as not ``what`` unless its header is those columns."""
+    """The rows of ``path`` ([] when absent), read as UTF-8 (a byte-order mark before the header, as a
+    spreadsheet's "CSV UTF-8" writes, is no part of it); other bytes, a :class:`CohortError` naming
+    the file, the line and the byte (a map edited by hand in another encoding). With ``columns``, a
+    :class:`CohortError` naming the file as not ``what`` unless its header is those columns."""
     if not path.is_file():
         return []
-    with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        start = error.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # the codec counts after the mark
+        line = data.count(b"\n", 0, start) + 1
+        raise CohortError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[start]:02X} at offset {start}); save "
+                          f"the file as UTF-8 (a spreadsheet's \"CSV UTF-8\")") from None
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     if columns is not None and rows and set(rows[0]) != set(columns):
         raise CohortError(f"{path}: not {what} (header {','.join(columns)})")
     return rows
