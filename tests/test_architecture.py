@@ -242,3 +242,14 @@ def test_no_site_or_model_spec_is_defaulted_below_the_command_lines():
                       # the run's ModelSpec is resolved from it at the edge (config.spec)
                       if not where.startswith("TrainConfig.site")]
     assert not defaulted, "a site or model spec defaulted (say which at the call):\n" + "\n".join(defaulted)
+
+
+def test_the_development_guide_lists_the_layers():
+    """docs/development.md's table of the layers has one row per layer of ``LAYERS``, lowest first,
+    naming exactly its modules: the guide cannot go stale unnoticed."""
+    import re
+
+    text = (REPO / "docs" / "development.md").read_text()
+    table = text[text.index("| layer | what |"):].split("\n\n")[0].splitlines()[2:]
+    rows = [tuple(re.findall(r"`([^`]+)`", row.split("|")[1])) for row in table]
+    assert rows == [tuple(layer) for layer in LAYERS]
