@@ -44,7 +44,10 @@ from tests.kit.repo import REPO  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.node import (  # noqa: E402
     LOCALHOST,
+    OTHER_HOST,
     Listener,
+    associate_from,
+    binds,
     client_ae,
     clone_patient,
     ct_of,
@@ -61,6 +64,8 @@ from tests.kit.node import (  # noqa: E402
 DCMTK = shutil.which("storescu") and shutil.which("echoscu")
 requires_dcmtk = pytest.mark.skipif(not DCMTK, reason="DCMTK's echoscu/storescu are not installed "
                                                       "(Debian/Ubuntu: apt-get install dcmtk)")
+requires_other_host = pytest.mark.skipif(not binds(OTHER_HOST), reason=f"no second loopback address ({OTHER_HOST}) to "
+                                                                       f"stand for another system")
 OUT_OF_RESOURCES, DATA_SET_MISMATCH, CANNOT_UNDERSTAND = 0xA700, 0xA900, 0xC000
 
 
@@ -477,12 +482,13 @@ def test_it_pushes_a_patient_whose_sends_gave_up_and_it_is_sent_once(start_node,
     assert unknown.exit_code == 1 and "No patient with structure set UID or PatientID 'NOONE'" in unknown.output
 
 
+@requires_other_host
 def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associations_are_held(
         start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))  # the limits' defaults
     idle = [socket.create_connection((LOCALHOST, node.port)) for _ in range(50)]  # connected, never a word
-    # held by 5 systems (at most --max-per-caller's 5 each), 2 each
-    held = [client_ae(f"TPS{k % 5}").associate(LOCALHOST, node.port, ae_title="KBP") for k in range(10)]
+    # held by 5 systems at another address (at most --max-per-caller's 5 each, --max-per-address's 10 in all), 2 each
+    held = [associate_from(OTHER_HOST, node.port, f"TPS{k % 5}") for k in range(10)]
     try:
         assert all(assoc.is_established for assoc in held)
         assert echo(node.port)
@@ -508,6 +514,7 @@ def _cpu_seconds(threads) -> float:
     return total
 
 
+@requires_other_host
 def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_node):
     """Each association the node accepts has two threads (pynetdicom's DUL and association); idle,
     they wait on the socket. Measured by the node's threads' own clocks (those two of each
@@ -515,7 +522,7 @@ def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_
     loop costs in a process holding much more, its garbage collection every 6 s, scripts/bench_node.py
     measures: a tenth of a core there, under a hundredth here.)"""
     node = start_node()
-    held = [client_ae(f"TPS{k % 5}").associate(LOCALHOST, node.port, ae_title="KBP") for k in range(10)]
+    held = [associate_from(OTHER_HOST, node.port, f"TPS{k % 5}") for k in range(10)]  # another system's 10
     try:
         assert all(assoc.is_established for assoc in held)
         accepted = wait_until(lambda: len(node._server.active_associations) == 10 and node._server.active_associations,
@@ -588,6 +595,32 @@ def test_one_caller_holding_its_allowance_locks_out_no_one_else(start_node):
         for assoc in held:
             assoc.release()
     wait_until(lambda: echo(node.port), 10, "TPS served again once it let go")
+
+
+@requires_other_host
+def test_one_address_under_four_ae_titles_takes_its_allowance_and_the_planning_system_is_served(start_node, phantom):
+    """--max-per-address (10 by default): one host under four AE titles, each within --max-per-caller
+    (5), gets 10 of the 20 --max-associations; the others are rejected (transient) and journaled,
+    and the planning system, at its own address, is served."""
+    node = start_node()  # the limits' defaults
+    held = [associate_from(OTHER_HOST, node.port, f"ROGUE{k % 4}") for k in range(20)]
+    try:
+        established = [assoc for assoc in held if assoc.is_established]
+        assert len(established) == 10 and sum(assoc.is_rejected for assoc in held) == 10
+        answers = {(a.acceptor.primitive.result, a.acceptor.primitive.diagnostic) for a in held if a.is_rejected}
+        assert answers == {(0x02, 0x02)}  # transient, local limit exceeded
+        assert echo(node.port, calling="TPS")
+        patient = clone_patient(phantom, 39)
+        assert send(node.port, ct_of(patient)[:2]) == [0, 0]
+        rows = node.journal.connections_refused()
+        assert {(row["kind"], row["peer"], row["reason"]) for row in rows} == {
+            ("limit", OTHER_HOST, f"{OTHER_HOST} holds 10 associations, the most --max-per-address allows (whatever "
+                                  f"their calling AE titles)")}
+        assert sum(row["times"] for row in rows) == 10
+    finally:
+        for assoc in held:
+            if assoc.is_established:
+                assoc.release()
 
 
 def test_a_client_that_keeps_reconnecting_silently_is_one_line_and_a_summary(start_node, caplog):
@@ -952,8 +985,8 @@ def test_serve_help_loads_neither_tensorflow_nor_the_node():
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert "--send-to TEXT" in result.stdout and "--completion-timeout" in result.stdout
     assert "--send-retry-hours" in result.stdout and "--resend" in result.stdout
-    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-per-caller", "max-pending",
-                                                            "acse-timeout", "network-timeout"))
+    assert all(f"--{option}" in result.stdout for option in ("max-associations", "max-per-caller", "max-per-address",
+                                                            "max-pending", "acse-timeout", "network-timeout"))
     assert "LOADED []" in result.stdout
 
 

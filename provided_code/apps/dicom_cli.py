@@ -217,6 +217,10 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
 @click.option("--max-per-caller", type=click.IntRange(min=1), default=5, show_default=True,
               help="Of those, associations at once from one calling AE title at one address (a system that holds "
                    "more locks out no one else); one more is rejected (transient) and journaled.")
+@click.option("--max-per-address", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Of those, associations at once from one address under any calling AE titles (one host posing "
+                   "as several systems); one more is rejected (transient) and journaled. Keep it below "
+                   "--max-associations.")
 @click.option("--max-pending", type=click.IntRange(min=1), default=100, show_default=True,
               help="Connections at once that have not requested an association yet; beyond, the oldest is closed.")
 @click.option("--acse-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
@@ -233,8 +237,8 @@ def predict_command(model_dir, epoch, tta, ct_dir, rtstruct, rtdose, names, allo
               help="Also pynetdicom's own log (every association and message) and pydicom's warnings about the data.")
 def serve_command(model_dir, store_dir, status, resend, ae_title, host, port, send_to, allow, tls_cert, tls_key, tls_ca,
                   completion_timeout, max_object_mb, min_free_mb, send_retry_hours, send_backoff, max_associations,
-                  max_per_caller, max_pending, acse_timeout, network_timeout, epoch, tta, names, allow_missing_targets,
-                  band, verbose):
+                  max_per_caller, max_per_address, max_pending, acse_timeout, network_timeout, epoch, tta, names,
+                  allow_missing_targets, band, verbose):
     """A DICOM node: receive CT + RTSTRUCT [+ RTDOSE] by C-STORE, predict, send the RT Dose back."""
     setup_logging()
     if status:
@@ -285,8 +289,8 @@ def serve_command(model_dir, store_dir, status, resend, ae_title, host, port, se
             tls_cert=tls_cert and Path(tls_cert), tls_key=tls_key and Path(tls_key), tls_ca=tls_ca and Path(tls_ca),
             completion_timeout=completion_timeout, max_object_bytes=int(max_object_mb * 1e6),
             min_free_bytes=int(min_free_mb * 1e6), send_retry_for=send_retry_hours * 3600.0, send_backoff=send_backoff,
-            max_associations=max_associations, max_per_caller=max_per_caller, max_pending=max_pending,
-            acse_timeout=acse_timeout, network_timeout=network_timeout)
+            max_associations=max_associations, max_per_caller=max_per_caller, max_per_address=max_per_address,
+            max_pending=max_pending, acse_timeout=acse_timeout, network_timeout=network_timeout)
     except UserError as error:
         raise click.BadParameter(str(error)) from None
     stop = threading.Event()

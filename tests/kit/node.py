@@ -24,6 +24,7 @@ from tests.kit.synthetic import CT_STORAGE, RTDOSE_STORAGE, RTSTRUCT_STORAGE, wr
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
 LOCALHOST = "127.0.0.1"
+OTHER_HOST = "127.0.0.2"  # another address of the loopback (Linux answers all of 127/8): another system's
 INSTANCE_KEYWORDS = ("SOPInstanceUID", "SeriesInstanceUID", "StudyInstanceUID", "FrameOfReferenceUID",
                      "ReferencedSOPInstanceUID", "ReferencedFrameOfReferenceUID", "MediaStorageSOPInstanceUID")
 SYNTAXES = [ExplicitVRLittleEndian, ImplicitVRLittleEndian]
@@ -141,6 +142,23 @@ def client_ae(calling: str = "TPS", sop_classes=(CT_STORAGE, RTSTRUCT_STORAGE, R
         ae.add_requested_context(sop_class, SYNTAXES)
     ae.connection_timeout = ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout
     return ae
+
+
+def binds(address: str) -> bool:
+    """Whether a socket can be bound to ``address`` (Linux's loopback answers all of 127/8; others
+    may answer 127.0.0.1 alone)."""
+    try:
+        with socket.socket() as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def associate_from(address: str, port: int, calling: str = "TPS", called: str = "KBP"):
+    """An association with the node on ``port`` from the local ``address`` (a system at another
+    address than the tests' other clients), as ``calling``."""
+    return client_ae(calling).associate(LOCALHOST, port, ae_title=called, bind_address=(address, 0))
 
 
 def send(port: int, datasets: list[Dataset], calling: str = "TPS", called: str = "KBP", tls=None) -> list[int]:

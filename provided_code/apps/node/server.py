@@ -5,9 +5,10 @@ store, the patients' state machine (``patients``) and the send queue (``send_que
 - A connection has ``--acse-timeout`` seconds to finish its TLS handshake and start its association
   request; until it does it is no association (it counts against no limit, costs one waiting
   thread), and at most ``--max-pending`` such connections are kept: beyond, the oldest is closed.
-  At most ``--max-associations`` associations are served at once; one more is rejected (transient,
-  local limit exceeded) and logged with its address. An association silent for ``--network-timeout``
-  seconds is aborted.
+  At most ``--max-associations`` associations are served at once, at most ``--max-per-address`` of
+  them from one address and ``--max-per-caller`` from one calling AE title at one address; one more
+  is rejected (transient, local limit exceeded) and logged with its address. An association silent
+  for ``--network-timeout`` seconds is aborted.
 - Each C-STORE is checked (``intake``), written whole into the store, journaled, then answered
   with success; anything else is answered with a DICOM failure status, journaled as a refusal and
   logged in one line naming the object's patient.
@@ -92,6 +93,7 @@ class NodeSettings:
     acse_timeout: float = 10.0  # s a connection has to finish its TLS handshake and request an association
     max_associations: int = 20  # associations served at once
     max_per_caller: int = 5  # of them from one calling AE title at one address (at most max_associations)
+    max_per_address: int = 10  # of them from one address, whatever its AE titles (at most max_associations)
     max_pending: int = 100  # connections at once that have not requested an association yet
 
 
@@ -106,8 +108,8 @@ class _Seen:
     address: tuple  # (host, port)
     calling: str
     called: str
-    caller: tuple[str, str] | None = None  # (calling AE title, host) while it counts against --max-per-caller
-    over_caller_limit: bool = False  # rejected for --max-per-caller
+    caller: tuple[str, str] | None = None  # (calling AE title, host) while it counts against the limits
+    over_limit: str = ""  # the limit it was rejected for: "caller" (--max-per-caller), "address" (--max-per-address)
     refused: tuple[str, ...] = ()  # the storage classes whose presentation contexts were refused
     used: int = 0  # C-STOREs and C-ECHOs it sent
 
@@ -331,6 +333,7 @@ class Node:
         self._lines = RepeatedLines(logger)
         self._associations: dict[int, _Seen] = {}  # id(association) -> what the node saw of it, until it closes
         self._callers: dict[tuple[str, str], int] = {}  # (calling AE title, address) -> its associations counted
+        self._addresses: dict[str, int] = {}  # address -> its associations counted, whatever their AE titles
         self._seen_lock = threading.Lock()
         self._unused_said: set[tuple[str, str, tuple[str, ...]]] = set()  # proposals not taken, said once each
 
@@ -451,8 +454,9 @@ class Node:
 
     def _on_requested(self, event) -> None:
         """An association requested: what the node sees of it is kept until its connection closes;
-        beyond ``--max-per-caller`` associations from its calling AE title at its address (while the
-        node has room for more: else pynetdicom refuses it for the total), it is rejected, transient."""
+        beyond ``--max-per-caller`` associations from its calling AE title at its address, or
+        ``--max-per-address`` from its address under any AE titles (while the node has room for more:
+        else pynetdicom refuses it for the total), it is rejected, transient."""
         assoc, settings = event.assoc, self.settings
         requestor = assoc.requestor
         calling = text_of(getattr(requestor.primitive, "calling_ae_title", ""))  # requestor.ae_title: not yet
@@ -461,13 +465,20 @@ class Node:
         caller = (calling, requestor.address)
         with self._seen_lock:
             self._associations[id(assoc)] = seen
-            total = sum(self._callers.values())
-            if self._callers.get(caller, 0) < min(settings.max_per_caller, settings.max_associations) or \
-                    total >= settings.max_associations:
+            if sum(self._callers.values()) >= settings.max_associations:
+                over = ""  # pynetdicom refuses it for the total
+            elif self._addresses.get(requestor.address, 0) >= min(settings.max_per_address, settings.max_associations):
+                over = "address"
+            elif self._callers.get(caller, 0) >= min(settings.max_per_caller, settings.max_associations):
+                over = "caller"
+            else:
+                over = ""
+            if not over:
                 self._callers[caller] = self._callers.get(caller, 0) + 1
+                self._addresses[requestor.address] = self._addresses.get(requestor.address, 0) + 1
                 seen.caller = caller
                 return
-        seen.over_caller_limit = True
+        seen.over_limit = over
         assoc.acse.send_reject(*LOCAL_LIMIT_EXCEEDED)
         evt.trigger(assoc, evt.EVT_REJECTED, {})
         assoc.kill()
@@ -490,9 +501,12 @@ class Node:
         answer = assoc.acceptor.primitive
         rejection = (answer.result, answer.result_source, answer.diagnostic) if answer is not None else ()
         kind = LIMIT_REFUSED
-        if seen is not None and seen.over_caller_limit:
+        if seen is not None and seen.over_limit == "caller":
             why = (f"{printable(calling)!r} at {requestor.address} holds {settings.max_per_caller} associations, the "
                    f"most --max-per-caller allows")
+        elif seen is not None and seen.over_limit == "address":
+            why = (f"{requestor.address} holds {settings.max_per_address} associations, the most --max-per-address "
+                   f"allows (whatever their calling AE titles)")
         elif rejection == LOCAL_LIMIT_EXCEEDED:
             why = f"{settings.max_associations} associations open, the most --max-associations allows"
         elif settings.allow and calling not in settings.allow:
@@ -513,13 +527,14 @@ class Node:
         with self._seen_lock:
             seen = self._associations.pop(id(event.assoc), None)
             if seen is not None and seen.caller is not None:
-                left = self._callers.get(seen.caller, 0) - 1
-                if left > 0:
-                    self._callers[seen.caller] = left
-                else:
-                    self._callers.pop(seen.caller, None)
+                for counts, key in ((self._callers, seen.caller), (self._addresses, seen.caller[1])):
+                    left = counts.get(key, 0) - 1
+                    if left > 0:
+                        counts[key] = left
+                    else:
+                        counts.pop(key, None)
         self.patients.closed(id(event.assoc), stopping=self._stop.is_set())
-        if seen is not None and seen.refused and not seen.over_caller_limit:
+        if seen is not None and seen.refused and not seen.over_limit:
             self._refused_classes(seen)
 
     def _refused_classes(self, seen: "_Seen") -> None:
