@@ -136,7 +136,8 @@ def same_network(parent: ModelSpec, spec: ModelSpec) -> bool:
 
 
 def describe_network(spec: ModelSpec) -> str:
-    return (f"site {spec.site.name}, {spec.arch}, {spec.filters} filters at {spec.resolution}³, {spec.norm} norm"
+    return (f"site {spec.site.name}, {spec.arch}, {spec.filters} filters × widths "
+            f"{','.join(f'{width:g}' for width in spec.widths)} at {spec.resolution}³, {spec.norm} norm, {spec.head} head"
             + (", physics channel" if spec.physics else ""))
 
 
