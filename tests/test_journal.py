@@ -270,6 +270,18 @@ def test_a_patient_outside_the_training_cohort_is_counted_and_named_with_its_rea
     assert sum(line.startswith("    Outside") for line in lines) == 1
 
 
+def test_status_says_the_patients_an_uncommissioned_model_predicted(journal):
+    """As the RT Dose's description and the patient's entry say it (patients.trust's uncommissioned)."""
+    for uid, uncommissioned in (("1.8", False), ("1.18", True), ("1.28", True)):
+        add_structure_set(journal, uid=uid)
+        for state in (READY, PREDICTING):
+            journal.transition(uid, state)
+        journal.transition(uid, PREDICTED, "epoch 3", trust=json.dumps({"band": None, "inside": None,
+                                                                        "uncommissioned": uncommissioned}))
+    assert ("Uncommissioned model (no bands, no in-distribution check): 2 of the 3 patients predicted, the latest "
+            "among them") in summary_lines(journal)
+
+
 def test_a_refusal_is_kept_with_what_it_named_made_printable(journal):
     journal.add_refusal(sop_instance_uid="../../x", sop_class_uid="1.2.840.10008.5.1.4.1.1.2", modality="CT",
                         series_uid="1.7", frame_uid="1.5", patient_id="P\x1b1", calling_ae="TPS", peer="10.0.0.5:4000",
@@ -357,6 +369,37 @@ def test_it_pushes_a_patient_whose_sends_gave_up_and_not_one_sent(journal):
     [(row, what)] = journal.resend("P1")
     assert what.startswith("already sent (to PACS@h:104)") and journal.next_send() is None
     assert journal.resend("nobody") == []
+
+
+def test_attempt_numbers_go_on_after_a_push_and_the_back_off_starts_over(journal):
+    """The sends table and the log number a patient's attempts from its first; a push (--resend)
+    opens a new retry window, whose attempts (the back-off's count) start again."""
+    _predicted(journal)
+    for _ in range(2):
+        send_id, _ = journal.start_send("1.8", "PACS@h:104")
+        journal.finish_send(send_id, FAILED_SEND, "no connection")
+    journal.transition("1.8", FAILED, "not sent", failed_in="sending")
+    journal.resend("1.8")
+    assert journal.patient("1.8")["send_attempts"] == 0  # the new window's
+    send_id, attempt = journal.start_send("1.8", "PACS@h:104")
+    assert attempt == 3 and journal.patient("1.8")["send_attempts"] == 1
+    assert [row["attempt"] for row in journal.sends("1.8")] == [1, 2, 3]
+
+
+def test_a_push_while_no_node_serves_the_store_says_nothing_goes_until_it_starts(tmp_path):
+    from provided_code.apps.node.journal import resend_lines
+    from provided_code.apps.node.store import LOCK_FILE
+    from provided_code.infra.run_lock import RunLock
+
+    journal = Journal(tmp_path / "journal.sqlite")
+    _predicted(journal)
+    journal.close()
+    lines, pushed = resend_lines(tmp_path, "1.8")
+    assert pushed and lines == ["Patient P1 (structure set 1.8): queued, but no node serves this store now: nothing "
+                                "is sent until it starts"]
+    with RunLock(tmp_path / LOCK_FILE, "a DICOM node"):  # what a node serving the store holds
+        lines, pushed = resend_lines(tmp_path, "1.8")
+    assert pushed and lines == ["Patient P1 (structure set 1.8): queued to send now"]
 
 
 def test_status_shows_the_sends_waiting_and_when_each_tries_next(journal):

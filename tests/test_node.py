@@ -165,6 +165,9 @@ def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(star
     assert dict(node.journal.history(uid))["predicted"].endswith(
         "; uncommissioned model (no bands, no in-distribution check)")
     assert json.loads(node.journal.patient(uid)["trust"])["uncommissioned"] is True
+    status = CliRunner().invoke(main, ["serve", "--status", "--store", str(node.store.root)])
+    assert ("Uncommissioned model (no bands, no in-distribution check): 1 of the 1 patients predicted, the latest "
+            "among them") in status.output.splitlines()
 
 
 def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):

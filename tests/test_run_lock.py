@@ -77,3 +77,16 @@ def test_readers_share_the_lock_and_exclude_a_writer_and_the_reverse(tmp_path):
     assert "\n" not in message
     with RunFolder(run_dir).lock("read by the ensemble 'a'", shared=True):  # released on exit
         pass
+
+
+def test_whether_a_lock_is_held_is_asked_without_taking_it(tmp_path, monkeypatch):
+    from provided_code.infra import run_lock
+    from provided_code.infra.run_lock import RunLock, is_held
+
+    path = tmp_path / ".lock"
+    assert is_held(path) is False  # no file: never locked
+    with RunLock(path, "a DICOM node"):
+        assert is_held(path) is True
+    assert is_held(path) is False
+    monkeypatch.setattr(run_lock, "LOCKS_TABLE", tmp_path / "no-such-table")
+    assert is_held(path) is None  # no table to ask: unknown

@@ -2,7 +2,7 @@
 
 import errno
 
-from provided_code.apps.node.text import ERROR_LIMIT, one_line, printable
+from provided_code.apps.node.text import ERROR_LIMIT, duration, one_line, printable
 from provided_code.errors import UserError
 
 
@@ -32,3 +32,10 @@ def test_a_long_message_is_cut_to_the_limit():
 def test_paths_in_the_store_are_named_from_it(tmp_path):
     error = UserError(f"{tmp_path / 'objects' / '1.2' / '1.3.dcm'}: contours are in another frame")
     assert one_line(error, within=tmp_path) == "objects/1.2/1.3.dcm: contours are in another frame"
+
+
+def test_a_delay_is_said_as_a_person_says_it():
+    """A retry's delay in the log: minutes and seconds, not a fraction of a minute ("1.33333 min")."""
+    said = {seconds: duration(seconds) for seconds in (0.05, 2.5, 12.3, 80, 80.0000004, 300, 5400, 17280, 86400)}
+    assert said == {0.05: "0.05 s", 2.5: "2.5 s", 12.3: "12 s", 80: "1 min 20 s", 80.0000004: "1 min 20 s",
+                    300: "5 min", 5400: "1 h 30 min", 17280: "4 h 48 min", 86400: "24 h"}

@@ -68,3 +68,26 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+LOCKS_TABLE = Path("/proc/locks")  # Linux's table of the locks held on the machine
+
+
+def is_held(path: os.PathLike | str) -> bool | None:
+    """Whether some process holds a lock on the file at ``path`` (a :class:`RunLock`'s), asked
+    without taking it (taking it, even shared for an instant, could refuse the owner starting at that
+    instant): from Linux's table of locks. None where there is no such table to ask."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return False  # never locked: a lock file is never deleted
+    try:
+        table = LOCKS_TABLE.read_text()
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 17214 fe:00:2285571 0 EOF": major:minor:inode (a waiter's line has "->"
+    # after its number). Matched by the inode alone: the device a file system reports to stat may not be
+    # the one the table names (btrfs); another device's file of that inode, locked at that instant, is rare.
+    inode = f":{info.st_ino}"
+    return any(field.count(":") == 2 and field.endswith(inode) for line in table.splitlines()
+               if "->" not in line.split()[1:2] for field in line.split()[5:7])

@@ -42,8 +42,9 @@ import time
 from pathlib import Path
 
 from provided_code.errors import UserError
+from provided_code.infra.run_lock import is_held
 from provided_code.apps.node.readiness import READY, References, SeriesStatus
-from provided_code.apps.node.store import JOURNAL_FILE
+from provided_code.apps.node.store import JOURNAL_FILE, LOCK_FILE
 from provided_code.apps.node.text import printable
 
 # A patient's states; READY is also readiness's decision that the patient is complete
@@ -102,6 +103,7 @@ FORMAT_1_FAILED_SEND = "failed"  # what format 1 wrote for FAILED_SEND
 # What refused a connection or association (connections_refused.kind)
 TLS_REFUSED, ASSOCIATION_REFUSED, LIMIT_REFUSED, CLASSES_REFUSED = "tls", "association", "limit", "sop class"
 REPEAT_WINDOW_S = 60.0  # a refusal repeated within this many seconds of the last counts in the same row
+QUEUED = "queued to send now"  # what --resend did to a patient it pushed
 
 
 def _format_1_to_2(db) -> None:
@@ -416,10 +418,10 @@ class Journal:
                 uid, state = row["structure_set_uid"], row["state"]
                 if state == PREDICTED:
                     db.execute("UPDATE patients SET next_send = ? WHERE structure_set_uid = ?", (now, uid))
-                    done.append((row, "queued to send now"))
+                    done.append((row, QUEUED))
                 elif state == FAILED and row["failed_in"] == "sending" and row["output"]:
                     self._set(db, uid, PREDICTED, now, "sent again by --resend", send_attempts=0, next_send=now)
-                    done.append((row, "its sends had given up: queued to send now"))
+                    done.append((row, f"its sends had given up: {QUEUED}"))
                 elif state == SENT:
                     done.append((row, f"already sent ({row['reason']}): left alone"))
                 else:
@@ -427,14 +429,14 @@ class Journal:
         return done
 
     def start_send(self, uid: str, destination: str, now: float | None = None) -> tuple[int, int]:
-        """Record a send attempt before it starts (its schedule taken): ``(its id, attempt number since
-        the patient was predicted)``."""
+        """Record a send attempt before it starts (its schedule taken): ``(its id, its number)``, the
+        patient's attempts numbered on from its first (a push by ``--resend`` or objects sent again
+        open a new retry window, ``patients.send_attempts`` counting the window's, and number on)."""
         now = time.time() if now is None else now
         with self._transaction() as db:
-            attempt = db.execute("SELECT send_attempts FROM patients WHERE structure_set_uid = ?",
-                                 (uid,)).fetchone()[0] + 1
-            db.execute("UPDATE patients SET send_attempts = ?, next_send = NULL WHERE structure_set_uid = ?",
-                       (attempt, uid))
+            attempt = db.execute("SELECT COUNT(*) FROM sends WHERE structure_set_uid = ?", (uid,)).fetchone()[0] + 1
+            db.execute("UPDATE patients SET send_attempts = send_attempts + 1, next_send = NULL "
+                       "WHERE structure_set_uid = ?", (uid,))
             cursor = db.execute("INSERT INTO sends (structure_set_uid, attempt, destination, started, outcome, detail) "
                                 "VALUES (?, ?, ?, ?, ?, '')", (uid, attempt, destination, now, PENDING))
             return cursor.lastrowid, attempt
@@ -475,6 +477,10 @@ class Journal:
                 "ORDER BY updated DESC LIMIT 20")]
             checked = [json.loads(row[0]) for row in db.execute(f"SELECT {trust} FROM patients")
                        if row[0]] if self.version >= 3 else []
+            latest = db.execute(f"SELECT p.{trust} FROM history h JOIN patients p ON p.structure_set_uid = "
+                                f"h.structure_set_uid WHERE h.state = ? ORDER BY h.id DESC LIMIT 1",
+                                (PREDICTED,)).fetchone() if self.version >= 3 else None
+            latest = json.loads(latest[0]) if latest and latest[0] else {}
             failed_sends = [dict(row) for row in db.execute(
                 "SELECT structure_set_uid, attempt, destination, finished, detail FROM sends WHERE outcome != ? "
                 "ORDER BY id DESC LIMIT 5", (OK,))]
@@ -486,6 +492,7 @@ class Journal:
             if self.version >= 4:  # earlier formats kept no schedule
                 waiting = [dict(row) for row in db.execute(
                     "SELECT p.structure_set_uid, p.patient_id, p.next_send, p.send_until, p.send_attempts, "
+                    "(SELECT COUNT(*) FROM sends s WHERE s.structure_set_uid = p.structure_set_uid) AS attempts, "
                     "(SELECT s.detail FROM sends s WHERE s.structure_set_uid = p.structure_set_uid AND s.outcome != ? "
                     "ORDER BY s.id DESC LIMIT 1) AS detail FROM patients p WHERE p.state = ? AND (p.next_send IS NOT "
                     "NULL OR p.send_attempts > 0) ORDER BY COALESCE(p.next_send, 0) LIMIT 20", (PENDING, PREDICTED))]
@@ -506,6 +513,8 @@ class Journal:
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
                 "checked": sum(entry.get("inside") is not None for entry in checked),
                 "outside": sum(entry.get("inside") is False for entry in checked),
+                "predicted": len(checked), "uncommissioned": sum(entry.get("uncommissioned") is True for entry in checked),
+                "latest_uncommissioned": latest.get("uncommissioned") is True,
                 "refusals": refusals, "latest_refusals": latest_refusals, "connections_refused": connections,
                 "latest_connections_refused": latest_connections, "sends_waiting": waiting_count,
                 "waiting": waiting}
@@ -513,7 +522,9 @@ class Journal:
 
 def resend_lines(store: Path, wanted: str) -> tuple[list[str], bool]:
     """``openkbp-dicom serve --resend``: push the patients ``wanted`` names (:meth:`Journal.resend`)
-    in the journal of the store folder ``store``; what was done, a line each, and whether any was pushed."""
+    in the journal of the store folder ``store``; what was done, a line each, and whether any was
+    pushed. A patient queued is said to go now when a node serves the store (holds its lock), and to
+    wait for the node's start when none does."""
     path = Path(store) / JOURNAL_FILE
     if not path.is_file():
         raise JournalError(f"{path}: no journal here (is this a node's --store folder?)")
@@ -524,14 +535,17 @@ def resend_lines(store: Path, wanted: str) -> tuple[list[str], bool]:
         journal.close()
     if not done:
         return [f"No patient with structure set UID or PatientID {printable(wanted)!r} in {path}"], False
+    serving = is_held(Path(store) / LOCK_FILE)
+    queued = {True: QUEUED, False: "queued, but no node serves this store now: nothing is sent until it starts",
+              None: f"{QUEUED} (a running node sends it within a second, a stopped one at its start)"}[serving]
     lines = [f"Patient {printable(row['patient_id']) or '(no PatientID)'} (structure set {row['structure_set_uid']}): "
-             f"{what}" for row, what in done]
-    return lines, any(what.startswith(("queued", "its sends")) for _, what in done)
+             f"{what.replace(QUEUED, queued)}" for row, what in done]
+    return lines, any(QUEUED in what for _, what in done)
 
 
 def summary_lines(journal: Journal) -> list[str]:
     """``openkbp-dicom serve --status``: the journal's summary as lines of text."""
-    from provided_code.trust import OUTSIDE, flag_line  # here: the journal itself needs none of trust's imports
+    from provided_code.trust import OUTSIDE, UNCOMMISSIONED, flag_line  # here: the journal needs none of its imports
 
     summary = journal.summary()
 
@@ -560,7 +574,7 @@ def summary_lines(journal: Journal) -> list[str]:
         last = f"; last: {row['detail']}" if row["send_attempts"] and row["detail"] else ""
         upcoming = when(row["next_send"]) if row["next_send"] is not None else "now (an attempt is under way)"
         until = when(row["send_until"]) if row["send_until"] else "not before its first failure"
-        lines.append(f"  {patient} {row['structure_set_uid']}: next {upcoming}, {row['send_attempts']} "
+        lines.append(f"  {patient} {row['structure_set_uid']}: next {upcoming}, {row['attempts']} "
                      f"attempt(s), gives up {until}{last}")
     for send in summary["failed_sends"]:
         lines.append(f"  {when(send['finished'])} attempt {send['attempt']} to {send['destination']} for structure "
@@ -577,6 +591,10 @@ def summary_lines(journal: Journal) -> list[str]:
         who = f"{refused['calling_ae']} at {refused['peer']}" if refused["calling_ae"] else refused["peer"]
         times = f" ({refused['times']} times since {when(refused['first'])})" if refused["times"] > 1 else ""
         lines.append(f"  {when(refused['last'])} {refused['kind']} from {who}: {refused['reason']}{times}")
+    if summary["uncommissioned"]:  # as the RT Dose's description and the patient's entry say it
+        lines.append(f"{UNCOMMISSIONED[0].upper()}{UNCOMMISSIONED[1:]} (no bands, no in-distribution check): "
+                     f"{summary['uncommissioned']} of the {summary['predicted']} patients predicted, "
+                     f"{'the latest among them' if summary['latest_uncommissioned'] else 'not the latest'}")
     if summary["checked"]:
         lines.append(f"Predictions {OUTSIDE}: {summary['outside']} of the {summary['checked']} checked")
     if summary["recent"]:

@@ -18,18 +18,11 @@ from typing import Callable
 
 from provided_code.apps.node.journal import FAILED, FAILED_SEND, OK, PREDICTED, SENT, Journal
 from provided_code.apps.node.sender import MAX_BACKOFF_S, Destination, backoff_delay, send_file
-from provided_code.apps.node.text import one_line
+from provided_code.apps.node.text import duration, one_line
 
 logger = logging.getLogger(__name__)
 
 LOOK_S = 1.0  # the longest the send thread waits before it looks at the journal's schedule again
-
-
-def duration(seconds: float) -> str:
-    """``seconds`` in words: ``24 h``, ``90 min``, ``0.5 s``."""
-    if seconds >= 3600 and seconds % 3600 == 0 or seconds >= 36000:
-        return f"{seconds / 3600:g} h"
-    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 class SendQueue:
@@ -87,6 +80,7 @@ class SendQueue:
         if row is None or row["state"] != PREDICTED:
             return
         send_id, attempt = journal.start_send(uid, str(destination))
+        window = row["send_attempts"] + 1  # the attempts since it was predicted or pushed again: the back-off's
         try:
             detail = send_file(Path(row["output"]) / self.rtdose_file, destination, self.calling_ae,
                                self.ssl_context, timeout=self.timeout)
@@ -96,16 +90,17 @@ class SendQueue:
             now = time.time()
             give_up = journal.give_up_sending_at(uid, now + self.retry_for)
             if now >= give_up:
+                counted = f"{window} attempts" if window == attempt else f"attempts {attempt - window + 1} to {attempt}"
                 reason = (f"not sent to {destination} within {duration(self.retry_for)} of its first failed attempt "
-                          f"({attempt} attempts; --send-retry-hours): {detail}")
+                          f"({counted}; --send-retry-hours): {detail}")
                 journal.transition(uid, FAILED, reason, expect=(PREDICTED,), failed_in="sending")
                 logger.error("Patient %s failed: %s (openkbp-dicom serve --resend %s sends it again)", self.name(uid),
                              reason, uid)
                 return
-            due = min(now + backoff_delay(attempt, self.backoff, self.max_backoff), give_up)
-            (logger.warning if attempt == 1 else logger.info)(
+            due = min(now + backoff_delay(window, self.backoff, self.max_backoff), give_up)
+            (logger.warning if window == 1 else logger.info)(
                 "Patient %s: send attempt %d failed (%s); next in %s, retried until %s", self.name(uid), attempt,
-                detail, duration(round(due - now, 3)), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(give_up)))
+                detail, duration(due - now), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(give_up)))
             self.schedule(uid, due)
             return
         journal.finish_send(send_id, OK, detail)

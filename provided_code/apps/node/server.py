@@ -61,7 +61,7 @@ from provided_code.apps.node import reactor
 from provided_code.apps.node.reactor import WaitingRequestHandler
 from provided_code.apps.node.send_queue import SendQueue
 from provided_code.apps.node.sender import MAX_BACKOFF_S, NO_TLS_REASONS, Destination, client_ssl_context
-from provided_code.apps.node.store import Store
+from provided_code.apps.node.store import LOCK_FILE, Store
 from provided_code.apps.node.text import RepeatedLines, one_line, printable, text_of
 from provided_code.infra.run_lock import RunLock
 
@@ -351,7 +351,8 @@ class Node:
 
     def _start(self) -> "Node":
         settings = self.settings
-        self._lock_file = RunLock(self.store.root / ".lock", "a DICOM node", advice="stop it, or give this node another --store")
+        self._lock_file = RunLock(self.store.root / LOCK_FILE, "a DICOM node",
+                                  advice="stop it, or give this node another --store")
         self._lock_file.__enter__()  # one node per store, released by stop() or by the process's end
         self.store.owner_only(self._lock_file.path)
         removed = self.store.clean_temporaries()

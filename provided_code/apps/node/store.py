@@ -3,6 +3,7 @@
 Layout of ``STORE/``::
 
     journal.sqlite                       the journal (see ``journal``)
+    .lock                                held by the node serving the store (one at a time)
     objects/<SeriesInstanceUID>/<SOPInstanceUID>.dcm   every object received, as received
     results/<structure set SOPInstanceUID>/            a patient's RD.dcm, dose.nii.gz, dvh.csv, ...
     incoming/                            temporary files, emptied at start
@@ -30,6 +31,7 @@ from provided_code.infra.atomic import fsync_folder, new_folder_beside, replace_
 logger = logging.getLogger(__name__)
 
 JOURNAL_FILE = "journal.sqlite"
+LOCK_FILE = ".lock"  # held by the node serving the store, for its life
 FOLDER_MODE, FILE_MODE = 0o700, 0o600  # the owner's only
 UID_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)*")
 MAX_UID_LENGTH = 64

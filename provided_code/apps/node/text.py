@@ -51,6 +51,21 @@ def one_line(error: BaseException, limit: int = ERROR_LIMIT, within: os.PathLike
     return printable(" ".join(first.split()), limit)
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as a person says it: two digits below ten seconds, whole units above (``0.05 s``,
+    ``2.5 s``, ``12 s``, ``1 min 20 s``, ``5 min``, ``2 h 5 min``, ``24 h``; not ``1.33333 min``)."""
+    if seconds < 9.5:
+        return f"{seconds:.2g} s"
+    total = round(seconds)
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        minutes, rest = divmod(total, 60)
+        return f"{minutes} min" + (f" {rest} s" if rest else "")
+    hours, minutes = divmod(round(total / 60), 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
 class RepeatedLines:
     """Log lines said once per key and window: the first at once, its repeats within ``window``
     seconds counted and summed up in one line when the window closes (or at :meth:`flush`), so that
