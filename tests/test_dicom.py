@@ -417,6 +417,24 @@ def test_command_line_import_and_export_and_a_one_line_error(small_clinic, tmp_p
     assert "nowhere: CT folder does not exist" in result.stderr and not (tmp_path / "x").exists()
 
 
+def test_pydicoms_warning_about_a_value_is_said_once_on_the_import_console(small_clinic, tmp_path):
+    """pydicom logs a value that breaks its VR's rules and raises it as a UserWarning too: the console
+    shows the log line, not also the raw warning with the installation's file path."""
+    clinic = _copy(small_clinic, tmp_path)
+    long_uid = "1.2." + "9" * 62  # 66 characters: a UI is at most 64
+    with pydicom.config.disable_value_validation():
+        for path in [*(clinic / "ct").iterdir(), clinic / "RS.dcm"]:
+            dataset = pydicom.dcmread(path)
+            dataset.StudyInstanceUID = long_uid  # an archive's own slip, kept on every object of the patient
+            dataset.save_as(path)
+    result = subprocess.run([*OPENKBP_DICOM, "import", "--ct", str(clinic / "ct"), "--rtstruct", str(clinic / "RS.dcm"),
+                             "--out", str(tmp_path / "pt_1")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "maximum length of 64 allowed for VR UI" in line]
+    assert len(said) == 1 and " WARNING " in said[0], result.stderr
+    assert "UserWarning" not in result.stderr and "site-packages" not in result.stderr
+
+
 def test_read_ct_series_orders_slices_and_applies_the_rescale(written):
     volumes, patient, _ = written
     series = read_ct_series(patient.ct_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Iterable, Iterator, TypeVar
 
 import click
@@ -25,6 +26,10 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-variable all-reduce chatter
+    # pydicom logs each warning about the data it reads (an invalid value for a VR) and raises it too
+    # (its warn_and_log): the log line says it; the raised copy would say it again, with a file path of
+    # the installation. (openkbp-dicom serve quietens pydicom's log as well, unless --verbose.)
+    warnings.filterwarnings("ignore", module=r"pydicom(\.|$)")
 
 
 def click_progress(iterable: Iterable[T], length: int, label: str) -> Iterator[T]:
