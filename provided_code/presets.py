@@ -22,17 +22,18 @@ from provided_code.config import TrainConfig, field_defaults
 from provided_code.errors import ConfigError
 
 _DEFAULTS = field_defaults()
-PRESET_FIELDS = ("arch", "dropout", "learning_rate", "physics", "loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
+PRESET_FIELDS = ("arch", "widths", "head", "dropout", "learning_rate", "physics", "loss", "augment", "lr_schedule", "warmup_epochs", "ema", "norm", "prescription_channel", "beams",
                  "beam_angles", "beam_channels", "dvh_weight")
 _NO_BEAMS = {"beams": 0, "beam_angles": "", "beam_channels": "count"}
+_GENERATOR = {"arch": "generator", "widths": "1,2,4,8,8,8", "head": "relu"}  # the 2020 generator as it was
 PRESETS: dict[str, dict] = {
-    "starter": {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+    "starter": {**_GENERATOR, "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "mae", "augment": "none", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
                 "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
-    "v1": {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+    "v1": {**_GENERATOR, "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
            "norm": "batch", "prescription_channel": False, **_NO_BEAMS, "dvh_weight": 0.0},
     # the default until the residual U-Net's comparison (docs/recipe.md): the generator, instance norm, the
     # prescription and beams' channels, cosine
-    "v2": {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "cosine",
+    "v2": {**_GENERATOR, "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "cosine",
            "warmup_epochs": 0, "ema": False, "norm": "instance", "prescription_channel": True, "beams": None,
            "beam_angles": "", "beam_channels": "count", "dvh_weight": 0.0},
     "default": {name: _DEFAULTS[name] for name in PRESET_FIELDS},

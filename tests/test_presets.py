@@ -11,7 +11,7 @@ from provided_code.errors import UserError
 from provided_code.presets import FINETUNE_FIELDS, PRESET_FIELDS, PRESETS, apply_preset, preset_network
 
 # What the default recipe trained before --preset existed (the README's comparison chose it).
-V1 = {"arch": "generator", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
+V1 = {"arch": "generator", "widths": "1,2,4,8,8,8", "head": "relu", "dropout": 0.2, "learning_rate": 2e-4, "physics": False, "loss": "masked-mae", "augment": "flip", "lr_schedule": "constant", "warmup_epochs": 0, "ema": False,
       "norm": "batch", "prescription_channel": False, "beams": 0, "beam_angles": "", "beam_channels": "count",
       "dvh_weight": 0.0}
 
