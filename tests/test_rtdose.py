@@ -156,6 +156,21 @@ def test_the_rt_dose_written_names_no_plan_and_says_it_is_of_none(written):
     assert "ReferencedRTPlanSequence" not in dataset and dataset.DoseSummationType not in NEED_PLAN | {"RECORD"}
 
 
+def test_the_rt_dose_names_the_product_the_program_and_the_packages_version(written):
+    """General Equipment: a physicist sees a product, the program and a version, not a package's name;
+    an RT Dose an earlier version wrote (Manufacturer provided_code) is still known as the package's own."""
+    import importlib.metadata
+
+    from provided_code.dicom.rtdose import written_here
+
+    _, dataset = written
+    assert (dataset.Manufacturer, dataset.ManufacturerModelName) == ("OpenKBP dose prediction", "openkbp-dicom")
+    assert dataset.SoftwareVersions == f"provided_code {importlib.metadata.version('provided_code')}"
+    earlier = copy.deepcopy(dataset)
+    earlier.Manufacturer = "provided_code"
+    assert written_here(dataset) and written_here(earlier)
+
+
 @pytest.mark.skipif(not shutil.which("dcmdump"), reason="DCMTK's dcmdump is not installed "
                                                         "(Debian/Ubuntu: apt-get install dcmtk)")
 def test_dcmtk_parses_the_rt_dose_written(written):

@@ -20,11 +20,16 @@ from provided_code.dicom.errors import DicomInputError, require_pydicom
 from provided_code.dicom.files import pixel_array, read_required
 from provided_code.dicom.grid import PlaneTaps, Taps, linear_matrix
 from provided_code.infra.atomic import atomic_path
+from provided_code.infra.version import DISTRIBUTION, package_version
 
 MAX_PIXEL = 2**32 - 1
-# What every RT Dose this package writes says as its Manufacturer, and how its own files are told
-# from a planning system's (the DICOM node does not predict on a dose it sent itself).
-MANUFACTURER = "provided_code"
+# What every RT Dose this package writes says as its Manufacturer (the product, as a physicist sees it
+# in the planning system), its Manufacturer's Model Name (the program that wrote it) and Software
+# Versions (the package and its version); and how its own files are told from a planning system's (the
+# DICOM node does not predict on a dose it sent itself), with what earlier versions wrote.
+MANUFACTURER = "OpenKBP dose prediction"
+MODEL_NAME = "openkbp-dicom"
+EARLIER_MANUFACTURERS = ("provided_code",)  # what this package wrote as Manufacturer before it named the product
 
 # Dose Summation Type (3004,000A) of a predicted dose. Each Defined Term of PS3.3 C.8.8.3 makes a Type 1C
 # reference required: Referenced RT Plan Sequence for PLAN, MULTI_PLAN, FRACTION, BEAM, BRACHY and their
@@ -44,9 +49,14 @@ class DoseGrid:
 
 def written_here(dataset) -> bool:
     """Whether ``dataset`` is an RT Dose this package wrote (:func:`write_rtdose`): its Manufacturer
-    is :data:`MANUFACTURER`."""
+    is :data:`MANUFACTURER` (or what an earlier version wrote)."""
     return str(dataset.get("Modality", "")).strip() == "RTDOSE" and \
-        str(dataset.get("Manufacturer", "")).strip() == MANUFACTURER
+        str(dataset.get("Manufacturer", "")).strip() in (MANUFACTURER, *EARLIER_MANUFACTURERS)
+
+
+def software_versions() -> str:
+    """An RT Dose's Software Versions: this package and its version."""
+    return f"{DISTRIBUTION} {package_version()}"
 
 
 def read_rtdose(path: os.PathLike | str, frame_of_reference_uid: str) -> DoseGrid:
@@ -179,6 +189,8 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
         setattr(ds, tag, value)
     ds.Modality = "RTDOSE"
     ds.Manufacturer = MANUFACTURER
+    ds.ManufacturerModelName = MODEL_NAME
+    ds.SoftwareVersions = software_versions()
     ds.SeriesInstanceUID = generate_uid()
     ds.SeriesNumber = 9001
     ds.OperatorsName = ""  # RT Series, Type 2: no one operated anything; present, empty
