@@ -5,19 +5,32 @@ instructions it looks for (AVX512-VNNI class); elsewhere its own CPU kernels mea
 slower on this network. Every entry point (CLI, demo, tests, benchmarks) calls
 :func:`configure_tensorflow` before importing TensorFlow, so CPU runs use oneDNN unless the user
 chose otherwise by setting ``TF_ENABLE_ONEDNN_OPTS`` themselves.
+
+On a Linux machine with no GPU at all, TensorFlow's CUDA build still asks the CUDA driver for one
+and logs, at error level, "failed call to cuInit: ... UNKNOWN ERROR (303)" on every command that
+loads it; with no GPU device file and no GPU driver loaded, :func:`configure_tensorflow` enables
+its CPU devices alone (``TF_ENABLED_DEVICE_TYPES=CPU``, unless the user set it), so it asks no
+driver. A machine with a GPU (NVIDIA's, WSL2's, AMD's) is left as it is.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import sys
 from pathlib import Path
 
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+DEVICE_TYPES_VARIABLE = "TF_ENABLED_DEVICE_TYPES"  # TensorFlow's device factories to enable (all when unset)
+# What a Linux machine with a GPU has: NVIDIA's device files (made by its driver, or at its first use
+# by nvidia-modprobe once the driver is loaded), WSL2's GPU, AMD's ROCm.
+GPU_SIGNS = ("/dev/nvidia*", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
 _set_here = False  # whether configure_tensorflow chose the oneDNN setting (rather than the user)
 
 
 def configure_tensorflow() -> None:
-    """Turn oneDNN on unless ``TF_ENABLE_ONEDNN_OPTS`` is set; quiet TensorFlow's C++ start-up lines.
+    """Turn oneDNN on unless ``TF_ENABLE_ONEDNN_OPTS`` is set; quiet TensorFlow's C++ start-up lines;
+    on a Linux machine without a GPU, enable its CPU devices alone (the module docstring).
 
     Has effect only before TensorFlow is imported in this process (and in the processes it starts,
     which inherit the environment).
@@ -27,6 +40,16 @@ def configure_tensorflow() -> None:
     if ONEDNN_VARIABLE not in os.environ:
         os.environ[ONEDNN_VARIABLE] = "1"
         _set_here = True
+    if DEVICE_TYPES_VARIABLE not in os.environ and not gpu_may_exist():
+        os.environ[DEVICE_TYPES_VARIABLE] = "CPU"  # no cuInit asked of a driver that is not there
+
+
+def gpu_may_exist() -> bool:
+    """False on a Linux machine that has no sign of a GPU (:data:`GPU_SIGNS`); True anywhere else
+    (another system's GPUs, Apple's Metal among them, are not looked for)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(glob.glob(pattern) for pattern in GPU_SIGNS)
 
 
 def describe_cpu_kernels() -> str:
