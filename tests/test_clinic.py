@@ -217,6 +217,42 @@ def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruc
                                                           rel=1e-6)
 
 
+def test_a_dose_above_the_sites_plausible_ceiling_is_a_warning_in_the_log_the_table_and_the_rt_dose(
+        tmp_path, monkeypatch, caplog):
+    """A badly trained model's 860 Gy: openkbp-dicom predict writes its outputs, and says so in the log,
+    the summary, dvh.json and the RT Dose's Dose Comment (OpenKBP's ceiling: 1.3 × 70 Gy)."""
+    import logging
+
+    clinic = _short_scan_patient(tmp_path / "clinic", seed=4)
+    _model_replaced_by_the_reference_moved(tmp_path / "run", monkeypatch)
+    predictions = []
+
+    def implausible(model, arrays, *args, **kwargs):
+        predictions.append(np.where(arrays.possible_dose_mask[0], 12.0 * exact_dose(
+            arrays.dose[0], int(arrays.dose_decimals[0])), 0).astype(np.float32))
+        return predictions
+
+    monkeypatch.setattr(inference, "predict_full_resolution", implausible)
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING, logger="provided_code"):
+        result = CliRunner().invoke(main, ["predict", "--model-dir", str(tmp_path / "run"), "--ct", str(clinic.ct_dir),
+                                           "--rtstruct", str(clinic.rtstruct), "--rtdose", str(clinic.rtdose),
+                                           "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    top = float(predictions[0].max())
+    assert top > 91
+    found = json.loads((out / "dvh.json").read_text())["dose_ceiling"]
+    assert found["max_gy"] == pytest.approx(top, abs=1e-3) and found["ceiling_gy"] == pytest.approx(91.0)
+    assert found["voxels"] == int(np.count_nonzero(predictions[0] > found["ceiling_gy"]))
+    said = f"predicted dose above the plausible ceiling: {top:.1f} Gy at most, over 91 Gy in {found['voxels']} voxel(s)"
+    assert f"Warning: {said}" in result.output
+    assert [r.getMessage() for r in caplog.records if "plausible ceiling" in r.getMessage()] == [
+        f"The prediction from {clinic.ct_dir}: {said} (the ceiling: 1.3 × the site openkbp's highest prescription, "
+        f"70 Gy); no plan gives such a dose: the model is likely badly trained, check it before using its predictions"]
+    rd = pydicom.dcmread(out / "RD.dcm")
+    assert rd.DoseComment == f"Above the plausible ceiling: {top:.0f} Gy > 91 Gy"
+
+
 def test_predict_with_dvh_supersample_tabulates_sub_voxels_of_the_rt_doses(tmp_path, monkeypatch):
     """``--dvh-supersample 2``: dvh.json says so, and holds the supersampled table of RD.dcm as written
     and of the clinic's RT Dose, over the structures the RTSTRUCT holds."""
@@ -241,6 +277,7 @@ def test_predict_with_dvh_supersample_tabulates_sub_voxels_of_the_rt_doses(tmp_p
                           {"predicted": held, "reference": read_rtdose(clinic.rtdose, geometry.frame_of_reference_uid)},
                           supersample=2)
     assert table["supersampled"] == expected["supersampled"] and set(table["supersampled"].values()) <= {2, 4}
+    assert "dose_ceiling" not in table and rd.DoseComment == rd.SeriesDescription  # a plausible dose: no warning
     assert table["volume_cc"] == pytest.approx(expected["volume_cc"], rel=1e-12)
     for source in ("predicted", "reference"):
         assert list(table[source]) == list(expected[source])

@@ -170,6 +170,37 @@ def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(star
             "among them") in status.output.splitlines()
 
 
+def test_a_dose_above_the_plausible_ceiling_is_said_in_the_journal_the_status_and_the_rt_dose(
+        start_node, listener, phantom, monkeypatch, caplog):
+    """A badly trained model's 860 Gy (the model's doses plus 860 Gy inside the body): sent as always,
+    and said in the log, the patient's journal entry, --status and the RT Dose's Dose Comment."""
+    from provided_code.deployed_model import DeployedModel
+
+    predict_doses = DeployedModel.predict
+
+    def implausible(self, arrays, *args, **kwargs):
+        return predict_doses(self, arrays, *args, **kwargs) + np.where(arrays.possible_dose_mask, 860, 0).astype(
+            np.float32)
+
+    monkeypatch.setattr(DeployedModel, "predict", implausible)
+    node = start_node(send_to=parse_destination(listener.destination))
+    patient = clone_patient(phantom, 40)
+    send(node.port, patient[:-1])
+    uid = rtstruct_uid(patient)
+    wait_until(lambda: state(node, uid) == "sent", 60, "the patient predicted and sent")
+    found = json.loads(node.journal.patient(uid)["trust"])["dose_ceiling"]
+    assert found["max_gy"] > 860 and found["ceiling_gy"] == pytest.approx(91.0)
+    short = f"above the plausible ceiling ({found['max_gy']:.0f} Gy > 91 Gy)"
+    assert dict(node.journal.history(uid))["predicted"].endswith(f"; {short}")
+    [dose] = doses_for(listener, patient)
+    assert dose.DoseComment == f"Above the plausible ceiling: {found['max_gy']:.0f} Gy > 91 Gy"
+    assert any(r.levelno == logging.WARNING and "predicted dose above the plausible ceiling" in r.getMessage()
+               for r in caplog.records)
+    status = CliRunner().invoke(main, ["serve", "--status", "--store", str(node.store.root)]).output.splitlines()
+    assert "Predictions above the plausible ceiling (doses no plan gives): 1 of the 1 patients predicted" in status
+    assert any(line.startswith("    Predicted dose above the plausible ceiling: ") for line in status)
+
+
 def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
     patient = clone_patient(phantom, 20)

@@ -88,6 +88,7 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(run):
     summary = json.loads(report.scores_path.read_text())
     assert summary["patients"] == 2 and summary["dose_score"] == report.scores.dose_score  # JSON keeps a float64 exactly
     assert (summary["model"], summary["stage"], summary["epoch"]) == ("m", "validation", 2)
+    assert summary["dose_ceiling"]["above"] == {} and "Warning" not in report.summary()  # plausible doses
     per_patient = pd.read_csv(report.predictions_dir / "scores.csv")
     assert per_patient["patient_id"].tolist() == ["pt_201", "pt_202"]
     assert "PTV70_D_99_difference" in per_patient.columns
@@ -382,6 +383,35 @@ def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_memb
     assert [m["model"] for m in json.loads(report.scores_path.read_text())["members"]] == ["a", "b"]
     with RunFolder(member).lock("training"):  # released when the ensemble is done
         pass
+
+
+@pytest.mark.slow
+def test_predictions_above_the_sites_plausible_ceiling_are_warned_of_in_the_log_the_summary_and_the_scores(
+        run, monkeypatch, caplog):
+    """A badly trained model's doses (the run's plus 860 Gy inside the body) are written and scored as
+    always, and each patient above OpenKBP's ceiling (1.3 × 70 Gy) is named in the log, the summary
+    and scores.json."""
+    import logging
+
+    from provided_code.deployed_model import DeployedModel
+
+    predict_doses = DeployedModel.predict
+
+    def implausible(self, arrays, *args, **kwargs):
+        return predict_doses(self, arrays, *args, **kwargs) + np.where(arrays.possible_dose_mask, 860, 0).astype(
+            np.float32)
+
+    monkeypatch.setattr(DeployedModel, "predict", implausible)
+    with caplog.at_level(logging.WARNING, logger="provided_code"):
+        report = predict(run, stage="validation")
+    found = json.loads(report.scores_path.read_text())["dose_ceiling"]
+    assert found["ceiling_gy"] == pytest.approx(91.0) and sorted(found["above"]) == ["pt_201", "pt_202"]
+    assert all(entry["max_gy"] > 91 and entry["voxels"] > 0 for entry in found["above"].values())
+    warned = [r.getMessage() for r in caplog.records if "plausible ceiling" in r.getMessage()]
+    assert [line.split(":")[0] for line in warned] == ["pt_201", "pt_202"]
+    assert warned[0].startswith(f"pt_201: predicted dose above the plausible ceiling: "
+                                f"{found['above']['pt_201']['max_gy']:.1f} Gy at most, over 91 Gy")
+    assert all(f"Warning: {line}" in report.summary() for line in warned)
 
 
 def test_plan_files_a_model_of_run_wide_beams_does_not_take_are_named_in_one_warning(trained, tmp_path, caplog):

@@ -261,3 +261,27 @@ def test_a_bad_goal_is_one_line_naming_the_file_and_the_field(tmp_path, goal, fi
         load_site(path)
     message = str(caught.value)
     assert "\n" not in message and str(path) in message and f"`{field}`" in message and problem in message
+
+
+def test_a_sites_plausible_dose_ceiling_is_its_file_setting_or_1_3_times_its_highest_prescription(tmp_path):
+    assert openkbp().dose_ceiling_gy == pytest.approx(91.0) and load_site("prostate").dose_ceiling_gy == \
+        pytest.approx(101.4)
+    assert "dose_ceiling_gy" not in openkbp().to_dict()  # the default is written nowhere
+    lung = _minimal()
+    lung["dose_ceiling_gy"] = 75
+    site = load_site(_write(tmp_path, lung))
+    assert site.dose_ceiling_gy == 75.0 and site.to_dict()["dose_ceiling_gy"] == 75
+    assert site.dose_ceiling_said == "the site lung's dose_ceiling_gy"
+    assert site.same_as(load_site(_write(tmp_path, _minimal())))  # a judgement of predictions, not part of a model
+
+
+@pytest.mark.parametrize("ceiling, problem", [
+    (60, "expected more than the highest prescription (60 Gy) and at most 300 Gy (a dose in cGy?). Received: 60"),
+    (7800, "Received: 7800"), ("90", "expected a number of Gy. Received: '90'"), (float("nan"), "Received: nan")])
+def test_a_dose_ceiling_at_or_below_the_prescription_or_in_cgy_is_refused(tmp_path, ceiling, problem):
+    site = _minimal()
+    site["dose_ceiling_gy"] = ceiling
+    path = _write(tmp_path, site)
+    with pytest.raises(SiteError) as caught:
+        load_site(path)
+    assert str(caught.value).startswith(f"{path}: invalid `dose_ceiling_gy`: ") and problem in str(caught.value)

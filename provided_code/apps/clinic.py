@@ -15,6 +15,9 @@ columns ``<metric>_low`` and ``<metric>_high`` beside each ``<metric>_predicted`
 Dose's series description begins "Outside the training cohort" when the patient is flagged. The
 bands are calibrated on DVH metrics on the 128³ grid and applied, as offsets from the prediction,
 to the CT grid's table. Another model predicts as before and says why it has no bands.
+
+A prediction above the site's plausible ceiling (:mod:`provided_code.metrics.ceiling`) is a warning
+in the log and the summary, ``dvh.json``'s ``dose_ceiling``, and the RT Dose's Dose Comment.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from provided_code.dicom.rtdose import DoseGrid
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics.calibration import DEFAULT_COVERAGE
+from provided_code.metrics.ceiling import AboveCeiling, above_ceiling
 from provided_code.metrics.scoring import score_split
 from provided_code.trust import Trust, band_lines, described, flag_line
 
@@ -66,6 +70,8 @@ class ClinicReport:
             lines.append(f"Against the clinic's dose: dose score {self.dvh['scores']['dose_score']:.3f} Gy, "
                          f"DVH score {self.dvh['scores']['dvh_score']:.3f} Gy")
         lines += trust_lines(self.dvh, self.trust)
+        if "dose_ceiling" in self.dvh:
+            lines.append(f"Warning: {AboveCeiling(**self.dvh['dose_ceiling']).line()}")
         return "\n".join(lines)
 
 
@@ -110,11 +116,15 @@ def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstr
         raise PredictionError(said) from None
     checked = trust.in_distribution(arrays.structure_masks[0], arrays.possible_dose_mask[0],
                                     arrays.voxel_dimensions[0], site, arrays.ct[0])
+    ceiling = above_ceiling(predicted, site)
+    if ceiling is not None:
+        logger.warning("The prediction from %s: %s", ct_dir, ceiling.line())
     write_dose_csv(out_dir / OUTPUTS["prediction"], predicted, arrays.possible_dose_mask[0])
     dose_ct = dose_on_ct_grid(predicted, imported.geometry)
     write_dose_on_ct_grid(dose_ct, imported.geometry, out_dir / OUTPUTS["rtdose"], nifti=out_dir / OUTPUTS["nifti"],
                           description=described(f"Predicted dose, {model.name} {model.label}", checked,
-                                                uncommissioned=trust.uncommissioned))
+                                                uncommissioned=trust.uncommissioned),
+                          comment=ceiling.comment() if ceiling is not None else None)
     dvh = dvh_report(arrays, predicted, imported, dose_ct, imported.dose_grid, supersample=dvh_supersample)
     del dose_ct
     dvh["model"] = {"folder": str(model.source or model.name), **model.what(), "tta": tta}
@@ -123,6 +133,8 @@ def predict_dicom_patient(model: DeployedModel, ct_dir: os.PathLike | str, rtstr
         dvh["band"] = banded
     if checked is not None:
         dvh["in_distribution"] = checked
+    if ceiling is not None:
+        dvh["dose_ceiling"] = ceiling.to_dict()
     write_dvh_files(out_dir, dvh)
     written = []
     if plots:

@@ -6,7 +6,11 @@ each prediction (:mod:`provided_code.trust`): ``<stage>-predictions/dvh/<patient
 commissioning assessed them) with the band of each and the in-distribution check, and
 ``scores.json`` sums them up (``band``: the observed coverage of the plans' values;
 ``in_distribution``: the patients outside the training cohort). Another model predicts as before
-and says why it has none."""
+and says why it has none.
+
+Every model's predictions are held to the site's plausible ceiling (:mod:`provided_code.metrics.ceiling`):
+``scores.json``'s ``dose_ceiling`` gives the ceiling and the patients above it, each a warning in the
+log and the summary."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from provided_code.infra.atomic import atomic_path, new_folder_beside, replace_f
 from provided_code.infra.progress import Progress, no_progress
 from provided_code.metrics import calibration
 from provided_code.metrics.calibration import DEFAULT_COVERAGE, check_coverage
+from provided_code.metrics.ceiling import above_ceiling
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, dvh_csv_text, patient_table
 from provided_code.metrics.scoring import Scores, score_split
 from provided_code.run_folder import SCORES_FILE, RunFolder
@@ -55,6 +60,7 @@ class PredictionReport:
     scores: Scores | None
     scores_path: Path | None
     trust: list[str] = dataclasses.field(default_factory=list)  # what the predictions say about themselves, or why not
+    warnings: list[str] = dataclasses.field(default_factory=list)  # predictions above the plausible ceiling
 
     @property
     def epoch(self) -> int | None:
@@ -72,7 +78,7 @@ class PredictionReport:
                       f"dose score {self.scores.dose_score:.4f} Gy, DVH score {self.scores.dvh_score:.4f} Gy"]
         else:
             lines.append("No reference doses in this stage: not scored.")
-        return "\n".join(lines + self.trust)
+        return "\n".join(lines + self.trust + [f"Warning: {line}" for line in self.warnings])
 
 
 def predict_stage(run_dir: os.PathLike | str, data_dir: os.PathLike | str, stage: str = "validation",
@@ -218,6 +224,11 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, model
         predictions = model.predict(arrays, batch_size, tta, progress)
     except PredictionError as error:
         raise PredictionError(f"{error}; nothing was written.") from None
+    ceiling = {pid: found for row, pid in enumerate(arrays.patient_ids)
+               if (found := above_ceiling(predictions[row], model.site)) is not None}
+    warnings = [f"{pid}: {found.line()}" for pid, found in ceiling.items()]
+    for line in warnings:
+        logger.warning("%s", line)
     # The whole set (CSVs, zip, scores) is written into a new folder and moved into place whole.
     predictions_dir = folder.predictions(stage)
     zip_name = folder.submission_name(stage, model.epoch)
@@ -237,6 +248,8 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, model
                                  read_prediction(new, arrays.patient_ids[row]), progress,
                                  rows=reference_rows(arrays, stage_dir))
             extra = {"model": folder.name, "stage": stage, **model.what(), **trusted,
+                     "dose_ceiling": {"ceiling_gy": model.site.dose_ceiling_gy, "source": model.site.dose_ceiling_said,
+                                      "above": {pid: found.to_dict() for pid, found in ceiling.items()}},
                      **(recording(new) if recording is not None else {})}
             write_score_reports(scores, new / SCORES_FILE, (new / SCORES_FILE).with_suffix(".csv"), extra=extra)
         replace_folder(new, predictions_dir)
@@ -260,7 +273,7 @@ def _predict_stage(folder: RunFolder, stage_dir: Path, arrays, stage: str, model
     said = _trust_lines(trusted, trust, predictions_dir) if trust is not None else []
     for line in said:
         logger.info("%s", line)
-    return PredictionReport(stage, model, len(arrays), predictions_dir, submission, scores, scores_path, said)
+    return PredictionReport(stage, model, len(arrays), predictions_dir, submission, scores, scores_path, said, warnings)
 
 
 def _write_trust(new: Path, arrays, trust: Trust, progress: Progress, written: SparseDoses) -> dict:

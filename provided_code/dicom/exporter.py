@@ -104,8 +104,10 @@ def export_dose(patient_dir: os.PathLike | str, dose: np.ndarray, out: os.PathLi
 
 
 def write_dose_on_ct_grid(dose_ct: np.ndarray, geometry: PatientGeometry, out: os.PathLike | str,
-                          nifti: os.PathLike | str | None = None, description: str = "Predicted dose") -> None:
-    """``dose_ct`` (as :func:`dose_on_ct_grid` gives it) as an RT Dose at ``out`` (and NIfTI)."""
-    write_rtdose(out, dose_ct, geometry, description)
+                          nifti: os.PathLike | str | None = None, description: str = "Predicted dose",
+                          comment: str | None = None) -> None:
+    """``dose_ct`` (as :func:`dose_on_ct_grid` gives it) as an RT Dose at ``out`` (and NIfTI);
+    ``comment``: its Dose Comment (:func:`~provided_code.dicom.rtdose.write_rtdose`)."""
+    write_rtdose(out, dose_ct, geometry, description, comment)
     if nifti is not None:
         write_nifti(nifti, dose_ct, geometry)

@@ -150,10 +150,12 @@ def dose_at_ct_voxels(grid: DoseGrid, geometry, voxels: dict[str, np.ndarray]) -
             for name, flat in voxels.items()}
 
 
-def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, description: str = "Predicted dose") -> Path:
+def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, description: str = "Predicted dose",
+                 comment: str | None = None) -> Path:
     """Write ``dose`` (``(slices, rows, columns)`` Gy on the CT's grid, slices in the order of
     ``geometry.slice_z``, descending) as an RT Dose on the CT of ``geometry`` (a
-    :class:`~provided_code.dicom.grid.PatientGeometry`), atomically."""
+    :class:`~provided_code.dicom.grid.PatientGeometry`), atomically. Its series description is
+    ``description``, its Dose Comment ``comment`` (a warning about the dose) or, without one, the same."""
     pydicom = require_pydicom()
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, PYDICOM_IMPLEMENTATION_UID, RTDoseStorage, generate_uid
@@ -215,7 +217,7 @@ def write_rtdose(path: os.PathLike | str, dose: np.ndarray, geometry, descriptio
     ds.PixelRepresentation = 0
     ds.DoseUnits = "GY"
     ds.DoseType = "PHYSICAL"
-    ds.DoseComment = description[:64]
+    ds.DoseComment = (description if comment is None else comment)[:64]
     ds.DoseSummationType = DOSE_SUMMATION_TYPE
     ds.GridFrameOffsetVector = [f"{value:.6g}" for value in z - z[0]]
     ds.DoseGridScaling = f"{scaling:.8e}"

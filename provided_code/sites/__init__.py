@@ -1,7 +1,8 @@
 """Treatment sites: which structures a model sees, in which channel order, at which prescriptions,
 which of them a left-right flip swaps, the DICOM names they are matched from, the DVH metrics they
 are scored by, and the beams a plan of the site is delivered with; and, apart from what a model is
-(:meth:`Site.same_as` ignores them), the clinical goals commissioning holds its plans to.
+(:meth:`Site.same_as` ignores them), the clinical goals commissioning holds its plans to and the
+plausible ceiling of a predicted dose.
 
 A site is data: a JSON file (README, "Treatment sites"). Two are shipped beside this module:
 ``openkbp`` (the challenge's head and neck, today's behaviour exactly) and ``prostate``.
@@ -46,6 +47,11 @@ MAX_METRIC_CC = 10_000.0
 # above any course of external-beam radiotherapy (the escalated prostate arms stop near 80 Gy) and
 # far below the same dose in cGy (7000 for 70 Gy), the slip it is there to catch.
 MAX_DOSE_GY = 150.0
+# A predicted dose above this many times the site's highest prescription is one no plan gives (a badly
+# trained model predicted up to 860 Gy for a 70 Gy site): a warning on every path to a prediction
+# (provided_code.metrics.ceiling). A site file's dose_ceiling_gy sets the ceiling in Gy instead.
+DOSE_CEILING_FACTOR = 1.3
+MAX_DOSE_CEILING_GY = 2 * MAX_DOSE_GY  # a higher dose_ceiling_gy would be a slip of units (cGy)
 
 
 def is_gantry_angle(value: float) -> bool:
@@ -172,6 +178,7 @@ class Site:
     grid: dict  # {"shape": (128, 128, 128), "slices": "targets"}
     beams: Beams
     goals: tuple[Goal, ...] = ()  # clinical goals (commissioning); not part of what a model is: see same_as
+    dose_ceiling: float | None = None  # the site file's dose_ceiling_gy (None: the default); not part of a model
 
     # -- what the rest of the package asks ------------------------------------------------------
     @property
@@ -199,6 +206,20 @@ class Site:
     @property
     def max_prescription_gy(self) -> float:
         return max(self.prescriptions_gy.values())
+
+    @property
+    def dose_ceiling_gy(self) -> float:
+        """The plausible ceiling of a predicted dose (Gy): the site file's ``dose_ceiling_gy``, else
+        :data:`DOSE_CEILING_FACTOR` times the highest prescription."""
+        return self.dose_ceiling if self.dose_ceiling is not None else DOSE_CEILING_FACTOR * self.max_prescription_gy
+
+    @property
+    def dose_ceiling_said(self) -> str:
+        """Where :attr:`dose_ceiling_gy` comes from, in words."""
+        if self.dose_ceiling is not None:
+            return f"the site {self.name}'s dose_ceiling_gy"
+        highest = _plain(self.max_prescription_gy)
+        return f"{DOSE_CEILING_FACTOR:g} × the site {self.name}'s highest prescription, {highest} Gy"
 
     @property
     def volume_shape(self) -> tuple[int, int, int]:
@@ -244,18 +265,19 @@ class Site:
                 "mirror_pairs": [list(pair) for pair in self.mirror_pairs], "body": {"dicom_names": list(self.body_names)},
                 "metrics": {kind: list(names) for kind, names in self.metrics.items()},
                 "grid": {"shape": list(self.grid["shape"]), "slices": self.grid["slices"]},
-                "beams": self.beams.to_dict(), **self._goals_dict()}
+                "beams": self.beams.to_dict(), **self._goals_dict(),
+                **({"dose_ceiling_gy": _plain(self.dose_ceiling)} if self.dose_ceiling is not None else {})}
 
     def _goals_dict(self) -> dict:
         """``{"goals": [...]}`` when the site has goals, else nothing (a site without writes none)."""
         return {"goals": [goal.to_dict() for goal in self.goals]} if self.goals else {}
 
     def model_dict(self) -> dict:
-        """:meth:`to_dict` without ``goals`` and without which targets a patient may lack
-        (``required``): what a model, a cache and a data folder of the site share. Goals are the
-        clinic's judgement of plans, and ``required`` only what the DICOM import asks of a patient;
-        neither is part of what a model is."""
-        facts = {key: value for key, value in self.to_dict().items() if key != "goals"}
+        """:meth:`to_dict` without ``goals``, ``dose_ceiling_gy`` and which targets a patient may lack
+        (``required``): what a model, a cache and a data folder of the site share. Goals and the
+        ceiling are the clinic's judgement of plans and predictions, and ``required`` only what the
+        DICOM import asks of a patient; none is part of what a model is."""
+        facts = {key: value for key, value in self.to_dict().items() if key not in ("goals", "dose_ceiling_gy")}
         for entry in facts["structures"]:
             entry.pop("required", None)
         return facts
@@ -336,7 +358,8 @@ def site_from_dict(data, source) -> Site:
 
     if not isinstance(data, dict):
         fail("site", "expected a JSON object")
-    known = {"format", "name", "description", "structures", "mirror_pairs", "body", "metrics", "grid", "beams", "goals"}
+    known = {"format", "name", "description", "structures", "mirror_pairs", "body", "metrics", "grid", "beams", "goals",
+             "dose_ceiling_gy"}
     for key in data:
         if key not in known:
             fail(key, f"unknown field; expected one of {', '.join(sorted(known))}")
@@ -471,10 +494,21 @@ def site_from_dict(data, source) -> Site:
     if slices not in SLICE_PLACEMENTS:
         fail("grid.slices", f"expected one of {', '.join(SLICE_PLACEMENTS)}. Received: {slices!r}")
 
+    ceiling = data.get("dose_ceiling_gy")
+    if ceiling is not None:
+        highest = max(s.prescription_gy for s in structures if s.kind == "target")
+        if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not math.isfinite(ceiling):
+            fail("dose_ceiling_gy", f"expected a number of Gy. Received: {ceiling!r}")
+        if not highest < ceiling <= MAX_DOSE_CEILING_GY:
+            fail("dose_ceiling_gy", f"expected more than the highest prescription ({_plain(highest)} Gy) and at most "
+                                    f"{MAX_DOSE_CEILING_GY:g} Gy (a dose in cGy?). Received: {ceiling!r}")
+        ceiling = float(ceiling)
+
     return Site(name=name, description=description, structures=tuple(structures), mirror_pairs=tuple(mirror_pairs),
                 body_names=body_names, metrics=metrics, grid={"shape": shape, "slices": slices},
                 beams=beams_from_dict(data.get("beams", {"type": "none"}), source),
-                goals=goals_from_list(data.get("goals", []), source, {s.name: s.kind for s in structures}, metrics))
+                goals=goals_from_list(data.get("goals", []), source, {s.name: s.kind for s in structures}, metrics),
+                dose_ceiling=ceiling)
 
 
 def goals_from_list(goals, source, kinds: dict[str, str], metrics: dict) -> tuple[Goal, ...]:

@@ -24,11 +24,13 @@ Format 2 (``PRAGMA user_version``) added ``refusals``, ``patients.warnings`` and
 (what the prediction said about itself, JSON: ``band``, the bands' nominal coverage or null, and
 the in-distribution check's ``inside``, ``score``, ``p_value``, ``alpha``, ``threshold``,
 ``feature``, ``too_small`` and ``reasons``, and ``uncommissioned``, true when the model carries
-neither bands nor the check; empty before the prediction or for a node of format 2), format 4
-``connections_refused`` and the send schedule: ``patients.next_send`` (when a predicted patient's
-next send attempt is due; null when none is) and ``patients.send_until`` (when its sends give up:
-``--send-retry-hours`` after its first failed attempt). An older journal is brought to format 4 when
-a node opens it, and read as format 4 by ``--status`` without being changed.
+neither bands nor the check; ``dose_ceiling`` when the dose is above the site's plausible
+ceiling, :class:`provided_code.metrics.ceiling.AboveCeiling`'s fields; empty before the prediction
+or for a node of format 2), format 4 ``connections_refused`` and the send schedule:
+``patients.next_send`` (when a predicted patient's next send attempt is due; null when none is) and
+``patients.send_until`` (when its sends give up: ``--send-retry-hours`` after its first failed
+attempt). An older journal is brought to format 4 when a node opens it, and read as format 4 by
+``--status`` without being changed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pathlib import Path
 
 from provided_code.errors import UserError
 from provided_code.infra.run_lock import is_held
+from provided_code.metrics.ceiling import AboveCeiling
 from provided_code.apps.node.readiness import READY, References, SeriesStatus
 from provided_code.apps.node.store import JOURNAL_FILE, LOCK_FILE
 from provided_code.apps.node.text import printable
@@ -513,7 +516,9 @@ class Journal:
                 "recent": recent, "failed_sends": failed_sends, "ct_series_without_structure_set": unclaimed,
                 "checked": sum(entry.get("inside") is not None for entry in checked),
                 "outside": sum(entry.get("inside") is False for entry in checked),
-                "predicted": len(checked), "uncommissioned": sum(entry.get("uncommissioned") is True for entry in checked),
+                "predicted": len(checked),
+                "uncommissioned": sum(entry.get("uncommissioned") is True for entry in checked),
+                "above_ceiling": sum("dose_ceiling" in entry for entry in checked),
                 "latest_uncommissioned": latest.get("uncommissioned") is True,
                 "refusals": refusals, "latest_refusals": latest_refusals, "connections_refused": connections,
                 "latest_connections_refused": latest_connections, "sends_waiting": waiting_count,
@@ -595,6 +600,9 @@ def summary_lines(journal: Journal) -> list[str]:
         lines.append(f"{UNCOMMISSIONED[0].upper()}{UNCOMMISSIONED[1:]} (no bands, no in-distribution check): "
                      f"{summary['uncommissioned']} of the {summary['predicted']} patients predicted, "
                      f"{'the latest among them' if summary['latest_uncommissioned'] else 'not the latest'}")
+    if summary["above_ceiling"]:
+        lines.append(f"Predictions above the plausible ceiling (doses no plan gives): {summary['above_ceiling']} of "
+                     f"the {summary['predicted']} patients predicted")
     if summary["checked"]:
         lines.append(f"Predictions {OUTSIDE}: {summary['outside']} of the {summary['checked']} checked")
     if summary["recent"]:
@@ -606,4 +614,7 @@ def summary_lines(journal: Journal) -> list[str]:
         trust = json.loads(row["trust"]) if row["trust"] else {}
         if trust.get("inside") is False:
             lines.append(f"    {flag_line(trust)}")
+        if "dose_ceiling" in trust:
+            said = AboveCeiling(**trust["dose_ceiling"]).line()
+            lines.append(f"    {said[:1].upper()}{said[1:]}")
     return lines

@@ -9,7 +9,8 @@ its patient, when a patient is complete, its prediction, and where each patient 
   a time with the node's predictor: its outputs are written into a staging folder and committed
   by one rename; the import's warnings go to the log and the patient's journal entry, and so does
   what the prediction says about itself (its bands' coverage; a patient outside the training
-  cohort, a warning with the reasons; an uncommissioned model, which carries neither).
+  cohort, a warning with the reasons; an uncommissioned model, which carries neither; a dose above
+  the site's plausible ceiling, :mod:`provided_code.metrics.ceiling`).
 - At start (:meth:`Patients.resume`): a patient caught ``predicting`` is predicted again (or is
   ``predicted`` if its outputs were committed), the ``ready`` ones are queued, the ``predicted``
   ones sent.
@@ -38,6 +39,7 @@ from provided_code.apps.node.journal import (
 from provided_code.apps.node.readiness import FAIL, decide
 from provided_code.apps.node.store import Store
 from provided_code.apps.node.text import one_line, printable
+from provided_code.metrics.ceiling import AboveCeiling
 from provided_code.trust import OUTSIDE, UNCOMMISSIONED, flag_line
 
 logger = logging.getLogger(__name__)
@@ -199,14 +201,17 @@ class Patients:
         trust = {"band": band, **({key: checked[key] for key in ("inside", "score", "p_value", "alpha", "threshold",
                                                                  "feature", "too_small", "reasons")}
                                   if checked is not None else {"inside": None}),
-                 "uncommissioned": predicted.uncommissioned}
+                 "uncommissioned": predicted.uncommissioned,
+                 **({"dose_ceiling": predicted.dose_ceiling} if predicted.dose_ceiling is not None else {})}
+        ceiling = AboveCeiling(**predicted.dose_ceiling) if predicted.dose_ceiling is not None else None
         journal.transition(uid, PREDICTED, f"{predicted.used}{', with the clinic RT Dose' if rtdose else ''}, "
                                            f"{seconds:.1f} s" + (f"; {len(warnings)} import warning(s)" if warnings
                                                                  else "")
                            + (f"; {100 * band:g} % bands" if band is not None else "")
                            + (f"; {OUTSIDE}" if checked is not None and not checked["inside"] else "")
                            + (f"; {UNCOMMISSIONED} (no bands, no in-distribution check)"
-                              if predicted.uncommissioned else ""),
+                              if predicted.uncommissioned else "")
+                           + (f"; {ceiling.short()}" if ceiling is not None else ""),
                            expect=(PREDICTING,), output=str(final), send_attempts=0, warnings="\n".join(warnings),
                            trust=json.dumps(trust))
         logger.info("Patient %s: predicted in %.1f s: %s", name, seconds, final / self.predictor.rtdose_file)

@@ -29,6 +29,7 @@ class Prediction:
     band: float | None = None  # the nominal coverage of the dvh table's bands (None: the model has none)
     in_distribution: dict | None = None  # the in-distribution check (provided_code.trust.Trust.in_distribution)
     uncommissioned: bool = False  # neither bands nor the check (provided_code.trust.Trust.uncommissioned)
+    dose_ceiling: dict | None = None  # the dose above the site's plausible ceiling (metrics.ceiling.AboveCeiling's)
 
 
 class ModelPredictor:
@@ -80,7 +81,8 @@ class ModelPredictor:
         warnings = tuple(line for line in report.imported.lines if line.startswith(("warning:", "missing:")))
         band = report.dvh.get("band")
         return Prediction(self.model.label, warnings, band=band["coverage"] if band else None,
-                          in_distribution=report.dvh.get("in_distribution"), uncommissioned=self.trust.uncommissioned)
+                          in_distribution=report.dvh.get("in_distribution"), uncommissioned=self.trust.uncommissioned,
+                          dose_ceiling=report.dvh.get("dose_ceiling"))
 
     def close(self) -> None:
         """Release the model folder's lock (each fold's)."""
