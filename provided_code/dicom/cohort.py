@@ -189,14 +189,68 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     then imported again for ``site``), and an identity map of another data folder always; one that
     gives a pseudonym to another patient of the archive than the one it was given to (two rows
     swapped by hand) unless ``reassign_pseudonyms``, and one that gives an imported pseudonym to no
-    patient of the archive while its patient is there (a PatientID mistyped) always."""
-    from provided_code.dicom.importer import import_patient
+    patient of the archive while its patient is there (a PatientID mistyped) always.
 
+    The steps: the data folder's earlier import opened and checked (:func:`_open_import`); the
+    archive scanned and its patients linked; the pseudonyms checked against the earlier import's
+    (:func:`_check_pseudonyms`); each new patient given a pseudonym and a split; each chosen patient
+    imported (:func:`_import_patient`); the manifest written (:func:`_manifest`)."""
     archive, out = Path(archive), Path(out)
     if not archive.is_dir():
         raise CohortError(f"{archive}: archive folder does not exist or is not a folder")
     validation = parse_validation(validation)
-    site = require_site(site)
+    run = _open_import(archive, out, require_site(site), names_file, identity_map, change_site)
+
+    index = scan_archive(archive, progress, workers)
+    patients = link_patients(index)
+    if not index.objects:
+        raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
+    _check_pseudonyms(run, patients, index, reassign_pseudonyms)
+
+    out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
+    if run.identity_path.resolve().is_relative_to(out.resolve()):
+        logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
+                       "--identity-map with a private path", run.identity_path, out)
+    run.identity.assign([p.patient_id for p in patients])
+    refused = [p for p in patients if p.refusal]
+    if strict and refused:
+        raise CohortError(f"{run.identity.label(refused[0].patient_id)}: {refused[0].refusal}")
+    assign_splits(run.ledger.splits, run.identity.pseudonyms, [p.patient_id for p in patients if p.chosen],
+                  validation, seed)
+
+    counts = {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 0}
+    lines: list[str] = []
+    outcomes = {}
+    todo = [p for p in patients if p.chosen]
+    for links in progress(todo, len(todo), "Importing patients"):
+        pseudonym = run.identity.pseudonyms[links.patient_id]
+        outcomes[links.patient_id], kind, line = _import_patient(run, links, pseudonym, strict, allow_missing_targets)
+        counts[kind] += 1
+        if line:
+            lines.append(line)
+        if kind != "unchanged" and after_patient is not None:
+            after_patient(pseudonym)
+    return _manifest(run, index, patients, outcomes, counts, lines)
+
+
+@dataclasses.dataclass
+class _Import:
+    """One run of :func:`import_cohort`: where it writes, what it matches names with, and the data
+    folder's earlier import (its identity map, ledger and the archive's numbered paths)."""
+
+    out: Path
+    site: Site
+    table: dict[str, tuple[str, ...]]
+    settings: str  # what changes what an import writes (:func:`_settings`), part of each fingerprint
+    identity_path: Path
+    identity: IdentityMap
+    ledger: Ledger
+    sources: Sources
+
+
+def _open_import(archive: Path, out: Path, site: Site, names_file, identity_map, change_site: bool) -> _Import:
+    """The data folder's earlier import, read and checked before the archive is scanned: its identity
+    map is the one it was imported with, its site this one (unless ``change_site``)."""
     table = load_names(names_file, site)
     identity_path = Path(identity_map) if identity_map else out / IDENTITY_FILE
     identity, ledger = IdentityMap(identity_path), Ledger(out)
@@ -205,13 +259,16 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
                           f"--identity-map with the map of that import (pseudonyms must stay the same)")
     identity.check_belongs_to(out, ledger.rows)
     _check_site(out, site, change_site)
-    sources = Sources.beside(identity_path, archive)
+    return _Import(out, site, table, _settings(site, table), identity_path, identity, ledger,
+                   Sources.beside(identity_path, archive))
 
-    index = scan_archive(archive, progress, workers)
-    patients = link_patients(index)
-    if not index.objects:
-        raise CohortError(f"{archive}: no DICOM object among its {len(index.skipped_files)} files")
-    moved = moved_pseudonyms(identity, ledger.pseudonym_of_object(), index.owners())
+
+def _check_pseudonyms(run: _Import, patients: list[PatientLinks], index, reassign_pseudonyms: bool) -> None:
+    """Refuse an identity map whose pseudonyms moved between the archive's patients since the
+    earlier import (unless ``reassign_pseudonyms``, and never when a moved pseudonym's patient would
+    then be imported twice)."""
+    identity, identity_path = run.identity, run.identity_path
+    moved = moved_pseudonyms(identity, run.ledger.pseudonym_of_object(), index.owners())
     held = {identity.pseudonyms[link.patient_id] for link in patients if link.patient_id in identity.pseudonyms}
     stranded = [phrase for pseudonym, phrase in moved.items() if pseudonym not in held]
     if stranded:  # its earlier import would stay, beside its patient's import under another pseudonym: twice
@@ -222,87 +279,82 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
                           f"identity_map={str(identity_path)!r}, in which " + "; ".join(stranded))
     if moved and not reassign_pseudonyms:
         raise CohortError(f"Invalid `identity_map`. Expected each pseudonym kept for the archive's patient it was "
-                          f"given to (the plan {out / MANIFEST_FILE} lists as imported under it), or "
+                          f"given to (the plan {run.out / MANIFEST_FILE} lists as imported under it), or "
                           f"--reassign-pseudonyms if the change is meant. Received: "
                           f"identity_map={str(identity_path)!r}, in which "
                           + "; ".join(moved.values()))
     if moved:
         logger.warning("%s: pseudonyms given to other patients (--reassign-pseudonyms), who are imported under them: "
                        "%s", identity_path, "; ".join(moved.values()))
-    out.mkdir(parents=True, exist_ok=True)  # only once there is something to import
-    if identity_path.resolve().is_relative_to(out.resolve()):
-        logger.warning("%s (pseudonym -> PatientID) is inside the data folder: keep %s off shared storage, or pass "
-                       "--identity-map with a private path", identity_path, out)
-    identity.assign([p.patient_id for p in patients])
-    refused = [p for p in patients if p.refusal]
-    if strict and refused:
-        raise CohortError(f"{identity.label(refused[0].patient_id)}: {refused[0].refusal}")
-    assign_splits(ledger.splits, identity.pseudonyms, [p.patient_id for p in patients if p.chosen], validation, seed)
-    settings = _settings(site, table)
 
-    counts = {"imported": 0, "unchanged": 0, "skipped": 0, "failed": 0}
+
+def _import_patient(run: _Import, links: PatientLinks, pseudonym: str, strict: bool,
+                    allow_missing_targets: bool) -> tuple[tuple, str, str]:
+    """``(outcome, kind, line)``: one chosen patient imported into its split's folder (or found
+    unchanged since its earlier import), recorded in the ledger; ``kind`` the count it adds to
+    (imported, unchanged, failed), ``line`` what the console says of it ("" for nothing). A
+    patient's failure is its outcome, never the cohort's, unless ``strict``."""
+    from provided_code.dicom.importer import import_patient
+
+    ledger, sources, site = run.ledger, run.sources, run.site
+    split = ledger.splits[pseudonym]
+    fingerprint = _fingerprint(links.chosen, run.settings)
+    folder = run.out / SPLITS[split] / pseudonym
+    info = links.chosen.info
+    paths = [o.path for o in links.chosen.sources()]
+    try:
+        prescriptions, plan_lines = plan_prescriptions(info, site.prescriptions_gy, run.table,
+                                                       dict(links.chosen.structure_set.roi_names))
+        earlier = ledger.imports.get(pseudonym)
+        if _unchanged(earlier, fingerprint, folder, site, allow_missing_targets):
+            return (("imported", earlier.warnings, fingerprint, _prescribed(prescriptions, earlier.missing_targets),
+                     earlier.missing_targets), "unchanged", "")
+
+        def extra(staging: Path, targets: tuple[str, ...], prescriptions=prescriptions, beams=info.beams) -> None:
+            write_prescriptions(staging, {t: gy for t, gy in prescriptions.items() if t in targets})
+            if beams:
+                write_beams(staging, [beam.as_row() for beam in beams])
+
+        report = import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
+                                rtdose=[d.path for d in links.chosen.doses], names=run.table, site=site,
+                                allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
+                                patient_tags={**dict.fromkeys(IDENTIFYING_TAGS, ""), "PatientName": pseudonym,
+                                              "PatientID": pseudonym},
+                                also_write=extra)
+        warnings = sources.scrub("; ".join([*info.warnings, *report.warnings]), paths)
+        missing = tuple(report.missing_targets)
+        line = ""
+        if warnings:
+            logger.warning("%s: %s", pseudonym, warnings)
+            line = f"{pseudonym}: imported with warnings: {warnings}"
+        ledger.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint,
+                       "missing_targets": list(missing), "warnings": warnings})
+        logger.info("%s: imported %s into %s (%s)", pseudonym, links.chosen.describe(), folder, "; ".join(plan_lines))
+        return ("imported", warnings, fingerprint, _prescribed(prescriptions, missing), missing), "imported", line
+    except Exception as error:  # noqa: BLE001 - one patient's problem never stops the cohort
+        user_error = isinstance(error, (UserError, OSError))
+        # the archive's paths by their numbers (folders named after the patient); the sources file holds them
+        reason = sources.scrub(_message(error), paths)
+        if strict:
+            if user_error:
+                raise CohortError(f"{pseudonym}: {reason}") from error
+            raise
+        if not user_error:
+            logger.exception("%s: import failed", pseudonym)  # a bug, not the data: the traceback too
+        ledger.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
+        logger.warning("%s: import failed: %s", pseudonym, reason)
+        ledger.withdraw(pseudonym)
+        return ("failed", reason, "", "", ()), "failed", ""
+
+
+def _manifest(run: _Import, index, patients: list[PatientLinks], outcomes: dict, counts: dict[str, int],
+              lines: list[str]) -> CohortReport:
+    """The manifest written whole (one row per patient, plan, left object and skipped file; the
+    rows of patients this archive no longer holds kept), the withdrawn earlier imports said, and
+    the run's report."""
+    identity, ledger, sources = run.identity, run.ledger, run.sources
     rows: list[dict[str, str]] = []
-    lines: list[str] = []
     present = {p.patient_id for p in patients}
-    todo = [p for p in patients if p.chosen]
-    outcomes = {}
-    for links in progress(todo, len(todo), "Importing patients"):
-        pseudonym = identity.pseudonyms[links.patient_id]
-        split = ledger.splits[pseudonym]
-        fingerprint = _fingerprint(links.chosen, settings)
-        folder = out / SPLITS[split] / pseudonym
-        info = links.chosen.info
-        paths = [o.path for o in links.chosen.sources()]
-        try:
-            prescriptions, plan_lines = plan_prescriptions(info, site.prescriptions_gy, table,
-                                                           dict(links.chosen.structure_set.roi_names))
-            earlier = ledger.imports.get(pseudonym)
-            if _unchanged(earlier, fingerprint, folder, site, allow_missing_targets):
-                outcomes[links.patient_id] = ("imported", earlier.warnings, fingerprint,
-                                              _prescribed(prescriptions, earlier.missing_targets), earlier.missing_targets)
-                counts["unchanged"] += 1
-                continue
-
-            def extra(staging: Path, targets: tuple[str, ...], prescriptions=prescriptions, beams=info.beams) -> None:
-                write_prescriptions(staging, {t: gy for t, gy in prescriptions.items() if t in targets})
-                if beams:
-                    write_beams(staging, [beam.as_row() for beam in beams])
-
-            report = import_patient([o.path for o in links.chosen.ct_files], links.chosen.structure_set.path, folder,
-                                    rtdose=[d.path for d in links.chosen.doses], names=table, site=site,
-                                    allow_missing_targets=allow_missing_targets, dose_scale=links.chosen.dose_scale,
-                                    patient_tags={**dict.fromkeys(IDENTIFYING_TAGS, ""), "PatientName": pseudonym,
-                                                  "PatientID": pseudonym},
-                                    also_write=extra)
-            warnings = sources.scrub("; ".join([*info.warnings, *report.warnings]), paths)
-            missing = tuple(report.missing_targets)
-            if warnings:
-                logger.warning("%s: %s", pseudonym, warnings)
-                lines.append(f"{pseudonym}: imported with warnings: {warnings}")
-            outcomes[links.patient_id] = ("imported", warnings, fingerprint, _prescribed(prescriptions, missing), missing)
-            counts["imported"] += 1
-            ledger.record({"pseudonym": pseudonym, "split": split, "status": "imported", "fingerprint": fingerprint,
-                           "missing_targets": list(missing), "warnings": warnings})
-            logger.info("%s: imported %s into %s (%s)", pseudonym, links.chosen.describe(), folder,
-                        "; ".join(plan_lines))
-        except Exception as error:  # noqa: BLE001 - one patient's problem never stops the cohort
-            user_error = isinstance(error, (UserError, OSError))
-            # the archive's paths by their numbers (folders named after the patient); the sources file holds them
-            reason = sources.scrub(_message(error), paths)
-            if strict:
-                if user_error:
-                    raise CohortError(f"{pseudonym}: {reason}") from error
-                raise
-            if not user_error:
-                logger.exception("%s: import failed", pseudonym)  # a bug, not the data: the traceback too
-            outcomes[links.patient_id] = ("failed", reason, "", "", ())
-            counts["failed"] += 1
-            ledger.record({"pseudonym": pseudonym, "split": split, "status": "failed", "fingerprint": ""})
-            logger.warning("%s: import failed: %s", pseudonym, reason)
-            ledger.withdraw(pseudonym)
-        if after_patient is not None:
-            after_patient(pseudonym)
-
     for links in patients:
         pseudonym = identity.pseudonyms.get(links.patient_id, "")  # objects without a PatientID have none
         if not links.chosen and pseudonym:
@@ -336,7 +388,8 @@ def import_cohort(archive: os.PathLike | str, out: os.PathLike | str, *, site: S
     withdrawn = [ledger.withdrawn[p] for p in sorted(ledger.withdrawn, key=pseudonym_number) if p not in back]
     warned = sum(outcome[0] == "imported" and bool(outcome[1]) for outcome in outcomes.values())
     apart = sum(bool(links.warnings) for links in patients)
-    return CohortReport(out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned, apart)
+    return CohortReport(run.out, counts, rows, lines, withdrawn, index.counts(), len(index.skipped_files), warned,
+                        apart)
 
 
 def _patient_rows(links: PatientLinks, pseudonym: str, split: str, outcome) -> list[dict[str, str]]:
