@@ -15,7 +15,7 @@ import pytest
 from provided_code.constants import CT_MAX
 from provided_code.errors import UserError
 from provided_code.sites import openkbp
-from provided_code.data.cache import cache_path_for, load_cache, load_split
+from provided_code.data.cache import CACHE_FORMAT_VERSION, cache_path_for, load_cache, load_split
 from provided_code.data.chunks import CacheError
 from provided_code.data.csv_io import PatientDataError, read_patient, write_dose_csv, write_sparse_csv
 from tests.kit.cache_files import flip_a_byte, flip_a_table_byte
@@ -138,9 +138,29 @@ def test_a_cache_written_before_its_tables_were_checksummed_is_rebuilt(phantom_s
         h5.attrs["format_version"] = 4
     with caplog.at_level(logging.WARNING):
         arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
-    assert "Rebuilding cache" in caplog.text and "has format 4, expected 5" in caplog.text
+    assert "Rebuilding cache" in caplog.text and f"has format 4, expected {CACHE_FORMAT_VERSION}" in caplog.text
     assert np.array_equal(arrays.voxel_dimensions, expected.voxel_dimensions)
     assert np.array_equal(arrays.dose, expected.dose)
+
+
+def test_each_patient_knows_the_sha256_of_every_file_it_was_read_from(phantom_split, tmp_path):
+    """The CT, the possible-dose mask, each structure, the voxel size, the dose and the plan files:
+    every file its figures are computed from, by SHA-256 as read, kept by the cache and carried by a
+    selection of its patients (what a fold records it trained on); mapped volumes know them too."""
+    import hashlib
+
+    (phantom_split / "pt_2" / "beams.csv").write_text("type,gantry_start,gantry_stop,direction,couch\nstatic,0,,,0\n")
+    (phantom_split / "pt_2" / "notes.txt").write_text("not read")
+    arrays = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp())
+    for pid, files in arrays.sources_of().items():
+        folder = phantom_split / pid
+        read = sorted(path.name for path in folder.iterdir() if path.suffix == ".csv")
+        assert sorted(files) == read and "notes.txt" not in files and "ct.csv" in files and "dose.csv" in files
+        assert files == {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in read}
+    assert "beams.csv" in arrays.sources_of()["pt_2"]
+    assert arrays.select([2, 0]).sources_of() == {pid: arrays.sources_of()[pid] for pid in ("pt_3", "pt_1")}
+    mapped = load_split(phantom_split, cache_dir=tmp_path / "c", workers=1, site=openkbp(), memory_map=True)
+    assert mapped.sources_of() == arrays.sources_of()
 
 
 def test_build_killed_midway_leaves_no_valid_looking_cache(phantom_split, tmp_path):

@@ -18,6 +18,7 @@ voxel_dimensions      (N, 3)                       float64   (mm)
 structure_present     (N, structures)              bool
 checksums             (N, 4)                       uint64    (one per volume, in the order above)
 patient_ids           (N,)                         str
+sources               (N,)                         str       (JSON {file name: SHA-256} of each file read)
 prescriptions         (N, targets)                 float32   (Gy, NaN without the file; only if one has prescriptions.csv)
 beam_angles           (N, slots)                   float32   (degrees, NaN unused or without the file; only if one has beams.csv)
 ===================== ============================ ========= ===============
@@ -89,11 +90,12 @@ logger = logging.getLogger(__name__)
 
 # 3: per-chunk checksums; 4: doses checked when read (no header-only or negative dose.csv, none
 # outside the possible-dose mask), so a cache built before the check is rebuilt and checked;
-# 5: the per-patient tables checksummed too (a cache of 4 cannot have its tables checked: rebuilt)
-CACHE_FORMAT_VERSION = 5
+# 5: the per-patient tables checksummed too (a cache of 4 cannot have its tables checked: rebuilt);
+# 6: each patient's source files' SHA-256 as read (``sources``: what a fold records it trained on)
+CACHE_FORMAT_VERSION = 6
 # The per-patient tables beside the volumes, each checked against its checksum when read
 # (attribute ``table_checksums``); the plan tables only where the file has them.
-_CHECKED_TABLES = ("patient_ids", "checksums", *TABLES, *PLAN_TABLES)
+_CHECKED_TABLES = ("patient_ids", "checksums", "sources", *TABLES, *PLAN_TABLES)
 # A pool of reader processes pays for its start (each spawned worker imports the readers: about half a
 # second, once TensorFlow runs here) only on a larger split: on 2 cores, 20 real OpenKBP patients
 # were cached in 1.3 s by this process and in 1.7 s with a pool of two.
@@ -266,6 +268,7 @@ def build_cache(
         structure_present = np.zeros((count, len(site.names)), bool)
         checksums = np.zeros((count, len(VOLUMES)), np.uint64)
         patient_ids: list[str] = []
+        sources: list[str] = []  # each patient's {file name: SHA-256}, as JSON
         plans = []  # (prescriptions, gantry_angles) of each kept patient
         with PatientReader(workers, site) as read:
             for result in progress(read(folders), count, f"Caching {split_dir.name}"):
@@ -276,6 +279,7 @@ def build_cache(
                     continue
                 row = len(patient_ids)
                 patient_ids.append(result.patient_id)
+                sources.append(json.dumps(result.sources, sort_keys=True))
                 volumes["ct"][row] = result.ct
                 volumes["structure_masks"][row] = result.structure_masks
                 volumes["possible_dose_mask"][row] = result.possible_dose_mask
@@ -292,7 +296,7 @@ def build_cache(
                 voxel_dimensions[row] = result.voxel_dimensions
                 structure_present[row] = present_structures(result.structure_masks, len(site.names))
                 plans.append(dataclasses.replace(result, ct=None, structure_masks=None, possible_dose_mask=None,
-                                                 dose=None))
+                                                 dose=None, sources=None))
         kept = len(patient_ids)
         for dataset in volumes.values():
             dataset.resize(kept, axis=0)
@@ -303,6 +307,7 @@ def build_cache(
         h5.create_dataset("checksums", data=checksums[:kept])
         h5.create_dataset("patient_ids", data=np.array(patient_ids, dtype=object),
                           dtype=h5py.string_dtype())
+        h5.create_dataset("sources", data=np.array(sources, dtype=object), dtype=h5py.string_dtype())
         for name, table in plan_tables(plans, site).items():
             if table is not None:
                 h5.create_dataset(name, data=table)
@@ -376,6 +381,9 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
             checksums = tables["checksums"]
             if checksums.shape != (count, len(VOLUMES)):
                 raise CacheError(f"{path}: checksums do not match {count} patients")
+            sources = [json.loads(text.decode() if isinstance(text, bytes) else text) for text in tables["sources"]]
+            if len(sources) != count:
+                raise CacheError(f"{path}: the sources table does not match {count} patients")
             arrays, reads, layout = {}, [], {}
             for column, (name, dtype) in enumerate(volume_dtypes(built_for).items()):
                 dataset = h5[name]
@@ -404,7 +412,7 @@ def load_cache(path: Path, fingerprint: str | None = None, skip_incomplete: bool
         raise CacheError(f"{path} is unreadable or truncated ({error})") from error
     if small["voxel_dimensions"].shape != (count, 3) or small["has_dose"].shape != (count,):
         raise CacheError(f"{path}: per-patient tables do not match {count} patients")
-    return SplitArrays(patient_ids=patient_ids, skipped=skipped, site=built_for, **arrays, **small)
+    return SplitArrays(patient_ids=patient_ids, skipped=skipped, site=built_for, sources=sources, **arrays, **small)
 
 
 def _checked_tables(path: Path, h5: h5py.File) -> dict[str, np.ndarray]:

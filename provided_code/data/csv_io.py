@@ -10,7 +10,8 @@ In memory a patient is a :class:`Patient`: ``ct`` as uint16 clipped to [0, 4095]
 uint16, uint32 for a site of more than 16 structures), ``possible_dose_mask`` as bool, ``dose``
 in Gy as float32. The structures are those of the data's site (:mod:`provided_code.sites`); a
 patient folder may also hold its own ``prescriptions.csv`` and ``beams.csv``
-(:mod:`provided_code.data.patient_plan`).
+(:mod:`provided_code.data.patient_plan`). What a patient's figures are computed from is every file
+:func:`read_patient` reads: :func:`source_files`, each known by its SHA-256 (``Patient.sources``).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ import numpy as np
 import pandas as pd
 
 from provided_code.infra.atomic import write_text_atomic
+from provided_code.infra.checksum import file_checksum
 from provided_code.constants import (
+    BEAMS_FILE,
     CT_FILE,
     CT_MAX,
     DOSE_FILE,
     NUM_VOXELS,
     PATIENT_FILES,
     POSSIBLE_DOSE_MASK_FILE,
+    PRESCRIPTIONS_FILE,
     VOLUME_SHAPE,
     VOXEL_DIMENSIONS_FILE,
 )
@@ -61,6 +65,7 @@ class Patient:
     dose_decimals: int = -1  # fewest decimals (0..5) that write every dose.csv value exactly; -1: none
     prescriptions: dict[str, float] | None = None  # target -> Gy from prescriptions.csv; None: the site's
     gantry_angles: tuple[float, ...] | None = None  # from beams.csv (arcs sampled); None: the run's
+    sources: dict[str, str] | None = None  # {file name: SHA-256} of every file read (source_files); None: not known
 
 
 def patient_number(patient_id: str) -> int:
@@ -236,6 +241,7 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, *, site: 
         dose_decimals = decimals_of(dose_values)
 
     prescriptions, gantry_angles = patient_plan.read_plan(folder, site)
+    sources = {path.name: file_checksum(path) for path in source_files(folder, site)}  # the files just read
     return Patient(
         patient_id=patient_id,
         ct=ct.reshape(VOLUME_SHAPE),
@@ -246,7 +252,20 @@ def read_patient(folder: os.PathLike | str, require_dose: bool = True, *, site: 
         dose_decimals=dose_decimals,
         prescriptions=prescriptions,
         gantry_angles=gantry_angles,
+        sources=sources,
     )
+
+
+def source_files(folder: os.PathLike | str, site: Site) -> list[Path]:
+    """The files of a patient folder that :func:`read_patient` reads, those present, sorted by name:
+    the CT, the possible-dose mask, each contoured structure of ``site``, the voxel dimensions, the
+    dose, and the patient's own plan files (prescriptions, beams): every file its figures (DVH
+    values, anatomy features, the model's inputs) are computed from."""
+    folder = Path(folder)
+    names = (CT_FILE, POSSIBLE_DOSE_MASK_FILE, *site.structure_files(), VOXEL_DIMENSIONS_FILE, DOSE_FILE,
+             PRESCRIPTIONS_FILE, BEAMS_FILE)
+    return sorted((folder / name for name in dict.fromkeys(names) if (folder / name).is_file()),
+                  key=lambda path: path.name)
 
 
 def _check_files_belong(folder: Path, site: Site) -> None:

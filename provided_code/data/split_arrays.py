@@ -85,6 +85,8 @@ class SplitArrays:
     beam_angles: np.ndarray | None = None  # (N, slots) float32 degrees, NaN unused; None: the run's for all
     # (both as the files say: NaN rows for patients without the file; see plan_tables)
     folder: Path | None = None  # the split's folder (load_split's), to name a patient's files in messages
+    sources: list[dict[str, str]] | None = None  # per patient, {file name: SHA-256} of every file it was read
+    #                                              from (csv_io.source_files); None: not known
     vectors: dict = dataclasses.field(default_factory=dict)  # InputSpec -> (N, length) float32: a model's per-patient
     # vector inputs made once for every patient (data.batches.fit_vectors), what take_inputs indexes
 
@@ -118,6 +120,7 @@ class SplitArrays:
             structure_present=np.stack([present_structures(p.structure_masks, len(site.names)) for p in patients]),
             site=site,
             **plan_tables(patients, site),
+            sources=None if any(p.sources is None for p in patients) else [dict(p.sources) for p in patients],
         )
 
     def select(self, rows: np.ndarray) -> "SplitArrays":
@@ -130,7 +133,12 @@ class SplitArrays:
             **{name: None if getattr(self, name) is None else getattr(self, name)[rows] for name in PLAN_TABLES},
             vectors={spec: vectors[rows] for spec, vectors in self.vectors.items()},
             skipped=dict(self.skipped),
+            sources=None if self.sources is None else [self.sources[i] for i in rows],
         )
+
+    def sources_of(self) -> dict[str, dict[str, str]] | None:
+        """``{patient: {file name: SHA-256}}`` of the files each patient was read from (None: not known)."""
+        return None if self.sources is None else dict(zip(self.patient_ids, self.sources, strict=True))
 
     @property
     def memory_mapped(self) -> bool:
