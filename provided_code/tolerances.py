@@ -138,9 +138,12 @@ def read_tolerances(path: os.PathLike | str) -> tuple[Tolerance, ...]:
 
 
 def check_site(tolerances, site, source: os.PathLike | str = "<tolerances>") -> None:
-    """Every tolerance names a structure of ``site`` (or ``organs``, ``targets``) and a metric of
-    its DVH table (its own and the clinical ones); else a :class:`ToleranceError` naming the entry."""
+    """Every tolerance names a structure of ``site`` (or ``organs``, ``targets``) and a metric that
+    structure has in its DVH table (its kind's own metrics and the clinical ones: an organ's
+    ``D_95`` is no metric the site scores, and would never be judged); else a
+    :class:`ToleranceError` naming the entry."""
     structures = set(site.names)
+    kinds = {structure.name: structure.kind for structure in site.structures}
     metrics = list(dict.fromkeys((*site.metric_names, *CLINICAL_METRICS)))
     for tolerance in tolerances:
         if tolerance.structure not in structures and tolerance.structure not in KIND_WORDS:
@@ -149,6 +152,15 @@ def check_site(tolerances, site, source: os.PathLike | str = "<tolerances>") -> 
         if tolerance.metric not in metrics:
             _refuse(source, tolerance.line, f"a DVH metric ({', '.join(metrics)})",
                     f"unknown metric {tolerance.metric!r}")
+        kind = KIND_WORDS.get(tolerance.structure) or kinds[tolerance.structure]
+        own = list(dict.fromkeys((*site.metrics[kind], *CLINICAL_METRICS)))
+        if tolerance.metric not in own:
+            what = "targets" if kind == "target" else "organs at risk"
+            whose = (tolerance.structure if tolerance.structure in KIND_WORDS else
+                     f"{tolerance.structure} ({'a target' if kind == 'target' else 'an organ at risk'})")
+            _refuse(source, tolerance.line, f"a DVH metric of {whose} on site {site.name} ({', '.join(own)})",
+                    f"{tolerance.metric!r} for {tolerance.structure}, a metric the site does not compute for "
+                    f"{what}")
 
 
 def cells(tolerances, site) -> list[tuple[str, str, Tolerance]]:

@@ -73,6 +73,11 @@ def test_a_bad_entry_is_refused_naming_the_file_and_the_entry(tmp_path, text, en
     ("Parotid_L,Dmean,3,0.9", r"a structure of site openkbp \(Brainstem, ", "line 2: unknown structure 'Parotid_L'"),
     ("PTV70,D96,3,0.9", r"a DVH metric \(D_0.1_cc, mean, D_99, D_95, D_1, D99, D95, D50, Dmean, D1, Dmax\)",
      "line 2: unknown metric 'D96'"),
+    ("Brainstem,D_95,3,0.9", r"a DVH metric of Brainstem \(an organ at risk\) on site openkbp \(D_0.1_cc, mean, D99, "
+                             r"D95, D50, Dmean, D1, Dmax\)",
+     "line 2: 'D_95' for Brainstem, a metric the site does not compute for organs at risk"),
+    ("targets,mean,3,0.9", r"a DVH metric of targets on site openkbp \(D_99, D_95, D_1, D99, ",
+     "line 2: 'mean' for targets, a metric the site does not compute for targets"),
 ])
 def test_a_structure_or_metric_the_site_does_not_have_is_refused_naming_the_entry(row, expected, received):
     tolerances = parse_tolerances(f"structure,metric,within_gy,fraction\n{row}\n", "my-tolerances.csv")
