@@ -223,6 +223,24 @@ def test_a_new_fold_with_another_seed_is_not_offered_change_recipe(cv_model, pha
 
 
 @pytest.mark.usefixtures("reset_keras")
+def test_a_new_fold_with_another_body_and_rate_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache,
+                                                                            tmp_path):
+    """--change-recipe lets the rate differ but never the network: with both changed it is not offered
+    (it would be refused again for the network); with the rate alone it is."""
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+
+    _, command = _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, 1)
+    wider = [value if value != "4" else "8" for value in command]  # --filters 8: not fold 1's network
+    refused = CliRunner().invoke(cli.main, [*wider, "--fold", "2", "--learning-rate", "2e-3"])
+    assert refused.exit_code == 1 and "filters: fold 1 4, requested 8" in refused.output
+    assert "learning_rate: fold 1 " in refused.output and "--change-recipe" not in refused.output
+    refused = CliRunner().invoke(cli.main, [*command, "--fold", "2", "--learning-rate", "2e-3"])
+    assert refused.exit_code == 1 and "(a recipe change: --change-recipe)" in refused.output
+
+
+@pytest.mark.usefixtures("reset_keras")
 def test_a_fold_resumed_with_another_seed_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache, tmp_path):
     from click.testing import CliRunner
 

@@ -126,7 +126,7 @@ def check_other_folds(config: TrainConfig, change_recipe: bool) -> None:
             else []
         differing = config.differing_from(other, (*fixed, *recipe))
         if differing:
-            changeable = any(name in recipe for name in differing)
+            changeable = all(name in recipe for name in differing)  # a network change it cannot make: not offered
             raise ConfigError(f"Cannot train fold {config.fold} of model {config.model_name!r} with other settings "
                               f"than fold {fold}'s (" + "; ".join(
                                   f"{name}: fold {fold} {other.shown(name)}, requested {config.shown(name)}"
