@@ -44,6 +44,22 @@ def test_commission_help_says_the_tolerances_and_their_defaults_without_importin
     assert "LOADED []" in result.stdout
 
 
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-nan"])
+def test_commission_with_an_alpha_that_is_no_level_says_so_in_one_line(tmp_path, alpha):
+    """click's FloatRange lets NaN through its bounds: the level's own check refuses it as the
+    command's error, before any folder is read, not as a traceback."""
+    from click.testing import CliRunner
+
+    from provided_code.apps.cli import commission_command
+
+    result = CliRunner().invoke(commission_command, [str(tmp_path / "cv"), "--alpha", alpha])
+    assert result.exit_code == 2 if alpha == "inf" else result.exit_code == 1
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("Error: Invalid") and "alpha" in lines[-1]
+    assert "cv, which does not exist" not in result.output
+
+
 def test_missing_data_folder_says_where_data_comes_from(tmp_path):
     result = run("--data-dir", str(tmp_path / "nope"), "--results-dir", str(tmp_path / "r"), cwd=tmp_path)
     assert result.returncode == 1

@@ -80,6 +80,7 @@ import numpy as np
 import pandas as pd
 
 from provided_code.constants import CT_HU_OFFSET
+from provided_code.errors import UserError
 from provided_code.metrics.calibration import open_fraction
 from provided_code.metrics.commissioning import MAD_SCALE
 from provided_code.sites import Site
@@ -233,11 +234,16 @@ def fit_cohort(features: pd.DataFrame, alpha: float = DEFAULT_ALPHA) -> dict:
             "threshold": threshold_of(scores, alpha)}
 
 
+class AlphaError(UserError, ValueError):
+    """An in-distribution check's level that is no fraction strictly between 0 and 1 (``--alpha``)."""
+
+
 def check_alpha(alpha) -> float:
-    """``alpha`` as a float strictly between 0 and 1, or a ValueError in the package's style."""
+    """``alpha`` as a float strictly between 0 and 1 (not NaN), or an :class:`AlphaError` in the
+    package's style."""
     value = open_fraction(alpha)
     if value is None:
-        raise ValueError(f"Invalid `alpha`. Expected the flag's level, a fraction between 0 and 1 (0.05: a patient "
+        raise AlphaError(f"Invalid `alpha`. Expected the flag's level, a fraction between 0 and 1 (0.05: a patient "
                          f"like the cohort is flagged at most 5 % of the time). Received: {alpha!r}")
     return value
 
