@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from provided_code.constants import DOSE_FILE
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
 from provided_code.infra.checksum import file_checksum
@@ -114,17 +113,19 @@ class Dealing:
 
 
 def held_out_record(checkpoint: os.PathLike | str, epoch: int, sha256: str, predictions_dir: os.PathLike | str,
-                    patients, split_dir: os.PathLike | str) -> dict:
+                    patients, sources: dict[str, dict[str, str]]) -> dict:
     """What a fold's out-of-fold predictions were made with, as their ``scores.json`` keeps it
     (under :data:`MADE_WITH`), for ``openkbp-commission`` to certify that what it measures is what
     it names: the ``checkpoint`` (its epoch, file name and ``sha256``, as hashed when the model
     that predicted was opened: the file loaded), each patient's prediction file
     as written (``predictions``: ``{patient: SHA-256 of <patient>.csv}`` in ``predictions_dir``) and
-    each patient's plan as read (``plans``: ``{patient: SHA-256 of its dose.csv}`` in ``split_dir``)."""
-    checkpoint, predictions_dir, split_dir = Path(checkpoint), Path(predictions_dir), Path(split_dir)
+    each patient's files as read (``sources``: ``{patient: {file name: SHA-256}}`` of every file its
+    figures are computed from, :func:`provided_code.data.csv_io.source_files`; records written
+    before held only the plans' ``{patient: SHA-256 of its dose.csv}``, under ``plans``)."""
+    checkpoint, predictions_dir = Path(checkpoint), Path(predictions_dir)
     return {"checkpoint": {"epoch": int(epoch), "file": checkpoint.name, "sha256": sha256},
             "predictions": {pid: file_checksum(predictions_dir / f"{pid}.csv") for pid in patients},
-            "plans": {pid: file_checksum(split_dir / pid / DOSE_FILE) for pid in patients}}
+            "sources": {pid: dict(sources[pid]) for pid in patients}}
 
 
 def check_fold(folds: int, fold: int) -> None:

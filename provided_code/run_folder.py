@@ -5,6 +5,7 @@ results/<model-name>/")::
 
     .lock                        the run lock (infra/run_lock.py): one writer, or readers
     models/config.json           the run's settings (config.TrainConfig), with its recipe history
+    models/trained_on.json       a fold's training patients, each file by its SHA-256 (data/provenance.py)
     models/epoch_<N>.keras       checkpoints, the newest kept
     models/best.keras            the checkpoint of the lowest validation dose score so far, and
     models/best.json             its record: epoch and validation scores
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 MODELS_FOLDER = "models"
 CONFIG_FILE = "config.json"  # in models/
+TRAINED_ON_FILE = "trained_on.json"  # in models/: what a fold trained on (provided_code.data.provenance)
 BEST_FILE = "best.keras"  # in models/
 BEST_RECORD = "best.json"  # in models/: {"epoch": N, "val_dose_score": Gy, "val_dvh_score": Gy}
 LOG_FILE = "training_log.csv"
@@ -88,6 +90,7 @@ class RunFolder:
                      else self.path.name)
         self.models = self.path / MODELS_FOLDER
         self.config_file = self.models / CONFIG_FILE
+        self.trained_on = self.models / TRAINED_ON_FILE
         self.best_checkpoint = self.models / BEST_FILE
         self.best_record = self.models / BEST_RECORD
         self.log = self.path / LOG_FILE
@@ -360,7 +363,7 @@ class RunFolder:
         model's predictions, scores, zips and plots into ``abandoned-<time>/``; return that folder
         (None: there was nothing to move)."""
         names = [path for _, path in self.checkpoints()]
-        names += [self.config_file, self.best_checkpoint, self.best_record, self.log, self.curves]
+        names += [self.config_file, self.trained_on, self.best_checkpoint, self.best_record, self.log, self.curves]
         for stage in (*STAGES, HELD_OUT_STAGE):
             names += [self.predictions(stage), self.plots(stage), *self._earlier_scores(stage)]
             names += folder_temporaries(self.predictions(stage))

@@ -10,6 +10,8 @@ bands file's format)::
                        Gy) of every training patient, sorted: any nominal coverage is computed from
                        them when asked (:mod:`provided_code.metrics.calibration`)
         cohort.json    the training cohort's anatomy (:func:`provided_code.metrics.anatomy.fit_cohort`)
+        model_card.json  among the commissioning's record, the SHA-256 of both files as written
+                       (under ``files``): a file edited since is refused when read, naming it
 
 - **The band** of a predicted DVH metric: ``[low, high]`` holding the achieved plan's value with at
   least the nominal coverage (``--band``, default 90 %), split-conformal on the residuals of the
@@ -33,6 +35,7 @@ commissioned before bands existed) predicts as before; :attr:`Trust.why_no_bands
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -50,6 +53,8 @@ logger = logging.getLogger(__name__)
 COMMISSIONING_FOLDER = "commissioning"  # results/<model>/commissioning/
 BANDS_FILE = "bands.json"
 COHORT_FILE = "cohort.json"
+CARD_FILE = "model_card.json"  # the commissioning's record, which binds the two files above by their SHA-256
+BOUND = "files"  # its key: {file name: SHA-256} of bands.json and cohort.json as commissioning wrote them
 BANDS_FORMAT = 1
 OUTSIDE = "outside the training cohort"  # what a flagged patient's RT Dose description and messages say
 UNCOMMISSIONED = "uncommissioned model"  # what a prediction carrying neither bands nor the check says of its model
@@ -246,9 +251,9 @@ def load_trust(model_dir: os.PathLike | str, used: Iterable[tuple[RunFolder, int
         return no_trust(name, coverage, f"the prediction is made with {len(got)} model(s), not the {len(folds)} folds "
                                         f"of {name} together: its commissioning assesses those")
     folder = commissioning_folder(model_dir)
-    cohort = _read(folder / COHORT_FILE)
-    bands = _read(folder / BANDS_FILE)
     command = f"run openkbp-commission {model_dir}"
+    cohort = _read(folder / COHORT_FILE, command)
+    bands = _read(folder / BANDS_FILE, command)
     if bands is None and cohort is None:
         return no_trust(name, coverage, f"{name} is not commissioned (no {folder / BANDS_FILE}): {command}")
     why_no_check = "" if cohort is not None else f"{folder / COHORT_FILE} is missing: {command} again"
@@ -287,13 +292,37 @@ def _checked_bands(bands: dict, path: Path, used: list[tuple[RunFolder, int, str
     return ""
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path, command: str) -> dict | None:
+    """A commissioning file's content (None: there is none), checked against the SHA-256 its
+    commissioning bound it to (:func:`bound_sha256`): one edited since is a :class:`TrustError`."""
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
+        data = json.loads(raw)
     except (OSError, ValueError) as error:
         raise TrustError(f"{path}: unreadable ({error}); run openkbp-commission again") from None
     if not isinstance(data, dict):
         raise TrustError(f"{path}: not a JSON object; run openkbp-commission again")
+    recorded = bound_sha256(path.parent, path.name)
+    found = hashlib.sha256(raw).hexdigest()
+    if recorded is not None and found != recorded:
+        raise TrustError(f"{path} changed since the model was commissioned (SHA-256 {found[:12]}…, its "
+                         f"{CARD_FILE} records {recorded[:12]}…): a commissioning's files are used as it wrote "
+                         f"them; restore it, or {command} again")
     return data
+
+
+def bound_sha256(folder: os.PathLike | str, name: str) -> str | None:
+    """The SHA-256 the commissioning in ``folder`` bound its file ``name`` to (its
+    :data:`CARD_FILE`'s :data:`BOUND`); None when it bound none (commissioned before files were
+    bound, or no card: nothing to check against)."""
+    path = Path(folder) / CARD_FILE
+    if not path.is_file():
+        return None
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise TrustError(f"{path}: unreadable ({error}); run openkbp-commission again") from None
+    bound = card.get(BOUND) if isinstance(card, dict) else None
+    return bound.get(name) if isinstance(bound, dict) else None

@@ -360,12 +360,12 @@ def test_a_commissioned_models_dvh_table_carries_its_bands_and_a_patient_outside
     summary); a patient whose p-value is below the cohort's alpha (made so here: alpha 0.99, every
     training score -1) is flagged with its p-value and reasons, and its RT Dose's series description says so first."""
     from provided_code.metrics.calibration import band
+    from tests.kit.runs import rewrite_commissioning_file
 
     model = tmp_path / "results" / "cv"
     shutil.copytree(commissioned_cv, model)
-    cohort_file = model / "commissioning" / "cohort.json"
-    cohort = json.loads(cohort_file.read_text())
-    cohort_file.write_text(json.dumps({**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])}))
+    cohort = json.loads((model / "commissioning" / "cohort.json").read_text())
+    rewrite_commissioning_file(model, "cohort.json", {**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])})
     bands = json.loads((model / "commissioning" / "bands.json").read_text())
     output = _predict(model, _clinic_patient(tmp_path / "clinic", 14), tmp_path / "out", "--band", "0.5")
     report = json.loads((tmp_path / "out" / "dvh.json").read_text())

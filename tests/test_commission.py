@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -404,7 +405,7 @@ def test_plans_changed_since_the_folds_predicted_them_are_refused_naming_the_pat
     dose = data / "train-pats" / patient / "dose.csv"
     indices, values = read_sparse_csv(dose, patient, with_values=True)
     write_sparse_csv(dose, indices, (values * 0.8).astype(np.float32))  # the plan scaled since
-    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: the plans of {patient} in "
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: the files of {patient} \(dose\.csv\) in "
                                                  rf"{data / 'train-pats'} changed since the folds predicted them"):
         commission(model, data_dir=data, cache_dir=tmp_path / "cache")
 
@@ -554,3 +555,222 @@ def test_a_tolerance_file_is_recorded_and_a_bad_one_refused_before_anything_is_r
         *[(name, "Dmean", 10) for name in openkbp().oars], ("PTV70", "D95", 20)]
     card = (model / "commissioning" / "MODEL_CARD.md").read_text()
     assert f"by the tolerances of {good} (SHA-256 `{found['tolerances']['sha256']}`)" in card
+
+
+# -- what commissioning certifies: the folds' recipes and the data they trained on ---------------------------------
+
+def _edit_config(model, fold: int, **fields) -> None:
+    """Fold ``fold``'s config.json with ``fields`` changed (as a fold trained otherwise, or copied
+    from another model, holds them: no checkpoint or prediction changes)."""
+    path = model / f"fold-{fold}" / "models" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_a_fold_of_another_recipe_is_refused_naming_the_setting_and_the_folds(commissioned, tmp_path, phantom_data,
+                                                                            phantom_cache):
+    """Fold 2 from a model trained at another rate passes every SHA-256 check: its recipe does not."""
+    model = _copy(commissioned, tmp_path)
+    rate = json.loads((model / "fold-1" / "models" / "config.json").read_text())["learning_rate"]
+    _edit_config(model, 2, learning_rate=2e-3)
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: its folds were not trained alike "
+                                                 rf"\(learning_rate: {rate!r} in fold 1, 0\.002 in fold 2\)\. If the "
+                                                 rf"mix is meant, pass --allow-mixed-recipes") as refused:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    assert "--change-recipe" not in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_mix_commissioned_on_purpose_lists_each_folds_recipe_on_the_card(commissioned, tmp_path, phantom_data,
+                                                                          phantom_cache):
+    """A fold retrained with --change-recipe: refused as a mix (its rate and its history), and with
+    --allow-mixed-recipes its card lists each fold's rate and changes, not fold 1's for all."""
+    model = _copy(commissioned, tmp_path)
+    rate = json.loads((model / "fold-1" / "models" / "config.json").read_text())["learning_rate"]
+    change = {"epoch": 1, "field": "learning_rate", "from": rate, "to": 2e-3}
+    _edit_config(model, 2, learning_rate=2e-3, history=[change])
+    with pytest.raises(CommissioningError, match=r"not trained alike \(learning_rate: .*; history: none in fold 1, "
+                                                 r"learning_rate .* -> 0\.002 from epoch 1 in fold 2\)"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    commission(model, data_dir=phantom_data, cache_dir=phantom_cache, allow_mixed_recipes=True)
+    card = json.loads((model / "commissioning" / "model_card.json").read_text())
+    assert card["settings_by_fold"]["learning_rate"] == {"1": repr(rate), "2": "0.002"}
+    assert "learning_rate" not in card["settings"] and card["recipe_changes"] == {"2": [change]}
+    text = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert "**The folds were not trained alike** (commissioned with --allow-mixed-recipes)" in text
+    assert f"| learning_rate | {rate!r} | 0.002 |" in text
+    assert f"- Fold 2's recipe changed on a resume (--change-recipe): learning_rate {rate!r} -> 0.002 from epoch 1." \
+        in text
+
+
+def test_a_fold_copied_from_another_model_is_refused_by_its_name(commissioned, tmp_path, phantom_data, phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    _edit_config(model, 2, model_name="hn")
+    with pytest.raises(CommissioningError, match=r"not trained alike \(model_name: 'cv' in fold 1, 'hn' in fold 2\)"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_fold_folder_of_another_dealing_is_told_a_command_that_trains_it_anew(commissioned, tmp_path, phantom_data,
+                                                                              phantom_cache):
+    """fold-2/ copied from a model whose patients were dealt with another --seed: its held-out
+    patients are not fold 2's. Running fold 2's command again would resume the copy (and be refused
+    for its seed); the advice given, with the other folds' settings, trains it anew, and the model
+    then commissions."""
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+    from tests.conftest import CV_RUN
+    from tests.kit.runs import forget_models
+
+    model = _copy(commissioned, tmp_path)
+    _edit_config(model, 2, seed=3)
+    with pytest.raises(CommissioningError) as refused:
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    message = str(refused.value)
+    assert message.startswith(f"Cannot commission cv: {model / 'fold-2'} holds fold 2 of 2 of model 'cv', dealt with "
+                              f"--seed 3 ({model / 'fold-2' / 'models' / 'config.json'}), not fold 2 of its 2 folds "
+                              f"dealt with --seed 0")
+    assert "command again" not in message
+    flags = re.search(r"train fold 2 anew: (.*) --start-over, with the other folds' settings", message).group(1).split()
+    settings = [word for word in CV_RUN if word not in ("--model-name", "cv", "--folds", "2")]
+    result = CliRunner().invoke(cli.main, [*settings, *flags, "--start-over", "--data-dir", str(phantom_data),
+                                           "--cache-dir", str(phantom_cache)])
+    forget_models()
+    assert result.exit_code == 0, result.output
+    assert list((model / "fold-2").glob("abandoned-*/config.json"))  # the copy's files moved aside
+    commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_each_fold_records_the_files_of_the_patients_it_trained_on(commissioned):
+    model, report = commissioned
+    dealing = read_dealing(model)
+    for fold in (1, 2):
+        versions = json.loads((model / f"fold-{fold}" / "models" / "trained_on.json").read_text())["versions"]
+        assert [version["from_epoch"] for version in versions] == [1]
+        trained = versions[0]["patients"]
+        assert sorted(trained) == sorted(dealing.held_out_of(3 - fold))  # the other fold's patients
+        for pid, files in trained.items():
+            folder = Path(versions[0]["split"]) / pid
+            assert files == {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+                             for path in folder.iterdir() if path.suffix == ".csv"}
+    said = report.report["trained_on"]
+    assert said["recorded_by"] == [1, 2] and said["not_recorded_by"] == [] and said["checked"] == "every file"
+    card = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert (f"The training patients' files (of {said['data']}), together: SHA-256 `{said['sha256']}`") in card
+    assert "Folds 1 and 2 recorded the SHA-256 of every file of each patient they trained on" in card
+
+
+def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_patient_and_folds(tmp_path,
+                                                                                               phantom_data):
+    """Fold 1 trained on a patient's plan; the plan was halved; fold 2, which holds the patient out,
+    predicted it against the halved one: each fold's checks pass, but the folds disagree."""
+    from click.testing import CliRunner
+
+    import provided_code.apps.cli as cli
+    from provided_code.data.csv_io import write_sparse_csv
+    from tests.conftest import CV_RUN
+    from tests.kit.runs import forget_models
+
+    data = tmp_path / "data"
+    shutil.copytree(phantom_data, data)
+    common = [*CV_RUN, "--data-dir", str(data), "--results-dir", str(tmp_path / "results"), "--cache-dir",
+              str(tmp_path / "cache")]
+    result = CliRunner().invoke(cli.main, [*common, "--fold", "1"])
+    forget_models()
+    assert result.exit_code == 0, result.output
+    model = tmp_path / "results" / "cv"
+    patient = read_dealing(model).held_out_of(2)[0]  # trained on by fold 1
+    dose = data / "train-pats" / patient / "dose.csv"
+    indices, values = read_sparse_csv(dose, patient, with_values=True)
+    write_sparse_csv(dose, indices, (values * 0.5).astype(np.float32))
+    result = CliRunner().invoke(cli.main, [*common, "--fold", "2"])
+    forget_models()
+    assert result.exit_code == 0, result.output
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: its folds disagree about the files of "
+                                                 rf"{patient}: its dose\.csv \(SHA-256 [0-9a-f]{{12}}… in fold 1's "
+                                                 rf"training; SHA-256 [0-9a-f]{{12}}… in fold 2's out-of-fold "
+                                                 rf"prediction and {re.escape(str(data / 'train-pats'))} now\)\. A "
+                                                 rf"model's folds are trained and assessed on one version"):
+        commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+
+
+def test_a_contour_or_ct_changed_since_the_folds_predicted_is_refused_naming_the_files(commissioned, tmp_path,
+                                                                                       phantom_data):
+    """The DVH values, the anatomy features and the cohort are computed from the structures and the
+    CT, not only the plan: a changed contour or CT is caught as a changed dose.csv is."""
+    from provided_code.data.csv_io import write_sparse_csv
+
+    model, data = _copy(commissioned, tmp_path), tmp_path / "data"
+    shutil.copytree(phantom_data, data)
+    first, second = sorted(read_dealing(model).patients)[:2]
+    structure = data / "train-pats" / first / "Brainstem.csv"
+    lines = structure.read_text().splitlines()
+    structure.write_text("\n".join(lines[:-1]) + "\n")  # one voxel fewer
+    ct = data / "train-pats" / second / "ct.csv"
+    indices, values = read_sparse_csv(ct, second, with_values=True)
+    write_sparse_csv(ct, indices, values + 300)  # a scanner off by 300 HU
+    with pytest.raises(CommissioningError, match=rf"^Cannot commission cv: the files of {first} \(Brainstem\.csv\), "
+                                                 rf"{second} \(ct\.csv\) in {re.escape(str(data / 'train-pats'))} "
+                                                 rf"changed since the folds predicted them"):
+        commission(model, data_dir=data, cache_dir=tmp_path / "cache")
+
+
+def test_a_model_trained_before_folds_recorded_their_data_commissions_as_before_and_says_so(
+        commissioned, tmp_path, phantom_data, phantom_cache):
+    """Folds without trained_on.json, whose out-of-fold predictions recorded only the plans' SHA-256:
+    the same figures, the plans still checked, and the card says what was not recorded."""
+    model = _copy(commissioned, tmp_path)
+    for fold in (1, 2):
+        (model / f"fold-{fold}" / "models" / "trained_on.json").unlink()
+        scores = model / f"fold-{fold}" / "held-out-predictions" / "scores.json"
+        saved = json.loads(scores.read_text())
+        sources = saved["made_with"].pop("sources")
+        saved["made_with"]["plans"] = {pid: files["dose.csv"] for pid, files in sources.items()}
+        scores.write_text(json.dumps(saved))
+    report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache).report
+    before = commissioned[1].report
+    assert report["scores"] == before["scores"] and report["plans"] == before["plans"]
+    assert report["summary"] == before["summary"] and report["geometric_scores"] == before["geometric_scores"]
+    card = (model / "commissioning" / "MODEL_CARD.md").read_text()
+    assert ("- Folds 1 and 2 did not record their training data (trained before runs recorded it): what they trained "
+            "on is not known.") in card
+    assert "their plans (dose.csv) only, by SHA-256" in card
+    scores = model / "fold-1" / "held-out-predictions" / "scores.json"
+    saved = json.loads(scores.read_text())
+    patient = sorted(saved["made_with"]["plans"])[0]
+    saved["made_with"]["plans"][patient] = "0" * 64  # another plan than the one there now
+    scores.write_text(json.dumps(saved))
+    with pytest.raises(CommissioningError, match=rf"the files of {patient} \(dose\.csv\) in .* changed since"):
+        commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+
+
+def test_a_model_named_by_a_path_that_ends_in_dot_dot_is_named_by_its_folder(commissioned, tmp_path, phantom_data,
+                                                                           phantom_cache):
+    model = _copy(commissioned, tmp_path)
+    report = commission(model / "fold-1" / "..", data_dir=phantom_data, cache_dir=phantom_cache)
+    assert report.report["model"] == "cv" and report.summary().startswith("Commissioned cv (openkbp)")
+    assert (model / "commissioning" / "MODEL_CARD.md").read_text().startswith("# Model card: cv\n")
+
+
+def test_bands_and_cohort_edited_after_commissioning_are_refused_when_read(commissioned, tmp_path):
+    """The card binds both files by SHA-256: residuals set to 0 or alpha set to 0.9 by hand are not
+    used as if commissioning had written them."""
+    from provided_code.trust import BANDS_FILE, COHORT_FILE, TrustError
+
+    model = _copy(commissioned, tmp_path)
+    folder = model / "commissioning"
+    card = json.loads((folder / "model_card.json").read_text())
+    assert card["files"] == {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+                             for name in (COHORT_FILE, BANDS_FILE)}
+    assert f"| bands.json | `{card['files']['bands.json']}` |" in (folder / "MODEL_CARD.md").read_text()
+    DeployedModel.open(model).trust(0.5)  # as written: read
+    cohort = json.loads((folder / COHORT_FILE).read_text())
+    (folder / COHORT_FILE).write_text(json.dumps({**cohort, "alpha": 0.9}))
+    with pytest.raises(TrustError, match=rf"^{re.escape(str(folder / COHORT_FILE))} changed since the model was "
+                                         rf"commissioned \(SHA-256 [0-9a-f]{{12}}…, its model_card\.json records "
+                                         rf"{card['files']['cohort.json'][:12]}…\)"):
+        DeployedModel.open(model).trust(0.5)
+    shutil.copy(commissioned[0] / "commissioning" / COHORT_FILE, folder / COHORT_FILE)
+    bands = json.loads((folder / BANDS_FILE).read_text())
+    bands["residuals"] = {s: {m: [0.0] * len(v) for m, v in metrics.items()} for s, metrics in bands["residuals"].items()}
+    (folder / BANDS_FILE).write_text(json.dumps(bands))
+    with pytest.raises(TrustError, match=rf"^{re.escape(str(folder / BANDS_FILE))} changed since"):
+        DeployedModel.open(model).trust(0.5)

@@ -830,11 +830,12 @@ def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal
     and --status, and the RT Dose sent says "Outside the training cohort" first."""
     import json
 
+    from tests.kit.runs import rewrite_commissioning_file
+
     served = tmp_path / "results" / "cv"
     shutil.copytree(commissioned_cv, served)
-    cohort_file = served / "commissioning" / "cohort.json"
-    cohort = json.loads(cohort_file.read_text())
-    cohort_file.write_text(json.dumps({**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])}))
+    cohort = json.loads((served / "commissioning" / "cohort.json").read_text())
+    rewrite_commissioning_file(served, "cohort.json", {**cohort, "alpha": 0.99, "scores": [-1.0] * len(cohort["scores"])})
     with ModelPredictor(served, band=0.5) as predictor:
         assert predictor.trust.bands is not None and predictor.trust.cohort["alpha"] == 0.99
         node = start_node(predict=predictor, send_to=parse_destination(listener.destination))

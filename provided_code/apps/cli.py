@@ -357,7 +357,11 @@ def score_command(reference_dir, prediction_dir, json_path, cache_dir, site):
                    "(organs or targets for every structure of a kind; docs/commissioning.md). The verdict, which "
                    "structure-metrics pass and which fail, heads the report and the model card [default: "
                    f"{describe_tolerances()}].")
-def commission_command(model_dir, data_dir, cache_dir, alpha, tolerances):
+@click.option("--allow-mixed-recipes", is_flag=True,
+              help="Commission folds trained with other settings than one another (network, recipe, recipe changes, "
+                   "start, model name) as one model, each fold's settings on the model card [default: refused, "
+                   "naming the settings and the folds].")
+def commission_command(model_dir, data_dir, cache_dir, alpha, tolerances, allow_mixed_recipes):
     """Commission a cross-validated model (results/<model>, its folds trained with --folds N --fold K):
     from the folds' out-of-fold predictions, write results/<model>/commissioning/ (report.html,
     report.json, plans.csv, the model card). Nothing is predicted again."""
@@ -366,7 +370,7 @@ def commission_command(model_dir, data_dir, cache_dir, alpha, tolerances):
 
     try:
         report = commission(model_dir, data_dir=data_dir, cache_dir=cache_dir, progress=click_progress, alpha=alpha,
-                            tolerances=tolerances)
+                            tolerances=tolerances, allow_mixed_recipes=allow_mixed_recipes)
     except USER_ERRORS as error:
         raise click.ClickException(one_line(error)) from None
     click.echo(report.summary())

@@ -200,7 +200,7 @@ def predict_held_out(run_dir: os.PathLike | str, data_dir: os.PathLike | str, pr
         def made_with(new: Path) -> dict:  # what commissioning certifies (folds.held_out_record)
             member, = model.members
             return {MADE_WITH: held_out_record(member.checkpoint, member.epoch, member.sha256, new, arrays.patient_ids,
-                                               stage_dir)}
+                                               arrays.sources_of())}
 
         return _predict_stage(folder, stage_dir, arrays, HELD_OUT_STAGE, model, False, False, progress, batch_size,
                               recording=made_with)

@@ -17,6 +17,7 @@ from provided_code.infra.tf_config import Cluster, read_tf_config
 from provided_code.data.augment import ROTATION_STEP_DEGREES
 from provided_code.data import mapped
 from provided_code.data.cache import load_split
+from provided_code.data.provenance import record_training
 from provided_code.data.split_arrays import SplitArrays, stacked_nbytes
 from provided_code.data.csv_io import PatientDataError, discover_patients
 from provided_code.data.resample import downsample_split
@@ -132,6 +133,8 @@ def _train(config: TrainConfig, folder: RunFolder, cluster: Cluster | None, prog
     placement = hardware.placement
     if placement.is_chief:
         folder.write_config(config)
+        if config.folds:  # what the fold trains on, file by file, for its commissioning (data/provenance.py)
+            record_training(folder.trained_on, train_arrays, initial_epoch + 1)
 
     # 5. The loop: one schedule over the remaining epochs (training/feeds.py). Only the chief writes.
     strategy = placement.strategy

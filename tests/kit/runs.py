@@ -95,3 +95,21 @@ def log_epochs(run_dir: Path) -> list[int]:
     """The epochs in a run's ``training_log.csv``, in order."""
     with open(Path(run_dir) / "training_log.csv", newline="") as handle:
         return [int(row["epoch"]) for row in csv.DictReader(handle)]
+
+
+def rewrite_commissioning_file(model_dir: Path, name: str, content: dict) -> None:
+    """For a test that needs a commissioned model's ``bands.json`` or ``cohort.json`` to say
+    something else (a cohort that flags every patient): the file rewritten and its SHA-256 bound
+    again in the model card, as a commissioning that had computed it would have written both (a
+    file edited by hand alone is refused when read: provided_code/trust.py)."""
+    import hashlib
+    import json
+
+    from provided_code.trust import BOUND, CARD_FILE, commissioning_folder
+
+    folder = commissioning_folder(model_dir)
+    data = json.dumps(content).encode()
+    (folder / name).write_bytes(data)
+    card = json.loads((folder / CARD_FILE).read_text())
+    card[BOUND][name] = hashlib.sha256(data).hexdigest()
+    (folder / CARD_FILE).write_text(json.dumps(card))

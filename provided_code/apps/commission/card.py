@@ -2,9 +2,12 @@
 and how well it did, as a clinic's quality records need: first its verdict (the physicist's
 tolerances judged per structure-metric: which pass, which fail, "not fit for clinical use" when any
 fails), then its site, its patients (pseudonyms), the
-patients left out and why, its recipe and network, the software that trained it, the folds' and the
-deployed ensemble's scores, the commissioning's summary, and a checksum of every checkpoint it
-describes (so that a file changed since is found)."""
+patients left out and why, what they trained on (every file of every training patient, by SHA-256,
+as each fold recorded it), its recipe and network (each fold's, when the folds were trained with
+others, ``--allow-mixed-recipes``), the software that trained it, the folds' and the deployed
+ensemble's scores, the commissioning's summary, and a checksum of every checkpoint it describes and
+of the files predictions read (``bands.json``, ``cohort.json``: so that a file changed since is
+found, and refused when read, :mod:`provided_code.trust`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from provided_code.deployed_model import recorded_members
 from provided_code.folds import Dealing, fold_dir
 from provided_code.metrics.commissioning import CELL_VERDICTS, VERDICT_HEADS
 from provided_code.run_folder import SCORES_FILE, RunFolder, checkpoint_change, read_scores, recorded_checkpoint
+from provided_code.trust import BOUND
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +75,21 @@ def _parent(config: TrainConfig) -> dict | None:
 
 
 def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfig, checkpoints: list[dict],
-               report: dict) -> tuple[str, dict]:
+               report: dict, configs: dict[int, TrainConfig] | None = None,
+               files: dict[str, str] | None = None) -> tuple[str, dict]:
     """``(markdown, card)`` of the model in ``model_dir``; ``first``: its first fold's config (the
-    folds are trained alike); ``checkpoints``: each fold's checkpoint as
-    :meth:`provided_code.deployed_model.Member.identity` names it (fold, epoch, SHA-256); ``report``: the
-    commissioning's figures (:mod:`.run`)."""
+    folds are trained alike, but for the settings the report's ``mixed_settings`` names);
+    ``configs``: each fold's (``{K: config}``; None: ``first`` for all); ``checkpoints``: each
+    fold's checkpoint as :meth:`provided_code.deployed_model.Member.identity` names it (fold, epoch,
+    SHA-256); ``report``: the commissioning's figures (:mod:`.run`); ``files``: ``{name: SHA-256}``
+    of the commissioning's files that predictions read, as written (the card binds them:
+    :data:`provided_code.trust.BOUND`)."""
     model_dir = Path(model_dir)
     excluded = report["cohort"]["excluded"]
+    mixed = report.get("mixed_settings") or {}
+    settings = _settings(first)
+    for name in mixed:
+        settings.pop(name, None)
     card = {
         "model": model_dir.name,
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -89,7 +101,11 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfi
                      "excluded": excluded,
                      "excluded_by": first.excluded_by or None,
                      "data": report["cohort"]["data"]},
-        "settings": _settings(first),
+        "settings": settings,
+        "settings_by_fold": {name: dict(values) for name, values in mixed.items()},
+        "recipe_changes": {str(number): list(config.history) for number, config in (configs or {}).items()
+                           if config.history},
+        "trained_on": report.get("trained_on"),
         "parent": _parent(first),
         "software": _versions(),
         "scores": {"out_of_fold": report["scores"], "folds": report["folds"], "deployed": _deployed(model_dir)},
@@ -101,6 +117,7 @@ def model_card(model_dir: os.PathLike | str, dealing: Dealing, first: TrainConfi
         "checkpoints": [{"fold": c["fold"], "epoch": c["epoch"], "path": str(
             RunFolder(fold_dir(model_dir, c["fold"])).checkpoint(c["epoch"]).relative_to(model_dir)),
                          "sha256": c["sha256"]} for c in checkpoints],
+        BOUND: dict(files or {}),
     }
     return _markdown(card), card
 
@@ -123,9 +140,25 @@ def _markdown(card: dict) -> str:
                        f"(list: {card['patients']['excluded_by'].get('file', '')})")
     else:
         out.append("- Excluded from training: none.")
+    out += _data_markdown(card["trained_on"])
     out += _parent_markdown(card["parent"])
-    out += ["", "## Recipe and network", "", "| setting | value |", "|---|---|"]
+    out += ["", "## Recipe and network", ""]
+    by_fold = card["settings_by_fold"]
+    if by_fold:
+        out += ["**The folds were not trained alike** (commissioned with --allow-mixed-recipes): each fold's "
+                "settings where they differ, then those they share.", ""]
+        folds = sorted({fold for values in by_fold.values() for fold in values}, key=int)
+        out += ["| setting | " + " | ".join(f"fold {fold}" for fold in folds) + " |",
+                "|---|" + "---|" * len(folds)]
+        out += [f"| {name} | " + " | ".join(values.get(fold, "") for fold in folds) + " |"
+                for name, values in by_fold.items()]
+        out.append("")
+    out += ["| setting | value |", "|---|---|"]
     out += [f"| {name} | {value} |" for name, value in card["settings"].items()]
+    for fold, changes in card["recipe_changes"].items():
+        out.append(f"- Fold {fold}'s recipe changed on a resume (--change-recipe): " + "; ".join(
+            f"{entry.get('field')} {entry.get('from')!r} -> {entry.get('to')!r} from epoch {entry.get('epoch')}"
+            for entry in changes) + ".")
     out += ["", "## Software", "", ", ".join(f"{name} {version}" for name, version in card["software"].items()), "",
             "## Scores (Gy, lower is better)", "", "| what | dose score | DVH score | patients |", "|---|---|---|---|"]
     oof = card["scores"]["out_of_fold"]
@@ -146,7 +179,46 @@ def _markdown(card: dict) -> str:
             "- The report: report.html beside this card."]
     out += ["", "## Checkpoints", "", "| fold | epoch | file | SHA-256 |", "|---|---|---|---|"]
     out += [f"| {c['fold']} | {c['epoch']} | {c['path']} | `{c['sha256']}` |" for c in card["checkpoints"]]
+    if card[BOUND]:
+        out += ["", "## Files predictions read", "",
+                "A prediction with this model reads these files of commissioning/ and refuses one whose SHA-256 is "
+                "not the one below (edited since).", "", "| file | SHA-256 |", "|---|---|"]
+        out += [f"| {name} | `{sha}` |" for name, sha in card[BOUND].items()]
     return "\n".join(out) + "\n"
+
+
+def _data_markdown(trained_on: dict | None) -> list[str]:
+    """What the folds trained on, as commissioning checked it (``report["trained_on"]``)."""
+    if not trained_on:
+        return []
+    out = ["", "## Training data", ""]
+    recorded, missing = trained_on["recorded_by"], trained_on["not_recorded_by"]
+    if recorded:
+        they = "it" if len(recorded) == 1 else "they"
+        out.append(f"- {_folds_words(recorded, 'Fold')} recorded the SHA-256 of every file of each patient {they} "
+                   f"trained on (CT, structures, possible-dose mask, voxel dimensions, dose, plan files); the records "
+                   f"agree with one another and with the files commissioning read.")
+    if missing:
+        out.append(f"- {_folds_words(missing, 'Fold')} did not record {'its' if len(missing) == 1 else 'their'} "
+                   f"training data (trained before runs recorded it): what {'it' if len(missing) == 1 else 'they'} "
+                   f"trained on is not known.")
+    out.append("- The files of the held-out patients, as commissioning read them, are those the out-of-fold "
+               "predictions were measured against: " + ("every file, by SHA-256." if trained_on["checked"] ==
+                                                         "every file" else
+                                                         "their plans (dose.csv) only, by SHA-256 (predictions written "
+                                                         "before every file was recorded)."))
+    out.append(f"- The training patients' files (of {trained_on['data']}), together: SHA-256 `{trained_on['sha256']}`.")
+    elsewhere = {fold: folders for fold, folders in trained_on["splits"].items() if folders != [trained_on["data"]]}
+    for fold, folders in elsewhere.items():
+        out.append(f"- Fold {fold} read them from {', '.join(folders)} (the same files, by SHA-256).")
+    return out
+
+
+def _folds_words(numbers: list[int], word: str) -> str:
+    """``Fold 2``, ``Folds 1 and 3``."""
+    if len(numbers) == 1:
+        return f"{word} {numbers[0]}"
+    return f"{word}s {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
 
 
 def _verdict(report: dict) -> dict:

@@ -27,7 +27,15 @@ arithmetic; :mod:`.report` draws the page.
                        validation split under calibration, each cell with its binomial range;
                        the tolerances and their judgement under verdict)
     report.html        one self-contained page, read top to bottom
-    MODEL_CARD.md      what the model was trained on and how well it did (and model_card.json)
+    MODEL_CARD.md      what the model was trained on and how well it did (and model_card.json, which
+                       binds bands.json and cohort.json by their SHA-256: provided_code/trust.py)
+
+Before anything is measured, what it measures is certified: the folds were trained alike
+(:data:`COMPARED`; ``allow_mixed_recipes`` when a mix is meant), each fold folder holds its fold of
+this dealing, each checkpoint is the one that made its fold's out-of-fold predictions, each
+prediction file the one its fold wrote, each held-out patient's files (every file its figures are
+computed from) the ones it was predicted against, and the folds agree about every training
+patient's files (:mod:`provided_code.data.provenance`: what each fold recorded it trained on).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -49,6 +58,7 @@ from provided_code.apps.commission.report import render_report
 from provided_code.apps.score_folder import SparseDoses, read_prediction
 from provided_code.config import TrainConfig
 from provided_code.data.cache import load_split
+from provided_code.data import provenance
 from provided_code.data.csv_io import exact_dose
 from provided_code.data_folder import split_dir
 from provided_code.deployed_model import DeployedModel, Member, recorded_members
@@ -56,7 +66,7 @@ from provided_code.errors import UserError
 from provided_code.exclusions import excluded_patients, split_patients
 from provided_code.constants import DOSE_FILE
 from provided_code.folds import (HELD_OUT_STAGE, MADE_WITH, SPLITS_FILE, Dealing, check_patients, fold_dir,
-                                 fold_folders, natural_key, read_dealing)
+                                 fold_folder_name, fold_folders, natural_key, read_dealing)
 from provided_code.infra.checksum import file_checksum
 from provided_code.infra.atomic import naming_path, new_folder_beside, replace_folder
 from provided_code.infra.progress import Progress, no_progress
@@ -65,14 +75,14 @@ import provided_code.tolerances as tolerance_file
 from provided_code.metrics.dvh_table import CLINICAL_METRICS, clinical_dvh
 from provided_code.metrics.scoring import score_split, structure_indices
 from provided_code.run_folder import SCORES_FILE, CheckpointError, RunFolder, read_scores
-from provided_code.trust import BANDS_FILE, COHORT_FILE, bands_record, commissioning_folder
+from provided_code.trust import BANDS_FILE, CARD_FILE, COHORT_FILE, bands_record, commissioning_folder
 
 logger = logging.getLogger(__name__)
 
 VALIDATION_STAGE = "validation"  # the split whose ensemble predictions show the bands' coverage
 FILES = {"plans": "plans.csv", "summary": "summary.csv", "anatomy": "anatomy.csv", "cohort": COHORT_FILE,
          "bands": BANDS_FILE, "report_json": "report.json", "report_html": "report.html", "card": "MODEL_CARD.md",
-         "card_json": "model_card.json"}
+         "card_json": CARD_FILE}
 
 
 MIN_PATIENTS = 3  # the fewest training patients the statistics are made of (a robust scale, a cohort)
@@ -150,6 +160,7 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
         if config is None or not newest:
             problems.append(f"fold {number} is not trained ({folder.path})")
             continue
+        _check_belongs(model_dir, dealing, number, folder, config)
         if newest[0][0] < config.epochs:
             problems.append(f"fold {number} is trained to epoch {newest[0][0]} of {config.epochs}")
             continue
@@ -176,6 +187,33 @@ def complete_folds(model_dir: os.PathLike | str) -> tuple[Dealing, list[Fold]]:
     return dealing, folds
 
 
+def _check_belongs(model_dir: Path, dealing: Dealing, number: int, folder: RunFolder, config: TrainConfig) -> None:
+    """Fold ``number``'s folder holds this model's fold ``number``: its config.json names that fold
+    of the dealing (``--folds`` and ``--seed``, splits.json), else a :class:`CommissioningError`
+    saying what it holds (another fold's folder renamed, or a fold of another model copied in) and
+    what to run: its held-out patients are not the ones the dealing gives it."""
+    if (config.folds, config.fold, config.seed) == (dealing.folds, number, dealing.seed):
+        return
+    held = (f"fold {config.fold} of {config.folds} of model {config.model_name!r}, dealt with --seed {config.seed}"
+            if config.folds else f"a single run of model {config.model_name!r}")
+    if (config.folds, config.seed) == (dealing.folds, dealing.seed) and config.model_name == model_dir.name:
+        advice = (f"put each fold's folder back under its own name ({fold_folder_name(config.fold)}/ for fold "
+                  f"{config.fold}), or train fold {number} anew")
+    else:
+        advice = f"train fold {number} anew"
+    raise CommissioningError(
+        f"Cannot commission {model_dir.name}: {folder.path} holds {held} ({folder.config_file}), not fold {number} "
+        f"of its {dealing.folds} folds dealt with --seed {dealing.seed} ({model_dir / SPLITS_FILE}), so its held-out "
+        f"patients are not fold {number}'s: {advice}: {_fold_command(model_dir, dealing, number)} --start-over, "
+        f"with the other folds' settings (--start-over moves the folder's files aside).")
+
+
+def _fold_command(model_dir: Path, dealing: Dealing, number: int) -> str:
+    """The flags that train fold ``number`` of the model in ``model_dir`` (the settings aside)."""
+    return (f"--model-name {model_dir.name} --results-dir {model_dir.parent} --folds {dealing.folds} "
+            f"--fold {number} --seed {dealing.seed}")
+
+
 def _check_exclusions(model_dir: Path, folds: list[Fold]) -> None:
     """Every fold left out the same patients (``--exclude``), or a :class:`CommissioningError`
     naming the folds that differ: a patient one fold excluded and another trained on is neither
@@ -189,6 +227,70 @@ def _check_exclusions(model_dir: Path, folds: list[Fold]) -> None:
                                  f"a patient one fold excluded was trained on by another. Train the folds that differ "
                                  f"({', '.join(f'--fold {n}' for n in differing)}) again with the same --exclude file "
                                  f"as a new model, then commission it.")
+
+
+# What each fold's config.json must agree on with the others' (--allow-mixed-recipes aside): the
+# network (its site is compared first, the exclusions by _check_exclusions), the recipe, the recipe's
+# changes on resumes (--change-recipe), where the weights started and the model's name.
+COMPARED = (*(name for name in TrainConfig.NETWORK if name != "site"),
+            *(name for name in TrainConfig.RECIPE if name != "excluded"), "history", "parent", "model_name")
+
+
+def _fold_setting(config: TrainConfig, name: str):
+    """A compared setting of a fold (:data:`COMPARED`) as it is compared and shown."""
+    if name == "history":
+        return "; ".join(f"{entry.get('field')} {entry.get('from')!r} -> {entry.get('to')!r} from epoch "
+                         f"{entry.get('epoch')}" for entry in config.history) or "none"
+    if name == "parent":
+        parent = config.parent
+        return (f"{parent.get('model')!r} epoch {parent.get('epoch')} (SHA-256 {str(parent.get('sha256'))[:12]}…)"
+                if parent else "random weights")
+    return config.shown(name)
+
+
+def mixed_settings(folds: list[Fold]) -> dict[str, dict[int, str]]:
+    """``{setting: {fold: value as shown}}`` of the :data:`COMPARED` settings that are not the same
+    in every fold (empty: the folds were trained alike)."""
+    mixed = {}
+    for name in COMPARED:
+        values = {fold.number: _fold_setting(fold.config, name) for fold in folds}
+        if len(set(values.values())) > 1:
+            mixed[name] = values
+    return mixed
+
+
+def _check_recipes(model_dir: Path, folds: list[Fold], allow_mixed: bool) -> dict[str, dict[int, str]]:
+    """The settings the folds differ in (:func:`mixed_settings`); a :class:`CommissioningError`
+    naming them, each with its folds' values, unless ``allow_mixed`` (``--allow-mixed-recipes``:
+    then said in the log, and the card lists each fold's)."""
+    mixed = mixed_settings(folds)
+    if not mixed:
+        return mixed
+    said = "; ".join(f"{name}: " + ", ".join(
+        f"{value} in {_folds_named(numbers)}" for value, numbers in _by_value(values).items())
+                     for name, values in mixed.items())
+    if allow_mixed:
+        logger.warning("The folds of %s were not trained alike (%s): commissioned as one model (--allow-mixed-recipes)",
+                       model_dir.name, said)
+        return mixed
+    raise CommissioningError(
+        f"Cannot commission {model_dir.name}: its folds were not trained alike ({said}). If the mix is meant, pass "
+        f"--allow-mixed-recipes (the model card then lists each fold's settings); else train the folds that differ "
+        f"anew with the others' settings (each fold's command with --start-over, which moves its files aside).")
+
+
+def _by_value(values: dict[int, str]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for number, value in values.items():
+        grouped.setdefault(value, []).append(number)
+    return grouped
+
+
+def _folds_named(numbers: list[int]) -> str:
+    """``fold 2``, ``folds 1 and 3``, ``folds 1, 2 and 4``."""
+    if len(numbers) == 1:
+        return f"fold {numbers[0]}"
+    return f"folds {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
 
 
 def certify(model: DeployedModel, folds: list[Fold]) -> list[dict]:
@@ -240,11 +342,13 @@ def _check_loads(number: int, member: Member) -> None:
 
 
 def _check_predictions_and_plans(model_dir: Path, folds: list[Fold], fold_of: dict, patients: list[str],
-                                 split: Path) -> None:
-    """Each out-of-fold prediction file is the one its fold wrote, and each plan (``dose.csv``) the
-    one it was predicted against (:func:`provided_code.folds.held_out_record`); a
-    :class:`CommissioningError` naming the fold and file, or the patients whose plans changed."""
-    changed_plans = []
+                                 split: Path, now: dict[str, dict[str, str]]) -> None:
+    """Each out-of-fold prediction file is the one its fold wrote, and each patient's files (``now``:
+    ``{patient: {file name: SHA-256}}`` as read for this commissioning) the ones it was predicted
+    against (:func:`provided_code.folds.held_out_record`: every file its figures are computed from;
+    of predictions written before, only the plan, ``dose.csv``); a :class:`CommissioningError`
+    naming the fold and file, or the patients whose files changed and which."""
+    changed = []
     for pid in patients:
         fold = folds[fold_of[pid] - 1]
         made_with = fold.made_with
@@ -256,15 +360,76 @@ def _check_predictions_and_plans(model_dir: Path, folds: list[Fold], fold_of: di
                     else f"changed since the fold wrote it (SHA-256 {found[:12]}…, recorded {recorded[:12]}…)")
             raise CommissioningError(f"Cannot commission: fold {fold.number}'s out-of-fold prediction {path} {what}: run "
                                      f"fold {fold.number}'s command again to predict its held-out patients anew.")
-        plan = split / pid / DOSE_FILE
-        if made_with.get("plans", {}).get(pid) != (file_checksum(plan) if plan.is_file() else None):
-            changed_plans.append(pid)
-    if changed_plans:
-        raise CommissioningError(f"Cannot commission {model_dir.name}: the plans of {_listed(changed_plans)} in {split} "
-                                 f"changed since the folds predicted them (their {DOSE_FILE}'s SHA-256 differs from the "
-                                 f"one recorded with the out-of-fold predictions): commission with the data folder the "
-                                 f"folds were trained on (--data-dir), or train the folds again on this one as a new "
-                                 f"model.")
+        then, current = _recorded_sources(made_with, pid), now.get(pid, {})
+        if "sources" not in made_with:  # a record of the plans alone
+            current = {DOSE_FILE: current.get(DOSE_FILE)}
+        files = provenance.differing_files(then or {}, current)
+        if files:
+            changed.append(f"{pid} ({', '.join(files)})")
+    if changed:
+        raise CommissioningError(f"Cannot commission {model_dir.name}: the files of {_listed(changed)} in {split} "
+                                 f"changed since the folds predicted them (their SHA-256 differs from the one recorded "
+                                 f"with the out-of-fold predictions): commission with the data folder the folds were "
+                                 f"trained on (--data-dir), or train the folds again on this one as a new model.")
+
+
+def _recorded_sources(made_with: dict, pid: str) -> dict[str, str] | None:
+    """The files of ``pid`` as its out-of-fold prediction's record has them: every file's SHA-256,
+    or (a record written before) its plan's, ``{"dose.csv": SHA-256}``; None: not recorded."""
+    if "sources" in made_with:
+        return made_with["sources"].get(pid)
+    plan = made_with.get("plans", {}).get(pid)
+    return None if plan is None else {DOSE_FILE: plan}
+
+
+def _check_training_data(model_dir: Path, folds: list[Fold], fold_of: dict, patients: list[str],
+                         now: dict[str, dict[str, str]], split: Path) -> dict:
+    """Every fold trained on the same files of each patient, and the fold that held it out predicted
+    it against them too (:mod:`provided_code.data.provenance`: each fold's ``trained_on.json`` and
+    its out-of-fold predictions' record); a :class:`CommissioningError` naming the first patient
+    the folds disagree about, the file, and which fold had which. Returns what the report and the
+    card say of the data: the folds that recorded it (and those trained before runs did: nothing to
+    compare), the split folders they read, and one SHA-256 of the patients' files."""
+    accounts: dict[str, dict[str, dict[str, str]]] = {pid: {} for pid in patients}
+    recorded, splits = [], {}
+    for fold in folds:
+        versions = provenance.read_training(fold.folder.trained_on)
+        if versions is None:
+            continue
+        recorded.append(fold.number)
+        splits[fold.number] = list(dict.fromkeys(version["split"] for version in versions))
+        for version in versions:
+            who = f"fold {fold.number}'s training" + (f" from epoch {version['from_epoch']}" if len(versions) > 1 else "")
+            for pid, files in version["patients"].items():
+                if pid in accounts:
+                    accounts[pid][who] = files
+    for pid in patients:
+        held_by = folds[fold_of[pid] - 1]
+        if "sources" in held_by.made_with and pid in held_by.made_with["sources"]:
+            accounts[pid][f"fold {held_by.number}'s out-of-fold prediction"] = held_by.made_with["sources"][pid]
+        if accounts[pid] and pid in now:
+            accounts[pid][f"{split} now"] = now[pid]
+    found = [(pid, provenance.disagreement(accounts[pid])) for pid in patients]
+    found = [(pid, where) for pid, where in found if where is not None]
+    if found:
+        pid, (name, groups) = found[0]
+        said = "; ".join(f"{'absent' if sha is None else f'SHA-256 {sha[:12]}…'} in {_joined(who)}"
+                         for sha, who in groups.items())
+        others = [other for other, _ in found[1:]]
+        raise CommissioningError(
+            f"Cannot commission {model_dir.name}: its folds disagree about the files of {pid}: its {name} ({said})"
+            + (f"; {len(others)} other patient(s) differ too ({_listed(others)})" if others else "")
+            + ". A model's folds are trained and assessed on one version of each patient: train the folds again on "
+              "one data folder, as a new --model-name, then commission it.")
+    return {"recorded_by": recorded, "not_recorded_by": [fold.number for fold in folds if fold.number not in recorded],
+            "splits": {str(number): folders for number, folders in splits.items()},
+            "checked": "every file" if all("sources" in fold.made_with for fold in folds) else "dose.csv",
+            "sha256": provenance.digest({pid: now[pid] for pid in patients if pid in now}),
+            "data": str(Path(split).resolve())}
+
+
+def _joined(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _listed(names: list[str], most: int = 5) -> str:
@@ -274,18 +439,24 @@ def _listed(names: list[str], most: int = 5) -> str:
 
 def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None = None,
                cache_dir: os.PathLike | str | None = None, progress: Progress = no_progress,
-               alpha: float = anatomy.DEFAULT_ALPHA, tolerances: os.PathLike | str | None = None) -> CommissioningReport:
+               alpha: float = anatomy.DEFAULT_ALPHA, tolerances: os.PathLike | str | None = None,
+               allow_mixed_recipes: bool = False) -> CommissioningReport:
     """Commission the cross-validated model in ``model_dir`` (``results/<model>``) and write
     ``commissioning/`` (the module docstring). ``data_dir``: where its training patients are (default:
     the folds' ``--data-dir``, as their config.json records it); ``cache_dir`` as training reads them;
     ``alpha``: the in-distribution check's level (recorded in cohort.json); ``tolerances``: the
     physicist's tolerance file (:mod:`provided_code.tolerances`; None: its defaults), read and
-    checked against the folds' site before anything is measured.
+    checked against the folds' site before anything is measured; ``allow_mixed_recipes``: folds
+    trained with other settings than one another (:data:`COMPARED`) are commissioned as one model,
+    each fold's settings on the card (else refused, naming them).
 
     Meanwhile the model's folder is locked (another commissioning, or the folds' ensemble predicting
     the validation patients the calibration reads, is refused in one line) and each fold's is locked
     shared (a fold training is refused; a node serving the model is not)."""
     model_dir = Path(model_dir)
+    if model_dir.name in ("", ".."):  # "." or "results/cv/fold-1/..": the model is named by the folder it is
+        model_dir = model_dir.resolve()
+    alpha = anatomy.check_alpha(alpha)
     judged_by = _Tolerances.read(tolerances)  # a bad file is refused before the model's folder is read
     with contextlib.ExitStack() as locks:
         if (model_dir / SPLITS_FILE).is_file():  # else complete_folds says what the folder is not
@@ -294,7 +465,7 @@ def commission(model_dir: os.PathLike | str, data_dir: os.PathLike | str | None 
             for path in fold_folders(model_dir).values():
                 locks.enter_context(RunFolder(path).lock(f"read by the commissioning of {model_dir.name!r}",
                                                          shared=True))
-        return _commission(model_dir, data_dir, cache_dir, progress, anatomy.check_alpha(alpha), judged_by)
+        return _commission(model_dir, data_dir, cache_dir, progress, alpha, judged_by, allow_mixed_recipes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,8 +492,9 @@ class _Tolerances:
 
 
 def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: os.PathLike | str | None,
-                progress: Progress, alpha: float, judged_by: _Tolerances) -> CommissioningReport:
+                progress: Progress, alpha: float, judged_by: _Tolerances, allow_mixed: bool) -> CommissioningReport:
     dealing, folds = complete_folds(model_dir)
+    mixed = _check_recipes(model_dir, folds, allow_mixed)
     first = folds[0].config
     site = first.site
     tolerance_file.check_site(judged_by.rules, site, judged_by.source)
@@ -337,8 +509,10 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
     if len(rows) < MIN_PATIENTS:
         raise CommissioningError(f"Cannot commission {model_dir.name}: {len(rows)} training patients once the excluded "
                                  f"are left out; the statistics need at least {MIN_PATIENTS}")
-    _check_predictions_and_plans(model_dir, folds, fold_of, [arrays.patient_ids[row] for row in rows],
-                                 split_dir(data_dir, "train"))
+    commissioned = [arrays.patient_ids[row] for row in rows]
+    now = arrays.sources_of() or {}  # every file of each patient, as read for this commissioning
+    _check_predictions_and_plans(model_dir, folds, fold_of, commissioned, split_dir(data_dir, "train"), now)
+    trained_on = _check_training_data(model_dir, folds, fold_of, commissioned, now, split_dir(data_dir, "train"))
     try:
         model = DeployedModel.open(model_dir)  # each fold at its final checkpoint, as it is deployed
     except CheckpointError as error:  # a fold's checkpoint that is not a complete .keras file, named
@@ -396,8 +570,14 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         "dvh_curves": {pid: _dvh_curves(arrays, row_of[pid], predictions[row_of[pid]])
                        for pid in flagged if row_of[pid] in predictions},
         "calibration": calibration_figures,
+        "trained_on": trained_on,
+        "mixed_settings": {name: {str(number): value for number, value in values.items()}
+                           for name, values in mixed.items()},
     }
-    card_text, card = model_card(model_dir, dealing, folds[0].config, identities, report)
+    bound = {COHORT_FILE: _json(cohort).encode(), BANDS_FILE: _json(bands).encode()}  # what trust.py reads, bound
+    card_text, card = model_card(model_dir, dealing, folds[0].config, identities, report,
+                                 configs={fold.number: fold.config for fold in folds},
+                                 files={name: hashlib.sha256(data).hexdigest() for name, data in bound.items()})
     folder = commissioning_folder(model_dir)
     new = new_folder_beside(folder)
     try:
@@ -405,8 +585,8 @@ def _commission(model_dir: Path, data_dir: os.PathLike | str | None, cache_dir: 
         writers = {"plans": lambda path: residuals.to_csv(path, index=False, float_format="%.4f"),
                    "summary": lambda path: summary.to_csv(path, index=False, float_format="%.4f"),
                    "anatomy": lambda path: features.to_csv(path, index_label="patient", float_format="%.6g"),
-                   "cohort": lambda path: path.write_text(_json(cohort)),
-                   "bands": lambda path: path.write_text(_json(bands)),
+                   "cohort": lambda path: path.write_bytes(bound[COHORT_FILE]),
+                   "bands": lambda path: path.write_bytes(bound[BANDS_FILE]),
                    "report_json": lambda path: path.write_text(_json(report)),
                    "report_html": lambda path: path.write_text(render_report(report)),
                    "card": lambda path: path.write_text(card_text),
