@@ -82,6 +82,8 @@ TABLES = {
         "resunet-f4": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],  # = --filters 4
         "thin": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8"],
         "thin-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,0.5,1,2,4,4"],
+        "half-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,0.5,1,2,4,4"],
+        "plain-half-capped": ["--preset", "default", "--arch", "plain", "--widths", "0.5,0.5,1,2,4,4"],
         "plain-thin": ["--preset", "default", "--arch", "plain", "--widths", "0.25,1,2,4,8,8"],
         "thin-60": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8", "--epochs", "60"],
         "thin-rotate": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8",
