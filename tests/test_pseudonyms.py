@@ -60,7 +60,8 @@ def test_a_pseudonym_whose_patient_now_has_an_id_the_map_lacks_is_named_as_moved
 
 def test_an_identity_map_in_another_encoding_is_refused_in_one_line_naming_its_line_and_byte(tmp_path):
     path = tmp_path / "identity-map.csv"
-    path.write_bytes("pseudonym,patient_id,cohort\npt_1,MÜLLER-1,c0\n".encode("latin-1"))  # edited by hand, saved as Latin-1
+    # edited by hand, saved as Latin-1
+    path.write_bytes("pseudonym,patient_id,cohort\npt_1,MÜLLER-1,c0\n".encode("latin-1"))
     with pytest.raises(CohortError) as raised:
         IdentityMap(path)
     offset = len(b"pseudonym,patient_id,cohort\npt_1,M")
