@@ -26,6 +26,8 @@ docs/performance.md measured before that are the generator's, as they say):
 - ``--accumulate 2`` against 1, per batch;
 - at 64³ (``--part body`` runs only these; ``--filters``, default 8): the v2 generator, the residual
   U-Net and the residual U-Net with the physics channel, one step of each in turn in one process;
+  ``--part widths`` the same for the generator and the width arms of ``scripts/ablation.py --table width``
+  (``WIDTH_ARMS``), each step's ratio to the generator's;
 - at 64³ with 16 filters (``--part network`` runs only these): the DVH term (``--dvh-weight 0.2``)
   against the masked MAE alone (one step of each in turn, in one process), and, as medians of
   three alternating runs, instance against batch norm, the beam channel
@@ -404,8 +406,11 @@ def child_bodies(spec: dict, strategy) -> dict:
 
     _, arrays = _phantoms(spec)
     batch = spec["batch_size"]
-    bodies = {"generator": {}, "resunet": {"arch": "resunet", "dropout": 0.0},
-              "resunet_physics": {"arch": "resunet", "dropout": 0.0, "physics": True}}
+    residual = {"arch": "resunet", "dropout": 0.0, "widths": "1,2,4,8,8,8", "head": "softplus"}
+    bodies = {"generator": {}, "resunet": residual, "resunet_physics": {**residual, "physics": True}}
+    if spec.get("widths"):  # --part widths: the width arms of docs/recipe.md's comparison against the generator
+        bodies = {"generator": {}, **{name: {**residual, "arch": arch, "widths": widths}
+                                      for name, (arch, widths) in WIDTH_ARMS.items()}}
     steps, elements, first, parameters = {}, {}, {}, {}
     for name, network in bodies.items():
         keras.utils.set_random_seed(0)
@@ -431,15 +436,23 @@ def child_bodies(spec: dict, strategy) -> dict:
             float(step.train(elements[name]))
             times[name].append(time.perf_counter() - start)
     ratio = lambda a, b: float(np.median(np.array(times[a]) / np.array(times[b])))  # noqa: E731
-    return {"parameters": parameters, "first_step_s": first,
-            "step_s": {name: float(np.median(values)) for name, values in times.items()},
-            "step_s_resunet_over_generator": ratio("resunet", "generator"),
+    result = {"parameters": parameters, "first_step_s": first,
+              "step_s": {name: float(np.median(values)) for name, values in times.items()}}
+    if spec.get("widths"):
+        return {**result, "step_s_over_generator": {name: ratio(name, "generator") for name in bodies}}
+    return {**result, "step_s_resunet_over_generator": ratio("resunet", "generator"),
             "step_s_physics_over_none": ratio("resunet_physics", "resunet")}
 
 
-def body_comparison(batch_size: int, filters: int, rounds: int) -> dict:
-    """At 64³ (``--part body``): :func:`child_bodies`, one process."""
-    config = {"resolution": 64, "filters": filters, "batch_size": batch_size, "rounds": rounds}
+# --part widths: name -> (--arch, --widths), the arms of scripts/ablation.py --table width
+WIDTH_ARMS = {"resunet": ("resunet", "1,2,4,8,8,8"), "resunet_f4": ("resunet", "0.5,1,2,4,4,4"),
+              "thin": ("resunet", "0.25,1,2,4,8,8"), "thin_capped": ("resunet", "0.25,0.5,1,2,4,4"),
+              "half_capped": ("resunet", "0.5,0.5,1,2,4,4"), "plain_half_capped": ("plain", "0.5,0.5,1,2,4,4")}
+
+
+def body_comparison(batch_size: int, filters: int, rounds: int, widths: bool = False) -> dict:
+    """At 64³ (``--part body``, ``--part widths``): :func:`child_bodies`, one process."""
+    config = {"resolution": 64, "filters": filters, "batch_size": batch_size, "rounds": rounds, "widths": widths}
     from provided_code.infra.environment import cpu_flags
 
     return {"body_config": config, "cpu_flags": cpu_flags(), **measure(dict(config, kind="bodies"))}
@@ -511,10 +524,11 @@ def main() -> None:
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
-    parser.add_argument("--part", choices=("all", "network", "body", "trace"), default="all",
+    parser.add_argument("--part", choices=("all", "network", "body", "widths", "trace"), default="all",
                         help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14); "
                              "body: only the bodies' and the physics channel's step times at 64³ (--filters, "
-                             "--steps rounds); trace: the first step with autograph on and off")
+                             "--steps rounds); widths: the width arms of docs/recipe.md's comparison against the generator, "
+                             "the same way; trace: the first step with autograph on and off")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -527,8 +541,8 @@ def main() -> None:
         print(json.dumps(trace_comparison({"resolution": args.resolution, "filters": args.filters,
                                            "batch_size": args.batch_size}), indent=2))
         return
-    if args.part == "body":
-        print(json.dumps(body_comparison(args.batch_size, args.filters, args.steps), indent=2))
+    if args.part in ("body", "widths"):
+        print(json.dumps(body_comparison(args.batch_size, args.filters, args.steps, args.part == "widths"), indent=2))
         return
 
     base = {"resolution": args.resolution, "filters": args.filters, "batch_size": args.batch_size, "steps": args.steps}
