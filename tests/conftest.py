@@ -30,6 +30,7 @@ configure_tensorflow()  # oneDNN CPU kernels for every test and the processes te
 from provided_code.data.phantoms import write_phantom_split, write_prostate_phantom_split  # noqa: E402
 from tests.kit.made_once import made_once, made_once_in_parts  # noqa: E402
 from tests.kit.ordering import slow_first  # noqa: E402
+from tests.kit.tiers import heavy_calls_allowed, heavy_calls_refused, unmarked_users_of_training_fixtures  # noqa: E402
 from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, forget_models, trained_once  # noqa: E402
 from provided_code.sites import load_site, openkbp  # noqa: E402
 
@@ -174,9 +175,41 @@ def phantom_split(tmp_path, phantom_data) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first on every worker, so that the workers finish together (``slow_first``
-    says how it deals them out to worksteal's workers)."""
+    """A test not marked slow that uses a fixture that trains is an error (``tests.kit.tiers``); the
+    slow tests first on every worker, so that the workers finish together (``slow_first`` says how
+    it deals them out to worksteal's workers)."""
+    unmarked = unmarked_users_of_training_fixtures(items)
+    if unmarked:
+        raise pytest.UsageError("Tests that train outside the slow tier:\n" + "\n".join(unmarked))
     items[:] = slow_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """A test not marked slow may not train, load a trained model or run a Python process that loads
+    TensorFlow, in its setup (the session's trained fixtures are made there), its call or its
+    teardown (``tests.kit.tiers``). Each phase is guarded on its own, and its end puts back what it
+    found: a test's monkeypatch of a guarded function, undone at teardown, puts back the guard's."""
+    with _quick_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _quick_tier_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _quick_tier_guard(item):
+        return (yield)
+
+
+def _quick_tier_guard(item):
+    if item.get_closest_marker("slow") is not None:
+        return heavy_calls_allowed()  # even in a suite that a quick test runs (tests/test_tiers.py)
+    return heavy_calls_refused(item.nodeid)
 
 
 def pytest_collection_finish(session):

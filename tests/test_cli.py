@@ -156,6 +156,7 @@ def test_an_infinite_learning_rate_or_dvh_weight_is_refused(tmp_path):
         assert result.returncode == 1 and f"Invalid `{field}`. Expected a finite number" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_preset_run_resumes_with_the_bare_command_and_a_changed_recipe_is_refused_or_recorded(phantom_data,
                                                                                                 phantom_cache, tmp_path):
@@ -240,6 +241,7 @@ def test_a_prostate_run_learns_and_predict_only_scores_it(prostate_model, prosta
     assert not any(column.startswith("PTV70") for column in columns)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_prostate_model_refuses_openkbp_data_and_an_openkbp_site_flag(prostate_model, phantom_data, prostate_data,
                                                                         tmp_path):
@@ -256,6 +258,7 @@ def test_a_prostate_model_refuses_openkbp_data_and_an_openkbp_site_flag(prostate
     assert not (results / name / "validation-predictions").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_an_openkbp_model_refuses_prostate_data(tiny_model, prostate_data, tmp_path):
     results, name = _run_copy(tiny_model, tmp_path)

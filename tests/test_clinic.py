@@ -418,6 +418,7 @@ def test_without_commissioning_the_clinics_outputs_are_the_commissioned_ones_wit
             f"bands.json): run openkbp-commission {plain}") in output.splitlines()
 
 
+@pytest.mark.slow
 def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_model, tmp_path, monkeypatch):
     """The import's patient is predicted and scored as it was written, without reading the folder
     back: with its CSVs removed right after the import, the outputs are those of the folder as read."""
@@ -446,6 +447,7 @@ def test_predict_from_dicom_predicts_the_imported_patient_kept_in_memory(tiny_mo
     assert report.dvh["scores"] == {key: expected[key] for key in ("dose_score", "dvh_score")}
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_site_that_contradicts_the_model_before_importing(tiny_model, tmp_path):
     """An OpenKBP model (its config.json's site, or none: OpenKBP) with --site prostate: one line
     naming both, before the import (nothing written)."""
@@ -471,6 +473,7 @@ def test_a_wrong_model_dir_is_named_in_one_line_and_no_folder_is_made(tmp_path):
     assert not wrong.exists() and not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_predict_refuses_a_model_being_trained_in_one_line_before_importing(tiny_model, tmp_path):
     """The model's folder is read under its lock, shared: a training run on it (which holds it) is
     named, and nothing is written."""
@@ -505,6 +508,7 @@ def test_a_real_patient_without_ptv63_is_predicted_with_default_flags(tiny_model
     assert (rd.pixel_array * float(rd.DoseGridScaling)).max() > 0
 
 
+@pytest.mark.slow
 def test_predict_from_dicom_with_a_prostate_model_imports_by_its_site(prostate_model, tmp_path):
     from provided_code.data.phantoms import make_prostate_phantom
     from tests.kit.synthetic import PROSTATE_CLINICAL_NAMES

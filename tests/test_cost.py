@@ -69,6 +69,7 @@ def test_a_checkpoints_bytes_are_estimated_within_five_percent_of_the_file(tmp_p
     assert cost["parameters"] == model.count_params() and cost["policy"] == "float32"
 
 
+@pytest.mark.slow
 def test_the_script_prints_one_json_line_for_the_training_flags():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "model_cost.py"), "--preset", "v2",
                              "--resolution", "32", "--filters", "4"], capture_output=True, text=True, timeout=300)

@@ -26,6 +26,7 @@ def _sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_a_single_run_is_one_member_at_its_newest_checkpoint_by_sha256(tiny_model):
     model = DeployedModel.open(tiny_model)  # no best checkpoint (trained without scoring): its newest
     [member] = model.members
@@ -37,6 +38,7 @@ def test_a_single_run_is_one_member_at_its_newest_checkpoint_by_sha256(tiny_mode
     assert model.what() == {"epoch": member.epoch} and model.label == f"epoch {member.epoch}"
 
 
+@pytest.mark.slow
 def test_a_cross_validated_model_is_its_folds_each_at_its_final_checkpoint_by_sha256(cv_model):
     model = DeployedModel.open(cv_model)
     assert [member.name for member in model.members] == ["cv-fold-1", "cv-fold-2"]
@@ -55,6 +57,7 @@ def _validation(phantom_data, phantom_cache):
                       site=openkbp())
 
 
+@pytest.mark.slow
 def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_data, phantom_cache):
     arrays = _validation(phantom_data, phantom_cache)
     model = DeployedModel.open(cv_model)
@@ -72,6 +75,7 @@ def test_predict_is_the_mean_of_the_members_own_predictions(cv_model, phantom_da
     np.testing.assert_allclose(averaged, (own[0].astype(np.float64) + own[1]) / 2, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_loaded_model_predicts_the_same_doses_without_reading_its_checkpoints(cv_model, phantom_data,
                                                                                 phantom_cache, monkeypatch):
     """loaded() keeps each member's Keras model (the node's): its predictions are those of the model
@@ -93,6 +97,7 @@ def _on_prostate(folder):
     return path
 
 
+@pytest.mark.slow
 def test_runs_of_two_sites_named_with_ensemble_are_refused_as_the_ensemble_option(tiny_model, tmp_path):
     other = tmp_path / "prostate-m"
     shutil.copytree(tiny_model / "models", other / "models")
@@ -104,6 +109,7 @@ def test_runs_of_two_sites_named_with_ensemble_are_refused_as_the_ensemble_optio
     assert str(caught.value) == expected
 
 
+@pytest.mark.slow
 def test_folds_of_two_sites_are_refused_as_the_model_dir_option(cv_model, tmp_path):
     copy = tmp_path / "cv"
     shutil.copytree(cv_model, copy)
@@ -116,17 +122,20 @@ def test_folds_of_two_sites_are_refused_as_the_model_dir_option(cv_model, tmp_pa
     assert str(caught.value) == expected
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_is_named_before_anything_loads(tiny_model, monkeypatch):
     monkeypatch.setattr(run_folder, "_load", lambda *args: pytest.fail("a checkpoint was loaded"))
     with pytest.raises(FileNotFoundError, match=r"^No checkpoint for epoch 9 in .*models \(have: \[1\]\)$"):
         DeployedModel.open(tiny_model, epoch=9)
 
 
+@pytest.mark.slow
 def test_a_missing_best_checkpoint_says_when_one_is_written(tiny_model):
     with pytest.raises(FileNotFoundError, match=r"^No best checkpoint in .*--score-every\)\.$"):
         DeployedModel.open(tiny_model, epoch="best")
 
 
+@pytest.mark.slow
 def test_a_cross_validated_model_missing_a_fold_is_named_as_it_is_opened(cv_model, tmp_path):
     copy = tmp_path / "cv"
     shutil.copytree(cv_model, copy, ignore=lambda folder, names: ["fold-2"] if folder == str(cv_model) else [])
@@ -135,6 +144,7 @@ def test_a_cross_validated_model_missing_a_fold_is_named_as_it_is_opened(cv_mode
         DeployedModel.open(copy)
 
 
+@pytest.mark.slow
 def test_runs_named_together_have_no_commissioning_and_say_why(tiny_model, tmp_path):
     other = tmp_path / "m2"
     shutil.copytree(tiny_model / "models", other / "models")
@@ -145,6 +155,7 @@ def test_runs_named_together_have_no_commissioning_and_say_why(tiny_model, tmp_p
                              "commissioning assesses it"]
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_is_named_as_the_model_is_opened_without_loading_it(tiny_model, tmp_path,
                                                                                    monkeypatch):
     copy = tmp_path / "m"

@@ -160,6 +160,7 @@ def test_excluded_patients_are_left_out_of_a_fold_recorded_and_another_list_is_r
     assert not (model / "fold-2" / "models").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_fold_with_another_network_or_in_a_single_runs_folder_is_refused_before_training(cv_model, phantom_data,
                                                                                          phantom_cache, tmp_path):
@@ -208,6 +209,7 @@ def _fold_command(cv_model, phantom_data, phantom_cache, tmp_path, *folds):
                      str(phantom_cache)]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_new_fold_with_another_seed_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache, tmp_path):
     """--seed deals the patients: --change-recipe, which would be refused by the dealing, is not offered."""
@@ -222,6 +224,7 @@ def test_a_new_fold_with_another_seed_is_not_offered_change_recipe(cv_model, pha
     assert "--change-recipe" not in refused.output
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_new_fold_with_another_body_and_rate_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache,
                                                                             tmp_path):
@@ -240,6 +243,7 @@ def test_a_new_fold_with_another_body_and_rate_is_not_offered_change_recipe(cv_m
     assert refused.exit_code == 1 and "(a recipe change: --change-recipe)" in refused.output
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_fold_resumed_with_another_seed_is_not_offered_change_recipe(cv_model, phantom_data, phantom_cache, tmp_path):
     from click.testing import CliRunner
@@ -252,6 +256,7 @@ def test_a_fold_resumed_with_another_seed_is_not_offered_change_recipe(cv_model,
     assert "dealt into its folds with --seed 0" in refused.output and "--change-recipe does not change" in refused.output
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("reset_keras")
 def test_a_refused_fold_leaves_no_folder_behind(cv_model, phantom_data, phantom_cache, tmp_path):
     from click.testing import CliRunner

@@ -119,6 +119,7 @@ def test_a_generator_parent_gives_a_residual_unet_nothing_and_is_refused_naming_
 
 
 # -- the parent's folder ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_folder_without_a_model_or_the_checkpoint_asked_for_is_refused_in_one_line(tiny_model, tmp_path):
     (tmp_path / "cv" / "fold-1").mkdir(parents=True)
     refusals = [(tmp_path / "none", "best", r"Invalid `init_from`. Expected a trained model's folder, with "
@@ -135,6 +136,7 @@ def test_a_folder_without_a_model_or_the_checkpoint_asked_for_is_refused_in_one_
         assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_without_init_epoch_a_parent_without_a_best_checkpoint_gives_its_final_one_saying_so(tiny_model, caplog):
     """No --init-epoch (the default, not chosen): the parent's best where it has one, else its final
     checkpoint (tiny_model was trained without validation patients: no best.keras), in one line."""
@@ -147,6 +149,7 @@ def test_without_init_epoch_a_parent_without_a_best_checkpoint_gives_its_final_o
                     f"scoring; no --init-epoch)"]
 
 
+@pytest.mark.slow
 def test_a_parent_checkpoint_changed_since_it_was_recorded_is_refused_naming_it(tiny_model, tmp_path):
     parent = tmp_path / "parent"
     shutil.copytree(tiny_model, parent)
@@ -170,6 +173,7 @@ def child(tiny_model, phantom_data, phantom_cache, tmp_path) -> TrainConfig:
                        init_epoch=1)
 
 
+@pytest.mark.slow
 def test_a_fine_tune_takes_the_parents_network_and_records_the_parent_in_config_json(child, tiny_model, caplog):
     """Only --init-from and --init-epoch given (the command line's defaults: 64 filters at 128³): the
     network is the parent's, every weight taken, and config.json says from what."""
@@ -193,6 +197,7 @@ def test_a_fine_tune_takes_the_parents_network_and_records_the_parent_in_config_
     assert f"Fine-tuning at the default learning rate {child.learning_rate:g}," in caplog.text
 
 
+@pytest.mark.slow
 def test_a_fine_tune_at_a_rate_given_or_a_presets_is_not_warned_about_its_rate(child, caplog):
     with caplog.at_level(logging.INFO):
         config = started_from(child, given={"init_from", "init_epoch", "learning_rate"})
@@ -224,6 +229,7 @@ def test_a_resume_keeps_the_fine_tuned_weights_and_never_loads_the_parent_again(
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)  # one process, deterministic ops: in practice exact
 
 
+@pytest.mark.slow
 def test_a_run_that_starts_from_the_parent_again_refuses_a_changed_parent(child, tiny_model, tmp_path):
     """A fine-tune that stopped before its first checkpoint starts from the recorded parent again:
     not from one whose checkpoint changed since."""
@@ -239,6 +245,7 @@ def test_a_run_that_starts_from_the_parent_again_refuses_a_changed_parent(child,
         train(dataclasses.replace(started, init_from="", init_epoch="best"))
 
 
+@pytest.mark.slow
 def test_every_fold_starts_from_the_parent_and_a_fold_from_another_start_is_refused(tiny_model, phantom_data,
                                                                                     phantom_cache, tmp_path):
     common = ["--folds", "2", "--filters", "4", "--resolution", "32", "--xla", "off", "--epochs", "1",

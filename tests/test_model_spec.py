@@ -248,6 +248,7 @@ def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_a
                   loss_fn=loss_function("mae", 0.0, spec))
 
 
+@pytest.mark.slow
 def test_a_run_whose_patients_have_their_own_plans_makes_them_model_inputs(prostate_model):
     """The prostate phantoms' pt_4 has its own beams.csv (seven fields) and prescriptions.csv: the
     run took both as model inputs, with room for the run's angles (patients without their own)."""

@@ -126,6 +126,7 @@ def doses_for(listener, datasets):
     return [ds for ds in listener.datasets() if ds.FrameOfReferenceUID == frame]
 
 
+@pytest.mark.slow
 def test_a_patient_comes_back_as_an_rt_dose_on_its_ct_grid(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
     assert echo(node.port)
@@ -151,6 +152,7 @@ def test_a_patient_comes_back_as_an_rt_dose_on_its_ct_grid(start_node, listener,
     assert attempt["outcome"] == "ok" and attempt["destination"] == listener.destination
 
 
+@pytest.mark.slow
 def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(start_node, listener, phantom, predictor):
     """The tests' model is a single run: no bands, no in-distribution check. The planner sees it in the
     RT Dose's series description, IT in the patient's journal entry (its history and its trust)."""
@@ -170,6 +172,7 @@ def test_an_uncommissioned_models_rt_dose_and_patients_journal_entry_say_so(star
             "among them") in status.output.splitlines()
 
 
+@pytest.mark.slow
 def test_a_dose_above_the_plausible_ceiling_is_said_in_the_journal_the_status_and_the_rt_dose(
         start_node, listener, phantom, monkeypatch, caplog):
     """A badly trained model's 860 Gy (the model's doses plus 860 Gy inside the body): sent as always,
@@ -201,6 +204,7 @@ def test_a_dose_above_the_plausible_ceiling_is_said_in_the_journal_the_status_an
     assert any(line.startswith("    Predicted dose above the plausible ceiling: ") for line in status)
 
 
+@pytest.mark.slow
 def test_a_structure_set_naming_no_images_takes_the_ct_series_of_its_frame(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
     patient = clone_patient(phantom, 20)
@@ -232,6 +236,7 @@ def test_twenty_patients_from_four_clients_are_each_predicted_and_sent_once(star
     assert len({ds.SOPInstanceUID for ds in listener.datasets()}) == 20
 
 
+@pytest.mark.slow
 def test_a_node_that_cannot_listen_lets_go_of_its_store_and_another_starts_on_it(start_node):
     """The port taken: start raises, and leaves the store unlocked and no thread behind, so that
     the same process starts a node on the store at once."""
@@ -252,6 +257,7 @@ def test_a_node_that_cannot_listen_lets_go_of_its_store_and_another_starts_on_it
     assert node.port > 0
 
 
+@pytest.mark.slow
 def test_a_sop_class_it_does_not_take_is_refused_at_its_presentation_context(start_node, phantom):
     node = start_node()
     image = clone_patient(phantom, 2)[0]
@@ -271,6 +277,7 @@ def test_a_sop_class_it_does_not_take_is_refused_at_its_presentation_context(sta
     assert row["reason"].startswith("nothing sent: this node refused its presentation context(s) for MR Image Storage")
 
 
+@pytest.mark.slow
 def test_an_undecodable_data_set_gets_a_failure_status(start_node, phantom, tmp_path, monkeypatch):
     from pynetdicom import _config
     from pydicom.filewriter import write_file_meta_info
@@ -295,6 +302,7 @@ def test_an_undecodable_data_set_gets_a_failure_status(start_node, phantom, tmp_
     assert echo(node.port)
 
 
+@pytest.mark.slow
 def test_a_truncated_ct_image_gets_a_failure_status(start_node, phantom):
     node = start_node()
     image = clone_patient(phantom, 4)[0]
@@ -303,6 +311,7 @@ def test_a_truncated_ct_image_gets_a_failure_status(start_node, phantom):
     assert not any(node.store.objects.iterdir())
 
 
+@pytest.mark.slow
 def test_a_structure_set_in_another_frame_of_reference_fails_its_patient(start_node, phantom):
     node = start_node()
     patient = clone_patient(phantom, 5)
@@ -320,6 +329,7 @@ def test_a_structure_set_in_another_frame_of_reference_fails_its_patient(start_n
     assert echo(node.port)
 
 
+@pytest.mark.slow
 def test_a_series_that_never_comes_fails_after_the_completion_timeout(start_node, phantom):
     node = start_node(completion_timeout=0.5)
     patient = clone_patient(phantom, 6)
@@ -331,6 +341,7 @@ def test_a_series_that_never_comes_fails_after_the_completion_timeout(start_node
         f"(series {ct_of(patient)[0].SeriesInstanceUID}: 5 images here)")
 
 
+@pytest.mark.slow
 def test_a_failing_prediction_fails_its_patient_and_the_next_is_predicted(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
     broken, good = clone_patient(phantom, 7), clone_patient(phantom, 8)
@@ -345,6 +356,7 @@ def test_a_failing_prediction_fails_its_patient_and_the_next_is_predicted(start_
     assert len(listener.datasets()) == 1
 
 
+@pytest.mark.slow
 def test_a_client_that_drops_mid_association_loses_nothing(start_node, listener, phantom):
     node = start_node(send_to=parse_destination(listener.destination))
     patient = clone_patient(phantom, 9)
@@ -360,6 +372,7 @@ def test_a_client_that_drops_mid_association_loses_nothing(start_node, listener,
     assert len(doses_for(listener, patient)) == 1
 
 
+@pytest.mark.slow
 def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
     later = Listener(port=free_port())
     node = start_node(send_to=parse_destination(later.destination), send_backoff=0.1)
@@ -379,6 +392,7 @@ def test_a_destination_down_then_up_gets_the_rt_dose_later(start_node, phantom):
         later.stop()
 
 
+@pytest.mark.slow
 def test_a_destination_that_stays_down_fails_the_patient_when_its_retry_window_ends(start_node, phantom):
     node = start_node(send_to=parse_destination(f"PLANNING@{LOCALHOST}:{free_port()}"), send_retry_for=0.5,
                       send_backoff=0.05)
@@ -394,6 +408,7 @@ def test_a_destination_that_stays_down_fails_the_patient_when_its_retry_window_e
     assert (node.store.result_dir(uid) / "RD.dcm").is_file()  # the prediction stays in the store
 
 
+@pytest.mark.slow
 def test_below_the_free_disk_floor_objects_are_refused_out_of_resources(start_node, phantom):
     node = start_node(min_free_bytes=2**62)
     patient = clone_patient(phantom, 12)
@@ -403,12 +418,14 @@ def test_below_the_free_disk_floor_objects_are_refused_out_of_resources(start_no
     assert echo(node.port)
 
 
+@pytest.mark.slow
 def test_an_object_over_the_size_limit_is_refused_out_of_resources(start_node, phantom):
     node = start_node(max_object_bytes=1000)
     assert send(node.port, clone_patient(phantom, 13)[:1]) == [OUT_OF_RESOURCES]
     assert not any(node.store.objects.iterdir())
 
 
+@pytest.mark.slow
 def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, caplog):
     node = start_node(allow=("TPS", "PACS"))
     assert echo(node.port, calling="PACS")
@@ -428,6 +445,7 @@ def test_a_calling_ae_title_not_allowed_is_rejected_at_association(start_node, c
                     ("association", LOCALHOST, "TPS", "OTHER", "called AE title 'OTHER' is not 'KBP'")]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Invalid value for VR UI:UserWarning")  # pydicom again, as the client encodes it
 @pytest.mark.parametrize("keyword", ["SeriesInstanceUID", "SOPInstanceUID"])
 def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node, phantom, tmp_path, keyword):
@@ -442,6 +460,7 @@ def test_a_uid_with_path_characters_writes_nothing_outside_the_store(start_node,
     assert not any(node.store.objects.iterdir())
 
 
+@pytest.mark.slow
 def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_come_again(start_node, phantom):
     later = Listener(port=free_port())
     settings = {"send_to": parse_destination(later.destination), "send_retry_for": 0.1, "send_backoff": 0.05}
@@ -466,6 +485,7 @@ def test_a_patient_whose_send_attempts_ran_out_is_sent_once_when_its_objects_com
         later.stop()
 
 
+@pytest.mark.slow
 def test_a_destination_down_for_more_than_ten_attempts_gets_the_rt_dose_once_it_is_back(start_node, phantom,
                                                                                           tmp_path):
     """As a mail server: the sends go on with back-off (a day by default), --status shows what waits
@@ -493,6 +513,7 @@ def test_a_destination_down_for_more_than_ten_attempts_gets_the_rt_dose_once_it_
         later.stop()
 
 
+@pytest.mark.slow
 def test_it_pushes_a_patient_whose_sends_gave_up_and_it_is_sent_once(start_node, phantom, tmp_path):
     later = Listener(port=free_port())
     node = start_node(send_to=parse_destination(later.destination), send_retry_for=0.2, send_backoff=0.05)
@@ -516,6 +537,7 @@ def test_it_pushes_a_patient_whose_sends_gave_up_and_it_is_sent_once(start_node,
     assert unknown.exit_code == 1 and "No patient with structure set UID or PatientID 'NOONE'" in unknown.output
 
 
+@pytest.mark.slow
 @requires_other_host
 def test_a_client_is_served_while_fifty_idle_connections_and_ten_idle_associations_are_held(
         start_node, listener, phantom):
@@ -548,6 +570,7 @@ def _cpu_seconds(threads) -> float:
     return total
 
 
+@pytest.mark.slow
 @requires_other_host
 def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_node):
     """Each association the node accepts has two threads (pynetdicom's DUL and association); idle,
@@ -573,6 +596,7 @@ def test_ten_idle_associations_cost_the_node_under_five_percent_of_a_core(start_
             assoc.release()
 
 
+@pytest.mark.slow
 def test_pynetdicom_calls_the_waiting_hooks_of_an_idle_association(start_node, monkeypatch):
     """reactor.py changes only where pynetdicom's loops wait: its DUL loop's ``_is_transport_event``
     and its association loop's ``_reactor_checkpoint.wait()``. Both entered, a few times a second
@@ -601,6 +625,7 @@ def test_pynetdicom_calls_the_waiting_hooks_of_an_idle_association(start_node, m
     assert not accepted.is_alive() and accepted.dul._wake_in.fileno() == -1  # its wake-up sockets closed
 
 
+@pytest.mark.slow
 def test_a_pynetdicom_without_a_hook_fails_the_node_at_start(start_node, monkeypatch):
     from pynetdicom.dul import DULServiceProvider
     monkeypatch.delattr(DULServiceProvider, "_is_transport_event")
@@ -608,6 +633,7 @@ def test_a_pynetdicom_without_a_hook_fails_the_node_at_start(start_node, monkeyp
         start_node()
 
 
+@pytest.mark.slow
 def test_one_caller_holding_its_allowance_locks_out_no_one_else(start_node):
     """--max-per-caller: a calling AE title at one address gets that many associations at once; one
     more is rejected (transient, local limit exceeded) and journaled, while another caller is served."""
@@ -631,6 +657,7 @@ def test_one_caller_holding_its_allowance_locks_out_no_one_else(start_node):
     wait_until(lambda: echo(node.port), 10, "TPS served again once it let go")
 
 
+@pytest.mark.slow
 @requires_other_host
 def test_one_address_under_four_ae_titles_takes_its_allowance_and_the_planning_system_is_served(start_node, phantom):
     """--max-per-address (10 by default): one host under four AE titles, each within --max-per-caller
@@ -657,6 +684,7 @@ def test_one_address_under_four_ae_titles_takes_its_allowance_and_the_planning_s
                 assoc.release()
 
 
+@pytest.mark.slow
 def test_a_client_that_keeps_reconnecting_silently_is_one_line_and_a_summary(start_node, caplog):
     caplog.set_level(logging.INFO, logger="provided_code.apps.node")
     node = start_node(acse_timeout=0.1)
@@ -671,6 +699,7 @@ def test_a_client_that_keeps_reconnecting_silently_is_one_line_and_a_summary(sta
                         f"7 more time(s) within 60 s")
 
 
+@pytest.mark.slow
 def test_an_association_over_the_limit_is_refused_for_load_with_its_address(start_node, caplog):
     node = start_node(max_associations=2)
     held = [client_ae("TPS").associate(LOCALHOST, node.port, ae_title="KBP") for _ in range(2)]
@@ -689,6 +718,7 @@ def test_an_association_over_the_limit_is_refused_for_load_with_its_address(star
     wait_until(lambda: echo(node.port), 10, "an echo served once the held associations were released")
 
 
+@pytest.mark.slow
 def test_a_connection_that_requests_no_association_in_time_is_closed(start_node, caplog):
     caplog.set_level(logging.INFO, logger="provided_code.apps.node.server")
     node = start_node(acse_timeout=0.5)
@@ -699,6 +729,7 @@ def test_a_connection_that_requests_no_association_in_time_is_closed(start_node,
     assert echo(node.port)
 
 
+@pytest.mark.slow
 def test_beyond_the_pending_limit_the_oldest_waiting_connection_is_closed(start_node, caplog):
     node = start_node(max_pending=3)
     first = socket.create_connection((LOCALHOST, node.port))
@@ -714,6 +745,7 @@ def test_beyond_the_pending_limit_the_oldest_waiting_connection_is_closed(start_
             connection.close()
 
 
+@pytest.mark.slow
 def test_a_refused_ct_image_is_journaled_with_its_patient_and_named_in_the_patients_failure(start_node, phantom,
                                                                                              caplog):
     node = start_node(completion_timeout=0.5)
@@ -736,6 +768,7 @@ def test_a_refused_ct_image_is_journaled_with_its_patient_and_named_in_the_patie
                     f"100 bytes, expected {expected}")
 
 
+@pytest.mark.slow
 def test_the_import_warnings_reach_the_log_and_the_patients_journal_entry(start_node, phantom, caplog):
     node = start_node()
     patient = clone_patient(phantom, 25)
@@ -750,6 +783,7 @@ def test_the_import_warnings_reach_the_log_and_the_patients_journal_entry(start_
     assert f"Patient PHANTOM25 (structure set {uid}), import: missing: Larynx" in lines
 
 
+@pytest.mark.slow
 def test_the_node_predicts_with_the_model_it_loaded_and_holds_its_folder_against_training(
         start_node, listener, phantom, tiny_model, tmp_path):
     from provided_code.errors import RunLockedError
@@ -860,6 +894,7 @@ def test_a_patient_outside_the_training_cohort_is_flagged_in_the_log_the_journal
     assert [d.SeriesDescription for d in doses] == ["Outside the training cohort: predicted dose, cv 2 folds"]
 
 
+@pytest.mark.slow
 def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, phantom, tmp_path):
     umask = os.umask(0)
     try:
@@ -876,6 +911,7 @@ def test_the_store_is_the_owners_only_whatever_the_umask(start_node, listener, p
     assert len(modes) > 40  # objects, results, the journal
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_short_log_line(start_node, phantom, caplog, monkeypatch):
     node = start_node()
     image = clone_patient(phantom, 28)[0]
@@ -891,6 +927,7 @@ def test_a_full_disk_is_one_short_log_line(start_node, phantom, caplog, monkeypa
         f"[Errno 28] No space left on device: {image.SOPInstanceUID}.1234.abcd.tmp")
 
 
+@pytest.mark.slow
 def test_a_prediction_failing_with_a_traceback_in_its_message_is_one_log_line(start_node, phantom, caplog):
     def failing(ct_dir, rtstruct, out_dir, rtdose=None):
         raise RuntimeError("Graph execution error:\n\nDetected at node 'conv3d' defined at (most recent call last):\n"
@@ -921,6 +958,7 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.slow
 def test_with_certificates_it_speaks_tls_only_and_a_silent_client_holds_no_one_up(start_node, tmp_path):
     cert, key = _certificate(tmp_path)
     node = start_node(tls_cert=cert, tls_key=key, network_timeout=5)
@@ -930,6 +968,7 @@ def test_with_certificates_it_speaks_tls_only_and_a_silent_client_holds_no_one_u
     assert not echo(node.port, timeout=2)  # plain DICOM on the TLS port
 
 
+@pytest.mark.slow
 def test_with_a_ca_clients_need_a_certificate_and_the_rt_dose_goes_back_over_tls(start_node, phantom, tmp_path):
     cert, key = _certificate(tmp_path)  # self-signed: its own CA, for the node, the client and the listener
     planning = Listener(ssl_context=server_ssl_context(cert, key, cert)).start()
@@ -972,6 +1011,7 @@ def _tls_1_1_client(folder: Path) -> ssl.SSLContext:
     ("TLS 1.1", "the client offered only TLS older than 1.2 (UNSUPPORTED_PROTOCOL)"),
     ("plain TCP", "the client spoke no TLS (plain DICOM on the TLS port?) ("),
 ])
+@pytest.mark.slow
 def test_a_failed_tls_handshake_is_journaled_with_what_failed(start_node, tmp_path, caplog, client, reason):
     cert, key = _certificate(tmp_path)
     node = start_node(tls_cert=cert, tls_key=key, tls_ca=cert, network_timeout=5)
@@ -990,6 +1030,7 @@ def test_a_failed_tls_handshake_is_journaled_with_what_failed(start_node, tmp_pa
     assert line.startswith(f"TLS handshake with {LOCALHOST}:") and line.endswith(f" failed: {row['reason']}")
 
 
+@pytest.mark.slow
 def test_a_second_node_on_the_same_store_is_refused(start_node):
     from provided_code.errors import RunLockedError
 
@@ -998,6 +1039,7 @@ def test_a_second_node_on_the_same_store_is_refused(start_node):
         start_node()
 
 
+@pytest.mark.slow
 def test_status_prints_the_journal(start_node, phantom, tmp_path):
     node = start_node(completion_timeout=0.3)
     patient = clone_patient(phantom, 15)
@@ -1032,6 +1074,7 @@ def _dcmtk(*args) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 @requires_dcmtk
 def test_dcmtk_echoscu_is_answered(start_node):
     node = start_node()
@@ -1039,6 +1082,7 @@ def test_dcmtk_echoscu_is_answered(start_node):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @requires_dcmtk
 def test_dcmtk_storescu_sends_a_whole_patient_and_the_rt_dose_comes_back(start_node, listener, phantom, tmp_path):
     node = start_node(send_to=parse_destination(listener.destination))
@@ -1052,6 +1096,7 @@ def test_dcmtk_storescu_sends_a_whole_patient_and_the_rt_dose_comes_back(start_n
     assert dose.NumberOfFrames == len(ct_of(patient)) and (dose.Rows, dose.Columns) == (32, 32)
 
 
+@pytest.mark.slow
 @requires_dcmtk
 def test_dcmtk_storescus_ordinary_proposals_warn_no_one_and_are_said_once(start_node, phantom, tmp_path, caplog):
     """storescu proposes some 120 storage classes; a send that stores what the node takes used none of
@@ -1072,6 +1117,7 @@ def test_dcmtk_storescus_ordinary_proposals_warn_no_one_and_are_said_once(start_
     assert len(line) < 300
 
 
+@pytest.mark.slow
 @requires_dcmtk
 def test_dcmtk_echoscu_with_an_ae_title_not_allowed_is_rejected(start_node):
     node = start_node(allow=("TPS",))

@@ -66,6 +66,7 @@ def run(trained, tmp_path) -> TrainConfig:
     return copy_of_run(trained, tmp_path)
 
 
+@pytest.mark.slow
 def test_predict_only_writes_predictions_zip_reports_and_matching_scores(run):
     report = predict(run, stage="validation")
     assert report.epoch == 2 and report.patients == 2
@@ -106,6 +107,7 @@ def test_predict_only_writes_predictions_zip_reports_and_matching_scores(run):
     assert out.with_suffix(".csv").exists()
 
 
+@pytest.mark.slow
 def test_stage_without_reference_doses_is_predicted_not_scored(run):
     report = predict(run, stage="test", epoch=1)
     assert report.epoch == 1 and report.scores is None
@@ -124,6 +126,7 @@ def test_mirror_swaps_the_parotids():
     assert np.array_equal(mirror_left_right(mirrored, 2, MIRROR_BITS), bits)
 
 
+@pytest.mark.slow
 def test_tta_prediction_is_left_right_equivariant(trained):
     _, model = RunFolder(trained.run_dir).load_newest(compile=False)
     arrays = downsample_split(load_split(Path(trained.data_dir) / "validation-pats", cache_dir=trained.cache_dir,
@@ -139,6 +142,7 @@ def test_tta_prediction_is_left_right_equivariant(trained):
     assert not np.allclose(predict_arrays(model, arrays, spec, batch_size=2), plain, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_plots_are_written_or_explained(run, monkeypatch):
     pytest.importorskip("matplotlib")
     report = predict(run, stage="validation", plots=True)
@@ -149,11 +153,13 @@ def test_plots_are_written_or_explained(run, monkeypatch):
         predict(run, stage="validation", plots=True)
 
 
+@pytest.mark.slow
 def test_unknown_model_is_a_clear_error(trained):
     with pytest.raises(FileNotFoundError, match="No trained model 'nope'"):
         predict(dataclasses.replace(trained, model_name="nope"))
 
 
+@pytest.mark.slow
 def test_a_truncated_newest_checkpoint_is_named_before_the_patients_load(tiny_model, phantom_data, phantom_cache,
                                                                          tmp_path, monkeypatch):
     """--predict-only's newest checkpoint cut off (a copy killed mid-write): refused naming the file
@@ -173,6 +179,7 @@ def test_a_truncated_newest_checkpoint_is_named_before_the_patients_load(tiny_mo
     assert read == [] and not (copy / "validation-predictions").exists()
 
 
+@pytest.mark.slow
 def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(run):
     plain = run.run_dir / "validation-predictions" / "pt_201.csv"  # the shared run's, without TTA
     _, plain_values = read_sparse_csv(plain, "pt_201", with_values=True)
@@ -195,6 +202,7 @@ def test_tta_predictions_average_the_mirrored_patient_and_cover_the_mask_at_128(
     assert not np.allclose(values, plain_values, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_path):
     broken = dataclasses.replace(trained, results_dir=str(tmp_path / "results"))
     shutil.copytree(trained.run_dir / "models", RunFolder(broken.run_dir).models)
@@ -209,6 +217,7 @@ def test_a_diverged_checkpoint_is_a_clear_error_and_writes_nothing(trained, tmp_
     assert not (broken.run_dir / "validation-predictions").exists()
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score(run, tmp_path):
     single = json.loads((run.run_dir / "validation-predictions" / "scores.json").read_text())  # the run's own
     assert single["epoch"] == RunFolder(run.run_dir).read_best()["epoch"]  # its best epoch, as each member's below
@@ -247,6 +256,7 @@ def test_an_ensemble_of_two_identical_members_scores_as_one_and_as_openkbp_score
         predict(ensemble, stage="validation", ensemble=[])
 
 
+@pytest.mark.slow
 def test_one_run_named_with_ensemble_records_its_member_and_writes_the_ensembles_zip(run):
     """--ensemble m (one ordinary run): its predictions in results/ens/ name the member that made
     them (model, epoch, SHA-256), not an epoch ens does not have, and the zip is the ensemble's."""
@@ -301,6 +311,7 @@ SLOW_PREDICT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run_tidies(trained, tmp_path):
     config = _copy_run(trained, tmp_path / "results")
     folder = config.run_dir / "validation-predictions"
@@ -335,6 +346,7 @@ def test_a_killed_predict_only_leaves_the_previous_complete_set_and_the_next_run
     _assert_scores_describe_the_csvs(config, folder, epoch=2)
 
 
+@pytest.mark.slow
 def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(run):
     config = run  # with the run's validation and test predictions
     train(TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=1, score_every=0, xla="off", data_dir=config.data_dir,
@@ -348,6 +360,7 @@ def test_start_over_moves_the_abandoned_models_predictions_and_scores_aside(run)
     assert not (config.run_dir / "test-predictions").exists()
 
 
+@pytest.mark.slow
 def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trained, tmp_path):
     data = Path(shutil.copytree(trained.data_dir, tmp_path / "data"))
     (data / "validation-pats" / "pt_202" / "dose.csv").unlink()
@@ -367,6 +380,7 @@ def test_a_stage_where_only_some_patients_have_reference_doses_scores_those(trai
     assert standalone.dose_score == report.scores.dose_score and standalone.patient_ids == ["pt_201"]
 
 
+@pytest.mark.slow
 def test_an_ensemble_member_still_training_refuses_it_and_ensembles_share_a_member(trained, tmp_path):
     for name in ("a", "b"):
         _copy_run(trained, tmp_path / "results", name)
@@ -414,6 +428,7 @@ def test_predictions_above_the_sites_plausible_ceiling_are_warned_of_in_the_log_
     assert all(f"Warning: {line}" in report.summary() for line in warned)
 
 
+@pytest.mark.slow
 def test_plan_files_a_model_of_run_wide_beams_does_not_take_are_named_in_one_warning(trained, tmp_path, caplog):
     """A patient's beams.csv, predicted by a model trained on the run's angles: predicted as before
     (the run-wide beams), and one warning names the patient's file and why."""

@@ -182,6 +182,7 @@ LOSS_SCALE_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @requires_float16_convolutions
 def test_non_finite_gradient_on_one_replica_skips_the_update_on_every_replica():
     result = subprocess.run([sys.executable, "-c", LOSS_SCALE_PROBE], capture_output=True, text=True, timeout=300)

@@ -54,6 +54,7 @@ def two_epochs(config, _two_epochs) -> TrainConfig:
     return config
 
 
+@pytest.mark.slow
 def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     result = train(config)
     assert (result.first_epoch, result.last_epoch) == (0, 3)
@@ -97,6 +98,7 @@ def test_resumed_run_equals_an_uninterrupted_one_with_augmentation_and_cosine(co
         predict(recipe, stage="validation", epoch="best")
 
 
+@pytest.mark.slow
 def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_raw_ones(config):
     """--ema (here with the beam channels, end to end): best.keras holds the optimizer's averages,
     the epoch checkpoint the raw weights (and the averages, in its optimizer), and predicting from
@@ -119,6 +121,7 @@ def test_ema_scores_keeps_and_predicts_the_averaged_weights_and_trains_on_the_ra
     assert report.scores.dose_score == pytest.approx(float(best_row["val_dose_score"]), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(two_epochs, caplog):
     config = two_epochs
     newest = RunFolder(config.run_dir).models / "epoch_2.keras"
@@ -132,12 +135,14 @@ def test_corrupt_newest_checkpoint_is_skipped_with_a_warning(two_epochs, caplog)
     assert log_epochs(config.run_dir) == [1, 2, 3]  # the row of the lost epoch 2 was replaced, not duplicated
 
 
+@pytest.mark.slow
 def test_resume_with_other_architecture_is_an_error(two_epochs):
     config = two_epochs
     with pytest.raises(ConfigError, match="filters: saved 4, requested 8"):
         train(dataclasses.replace(config, filters=8))
 
 
+@pytest.mark.slow
 def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_checkpoint(two_epochs):
     """A resume with --learning-rate 1e4 (2e-4 meant), --keep 1: the first epoch's loss is ~1e9;
     the run stops in one line before that epoch's checkpoint, and epoch_2.keras is not rotated
@@ -159,6 +164,7 @@ def test_a_diverging_resume_stops_before_saving_it_and_keeps_the_last_finite_che
         dataclasses.replace(first, learning_rate=float("inf"))
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_the_loss_and_the_rate_is_held_to_the_ceiling(two_epochs):
     """--change-recipe --loss mae --learning-rate 1e5 --keep 1: the new loss has no history to be
     compared with, so its first epoch is held to the ceiling (100 × the highest prescription, in
@@ -174,6 +180,7 @@ def test_a_resume_that_changes_the_loss_and_the_rate_is_held_to_the_ceiling(two_
     assert log_epochs(config.run_dir) == [1, 2]
 
 
+@pytest.mark.slow
 def test_the_checkpoint_before_a_recipe_change_is_kept_until_the_new_recipe_is_scored(two_epochs, caplog):
     """A change that trains worse models without diverging (a far lower rate here) must not rotate
     the model from before it away with --keep 1 before an epoch of the new recipe is scored."""
@@ -188,6 +195,7 @@ def test_the_checkpoint_before_a_recipe_change_is_kept_until_the_new_recipe_is_s
     assert [epoch for epoch, _ in RunFolder(config.run_dir).checkpoints()] == [6]
 
 
+@pytest.mark.slow
 def test_change_recipe_with_nothing_to_train_leaves_the_saved_recipe(two_epochs, caplog):
     """A run already at --epochs says so, and a --change-recipe it carries is not written into
     config.json (the next plain resume would train with it)."""
@@ -200,6 +208,7 @@ def test_change_recipe_with_nothing_to_train_leaves_the_saved_recipe(two_epochs,
     assert (RunFolder(two_epochs.run_dir).models / "config.json").read_text() == saved
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(config, monkeypatch):
     from provided_code.apps.console import one_line
 
@@ -254,6 +263,7 @@ def test_mixed_float16_runs_end_to_end_and_resumes(config, caplog):
     assert log_epochs(config.run_dir) == [1, 2]
 
 
+@pytest.mark.slow
 def test_validation_split_without_doses_is_not_an_error(config, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(config.data_dir, data)
@@ -270,6 +280,7 @@ def test_missing_data_says_where_openkbp_comes_from(config, tmp_path):
         train(dataclasses.replace(config, data_dir=str(tmp_path / "nowhere")))
 
 
+@pytest.mark.slow
 def test_a_training_patient_whose_dose_lies_outside_its_body_is_named_with_the_way_out_which_works(config, tmp_path):
     """Another patient's plan in pt_2's folder (its dose outside pt_2's possible-dose mask) stops
     the fold, naming pt_2 and --exclude; with pt_2 excluded the fold trains, pt_2 dealt all the same."""
@@ -324,6 +335,7 @@ def test_sigkill_mid_run_then_rerun_finishes_with_each_epoch_once(config, caplog
     assert [epoch for epoch, _ in RunFolder(killed.run_dir).checkpoints()] == [6, 4]
 
 
+@pytest.mark.slow
 def test_training_from_the_memory_mapped_cache_gives_the_weights_of_training_from_memory(config, caplog):
     recipe = dataclasses.replace(config, epochs=2, augment="flip,rotate,shift", score_every=1)
     in_memory = train(recipe)
@@ -340,6 +352,7 @@ def test_training_from_the_memory_mapped_cache_gives_the_weights_of_training_fro
         assert [row[name] for row in logs[0]] == [row[name] for row in logs[1]]
 
 
+@pytest.mark.slow
 def test_a_corrupt_mapped_chunk_stops_training_naming_file_patient_and_volume(config, phantom_data):
     from provided_code.data.cache import load_split
     from provided_code.data.mapped import CorruptChunkError, downsampled
