@@ -23,8 +23,6 @@ from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure
 from provided_code.run_folder import RunFolder
 from provided_code.sites import openkbp
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def commissioned(cv_model, phantom_data, phantom_cache, tmp_path_factory):
@@ -35,6 +33,7 @@ def commissioned(cv_model, phantom_data, phantom_cache, tmp_path_factory):
     return model, report
 
 
+@pytest.mark.slow
 def test_the_figures_are_those_of_the_out_of_fold_predictions_recomputed_plainly(commissioned, phantom_data,
                                                                                 phantom_cache):
     model, report = commissioned
@@ -81,6 +80,7 @@ def test_the_figures_are_those_of_the_out_of_fold_predictions_recomputed_plainly
     assert report.report["scores"] == figures["scores"]
 
 
+@pytest.mark.slow
 def test_the_page_reads_without_a_network_and_the_card_checksums_its_checkpoints(commissioned):
     model, _ = commissioned
     page = (model / "commissioning" / "report.html").read_text()
@@ -93,6 +93,7 @@ def test_the_page_reads_without_a_network_and_the_card_checksums_its_checkpoints
     assert f"`{card['checkpoints'][0]['sha256']}`" in text and "Excluded from training: none." in text
 
 
+@pytest.mark.slow
 def test_nothing_is_predicted_again(commissioned, phantom_data, phantom_cache, monkeypatch):
     model, _ = commissioned
     import provided_code.inference as inference
@@ -105,6 +106,7 @@ def test_nothing_is_predicted_again(commissioned, phantom_data, phantom_cache, m
     commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_missing_or_unfinished_fold_is_named(commissioned, tmp_path, phantom_data, phantom_cache):
     model, _ = commissioned
     broken = tmp_path / "cv"
@@ -120,6 +122,7 @@ def test_a_missing_or_unfinished_fold_is_named(commissioned, tmp_path, phantom_d
         commission(tmp_path, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_training_split_that_is_not_the_one_dealt_is_refused(commissioned, tmp_path, phantom_data):
     """The folds' figures are of the patients they were dealt: a data folder whose training split
     lost one (or gained one) is refused naming the patient, before anything is written."""
@@ -136,6 +139,7 @@ def test_a_training_split_that_is_not_the_one_dealt_is_refused(commissioned, tmp
     assert sorted(p.name for p in (model / "commissioning").rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_an_excluded_patient_whose_files_cannot_be_read_does_not_stop_the_commissioning(cv_model, tmp_path,
                                                                                      phantom_data):
     """A patient the folds excluded for its files (another patient's plan in its folder, its dose
@@ -161,6 +165,7 @@ def test_an_excluded_patient_whose_files_cannot_be_read_does_not_stop_the_commis
     assert f"- Excluded from training (and why):\n  - {patient}: another patient's plan\n" in card
 
 
+@pytest.mark.slow
 def test_a_fold_still_training_or_another_commissioning_is_named_and_nothing_is_written(commissioned, tmp_path,
                                                                                      phantom_data, phantom_cache):
     from provided_code.errors import RunLockedError
@@ -179,6 +184,7 @@ def test_a_fold_still_training_or_another_commissioning_is_named_and_nothing_is_
     assert sorted(p.name for p in (copy / "commissioning").rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_folds_that_made_them(commissioned_cv):
     folder = commissioned_cv / "commissioning"
     bands = json.loads((folder / "bands.json").read_text())
@@ -193,6 +199,7 @@ def test_bands_hold_each_structure_metrics_out_of_fold_residuals_sorted_and_the_
         assert (entry["epoch"], entry["sha256"]) == (epoch, hashlib.sha256(checkpoint.read_bytes()).hexdigest())
 
 
+@pytest.mark.slow
 def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_recomputed_plainly(
         commissioned_cv, phantom_data, phantom_cache):
     from provided_code.metrics import anatomy
@@ -256,6 +263,7 @@ def test_the_calibration_is_the_bands_coverage_of_the_validation_predictions_rec
             f"cells outside their binomial 95 % range") in card
 
 
+@pytest.mark.slow
 def test_validation_predictions_written_before_deployed_models_are_read_by_the_calibration_and_the_card(
         commissioned_cv, tmp_path, phantom_data, phantom_cache):
     """A scores.json as earlier versions wrote it ("epoch": "ensemble" beside members without their
@@ -273,10 +281,12 @@ def test_validation_predictions_written_before_deployed_models_are_read_by_the_c
     assert card["scores"]["deployed"]["members"] == legacy == [{"model": f"cv-fold-{k}", "epoch": 1} for k in (1, 2)]
 
 
+@pytest.mark.slow
 def test_without_validation_predictions_the_report_says_how_to_make_them(commissioned):
     _, report = commissioned
     assert report.report["calibration"]["note"].startswith("No scored validation predictions of the folds' ensemble")
     assert "--predict-only --stage validation --ensemble cv --model-name cv" in report.report["calibration"]["note"]
+@pytest.mark.slow
 def test_the_card_names_the_parent_and_a_parent_checkpoint_changed_since(commissioned, tmp_path, phantom_data,
                                                                          phantom_cache, caplog):
     """Folds started from a parent (--init-from; config.json's record, as training writes it): the
@@ -332,6 +342,7 @@ def _copy(commissioned, tmp_path):
     return copy
 
 
+@pytest.mark.slow
 def test_a_fold_holding_another_folds_checkpoint_is_refused_naming_it(commissioned, tmp_path, phantom_data,
                                                                      phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -342,6 +353,7 @@ def test_a_fold_holding_another_folds_checkpoint_is_refused_naming_it(commission
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_deployed_model_whose_members_are_not_the_folds_in_order_certifies_nothing(cv_model):
     """certify pairs each fold with the deployed model's member of the same fold: members in another
     order (or another count) are refused, not certified against another fold's record."""
@@ -352,6 +364,7 @@ def test_a_deployed_model_whose_members_are_not_the_folds_in_order_certifies_not
         certify(model, folds[::-1])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
                                                                    phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -365,6 +378,7 @@ def test_a_checkpoint_with_bytes_flipped_is_refused_naming_the_fold(commissioned
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned, tmp_path, phantom_data,
                                                                    phantom_cache):
     """Damaged before its predictions' record was written (the record matches): it does not load,
@@ -382,6 +396,7 @@ def test_a_checkpoint_that_does_not_load_is_refused_naming_the_fold(commissioned
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_an_edited_out_of_fold_prediction_is_refused_naming_the_fold_and_file(commissioned, tmp_path, phantom_data,
                                                                               phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -395,6 +410,7 @@ def test_an_edited_out_of_fold_prediction_is_refused_naming_the_fold_and_file(co
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_plans_changed_since_the_folds_predicted_them_are_refused_naming_the_patients(commissioned, tmp_path,
                                                                                    phantom_data):
     from provided_code.data.csv_io import write_sparse_csv
@@ -410,6 +426,7 @@ def test_plans_changed_since_the_folds_predicted_them_are_refused_naming_the_pat
         commission(model, data_dir=data, cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_folds_that_excluded_different_patients_are_refused_naming_them(commissioned, tmp_path, phantom_data,
                                                                        phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -422,6 +439,7 @@ def test_folds_that_excluded_different_patients_are_refused_naming_them(commissi
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_predictions_that_do_not_record_their_checkpoint_are_named_with_the_command(commissioned, tmp_path,
                                                                                    phantom_data, phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -441,6 +459,7 @@ def test_a_missing_model_folder_is_said_so_not_as_a_missing_splits_json(tmp_path
         commission(tmp_path / "hn")
 
 
+@pytest.mark.slow
 def test_another_commissioning_running_is_waited_for_not_a_new_model_name(commissioned, tmp_path, phantom_data,
                                                                          phantom_cache):
     from provided_code.errors import RunLockedError
@@ -453,6 +472,7 @@ def test_another_commissioning_running_is_waited_for_not_a_new_model_name(commis
     assert "--model-name" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_full_disk_names_the_file_being_written_and_leaves_the_previous_commissioning(commissioned, tmp_path,
                                                                                        phantom_data, phantom_cache,
                                                                                        monkeypatch):
@@ -472,6 +492,7 @@ def test_a_full_disk_names_the_file_being_written_and_leaves_the_previous_commis
     assert sorted(p.name for p in model.iterdir() if p.name.startswith(".commissioning")) == []
 
 
+@pytest.mark.slow
 def test_a_fold_whose_held_out_patients_are_all_excluded_is_said_so_not_run_it(commissioned, tmp_path, phantom_data,
                                                                               phantom_cache):
     """Fold 2 could not be trained (its held-out patients all excluded by fold 1's list): running it
@@ -488,6 +509,7 @@ def test_a_fold_whose_held_out_patients_are_all_excluded_is_said_so_not_run_it(c
     assert "not trained" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_the_verdict_by_the_default_tolerances_heads_the_report_and_the_card(commissioned):
     """Judged on plans.csv as a plain recomputation: each organ's Dmean and each target's D95 within
     3 Gy for 90 %; 4 patients are too few to judge any, which the report and the card say, and
@@ -519,6 +541,7 @@ def test_the_verdict_by_the_default_tolerances_heads_the_report_and_the_card(com
     assert f"Verdict (the defaults): {found['words']}" in report.summary()
 
 
+@pytest.mark.slow
 def test_a_tolerance_file_is_recorded_and_a_bad_one_refused_before_anything_is_read(commissioned, tmp_path,
                                                                                    phantom_data, phantom_cache):
     from click.testing import CliRunner
@@ -566,6 +589,7 @@ def _edit_config(model, fold: int, **fields) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
 
 
+@pytest.mark.slow
 def test_a_fold_of_another_recipe_is_refused_naming_the_setting_and_the_folds(commissioned, tmp_path, phantom_data,
                                                                             phantom_cache):
     """Fold 2 from a model trained at another rate passes every SHA-256 check: its recipe does not."""
@@ -579,6 +603,7 @@ def test_a_fold_of_another_recipe_is_refused_naming_the_setting_and_the_folds(co
     assert "--change-recipe" not in str(refused.value) and "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_mix_commissioned_on_purpose_lists_each_folds_recipe_on_the_card(commissioned, tmp_path, phantom_data,
                                                                           phantom_cache):
     """A fold retrained with --change-recipe: refused as a mix (its rate and its history), and with
@@ -601,6 +626,7 @@ def test_a_mix_commissioned_on_purpose_lists_each_folds_recipe_on_the_card(commi
         in text
 
 
+@pytest.mark.slow
 def test_a_fold_copied_from_another_model_is_refused_by_its_name(commissioned, tmp_path, phantom_data, phantom_cache):
     model = _copy(commissioned, tmp_path)
     _edit_config(model, 2, model_name="hn")
@@ -608,6 +634,7 @@ def test_a_fold_copied_from_another_model_is_refused_by_its_name(commissioned, t
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_fold_folder_of_another_dealing_is_told_a_command_that_trains_it_anew(commissioned, tmp_path, phantom_data,
                                                                               phantom_cache):
     """fold-2/ copied from a model whose patients were dealt with another --seed: its held-out
@@ -639,6 +666,7 @@ def test_a_fold_folder_of_another_dealing_is_told_a_command_that_trains_it_anew(
     commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_each_fold_records_the_files_of_the_patients_it_trained_on(commissioned):
     model, report = commissioned
     dealing = read_dealing(model)
@@ -658,6 +686,7 @@ def test_each_fold_records_the_files_of_the_patients_it_trained_on(commissioned)
     assert "Folds 1 and 2 recorded the SHA-256 of every file of each patient they trained on" in card
 
 
+@pytest.mark.slow
 def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_patient_and_folds(tmp_path,
                                                                                                phantom_data):
     """Fold 1 trained on a patient's plan; the plan was halved; fold 2, which holds the patient out,
@@ -692,6 +721,7 @@ def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_pa
         commission(model, data_dir=data, cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_a_contour_or_ct_changed_since_the_folds_predicted_is_refused_naming_the_files(commissioned, tmp_path,
                                                                                        phantom_data):
     """The DVH values, the anatomy features and the cohort are computed from the structures and the
@@ -713,6 +743,7 @@ def test_a_contour_or_ct_changed_since_the_folds_predicted_is_refused_naming_the
         commission(model, data_dir=data, cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_a_model_trained_before_folds_recorded_their_data_commissions_as_before_and_says_so(
         commissioned, tmp_path, phantom_data, phantom_cache):
     """Folds without trained_on.json, whose out-of-fold predictions recorded only the plans' SHA-256:
@@ -742,6 +773,7 @@ def test_a_model_trained_before_folds_recorded_their_data_commissions_as_before_
         commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
 
 
+@pytest.mark.slow
 def test_a_model_named_by_a_path_that_ends_in_dot_dot_is_named_by_its_folder(commissioned, tmp_path, phantom_data,
                                                                            phantom_cache):
     model = _copy(commissioned, tmp_path)
@@ -750,6 +782,7 @@ def test_a_model_named_by_a_path_that_ends_in_dot_dot_is_named_by_its_folder(com
     assert (model / "commissioning" / "MODEL_CARD.md").read_text().startswith("# Model card: cv\n")
 
 
+@pytest.mark.slow
 def test_bands_and_cohort_edited_after_commissioning_are_refused_when_read(commissioned, tmp_path):
     """The card binds both files by SHA-256: residuals set to 0 or alpha set to 0.9 by hand are not
     used as if commissioning had written them."""

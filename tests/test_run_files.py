@@ -1,6 +1,7 @@
 """What a run writes, after the machine or the user broke it: a cut-off log line, a log that does
 not parse, a deleted config.json, checkpoints that no longer load, a changed schedule. Each
-scenario breaks its own copy of one two-epoch run (trained once per test run)."""
+scenario breaks its own copy of one two-epoch run (trained once per test run); the log's repair is
+also tried alone, on a log written by hand (the quick tier's test of this module)."""
 
 import dataclasses
 import logging
@@ -9,12 +10,12 @@ import pytest
 
 from provided_code.config import ConfigError, TrainConfig
 from provided_code.run_folder import CheckpointError, RunFolder
-from provided_code.training.epoch_log import LogError, read_log
+from provided_code.training.epoch_log import COLUMNS, LogError, read_log, read_log_rows, repair_log
 from provided_code.training.train import train
 from tests.kit.runs import copy_of_run, trained_once
 
 
-pytestmark = [pytest.mark.usefixtures("reset_keras"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("reset_keras")
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +35,27 @@ def config(trained, tmp_path) -> TrainConfig:
     return copy_of_run(trained, tmp_path)
 
 
+def test_the_repair_before_a_resume_leaves_out_a_cut_off_row_and_the_epochs_after_it(tmp_path, caplog):
+    """The log as a crash while epoch 4's row was written left it, repaired for a resume from epoch 2
+    (the newest checkpoint): the cut-off row and epoch 3's row go, each said in the log; the complete
+    rows before stay as they were."""
+    log = tmp_path / "training_log.csv"
+    rows = [f"{epoch},0.5,0.4,,,0.0002,1.5,2.5,100" for epoch in (1, 2, 3)]
+    log.write_text(",".join(COLUMNS) + "\n" + "\n".join(rows) + "\n4,0.3,0.")
+    complete, cut = read_log_rows(log)
+    assert [row["epoch"] for row in complete] == ["1", "2", "3"] and cut
+    with caplog.at_level(logging.INFO):
+        repair_log(log, 2)
+    assert "ended in a cut-off row (a crash while it was written): left out" in caplog.text
+    assert "Dropping 1 log row(s) after epoch 2" in caplog.text
+    assert log.read_text() == ",".join(COLUMNS) + "\n" + "\n".join(rows[:2]) + "\n"
+
+
 def _epochs(config):
     return [int(row["epoch"]) for row in read_log(RunFolder(config.run_dir).log)]
 
 
+@pytest.mark.slow
 def test_a_row_cut_off_by_a_crash_is_left_out_and_the_epoch_trained_again(config, caplog):
     folder = RunFolder(config.run_dir)
     # A crash while epoch 2's row was written (so before its checkpoint): the row is cut off.
@@ -50,6 +68,7 @@ def test_a_row_cut_off_by_a_crash_is_left_out_and_the_epoch_trained_again(config
     assert _epochs(config) == [1, 2] and all(float(row["learning_rate"]) == pytest.approx(2e-4) for row in rows)  # float32 rate, as text
 
 
+@pytest.mark.slow
 def test_a_cosine_schedule_resumed_with_other_epochs_is_said(config, caplog):
     # A cosine schedule resumed with another --epochs (a recipe change, so --change-recipe): said, not silent.
     with caplog.at_level(logging.WARNING):
@@ -57,6 +76,7 @@ def test_a_cosine_schedule_resumed_with_other_epochs_is_said(config, caplog):
     assert "schedule changes on this resume (saved: constant over 2 epochs, now: cosine over 3)" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_log_that_does_not_parse_is_one_line_naming_the_file(config):
     log = RunFolder(config.run_dir).log
     good = log.read_text()
@@ -68,6 +88,7 @@ def test_a_log_that_does_not_parse_is_one_line_naming_the_file(config):
         train(dataclasses.replace(config, epochs=3))
 
 
+@pytest.mark.slow
 def test_checkpoints_without_config_json_are_refused_not_read_with_the_flags(config):
     # config.json deleted, checkpoints kept: the flags (another --filters) must not pass for the model's.
     config_file = RunFolder(config.run_dir).config_file
@@ -82,6 +103,7 @@ def _break_every_checkpoint(config):
         path.write_bytes(b"not a keras file")
 
 
+@pytest.mark.slow
 def test_no_checkpoint_that_loads_is_refused_with_the_reason(config):
     # Every checkpoint unreadable: refused with the reason; the log and files stay.
     _break_every_checkpoint(config)
@@ -90,6 +112,7 @@ def test_no_checkpoint_that_loads_is_refused_with_the_reason(config):
     assert _epochs(config) == [1, 2]
 
 
+@pytest.mark.slow
 def test_start_over_moves_the_old_files_aside_and_trains_anew(config):
     # --start-over (what no checkpoint that loads needs): the old files move aside, training begins
     # at epoch 0 with a fresh log.
