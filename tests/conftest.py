@@ -28,7 +28,7 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 
 from provided_code.data.phantoms import write_phantom_split, write_prostate_phantom_split  # noqa: E402
-from tests.kit.made_once import made_once, made_once_in_parts  # noqa: E402
+from tests.kit.made_once import leave_only, made_once, made_once_in_parts  # noqa: E402
 from tests.kit.ordering import slow_first  # noqa: E402
 from tests.kit.tiers import heavy_calls_allowed, heavy_calls_refused, unmarked_users_of_training_fixtures  # noqa: E402
 from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, forget_models, trained_once  # noqa: E402
@@ -210,6 +210,29 @@ def _quick_tier_guard(item):
     if item.get_closest_marker("slow") is not None:
         return heavy_calls_allowed()  # even in a suite that a quick test runs (tests/test_tiers.py)
     return heavy_calls_refused(item.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's folder (``tmp_path``) is kept at the run's end (``pytest_sessionfinish``)."""
+    report = yield
+    if report.failed and "tmp_path" in getattr(item, "funcargs", {}):
+        item.config.stash.setdefault(_FAILED_FOLDERS, set()).add(item.funcargs["tmp_path"])
+    return report
+
+
+_FAILED_FOLDERS = pytest.StashKey[set]()
+
+
+def pytest_sessionfinish(session):
+    """The run's temporary folder emptied but for the failed tests' folders (``leave_only``): in each
+    pytest-xdist worker its own folder, then in the controller (or a run without workers) the folder
+    the workers share, with the material made once for all (``made_once``)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's; no public way to its folder
+    base = getattr(factory, "_basetemp", None)  # None: no test asked for a temporary folder
+    if base is not None:
+        leave_only(base, session.config.stash.get(_FAILED_FOLDERS, set()),
+                   workers=not os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 def pytest_collection_finish(session):

@@ -1,6 +1,7 @@
 """Material made once per test run and shared by the pytest-xdist workers (phantoms, their cache,
 trained runs): the first worker to ask makes it in the folder the workers share, under a lock file;
-the others wait for it and use it too. Read-only once made."""
+the others wait for it and use it too. Read-only once made, and removed when the run ends
+(:func:`leave_only`), as the folders of module and session fixtures are."""
 
 from __future__ import annotations
 
@@ -54,3 +55,23 @@ def made_once_in_parts(tmp_path_factory, name: str, parts: dict[str, object]) ->
         for index, (part, make) in enumerate(parts.items()):
             _make_locked(marks / f"{index}.lock", folder / part, marks / f"{index}.made", make, wait=wait)
     return folder
+
+
+def leave_only(base: Path, kept, workers: bool) -> None:
+    """At the end of a test run (or of one pytest-xdist worker's part of it), everything in ``base``,
+    pytest's temporary folder for it, removed but the folders in ``kept`` (those of the tests that
+    failed, to look into) and, when ``workers``, pytest-xdist's worker folders (``popen-gw<n>``:
+    each worker empties its own). What goes: this module's material, the folders of module and
+    session fixtures (``tmp_path_factory.mktemp``), and those of passed tests pytest could not remove.
+    pytest itself keeps only failed tests' folders (``tmp_path_retention_policy``), but all of
+    ``base`` once a test failed: gigabytes of phantoms, caches and trained runs."""
+    kept = {Path(path).resolve() for path in kept}
+    if not base.is_dir():
+        return
+    for entry in base.iterdir():
+        if entry.resolve() in kept or (workers and entry.name.startswith("popen-gw")):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
