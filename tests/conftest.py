@@ -5,8 +5,8 @@ The suite's time goes to TensorFlow starts and training runs (each run traces it
 Material made once per test run and shared by the xdist workers (``tests.kit.made_once``): the
 phantoms (``phantom_data``, copied by ``phantom_split``; ``prostate_data``), their cache
 (``phantom_cache``: a run of a test's own finds it with ``tests.kit.cache_files.linked_cache``), and
-trained runs (``tests.kit.runs.trained_once``; ``tiny_model``, ``prostate_model``), read-only,
-copied by a test that changes one (``tests.kit.runs.copy_of_run``). A run on one device needs no
+trained runs (``tests.kit.runs.trained_once``; ``tiny_model``, ``two_epoch_run``, ``prostate_model``),
+read-only, copied by a test that changes one (``tests.kit.runs.copy_of_run``). A run on one device needs no
 process of its own (``CliRunner`` runs the command line in the test's process)."""
 
 from __future__ import annotations
@@ -88,6 +88,38 @@ def tiny_model(phantom_data, phantom_cache, tmp_path_factory) -> Path:
     return trained_once(tmp_path_factory, "tiny-model", lambda root: TrainConfig(
         **LIGHT_BODY, filters=4, resolution=32, epochs=1, xla="off", score_every=0, data_dir=str(phantom_data),
         results_dir=str(root / "results"), model_name="m", cache_dir=str(phantom_cache))).run_dir
+
+
+@pytest.fixture(scope="session")
+def two_epoch_run(phantom_data, tmp_path_factory):
+    """The TrainConfig of a run trained once per test run: two epochs on the phantoms (a checkpoint
+    after each, scored at the last only: epoch 2 is also the best), with two test patients (the
+    validation ones without their doses), its validation and test predictions written. Read-only:
+    copy it (``tests.kit.runs.copy_of_run``, or its ``run_dir``); its data (links to phantom_data's
+    files) and cache are shared (all three splits cached first). tests/test_predict.py predicts
+    with it; tests/test_train.py resumes it (the recipe of its ``config``, other cadences)."""
+    from provided_code.config import TrainConfig
+    from provided_code.data.cache import load_split
+    from tests.kit.runs import predict
+
+    def config_in(root):
+        return TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, xla="off",
+                           data_dir=str(root / "data"),
+                           results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
+
+    def write_data(root):
+        shutil.copytree(phantom_data, root / "data", copy_function=os.link)  # read-only: links
+        for number, source in ((241, "pt_201"), (242, "pt_202")):  # test patients: the validation ones without a dose
+            shutil.copytree(phantom_data / "validation-pats" / source, root / "data" / "test-pats" / f"pt_{number}",
+                            copy_function=os.link, ignore=lambda folder, names: ["dose.csv"])
+        for split in ("train-pats", "validation-pats", "test-pats"):
+            load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1, site=openkbp())
+
+    def write_predictions(config):
+        for stage in ("validation", "test"):
+            predict(config, stage=stage)
+
+    return trained_once(tmp_path_factory, "two-epoch-run", config_in, before=write_data, after=write_predictions)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import signal
@@ -28,36 +27,18 @@ from provided_code.run_folder import CheckpointError, RunFolder
 from provided_code.sites import load_site, openkbp
 from provided_code.training.train import train
 from tests.kit.repo import console_script
-from tests.kit.runs import LIGHT_BODY, copy_of_run, predict, trained_once
+from tests.kit.runs import LIGHT_BODY, copy_of_run, predict
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 MIRROR_BITS = load_site("openkbp").mirror_bits  # the parotids
 
 
 @pytest.fixture(scope="session")
-def trained(phantom_data, tmp_path_factory) -> TrainConfig:
-    """Two epochs on the phantoms, with two test patients (the validation ones without their doses),
-    trained once per test run, its validation and test predictions written (the newest epoch, 2,
-    also the best: scored at the last epoch only). Read-only (its copy: ``run``); its data (links to
-    phantom_data's files) and cache are shared (all three splits cached first)."""
-    def config_in(root):
-        return TrainConfig(**LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, xla="off",
-                           data_dir=str(root / "data"),
-                           results_dir=str(root / "results"), model_name="m", cache_dir=str(root / "cache"))
-
-    def write_data(root):
-        shutil.copytree(phantom_data, root / "data", copy_function=os.link)  # read-only: links
-        for number, source in ((241, "pt_201"), (242, "pt_202")):  # test patients: the validation ones without a dose
-            shutil.copytree(phantom_data / "validation-pats" / source, root / "data" / "test-pats" / f"pt_{number}",
-                            copy_function=os.link, ignore=lambda folder, names: ["dose.csv"])
-        for split in ("train-pats", "validation-pats", "test-pats"):
-            load_split(root / "data" / split, cache_dir=root / "cache", require_dose=False, workers=1, site=openkbp())
-
-    def write_predictions(config):
-        for stage in ("validation", "test"):
-            predict(config, stage=stage)
-
-    return trained_once(tmp_path_factory, "predict-run", config_in, before=write_data, after=write_predictions)
+def trained(two_epoch_run) -> TrainConfig:
+    """The run these tests predict with: conftest's ``two_epoch_run`` (two epochs, the newest, 2,
+    also the best; two test patients; its validation and test predictions written). Read-only (its
+    copy: ``run``)."""
+    return two_epoch_run
 
 
 @pytest.fixture

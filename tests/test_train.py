@@ -24,7 +24,7 @@ from provided_code.training.epoch_log import read_log
 from provided_code.training.train import model_weights, train, weights_fingerprint
 from tests.kit.cache_files import linked_cache
 from tests.kit.repo import REPO
-from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, log_epochs, predict, trained_once
+from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS, log_epochs, predict
 from tests.kit.skips import requires_float16_convolutions
 
 
@@ -39,18 +39,12 @@ def config(phantom_data, phantom_cache, tmp_path) -> TrainConfig:
                        model_name="tiny", cache_dir=str(linked_cache(phantom_cache, tmp_path / "cache")))
 
 
-@pytest.fixture(scope="session")
-def _two_epochs(phantom_data, phantom_cache, tmp_path_factory) -> TrainConfig:
-    """``config`` trained to epoch 2 once per test run (checkpoints 1 and 2, the log, config.json)."""
-    return trained_once(tmp_path_factory, "train-two-epochs", lambda root: TrainConfig(
-        **LIGHT_BODY, filters=4, resolution=32, epochs=2, save_every=1, keep=2, xla="off", score_every=0, data_dir=str(phantom_data),
-        results_dir=str(root / "results"), model_name="tiny", cache_dir=str(phantom_cache)))
-
-
 @pytest.fixture
-def two_epochs(config, _two_epochs) -> TrainConfig:
-    """``config`` whose model is already trained to epoch 2: a copy of the shared run folder."""
-    shutil.copytree(_two_epochs.run_dir, config.run_dir)
+def two_epochs(config, two_epoch_run) -> TrainConfig:
+    """``config`` whose model is already trained to epoch 2: a copy of the shared run folder
+    (conftest's ``two_epoch_run``: the same network and recipe as ``config``; other cadences, data
+    folder and name, which a resume takes from the command)."""
+    shutil.copytree(two_epoch_run.run_dir, config.run_dir)
     return config
 
 
