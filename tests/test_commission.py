@@ -25,11 +25,33 @@ from provided_code.sites import openkbp
 
 
 @pytest.fixture(scope="module")
-def commissioned(cv_model, phantom_data, phantom_cache, tmp_path_factory):
-    """A copy of the cross-validated model, commissioned once for this module (read-only)."""
+def commissioning(cv_model, phantom_data, phantom_cache, tmp_path_factory):
+    """A copy of the cross-validated model (no validation predictions: conftest's ``commissioned_cv``
+    has them), commissioned once for this module (read-only): the model's folder, the report, and
+    the calls commissioning made meanwhile to the functions that predict a patient (each then run)."""
+    import provided_code.inference as inference
+
     model = tmp_path_factory.mktemp("commission") / "cv"
     shutil.copytree(cv_model, model)
-    report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    predicted = []
+
+    def recorded(name, original):
+        def call(*args, **kwargs):
+            predicted.append(name)
+            return original(*args, **kwargs)
+        return call
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("predict_full_resolution", "predict_arrays"):
+            patch.setattr(inference, name, recorded(name, getattr(inference, name)))
+        report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+    return model, report, predicted
+
+
+@pytest.fixture(scope="module")
+def commissioned(commissioning):
+    """``commissioning``'s model folder and report."""
+    model, report, _ = commissioning
     return model, report
 
 
@@ -94,16 +116,10 @@ def test_the_page_reads_without_a_network_and_the_card_checksums_its_checkpoints
 
 
 @pytest.mark.slow
-def test_nothing_is_predicted_again(commissioned, phantom_data, phantom_cache, monkeypatch):
-    model, _ = commissioned
-    import provided_code.inference as inference
-
-    def no(*args, **kwargs):
-        raise AssertionError("commissioning predicted a patient")
-
-    monkeypatch.setattr(inference, "predict_full_resolution", no)
-    monkeypatch.setattr(inference, "predict_arrays", no)
-    commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+def test_nothing_is_predicted_again(commissioning):
+    """The module's commissioning itself (not one more): it read the folds' out-of-fold predictions."""
+    _, _, predicted = commissioning
+    assert predicted == [], "commissioning predicted a patient"
 
 
 @pytest.mark.slow
@@ -687,10 +703,11 @@ def test_each_fold_records_the_files_of_the_patients_it_trained_on(commissioned)
 
 
 @pytest.mark.slow
-def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_patient_and_folds(tmp_path,
+def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_patient_and_folds(cv_model, tmp_path,
                                                                                                phantom_data):
-    """Fold 1 trained on a patient's plan; the plan was halved; fold 2, which holds the patient out,
-    predicted it against the halved one: each fold's checks pass, but the folds disagree."""
+    """Fold 1 trained on a patient's plan (``cv_model``'s fold 1: CV_RUN's on the phantoms, a copy of
+    which fold 2 trains on); the plan was halved; fold 2, which holds the patient out, predicted it
+    against the halved one: each fold's checks pass, but the folds disagree."""
     from click.testing import CliRunner
 
     import provided_code.apps.cli as cli
@@ -702,10 +719,8 @@ def test_folds_trained_on_different_versions_of_a_plan_are_refused_naming_the_pa
     shutil.copytree(phantom_data, data)
     common = [*CV_RUN, "--data-dir", str(data), "--results-dir", str(tmp_path / "results"), "--cache-dir",
               str(tmp_path / "cache")]
-    result = CliRunner().invoke(cli.main, [*common, "--fold", "1"])
-    forget_models()
-    assert result.exit_code == 0, result.output
     model = tmp_path / "results" / "cv"
+    shutil.copytree(cv_model, model, ignore=lambda folder, names: ["fold-2"] if Path(folder) == cv_model else [])
     patient = read_dealing(model).held_out_of(2)[0]  # trained on by fold 1
     dose = data / "train-pats" / patient / "dose.csv"
     indices, values = read_sparse_csv(dose, patient, with_values=True)
