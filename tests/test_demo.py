@@ -51,7 +51,9 @@ def test_demo_on_the_prostate_site(prostate_data, tmp_path):
                                        "--arch", "generator"])
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
-    assert re.search(r"dose score \d+\.\d+ Gy, DVH score \d+\.\d+ Gy on 1 held-out phantom$", last)
+    scored = re.search(r"dose score (\d+\.\d+) Gy, DVH score \d+\.\d+ Gy on 1 held-out phantom(;.*)?$", last)
+    assert scored  # two epochs of four filters may not have learned yet: then the line says so
+    assert not scored[2] or scored[2].startswith("; WARNING: the model has")
     assert (data / "train-pats" / "pt_4" / "beams.csv").exists()
     assert not (data / "train-pats" / "pt_3" / "beams.csv").exists()
     assert (data / "train-pats" / "pt_1" / "PTV78.csv").exists()

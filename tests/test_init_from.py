@@ -104,7 +104,7 @@ def test_a_model_that_takes_nothing_is_refused_in_one_line():
         take_weights(_model(wider, seed=2), wider, parent)
     message = str(refused.value)
     assert "\n" not in message and "parent 'parent' (epoch 3" in message
-    assert "4 filters at 16³" in message and "8 filters at 16³" in message
+    assert "4 filters × widths 1,2,4,8,8,8 at 16³" in message and "8 filters × widths 1,2,4,8,8,8 at 16³" in message
 
 
 def test_a_generator_parent_gives_a_residual_unet_nothing_and_is_refused_naming_both_bodies():

@@ -22,6 +22,7 @@ from provided_code.model_spec import ANGLES, STRUCTURE_BITS, UNCHANGED, VOLUME, 
 from provided_code.losses import loss_function
 from provided_code.sites import load_site, openkbp, site_from_dict
 from provided_code.training.feeds import fit_patient_inputs
+from provided_code.training.admission import resume
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
@@ -164,7 +165,7 @@ def test_training_takes_per_patient_inputs_from_its_data_and_a_resume_cannot_gai
     with pytest.raises(InputError, match="--beam-channels each"):
         fit_patient_inputs(TrainConfig(beam_channels="each"), [own])
     assert TrainConfig.from_json(fitted.to_json()) == fitted
-    assert fitted.resume(fitted, given=None)[0].beam_slots == 11  # a library caller's config cannot drop them
+    assert resume(fitted, fitted, given=None)[0].beam_slots == 11  # a library caller's config cannot drop them
 
 
 def test_plan_files_a_model_does_not_take_are_named_in_one_warning_per_split(caplog):

@@ -61,7 +61,8 @@ def test_short_run_rotates_checkpoints_and_logs_each_epoch(config):
     assert float(row["val_loss"]) > 0 and float(row["learning_rate"]) == pytest.approx(2e-4)  # cosine: peak first (a float32 variable: 1e-6 relative)
     assert float(row["peak_memory_mb"]) > 50  # this process's peak resident memory (CPU)
     saved = TrainConfig.from_json((RunFolder(config.run_dir).models / "config.json").read_text())
-    assert saved == dataclasses.replace(config, precision="float32")  # auto, resolved on this CPU
+    assert saved == dataclasses.replace(config, precision="float32", cost=saved.cost)  # auto, resolved on this CPU
+    assert saved.cost["parameters"] > 0 and saved.cost["gmac_per_sample"] > 0  # what the run costs, counted at its start
     assert not [name for name in os.listdir(RunFolder(config.run_dir).models) if name.startswith(".")]
 
     again = train(config)  # already at --epochs: nothing to do, nothing written twice
