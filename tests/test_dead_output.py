@@ -78,21 +78,22 @@ def test_a_model_whose_doses_vary_or_recover_is_left_alone():
 
 @pytest.mark.slow
 def test_a_run_whose_relu_head_died_stops_before_saving_the_epoch(phantom_data, phantom_cache, tmp_path, monkeypatch):
-    """A residual U-Net with the ReLU head of models saved before the softplus one, its head's bias
-    pushed far below zero: it predicts 0 Gy everywhere from the start, and the run stops at the
-    second epoch, before that epoch's checkpoint or log row."""
+    """A network ending in a ReLU (the generator's; the residual U-Net's before the softplus head),
+    its last convolution's bias pushed far below zero: it predicts 0 Gy everywhere from the start,
+    and the run stops at the second epoch, before that epoch's checkpoint or log row. The guard
+    reads the predictions, not the body (the generator: a third of the residual U-Net's step)."""
     from provided_code.training import train as train_module
 
     made = train_module.new_model
 
     def dead_model(*args, **kwargs):
         model = made(*args, **kwargs)
-        kernel, bias = model.get_layer("dose_head").get_weights()
-        model.get_layer("dose_head").set_weights([kernel, bias - 100.0])
+        kernel, bias = model.get_layer("dose_conv").get_weights()
+        model.get_layer("dose_conv").set_weights([kernel, bias - 100.0])
         return model
 
     monkeypatch.setattr(train_module, "new_model", dead_model)
-    config = TrainConfig(arch="resunet", head="relu", filters=4, resolution=32, epochs=4, save_every=1, xla="off",
+    config = TrainConfig(arch="generator", head="relu", filters=4, resolution=32, epochs=4, save_every=1, xla="off",
                          score_every=1, data_dir=str(phantom_data), results_dir=str(tmp_path / "results"),
                          model_name="dead", cache_dir=str(linked_cache(phantom_cache, tmp_path / "cache")))
     with pytest.raises(DeadOutputError, match="Training stopped at epoch 2: the model's output has died"):

@@ -9,6 +9,7 @@ import pytest
 
 from provided_code.training.hardware import resolve_precision, resolve_xla
 from tests.kit.repo import REPO
+from tests.kit.runs import LIGHT_BODY, LIGHT_FLAGS
 
 
 def test_auto_precision_is_mixed_float16_only_when_every_gpu_has_tensor_cores():
@@ -27,7 +28,7 @@ def test_auto_xla_is_on_with_a_gpu_and_off_on_a_cpu_and_says_why():
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_the_training_step_and_reloads_a_checkpoint_on_a_cpu(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--resolution", "32",
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), *LIGHT_FLAGS, "--resolution", "32",
                              "--filters", "4", "--steps", "2", "--warmup", "1", "--epochs", "10"],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -42,7 +43,8 @@ def test_the_gpu_check_runs_the_training_step_and_reloads_a_checkpoint_on_a_cpu(
     assert 0 <= check["input_share"] < 1 and check["peak_memory_mb"] > 0
     assert check["cost"]["gmac_per_sample"] > 0 and check["estimated_hours"] > 0
     verdict = result.stderr.strip().splitlines()[-1]
-    assert verdict == check["verdict"] and verdict.startswith("10 epochs of 200 patients at 32³, --filters 4")
+    assert verdict == check["verdict"] and verdict.startswith("10 epochs of 200 patients at 32³, --filters 4 "
+                                                              f"({LIGHT_BODY['arch']}, widths")
     assert "checkpoint saved and reloaded alike" in verdict
     assert not list(tmp_path.iterdir())  # nothing left behind
 

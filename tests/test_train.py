@@ -415,15 +415,15 @@ def test_a_residual_unet_with_the_physics_channel_resumes_as_if_uninterrupted(co
 def test_the_default_body_learns_each_sites_phantoms(site, request, tmp_path):
     """The default network (its body, widths and head as TrainConfig has them), trained briefly on
     four phantoms of each site, predicts the held-out two with a dose score under half of zero
-    dose's (measured: 0.20 to 0.32 of it; the residual U-Net's ReLU head stayed at zero dose's on
-    the prostate's)."""
+    dose's (measured after 10 epochs: 0.22 and 0.30 of it, after 20: 0.20 to 0.32; the residual
+    U-Net's ReLU head stayed at zero dose's on the prostate's)."""
     from provided_code.data.cache import load_split
     from provided_code.metrics.scoring import score_split
 
     data = request.getfixturevalue("phantom_data" if site == "openkbp" else "prostate_data")
     defaults = TrainConfig()
-    config = TrainConfig(site=site, filters=8, resolution=32, epochs=20, batch_size=1, learning_rate=3e-3, xla="off",
-                         score_every=20, save_every=20, data_dir=str(data), results_dir=str(tmp_path / "results"),
+    config = TrainConfig(site=site, filters=8, resolution=32, epochs=10, batch_size=1, learning_rate=3e-3, xla="off",
+                         score_every=10, save_every=10, data_dir=str(data), results_dir=str(tmp_path / "results"),
                          model_name="learns", cache_dir=str(tmp_path / "cache"))
     assert (config.arch, config.widths, config.head) == (defaults.arch, defaults.widths, defaults.head)
     train(config)
