@@ -308,6 +308,7 @@ def test_skip_incomplete_on_the_real_broken_patients(tmp_path):
                               "pt_38": "possible_dose_mask.csv: file is missing"}
 
 
+@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
 @requires_sample
 @pytest.mark.parametrize("split", ["train-pats", "validation-pats"])
 def test_real_round_trip_csv_cache_arrays_csv(tmp_path, split):

@@ -169,6 +169,7 @@ def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_wri
     assert (out / "patient" / "ct.csv").is_file() and not (out / "RD.dcm").exists()
 
 
+@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
 @pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
 def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruct(tmp_path, monkeypatch):
     """Oracle: dicompyler-core (an independent DVH calculator) on the exported RD.dcm, and on the

@@ -102,6 +102,7 @@ def unet_steps(recompute: bool, steps: int = 3):
     return losses, model_weights(model)
 
 
+@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
 def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
     losses, weights = unet_steps(recompute=False)
     again, weights_again = unet_steps(recompute=True)
