@@ -6,8 +6,8 @@
 
 For each arm (``default``: ``TrainConfig``'s network; ``v2``: ``--preset v2``'s generator;
 ``resunet-full``: the residual U-Net at the widths it had before the comparison of issue 52,
-1,2,4,8,8,8; ``thin``/``thin-capped``/``half-capped``: its widths 0.25,1,2,4,8,8 / 0.25,0.5,1,2,4,4 /
-0.5,0.5,1,2,4,4), ``--folds``
+1,2,4,8,8,8; ``thin``/``thin-capped``/``half-capped``/``half``: its widths 0.25,1,2,4,8,8 / 0.25,0.5,1,2,4,4 /
+0.5,0.5,1,2,4,4 / 0.5,1,2,4,4,4, the last ``--filters 32`` of the old widths), ``--folds``
 models of that network with weights of their own (random: the time does not depend on what they
 learned) are saved as run folders, then opened and loaded together as the deployed model a node
 keeps in memory (:class:`provided_code.deployed_model.DeployedModel`, the code of
@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ARMS = {"default": {}, "v2": "v2", "resunet-full": {"arch": "resunet", "widths": "1,2,4,8,8,8"},
         "thin": {"arch": "resunet", "widths": "0.25,1,2,4,8,8"},
         "thin-capped": {"arch": "resunet", "widths": "0.25,0.5,1,2,4,4"},
-        "half-capped": {"arch": "resunet", "widths": "0.5,0.5,1,2,4,4"}}
+        "half-capped": {"arch": "resunet", "widths": "0.5,0.5,1,2,4,4"},
+        "half": {"arch": "resunet", "widths": "0.5,1,2,4,4,4"}}
 
 
 def machine() -> dict:
