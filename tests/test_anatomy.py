@@ -16,6 +16,7 @@ from provided_code.metrics.anatomy import (OVH_DISTANCES_MM, anatomy_features, c
 from provided_code.sites import openkbp, site_from_dict
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 SITE = site_from_dict({"name": "geometry", "beams": {"type": "none"}, "structures": [
     {"name": "Organ", "kind": "oar"}, {"name": "Other", "kind": "oar"},
@@ -146,7 +147,7 @@ def test_the_p_value_is_one_plus_the_cohort_scores_at_or_above_over_n_plus_one()
     assert json.loads(json.dumps(cohort, allow_nan=False)) == cohort  # JSON-able, as saved with the model
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_patients_exchangeable_with_the_cohort_are_flagged_at_most_alpha_of_the_time():
     """200 simulated cohorts of 39, each with one new patient from the same population: the flag's
     rate is the p-value's, at most 5 % (a binomial's 95 % range at 200 reaches 8 %)."""

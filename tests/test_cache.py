@@ -21,6 +21,7 @@ from provided_code.data.csv_io import PatientDataError, read_patient, write_dose
 from tests.kit.cache_files import flip_a_byte, flip_a_table_byte
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
@@ -308,7 +309,7 @@ def test_skip_incomplete_on_the_real_broken_patients(tmp_path):
                               "pt_38": "possible_dose_mask.csv: file is missing"}
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 @requires_sample
 @pytest.mark.parametrize("split", ["train-pats", "validation-pats"])
 def test_real_round_trip_csv_cache_arrays_csv(tmp_path, split):

@@ -28,6 +28,7 @@ from provided_code.run_folder import RunFolder, TrainedModel  # noqa: E402
 from provided_code.sites import openkbp  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 STRUCTURES = openkbp().names  # OpenKBP's channel order
 
@@ -169,7 +170,7 @@ def test_a_model_predicting_nan_is_named_and_the_message_says_the_import_was_wri
     assert (out / "patient" / "ct.csv").is_file() and not (out / "RD.dcm").exists()
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 @pytest.mark.filterwarnings("ignore:The 'pydicom.pixel_data_handlers' module:DeprecationWarning")
 def test_dvh_table_is_what_dicompyler_core_computes_from_the_rt_dose_and_rtstruct(tmp_path, monkeypatch):
     """Oracle: dicompyler-core (an independent DVH calculator) on the exported RD.dcm, and on the

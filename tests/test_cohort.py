@@ -31,6 +31,7 @@ from tests.kit.synthetic import (  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.runs import LIGHT_FLAGS
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
 STRUCTURES = openkbp().names  # OpenKBP's channel order
@@ -239,7 +240,7 @@ def test_a_changed_patient_is_imported_again_and_only_it(phantom_archive, import
     assert read_prescriptions(folder_of(copy, identity(copy)["PAT-C"]), OPENKBP)["PTV70"] == 72.0
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_an_import_killed_after_its_first_patient_resumes_to_the_same_folders(phantom_archive, imported, tmp_path):
     archive, _ = phantom_archive
     out, _ = imported
@@ -364,7 +365,7 @@ def test_garbage_behind_a_valid_file_header_is_a_skipped_file_and_no_patient(tmp
     assert {r["pseudonym"] for r in rows(out) if r["kind"] != "file"} == {"pt_1"}
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe_archive, tmp_path):
     archive, written, dose = doe_archive
     archive = Path(shutil.copytree(archive, tmp_path / "archive"))
@@ -401,7 +402,7 @@ def test_equally_new_plans_are_refused_naming_both_and_the_exit_code_says_so(doe
     assert "Error: --site: invalid `site`: expected openkbp, prostate or a site file (.json)" in result.stderr
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 @requires_sample
 def test_real_patients_through_an_archive_equal_their_csv_originals(tmp_path):
     staging, archive = tmp_path / "staging", tmp_path / "archive"
@@ -557,7 +558,7 @@ def test_a_patient_without_an_optional_target_is_imported_saying_so(lacking_arch
     assert "of site openkbp, which requires PTV70 (optional: PTV63); pass --names" in refused["reason"]
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_the_flag_for_missing_targets_reimports_only_whom_it_concerns(lacking_archive, tmp_path):
     out = tmp_path / "data"
     import_cohort(lacking_archive, out, site=OPENKBP, validation=0)
@@ -605,7 +606,7 @@ def swap_identity_rows(path, first, second):
     Path(path).write_text("".join(lines))
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_an_identity_map_that_moves_pseudonyms_between_patients_is_refused_unless_meant(phantom_archive, imported,
                                                                                         tmp_path):
     archive, _ = phantom_archive
@@ -729,7 +730,7 @@ def test_two_anonymised_patients_differing_only_in_sex_are_not_merged(tmp_path):
     assert not list(out.glob("*-pats/pt_*"))
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_patients_refused_under_one_id_then_exported_with_ids_of_their_own_are_imported(tmp_path):
     """What the refusal asks for is no identity map moving a pseudonym: pt_1 was never imported."""
     staging = tmp_path / "staging"
@@ -784,7 +785,7 @@ def test_a_plan_set_aside_on_a_ct_of_another_study_and_frame_is_named_and_warned
     assert "1 patient(s) with a plan set aside on a CT of another study and frame of reference" in report.summary()
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 @requires_sample
 def test_a_real_patient_without_ptv63_goes_through_with_default_flags(tmp_path):
     """OpenKBP's pt_10 has PTV70 and PTV56 and no PTV63 (as 109 of the 200 training patients),

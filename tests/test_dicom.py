@@ -28,6 +28,7 @@ from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_
 from tests.kit.synthetic import write_patient  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
+from tests.kit.tiers import SLOW_FOR_ITS_TIME  # noqa: E402
 
 OPENKBP = openkbp()
 STRUCTURES = OPENKBP.names  # OpenKBP's channel order
@@ -399,7 +400,7 @@ def test_without_a_body_contour_the_mask_comes_from_the_ct(small_clinic, tmp_pat
                 volumes["possible_dose_mask"]) >= 0.95
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_command_line_import_and_export_and_a_one_line_error(small_clinic, tmp_path):
     clinic = _copy(small_clinic, tmp_path)
     result = subprocess.run([*OPENKBP_DICOM, "import", "--ct", str(clinic / "ct"), "--rtstruct", str(clinic / "RS.dcm"),

@@ -27,6 +27,7 @@ from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
 from tests.kit.runs import model_spec
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 pytestmark = pytest.mark.usefixtures("reset_keras")
 SIZE = 16
@@ -208,7 +209,7 @@ def test_a_site_of_more_than_16_structures_trains_a_step_on_uint32_masks():
     assert any(not np.array_equal(a, b) for a, b in zip(before, model_weights(model)))
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_a_model_with_per_patient_inputs_trains_augmented_and_recomputed_alike_and_predicts():
     """Per-patient prescriptions and beams through the whole path: the network's inputs, the
     element, the step's augmentation (flip and turn: angles moved on the device), --recompute (the
@@ -284,7 +285,7 @@ def test_one_mirror_swap_serves_numpy_and_tensorflow(dtype):
     assert swap_mirror_bits(masks, (), np.where) is masks
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_the_residual_unet_with_the_physics_channel_trains_augmented_and_predicts_with_tta():
     """The residual body with the physics channel, from each patient's own beams (moved on the device
     with the patient) and voxel size: a model input declared once, in the element, the step's

@@ -54,6 +54,7 @@ from provided_code.data.phantoms import (  # noqa: E402
 )
 from provided_code.beams import beam_voxels  # noqa: E402
 from provided_code.sites import load_site  # noqa: E402
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 PROSTATE = load_site("prostate")
 
@@ -112,7 +113,7 @@ def test_prostate_dose_follows_its_beams():
     assert on.mean() > 10 * off.mean()
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_a_patient_with_its_own_beams_and_prescriptions_gets_their_dose(tmp_path, seven_fields):
     own = write_prostate_phantom(tmp_path / "own" / "pt_4", seed=4, own_plan=True, site=PROSTATE)
     site = write_prostate_phantom(tmp_path / "site" / "pt_4", seed=4, site=PROSTATE)

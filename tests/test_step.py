@@ -18,6 +18,7 @@ from provided_code.training.step import TrainStep
 from provided_code.training.train import model_weights
 from tests.kit.runs import model_spec
 from tests.kit.skips import requires_float16_convolutions
+from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
 
@@ -102,7 +103,7 @@ def unet_steps(recompute: bool, steps: int = 3):
     return losses, model_weights(model)
 
 
-@pytest.mark.slow  # 5 s or more on 2 cores (the quick tier's budget), though it trains nothing
+@SLOW_FOR_ITS_TIME
 def test_recompute_gives_the_same_losses_weights_and_batch_norm_statistics():
     losses, weights = unet_steps(recompute=False)
     again, weights_again = unet_steps(recompute=True)

@@ -24,10 +24,15 @@ import threading
 import time
 import types
 
+import pytest
+
 TRAINING_NAMES = frozenset({"trained_once", "train", "predict_stage", "commission", "CliRunner"})
 CHILD_SECONDS = 4.0  # without /proc: a Python child that runs longer has imported TensorFlow (its import: ~5 s)
 TENSORFLOW_LIBRARY = "libtensorflow"  # in what a process that imported TensorFlow maps (libtensorflow_framework.so.2)
 POLL_SECONDS = 0.05
+# The slow marker of a test that trains nothing but takes 5 s or more on 2 cores (the quick tier's
+# budget: real patients through the cache or a DICOM archive, a calibration's statistics, ...)
+SLOW_FOR_ITS_TIME = pytest.mark.slow
 MARK = "mark it @pytest.mark.slow (the quick tier, bash scripts/test --quick, leaves such tests out)"
 
 
