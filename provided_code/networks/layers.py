@@ -176,19 +176,18 @@ class CompactInputs(keras.layers.Layer):
         size, slices = patterns.shape[1], patterns.shape[3]
         targets = self._target_voxels(patterns)
         by_voxel = ops.reshape(ops.transpose(targets, (1, 2, 0, 3)), (size * size, -1))  # (plane, batch × slices)
-        total, each = None, []  # "count" keeps one running sum, not one volume per beam
-        for angle in self.beam_angles:
-            lines = ops.convert_to_tensor(ray_bins(size, angle))
+        table = ops.convert_to_tensor(np.stack([ray_bins(size, angle) for angle in self.beam_angles]))  # (beams, plane)
+
+        def beam(k):
+            lines = ops.take(table, k, axis=0)
             crossed = ops.maximum(ops.segment_max(by_voxel, lines, num_segments=ray_count(size)), 0.0)  # empty: 0
-            beam = ops.take(crossed, lines, axis=0)
-            if self.beam_channels == "count":
-                total = beam if total is None else total + beam
-            else:
-                each.append(beam)
-        if self.beam_channels == "count":
+            return ops.take(crossed, lines, axis=0)
+
+        if self.beam_channels == "count":  # one running sum in a loop of the graph, as in _patient_beams
+            total = ops.fori_loop(1, len(self.beam_angles), lambda k, total: total + beam(k), beam(0))
             stacked = (total / len(self.beam_angles))[..., None]
         else:
-            stacked = ops.stack(each, axis=-1)
+            stacked = ops.stack([beam(k) for k in range(len(self.beam_angles))], axis=-1)
         stacked = ops.reshape(stacked, (size, size, -1, slices, self.beam_channel_count))
         return ops.transpose(stacked, (2, 0, 1, 3, 4))
 
@@ -196,7 +195,9 @@ class CompactInputs(keras.layers.Layer):
         """The beam channels of each patient's own angles ``(batch, beam_slots)`` degrees (NaN:
         unused). Per slot, the line of every voxel of the plane is computed here for every patient
         (:func:`~provided_code.beams.ray_bins`, in float64 as there), offset by the
-        patient's place in the batch so that one segment maximum serves the whole batch."""
+        patient's place in the batch so that one segment maximum serves the whole batch. "count"
+        sums the slots in a loop of the graph (``ops.fori_loop``: one slot's operations traced
+        once, not once per slot; the same sums in the same order)."""
         size, slices = patterns.shape[1], patterns.shape[3]
         batch = ops.shape(patterns)[0]
         lines_per_plane = ray_count(size)
@@ -204,27 +205,26 @@ class CompactInputs(keras.layers.Layer):
         angles = ops.cast(angles, "float64")
         used = ops.isfinite(angles)  # (batch, slots)
         radians = ops.where(used, angles, 0.0) * (math.pi / 180.0)
+        used = ops.cast(used, self.compute_dtype)
         i, j = np.meshgrid(np.arange(size, dtype=np.float64), np.arange(size, dtype=np.float64), indexing="ij")
         a = ops.convert_to_tensor((i - size / 2).reshape(1, -1))  # (1, plane)
         b = ops.convert_to_tensor((j - size / 2).reshape(1, -1))
         offsets = ops.reshape(ops.arange(batch, dtype="int32") * lines_per_plane, (-1, 1))  # (batch, 1)
-        total, each = None, []
-        for slot in range(self.beam_slots):
-            g = radians[:, slot:slot + 1]  # (batch, 1)
+
+        def beam(slot):
+            g = ops.reshape(ops.take(radians, slot, axis=1), (-1, 1))  # (batch, 1)
             across = a * ops.sin(g) + b * ops.cos(g)  # (batch, plane): as ray_bins
             lines = ops.cast(ops.floor(across + 0.5), "int32") + lines_per_plane // 2 + offsets
             lines = ops.reshape(lines, (-1,))
             crossed = ops.maximum(ops.segment_max(targets, lines, num_segments=batch * lines_per_plane), 0.0)
-            beam = ops.reshape(ops.take(crossed, lines, axis=0), (-1, size, size, slices))
-            beam = beam * ops.reshape(ops.cast(used[:, slot], self.compute_dtype), (-1, 1, 1, 1))  # unused: 0
-            if self.beam_channels == "count":
-                total = beam if total is None else total + beam
-            else:
-                each.append(beam)
+            crossed = ops.reshape(ops.take(crossed, lines, axis=0), (-1, size, size, slices))
+            return crossed * ops.reshape(ops.take(used, slot, axis=1), (-1, 1, 1, 1))  # unused: 0
+
         if self.beam_channels == "count":
-            beams = ops.maximum(ops.sum(ops.cast(used, self.compute_dtype), axis=1), 1.0)  # the patient's own
+            total = ops.fori_loop(1, self.beam_slots, lambda slot, total: total + beam(slot), beam(0))
+            beams = ops.maximum(ops.sum(used, axis=1), 1.0)  # the patient's own
             return (total / ops.reshape(beams, (-1, 1, 1, 1)))[..., None]
-        return ops.stack(each, axis=-1)
+        return ops.stack([beam(slot) for slot in range(self.beam_slots)], axis=-1)
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count
