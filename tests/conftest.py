@@ -206,6 +206,22 @@ def phantom_split(tmp_path, phantom_data) -> Path:
         name for name in names if name.startswith("pt_") and name not in ("pt_1", "pt_2", "pt_3")]))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-times", metavar="FILE", default=None,
+                     help="write each test's processor time, its own and its processes', to FILE as JSON lines; "
+                          "spelt --cpu-times=FILE (a separate FILE is taken for a path to test) "
+                          "(tests.kit.cpu_times)")
+
+
+def pytest_configure(config):
+    path = config.getoption("--cpu-times")
+    if path:
+        from tests.kit.cpu_times import CpuTimes
+
+        worker = hasattr(config, "workerinput")  # a pytest-xdist worker's: the controller empties the file
+        config.pluginmanager.register(CpuTimes(path, fresh=not worker), "cpu-times")
+
+
 def pytest_collection_modifyitems(items):
     """A test not marked slow that uses a fixture that trains is an error (``tests.kit.tiers``); the
     slow tests first on every worker, so that the workers finish together (``slow_first`` says how
