@@ -40,4 +40,3 @@ def test_each_test_is_one_line_with_its_own_processor_time_and_its_processes(pyt
     assert lines["test_computes"]["self"] >= 0.4
     assert lines["test_sleeps"]["self"] < 0.25 and lines["test_sleeps"]["wall"] >= 0.5
     assert lines["test_starts_a_process_that_computes"]["children"] >= 0.4
-

@@ -183,8 +183,8 @@ class CompactInputs(keras.layers.Layer):
             crossed = ops.maximum(ops.segment_max(by_voxel, lines, num_segments=ray_count(size)), 0.0)  # empty: 0
             return ops.take(crossed, lines, axis=0)
 
-        if self.beam_channels == "count":  # one running sum in a loop of the graph, as in _patient_beams
-            total = ops.fori_loop(1, len(self.beam_angles), lambda k, total: total + beam(k), beam(0))
+        if self.beam_channels == "count":
+            total = _running_sum(beam, len(self.beam_angles))
             stacked = (total / len(self.beam_angles))[..., None]
         else:
             stacked = ops.stack([beam(k) for k in range(len(self.beam_angles))], axis=-1)
@@ -195,9 +195,7 @@ class CompactInputs(keras.layers.Layer):
         """The beam channels of each patient's own angles ``(batch, beam_slots)`` degrees (NaN:
         unused). Per slot, the line of every voxel of the plane is computed here for every patient
         (:func:`~provided_code.beams.ray_bins`, in float64 as there), offset by the
-        patient's place in the batch so that one segment maximum serves the whole batch. "count"
-        sums the slots in a loop of the graph (``ops.fori_loop``: one slot's operations traced
-        once, not once per slot; the same sums in the same order)."""
+        patient's place in the batch so that one segment maximum serves the whole batch."""
         size, slices = patterns.shape[1], patterns.shape[3]
         batch = ops.shape(patterns)[0]
         lines_per_plane = ray_count(size)
@@ -221,7 +219,7 @@ class CompactInputs(keras.layers.Layer):
             return crossed * ops.reshape(ops.take(used, slot, axis=1), (-1, 1, 1, 1))  # unused: 0
 
         if self.beam_channels == "count":
-            total = ops.fori_loop(1, self.beam_slots, lambda slot, total: total + beam(slot), beam(0))
+            total = _running_sum(beam, self.beam_slots)
             beams = ops.maximum(ops.sum(used, axis=1), 1.0)  # the patient's own
             return (total / ops.reshape(beams, (-1, 1, 1, 1)))[..., None]
         return ops.stack([beam(slot) for slot in range(self.beam_slots)], axis=-1)
@@ -229,6 +227,13 @@ class CompactInputs(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return (*input_shape[0], 1 + self.structures + int(self.prescription) + self.beam_channel_count
                 + int(self.physics))
+
+
+def _running_sum(beam, count: int):
+    """``beam(0) + beam(1) + ... + beam(count - 1)``, added in that order in a loop of the graph
+    (``ops.fori_loop``): one beam's operations traced once, not once per beam (a prostate model has
+    35 slots)."""
+    return ops.fori_loop(1, count, lambda k, total: total + beam(k), beam(0))
 
 
 def unpacked_inputs(spec) -> tuple[dict, object]:
