@@ -41,6 +41,8 @@ docs/performance.md measured before that are the generator's, as they say):
 - (``--part trace`` runs only these) the first training step, and a short run of the command
   line, with the step's functions traced with autograph on (TensorFlow's default) and off (the
   project's);
+- (``--part inputs`` runs only these) the input layer's first call (trace and run): a prostate
+  model's 35 beam slots against 1, OpenKBP's nine beams with the physics channel against without;
 - the first XLA step with Keras's built-in AveragePooling3D against the project's separable one
   (the generator's final smoothing: ``--preset v2``'s network);
 - the input pipeline's share of the fastest step (the pipeline the default recipe trains with: the
@@ -84,7 +86,7 @@ def child(spec: dict) -> dict:
     if spec.get("sequential"):  # one op at a time: a peak that does not depend on thread scheduling
         tf.config.threading.set_inter_op_parallelism_threads(1)
     kinds = {"run": child_run, "fetch": child_fetch, "parameters": child_parameters, "score": child_score, "step": child_step,
-             "loss_pair": child_loss_pair, "bodies": child_bodies}
+             "loss_pair": child_loss_pair, "bodies": child_bodies, "inputs": child_inputs}
     return kinds[spec.get("kind", "step")](spec, strategy)
 
 
@@ -450,6 +452,51 @@ WIDTH_ARMS = {"resunet": ("resunet", "1,2,4,8,8,8"), "resunet_f4": ("resunet", "
               "half_capped": ("resunet", "0.5,0.5,1,2,4,4"), "plain_half_capped": ("plain", "0.5,0.5,1,2,4,4")}
 
 
+def child_inputs(spec: dict, strategy) -> dict:
+    """``--part inputs``: the input layer's first call in a new ``tf.function`` (its trace and one
+    run, as each run's training, evaluation and prediction functions meet it) at the spec's
+    resolution, batch 2, for: a prostate model's 35 beam slots (9 used), the same with 1 slot, and
+    OpenKBP's nine run-wide beams without and with the physics channel; the cases in turn,
+    ``rounds`` times, medians. With the beams summed in a loop of the graph, 35 slots cost about
+    what 1 does."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    from provided_code.networks.layers import CompactInputs, site_unpacking
+    from provided_code.sites import load_site
+
+    size, rng = spec["resolution"], np.random.default_rng(0)
+    ct = tf.constant(rng.integers(0, 4096, (2, size, size, size)).astype(np.uint16))
+    masks = tf.constant(rng.integers(0, 64, (2, size, size, size)).astype(np.uint16))
+    voxel_mm = tf.constant([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5]], tf.float32)
+
+    def angles(slots):
+        used = np.full((2, slots), np.nan, np.float32)
+        used[:, :min(9, slots)] = (np.arange(min(9, slots)) * 40.0)[None]
+        return tf.constant(used)
+
+    cases = {"prostate_35_slots": (dict(beam_slots=35, **site_unpacking(load_site("prostate"))), [ct, masks, angles(35)]),
+             "prostate_1_slot": (dict(beam_slots=1, **site_unpacking(load_site("prostate"))), [ct, masks, angles(1)]),
+             "openkbp_9_beams": (dict(beam_angles=[k * 40.0 for k in range(9)], prescription=True,
+                                      **site_unpacking(load_site("openkbp"))), [ct, masks]),
+             "openkbp_9_beams_physics": (dict(beam_angles=[k * 40.0 for k in range(9)], prescription=True, physics=True,
+                                              **site_unpacking(load_site("openkbp"))), [ct, masks, voxel_mm])}
+    samples = {name: [] for name in cases}
+    for _ in range(spec["rounds"]):
+        for name, (settings, inputs) in cases.items():
+            layer = CompactInputs(**settings)
+            first = tf.function(lambda values: layer(values))
+            start = time.perf_counter()
+            np.asarray(first(inputs))
+            samples[name].append(time.perf_counter() - start)
+    seconds = {f"first_call_s_{name}": statistics.median(values) for name, values in samples.items()}
+    return {**seconds, "first_call_each": samples,
+            "slots_35_over_1": seconds["first_call_s_prostate_35_slots"] / seconds["first_call_s_prostate_1_slot"],
+            "physics_over_none": seconds["first_call_s_openkbp_9_beams_physics"] / seconds["first_call_s_openkbp_9_beams"]}
+
+
 def body_comparison(batch_size: int, filters: int, rounds: int, widths: bool = False) -> dict:
     """At 64³ (``--part body``, ``--part widths``): :func:`child_bodies`, one process."""
     config = {"resolution": 64, "filters": filters, "batch_size": batch_size, "rounds": rounds, "widths": widths}
@@ -524,11 +571,13 @@ def main() -> None:
     parser.add_argument("--memory-batch-size", type=int, default=4, help="batch for the recompute comparison")
     parser.add_argument("--pool-resolution", type=int, default=64,
                         help="size for the built-in vs separable pooling first-step comparison (filters 4)")
-    parser.add_argument("--part", choices=("all", "network", "body", "widths", "trace"), default="all",
+    parser.add_argument("--part", choices=("all", "network", "body", "widths", "trace", "inputs"), default="all",
                         help="network: only the 64³ network and loss comparisons (the step_s_*_over_* of issue 14); "
                              "body: only the bodies' and the physics channel's step times at 64³ (--filters, "
                              "--steps rounds); widths: the width arms of docs/recipe.md's comparison against the generator, "
-                             "the same way; trace: the first step with autograph on and off")
+                             "the same way; trace: the first step with autograph on and off; inputs: the input "
+                             "layer's first call (trace and run) with 35 beam slots against 1, and with the "
+                             "physics channel against without (--resolution, --steps rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -540,6 +589,13 @@ def main() -> None:
     if args.part == "trace":
         print(json.dumps(trace_comparison({"resolution": args.resolution, "filters": args.filters,
                                            "batch_size": args.batch_size}), indent=2))
+        return
+    if args.part == "inputs":
+        from provided_code.infra.environment import cpu_flags
+
+        config = {"resolution": args.resolution, "rounds": args.steps}
+        print(json.dumps({"inputs_config": config, "cpu_flags": cpu_flags(), **measure(dict(config, kind="inputs"))},
+                         indent=2))
         return
     if args.part in ("body", "widths"):
         print(json.dumps(body_comparison(args.batch_size, args.filters, args.steps, args.part == "widths"), indent=2))
