@@ -306,6 +306,7 @@ from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import replicas_agree
+from provided_code.data.batches import fit_vectors
 from tests.kit.runs import model_spec
 
 # 1. Replicas agree on a large epoch and see a difference. float32 squares were exact only while
@@ -316,23 +317,25 @@ def differ():
     return 4097 + tf.cast(tf.equal(replica, 1), tf.int64)
 print("AGREE", same, replicas_agree(two, differ))
 
-# 2. Instance norm: the whole replica step compiled with XLA and recomputed on two replicas equals
-# one device without either (at 16³).
+# 2. Instance norm: the whole replica step of the default body with the physics channel (its inputs:
+# each patient's voxel size) compiled with XLA and recomputed on two replicas equals one device without
+# either (at 16³). The generator's step on two replicas is compiled by the same TrainStep; the command
+# line below compiles it on one device.
 rng = np.random.default_rng(0)
 class Arrays:
     ct = rng.integers(0, 4096, (4, 16, 16, 16)).astype(np.uint16)
-    structure_masks = rng.integers(0, 1024, (4, 16, 16, 16)).astype(np.uint16)
+    structure_masks = np.where(rng.uniform(size=(4, 16, 16, 16)) < 0.2, 512, 0).astype(np.uint16)  # PTV70 voxels
     dose = rng.uniform(0, 70, (4, 16, 16, 16)).astype(np.float32)
+    voxel_dimensions = np.array([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5], [4.0, 4.0, 3.0], [3.2, 3.4, 2.0]], np.float32)
 
-SPEC = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance")
-
-def run(strategy, batch, xla, recompute=False, spec=SPEC, arrays=Arrays):
+def run(strategy, batch, xla, spec, recompute=False):
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = new_model(spec, 1e-3)
         model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error, spec=spec)
+    arrays = fit_vectors(Arrays, spec.inputs)
     losses = []
     for rows in ([0, 1], [2, 3]):
         per_replica = np.array(rows).reshape(strategy.num_replicas_in_sync, batch)
@@ -342,32 +345,24 @@ def run(strategy, batch, xla, recompute=False, spec=SPEC, arrays=Arrays):
     whole = bool(getattr(step._loss_and_grads, "_jit_compile", False))
     return losses, [np.array(w) for w in model.weights], whole
 
-one_losses, one_weights, _ = run(one, 2, xla=False)
-two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True)
+RESUNET = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance", arch="resunet", physics=True)
+one_losses, one_weights, _ = run(one, 2, xla=False, spec=RESUNET)
+two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True, spec=RESUNET)
+worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
+# Tolerances: XLA fuses and reorders float32 sums (convolutions, instance norm, the all-reduce), ~1e-7
+# relative each; over two updates the losses agree to 1e-5 relative and the weights to 1e-5.
+print("RESUNET_PHYSICS", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
+      one_losses[0] != one_losses[1])
+# The generator with instance norm, recomputed on one device without XLA, equals it not recomputed.
+GENERATOR = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance")
+plain, _, _ = run(one, 2, xla=False, spec=GENERATOR)
+again, _, _ = run(one, 2, xla=False, recompute=True, spec=GENERATOR)
+print("GENERATOR_RECOMPUTED", np.allclose(again, plain, rtol=1e-5), plain[0] != plain[1])
 keras.backend.clear_session()
 with two.scope():  # synchronised batch norm on two replicas: XLA is refused for the step, not half-applied
     bn = new_model(model_spec(resolution=16, filters=2, norm="batch"), 1e-3)
 print("BATCH_NORM_COMPILED", bool(getattr(TrainStep(bn, two, 1, xla=True, loss_fn=mean_absolute_error,
-                                                    spec=SPEC)._loss_and_grads, "_jit_compile", False)))
-again, _, _ = run(one, 2, xla=False, recompute=True)
-worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
-# Tolerances: XLA fuses and reorders float32 sums (convolutions, instance norm, the all-reduce), ~1e-7
-# relative each; over two updates the losses agree to 1e-5 relative and the weights to 1e-5.
-print("INSTANCE_NORM", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
-      np.allclose(again, one_losses, rtol=1e-5), one_losses[0] != one_losses[1])
-
-# 2b. The residual U-Net with the physics channel (its inputs: each patient's voxel size), likewise.
-from provided_code.data.batches import fit_vectors
-class Physics(Arrays):
-    voxel_dimensions = np.array([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5], [4.0, 4.0, 3.0], [3.2, 3.4, 2.0]], np.float32)
-    structure_masks = np.where(rng.uniform(size=(4, 16, 16, 16)) < 0.2, 512, 0).astype(np.uint16)  # PTV70 voxels
-RESUNET = model_spec(resolution=16, filters=2, dropout=0.0, norm="instance", arch="resunet", physics=True)
-Physics = fit_vectors(Physics, RESUNET.inputs)
-one_losses, one_weights, _ = run(one, 2, xla=False, spec=RESUNET, arrays=Physics)
-two_losses, two_weights, whole = run(two, 1, xla=True, recompute=True, spec=RESUNET, arrays=Physics)
-worst = max(float(np.abs(a - b).max()) for a, b in zip(one_weights, two_weights))
-print("RESUNET_PHYSICS", whole, np.allclose(one_losses, two_losses, rtol=1e-5), worst < 1e-5,
-      one_losses[0] != one_losses[1])
+                                                    spec=GENERATOR)._loss_and_grads, "_jit_compile", False)))
 keras.backend.clear_session()
 
 # 3. The command line with --xla on, on one device (this process's first): sys.argv[1:] its arguments.
@@ -384,8 +379,8 @@ except Exception as error:
 def two_device_probe(phantom_data, phantom_cache, tmp_path_factory):
     """One process of two logical CPU devices that compiles with XLA (its LLVM unoptimised), run once
     per test run for the tests below (a TensorFlow start each, and XLA's, saved): the replicas'
-    agreement check; instance norm's whole replica step compiled and recomputed on two replicas
-    against one device; the command line with XLA on one device (a process without the
+    agreement check; the default body's whole replica step (instance norm, the physics channel)
+    compiled and recomputed on two replicas against one device; the command line with XLA on one device (a process without the
     deterministic ops that runs without XLA turn on in this one). Its output, and the command
     line's results folder."""
     def make(folder):
@@ -411,18 +406,19 @@ def test_replicas_agree_on_a_large_epoch_and_see_a_difference(two_device_probe):
 
 @pytest.mark.slow
 def test_instance_norm_compiles_the_whole_replica_step_and_two_replicas_equal_one_device(two_device_probe):
+    """The default body (the residual U-Net) with instance norm and the physics channel: the replica
+    step compiled with XLA and recomputed on two replicas against one device without either, at 16³;
+    the generator recomputed on one device against not recomputed."""
     probe, _ = two_device_probe
-    assert "INSTANCE_NORM True True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
-    assert "BATCH_NORM_COMPILED False" in probe.stdout
-    assert "XLA off for the training step: batch norm synchronised over 2 replicas" in probe.stderr
+    assert "RESUNET_PHYSICS True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
+    assert "GENERATOR_RECOMPUTED True True" in probe.stdout
 
 
 @pytest.mark.slow
-def test_the_residual_unet_with_physics_compiles_whole_and_two_replicas_equal_one_device(two_device_probe):
-    """--arch resunet --physics: the replica step compiled with XLA and recomputed on two replicas
-    against one device without either, at 16³ (the tolerances of the instance-norm case above)."""
+def test_batch_norm_synchronised_over_two_replicas_is_not_compiled(two_device_probe):
     probe, _ = two_device_probe
-    assert "RESUNET_PHYSICS True True True True" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
+    assert "BATCH_NORM_COMPILED False" in probe.stdout, (probe.stdout[-500:], probe.stderr[-3000:])
+    assert "XLA off for the training step: batch norm synchronised over 2 replicas" in probe.stderr
 
 
 @pytest.mark.slow
