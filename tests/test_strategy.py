@@ -301,12 +301,12 @@ from provided_code.training.strategy import make_placement
 two = make_placement("2").strategy
 one = tf.distribute.OneDeviceStrategy("/cpu:0")
 from provided_code.apps.cli import main
+from provided_code.data.batches import fit_vectors
 from provided_code.data.tf_dataset import take_element
 from provided_code.losses import mean_absolute_error
 from provided_code.training.model import new_model
 from provided_code.training.step import TrainStep
 from provided_code.training.train import replicas_agree
-from provided_code.data.batches import fit_vectors
 from tests.kit.runs import model_spec
 
 # 1. Replicas agree on a large epoch and see a difference. float32 squares were exact only while
@@ -380,9 +380,9 @@ def two_device_probe(phantom_data, phantom_cache, tmp_path_factory):
     """One process of two logical CPU devices that compiles with XLA (its LLVM unoptimised), run once
     per test run for the tests below (a TensorFlow start each, and XLA's, saved): the replicas'
     agreement check; the default body's whole replica step (instance norm, the physics channel)
-    compiled and recomputed on two replicas against one device; the command line with XLA on one device (a process without the
-    deterministic ops that runs without XLA turn on in this one). Its output, and the command
-    line's results folder."""
+    compiled and recomputed on two replicas against one device; the command line with XLA on one
+    device (a process without the deterministic ops that runs without XLA turn on in this one). Its
+    output, and the command line's results folder."""
     def make(folder):
         linked_cache(phantom_cache, folder / "cache")
         command = [sys.executable, "-c", TWO_DEVICE_PROBE, *cli_command(phantom_data, folder)[2:],
