@@ -477,12 +477,12 @@ def child_inputs(spec: dict, strategy) -> dict:
         used[:, :min(9, slots)] = (np.arange(min(9, slots)) * 40.0)[None]
         return tf.constant(used)
 
-    cases = {"prostate_35_slots": (dict(beam_slots=35, **site_unpacking(load_site("prostate"))), [ct, masks, angles(35)]),
-             "prostate_1_slot": (dict(beam_slots=1, **site_unpacking(load_site("prostate"))), [ct, masks, angles(1)]),
-             "openkbp_9_beams": (dict(beam_angles=[k * 40.0 for k in range(9)], prescription=True,
-                                      **site_unpacking(load_site("openkbp"))), [ct, masks]),
-             "openkbp_9_beams_physics": (dict(beam_angles=[k * 40.0 for k in range(9)], prescription=True, physics=True,
-                                              **site_unpacking(load_site("openkbp"))), [ct, masks, voxel_mm])}
+    prostate = site_unpacking(load_site("prostate"))
+    nine_beams = dict(beam_angles=[k * 40.0 for k in range(9)], prescription=True, **site_unpacking(load_site("openkbp")))
+    cases = {"prostate_35_slots": (dict(beam_slots=35, **prostate), [ct, masks, angles(35)]),
+             "prostate_1_slot": (dict(beam_slots=1, **prostate), [ct, masks, angles(1)]),
+             "openkbp_9_beams": (nine_beams, [ct, masks]),
+             "openkbp_9_beams_physics": (dict(nine_beams, physics=True), [ct, masks, voxel_mm])}
     samples = {name: [] for name in cases}
     for _ in range(spec["rounds"]):
         for name, (settings, inputs) in cases.items():

@@ -293,6 +293,7 @@ def test_bad_devices_value_is_clear(phantom_data, tmp_path):
 
 TWO_DEVICE_PROBE = """
 import sys
+from types import SimpleNamespace
 import numpy as np
 from provided_code.infra.environment import configure_tensorflow
 configure_tensorflow()
@@ -322,11 +323,11 @@ print("AGREE", same, replicas_agree(two, differ))
 # either (at 16³). The generator's step on two replicas is compiled by the same TrainStep; the command
 # line below compiles it on one device.
 rng = np.random.default_rng(0)
-class Arrays:
-    ct = rng.integers(0, 4096, (4, 16, 16, 16)).astype(np.uint16)
-    structure_masks = np.where(rng.uniform(size=(4, 16, 16, 16)) < 0.2, 512, 0).astype(np.uint16)  # PTV70 voxels
-    dose = rng.uniform(0, 70, (4, 16, 16, 16)).astype(np.float32)
-    voxel_dimensions = np.array([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5], [4.0, 4.0, 3.0], [3.2, 3.4, 2.0]], np.float32)
+ARRAYS = SimpleNamespace(  # four patients: fit_vectors gives each spec a copy with its vector inputs
+    ct=rng.integers(0, 4096, (4, 16, 16, 16)).astype(np.uint16),
+    structure_masks=np.where(rng.uniform(size=(4, 16, 16, 16)) < 0.2, 512, 0).astype(np.uint16),  # PTV70 voxels
+    dose=rng.uniform(0, 70, (4, 16, 16, 16)).astype(np.float32),
+    voxel_dimensions=np.array([[3.5, 3.5, 2.0], [3.0, 3.0, 2.5], [4.0, 4.0, 3.0], [3.2, 3.4, 2.0]], np.float32))
 
 def run(strategy, batch, xla, spec, recompute=False):
     keras.backend.clear_session()
@@ -335,7 +336,7 @@ def run(strategy, batch, xla, spec, recompute=False):
         model = new_model(spec, 1e-3)
         model.optimizer.build(model.trainable_variables)
     step = TrainStep(model, strategy, batch, xla=xla, recompute=recompute, loss_fn=mean_absolute_error, spec=spec)
-    arrays = fit_vectors(Arrays, spec.inputs)
+    arrays = fit_vectors(ARRAYS, spec.inputs)
     losses = []
     for rows in ([0, 1], [2, 3]):
         per_replica = np.array(rows).reshape(strategy.num_replicas_in_sync, batch)
