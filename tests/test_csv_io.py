@@ -13,6 +13,7 @@ from provided_code.data.csv_io import (
     read_patient,
     read_sparse_csv,
     write_dose_csv,
+    write_sparse_csv,
 )
 from tests.kit.repo import SAMPLE_DIR
 from tests.kit.skips import requires_sample
@@ -149,6 +150,23 @@ def test_all_zero_dose_round_trips(tmp_path):
     write_dose_csv(tmp_path / "b.csv", zero, possible_dose_mask=mask)
     indices, values = read_sparse_csv(tmp_path / "b.csv", "pt_0", with_values=True)
     assert np.array_equal(indices, np.flatnonzero(mask)) and np.all(values == 0)
+
+
+def test_sparse_csv_lines_are_each_voxels_index_and_shortest_value(tmp_path):
+    """Integers as they are (a sign, no padding, 0 as 0), floats as the shortest decimal of their
+    dtype, masks with an empty value, and no line at all for no voxel."""
+    write_sparse_csv(tmp_path / "ct.csv", [0, 7, 2097151], np.array([0, -305, 4095], np.int32))
+    assert (tmp_path / "ct.csv").read_text() == ",data\n0,0\n7,-305\n2097151,4095\n"
+    text = write_sparse_csv(tmp_path / "dose.csv", [3, 12, 40], np.array([7.675, 0, 1e-7], np.float32))
+    assert (tmp_path / "dose.csv").read_text() == ",data\n3,7.675\n12,0.0\n40,1e-07\n"
+    assert text.tolist() == ["7.675", "0.0", "1e-07"]
+    assert write_sparse_csv(tmp_path / "mask.csv", [5, 10], None) is None
+    assert (tmp_path / "mask.csv").read_text() == ",data\n5,\n10,\n"
+    write_sparse_csv(tmp_path / "none.csv", np.array([], np.int64), np.array([], np.uint16))
+    assert (tmp_path / "none.csv").read_text() == ",data\n"
+    with pytest.raises(ValueError, match="Expected one value an index"):
+        write_sparse_csv(tmp_path / "bad.csv", [1, 2], np.array([1], np.uint16))
+    assert not (tmp_path / "bad.csv").exists()
 
 
 def test_write_dose_rejects_bad_shape_and_nan(tmp_path):
