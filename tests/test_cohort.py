@@ -31,6 +31,7 @@ from tests.kit.synthetic import (  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.runs import LIGHT_FLAGS
+from tests.kit.made_once import made_once_with_value
 from tests.kit.tiers import SLOW_FOR_ITS_TIME
 
 PRESCRIPTIONS_GY = openkbp().prescriptions_gy
@@ -91,15 +92,13 @@ def snapshot(out):
             for p in sorted(Path(out).rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def phantom_archive(tmp_path_factory):
+def write_phantom_archive(root: Path):
     """Four phantom patients scattered into nested folders with the junk of real archives:
     A: an approved plan with a PLAN dose, an older unapproved plan with a dose, an MR and a CBCT;
     B: per-beam (BEAM) doses of an approved plan, and a newer approved plan without a dose;
     C: two VMAT arcs and a FRACTION dose, a couch at 10°;
     D: a plan and a dose whose structure set is not in the archive.
-    Plus a DICOMDIR and a text file. Returns (archive, {patient id: volumes})."""
-    root = tmp_path_factory.mktemp("cohort")
+    Plus a DICOMDIR and a text file, under ``root``. Returns (archive, {patient id: volumes})."""
     staging, archive = root / "staging", root / "archive"
     patients = {}
     for seed, patient_id in ((11, "PAT-A"), (12, "PAT-B"), (13, "PAT-C"), (14, "PAT-D")):
@@ -139,10 +138,27 @@ def phantom_archive(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def imported(phantom_archive, tmp_path_factory):
-    archive, _ = phantom_archive
-    out = tmp_path_factory.mktemp("data")
-    report = import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
+def archive_and_import(tmp_path_factory):
+    """The phantom archive (:func:`write_phantom_archive`) and its import (validation half, seed 1),
+    made once per test run and shared by the workers: read-only, a test that changes either copies it.
+    (archive, patients, the data folder, the import's report)."""
+    def make(root):
+        archive, patients = write_phantom_archive(root)
+        out = root / "data"
+        return archive, patients, out, import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
+
+    return made_once_with_value(tmp_path_factory, "cohort-phantom-archive", make)
+
+
+@pytest.fixture(scope="module")
+def phantom_archive(archive_and_import):
+    archive, patients, _, _ = archive_and_import
+    return archive, patients
+
+
+@pytest.fixture(scope="module")
+def imported(archive_and_import):
+    _, _, out, report = archive_and_import
     return out, report
 
 
@@ -520,8 +536,12 @@ def test_a_prostate_archive_of_vmat_plans_imports_trains_predicts_and_scores(tmp
 def lacking_archive(tmp_path_factory):
     """Two phantom patients with approved plans: LACK-63 without PTV63 and without a Brainstem
     (head and neck with two dose levels: OpenKBP's PTV63 is optional), LACK-70 without PTV70
-    (required) and PTV63."""
-    root = tmp_path_factory.mktemp("lacking")
+    (required) and PTV63. Made once per test run (read-only)."""
+    return made_once_with_value(tmp_path_factory, "cohort-lacking-archive", write_lacking_archive)
+
+
+def write_lacking_archive(root: Path) -> Path:
+    """``lacking_archive``'s two patients scattered into ``root / "archive"``; returns that folder."""
     for seed, patient_id, left_out in ((41, "LACK-63", ("PTV63", "Brainstem")), (42, "LACK-70", ("PTV70", "PTV63"))):
         volumes, masks = volumes_of(seed)
         masks = {name: mask for name, mask in masks.items() if name not in left_out}

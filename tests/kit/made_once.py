@@ -44,6 +44,23 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
     return folder
 
 
+def made_once_with_value(tmp_path_factory, name: str, make):
+    """:func:`made_once` for material that comes with a value besides its files (paths into it, the
+    report of the command that made it, arrays): ``make(folder)`` fills the folder and returns the
+    value, picklable; every worker gets that one value back (kept in ``value.pickle`` beside the
+    material). A module fixture built this way is built once per test run, not once per worker
+    that runs one of the module's tests."""
+    import pickle
+
+    def make_and_keep(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        value = make(folder)
+        (folder / "value.pickle").write_bytes(pickle.dumps(value))
+
+    folder = made_once(tmp_path_factory, name, make_and_keep)
+    return pickle.loads((folder / "value.pickle").read_bytes())
+
+
 def made_once_in_parts(tmp_path_factory, name: str, parts: dict[str, object]) -> Path:
     """:func:`made_once` for a folder of independent parts (``{subfolder: make(subfolder)}``): the
     workers that ask at once share the making, each taking the parts no other has begun, then
