@@ -22,30 +22,35 @@ from provided_code.folds import read_dealing
 from provided_code.metrics.scoring import dvh_metrics, metric_columns, structure_indices
 from provided_code.run_folder import RunFolder
 from provided_code.sites import openkbp
+from tests.kit.made_once import made_once_with_value
 
 
 @pytest.fixture(scope="module")
 def commissioning(cv_model, phantom_data, phantom_cache, tmp_path_factory):
     """A copy of the cross-validated model (no validation predictions: conftest's ``commissioned_cv``
-    has them), commissioned once for this module (read-only): the model's folder, the report, and
-    the calls commissioning made meanwhile to the functions that predict a patient (each then run)."""
+    has them), commissioned once per test run (read-only; the workers share it): the model's folder,
+    the report, and the calls commissioning made meanwhile to the functions that predict a patient
+    (each then run)."""
     import provided_code.inference as inference
 
-    model = tmp_path_factory.mktemp("commission") / "cv"
-    shutil.copytree(cv_model, model)
-    predicted = []
+    def make(root):
+        model = root / "cv"
+        shutil.copytree(cv_model, model)
+        predicted = []
 
-    def recorded(name, original):
-        def call(*args, **kwargs):
-            predicted.append(name)
-            return original(*args, **kwargs)
-        return call
+        def recorded(name, original):
+            def call(*args, **kwargs):
+                predicted.append(name)
+                return original(*args, **kwargs)
+            return call
 
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("predict_full_resolution", "predict_arrays"):
-            patch.setattr(inference, name, recorded(name, getattr(inference, name)))
-        report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
-    return model, report, predicted
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("predict_full_resolution", "predict_arrays"):
+                patch.setattr(inference, name, recorded(name, getattr(inference, name)))
+            report = commission(model, data_dir=phantom_data, cache_dir=phantom_cache)
+        return model, report, predicted
+
+    return made_once_with_value(tmp_path_factory, "commissioning", make)
 
 
 @pytest.fixture(scope="module")

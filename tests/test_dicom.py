@@ -26,6 +26,7 @@ from provided_code.dicom.names import default_names, load_names, match_rois  # n
 from provided_code.dicom.rtdose import MANUFACTURER, DoseGrid, read_rtdose, sample_dose, written_here  # noqa: E402
 from provided_code.dicom.rtstruct import contours_by_slice, fill_polygons, read_rtstruct  # noqa: E402
 from tests.kit.synthetic import write_patient  # noqa: E402
+from tests.kit.made_once import made_once_with_value  # noqa: E402
 from tests.kit.repo import SAMPLE_DIR  # noqa: E402
 from tests.kit.skips import requires_sample  # noqa: E402
 from tests.kit.tiers import SLOW_FOR_ITS_TIME  # noqa: E402
@@ -50,8 +51,11 @@ def phantom_volumes(seed=3):
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """A phantom written as a clinic's DICOM: 256 × 256 CT at half the voxel size, 128 slices,
-    shuffled file order, RTSTRUCT, RTDOSE; and its import."""
-    root = tmp_path_factory.mktemp("dicom")
+    shuffled file order, RTSTRUCT, RTDOSE; and its import. Made once per test run (read-only)."""
+    return made_once_with_value(tmp_path_factory, "dicom-phantom", write_and_import_phantom)
+
+
+def write_and_import_phantom(root):
     volumes, masks = phantom_volumes()
     patient = write_patient(root / "clinic", volumes["ct"], masks, volumes["voxel_dimensions"], volumes["dose"])
     report = import_patient(patient.ct_dir, patient.rtstruct, root / "pt_1", rtdose=patient.rtdose, site=OPENKBP)
@@ -661,8 +665,12 @@ def structure_mask(patient, name):
 @pytest.fixture(scope="module")
 def prostate_written(tmp_path_factory):
     """A prostate phantom written as a clinic's DICOM (256 × 256 CT at half the voxel size, shuffled
-    files, ROIs under clinical names, RTDOSE), and its import for the prostate site."""
-    root = tmp_path_factory.mktemp("prostate-dicom")
+    files, ROIs under clinical names, RTDOSE), and its import for the prostate site. Made once per
+    test run (read-only)."""
+    return made_once_with_value(tmp_path_factory, "dicom-prostate-phantom", write_and_import_prostate_phantom)
+
+
+def write_and_import_prostate_phantom(root):
     volumes = make_prostate_phantom(3, site=PROSTATE)
     masks = {name: volumes[name] for name in PROSTATE.names}
     masks["BODY"] = volumes["possible_dose_mask"]
