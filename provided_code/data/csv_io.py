@@ -350,37 +350,38 @@ def write_sparse_csv(path: os.PathLike | str, indices: np.ndarray, values: np.nd
     reader parses); None for a mask or integer values (their text is their value).
 
     Float values are written as the shortest decimal that reads back to the same number in their
-    dtype (float32 7.675 is written ``7.675``), integers as they are. The lines are composed as
-    columns of bytes, not as one Python string a voxel (a 128³ CT has two million lines:
-    ``python scripts/bench_data.py --part csv`` times both ways).
+    dtype (float32 7.675 is written ``7.675``), integers as they are. A mask's or integer volume's
+    lines are composed as columns of bytes, not as one Python string a voxel (a dense 128³ CT has
+    two million lines); float values' text (numpy's shortest decimals) is most of their cost, and
+    their lines are joined as strings (``python scripts/bench_data.py --part csv`` times both ways).
     """
     indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    parts = [_integer_text(indices), b","]
-    value_text = None
-    if values is not None:
+    if values is None:
+        parts = [_integer_text(indices), b",\n"]
+    else:
         values = np.asarray(values).reshape(-1)
         if len(values) != len(indices):
             raise ValueError(f"Invalid `values` for {path}. Expected one value an index ({len(indices)}). "
                              f"Received: {len(values)} values")
-        if np.issubdtype(values.dtype, np.integer) and np.can_cast(values.dtype, np.int64):
-            parts.append(_integer_text(values.astype(np.int64)))
-        else:
+        if not (np.issubdtype(values.dtype, np.integer) and np.can_cast(values.dtype, np.int64)):
             value_text = values.astype(str)  # numpy's shortest round-trip decimal of the dtype
-            parts.append(_left_aligned_text(value_text))
-    parts.append(b"\n")
-    # every line's bytes side by side, each part padded to its longest, and the bytes each line keeps
-    widths = [1 if isinstance(part, bytes) else part[0].shape[1] for part in parts]
+            lines = [f"{i},{v}\n" for i, v in zip(indices.tolist(), value_text.tolist(), strict=True)]
+            write_text_atomic(Path(path), ",data\n" + "".join(lines))
+            return value_text
+        parts = [_integer_text(indices), b",", _integer_text(values.astype(np.int64)), b"\n"]
+    # every line's bytes side by side, each number padded to its longest, and the bytes each line keeps
+    widths = [len(part) if isinstance(part, bytes) else part[0].shape[1] for part in parts]
     lines = np.empty((len(indices), sum(widths)), np.uint8)
     kept = np.ones(lines.shape, bool)
     column = 0
     for part, width in zip(parts, widths):
         if isinstance(part, bytes):
-            lines[:, column] = part[0]
+            lines[:, column:column + width] = np.frombuffer(part, np.uint8)
         else:
             lines[:, column:column + width], kept[:, column:column + width] = part
         column += width
     write_text_atomic(Path(path), ",data\n" + lines[kept].tobytes().decode("ascii"))
-    return value_text
+    return None
 
 
 def _integer_text(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -399,13 +400,3 @@ def _integer_text(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     keep = np.arange(width + 1) > width - lengths[:, None]
     keep[:, 0] = values < 0
     return digits, keep
-
-
-def _left_aligned_text(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A numpy string array's ASCII bytes, each row padded on the right with NULs to the longest,
-    and the bytes each row keeps."""
-    encoded = text.astype(bytes)
-    if len(encoded) == 0:
-        return np.empty((0, 1), np.uint8), np.empty((0, 1), bool)
-    columns = encoded.view(np.uint8).reshape(len(encoded), encoded.dtype.itemsize)
-    return columns, columns != 0
