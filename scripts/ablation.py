@@ -80,6 +80,14 @@ TABLES = {
         "v2": ["--preset", "v2"],
         "resunet": ["--preset", "default", "--arch", "resunet", "--widths", "1,2,4,8,8,8"],
         "resunet-f4": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],  # = --filters 4
+        # the same widths, named for a table at other filters (at 16 the layers of "resunet" at 8; at the card's
+        # 64 filters nnU-Net's residual encoder's 32 features at full resolution and a cap of 256)
+        "half": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],
+        "half-60": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4", "--epochs", "60"],
+        "half-rotate": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4",
+                        "--augment", "flip,rotate"],
+        "half-rotate-shift": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4",
+                              "--augment", "flip,rotate,shift"],
         "thin": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8"],
         "thin-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,0.5,1,2,4,4"],
         "half-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,0.5,1,2,4,4"],
