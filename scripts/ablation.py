@@ -74,32 +74,30 @@ TABLES = {
                             "--physics"],
     },
     # issue 52's: the body's widths by quality per compute (--preset default is the residual U-Net with the
-    # softplus head; the first rows change its widths or its residual additions, the last ones its schedule
-    # and augmentation on the thin body)
+    # softplus head; the first rows change its widths or its residual additions, the last ones the schedule and
+    # augmentation of a body: WIDTH_VARIANTS)
     "width": {
         "v2": ["--preset", "v2"],
-        "resunet": ["--preset", "default", "--arch", "resunet", "--widths", "1,2,4,8,8,8"],
-        "resunet-f4": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],  # = --filters 4
-        # the same widths, named for a table at other filters (at 16 the layers of "resunet" at 8; at the card's
-        # 64 filters nnU-Net's residual encoder's 32 features at full resolution and a cap of 256)
-        "half": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4"],
-        "half-60": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4", "--epochs", "60"],
-        "half-rotate": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4",
-                        "--augment", "flip,rotate"],
-        "half-rotate-shift": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,1,2,4,4,4",
-                              "--augment", "flip,rotate,shift"],
-        "thin": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8"],
-        "thin-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,0.5,1,2,4,4"],
-        "half-capped": ["--preset", "default", "--arch", "resunet", "--widths", "0.5,0.5,1,2,4,4"],
-        "plain-half-capped": ["--preset", "default", "--arch", "plain", "--widths", "0.5,0.5,1,2,4,4"],
-        "plain-thin": ["--preset", "default", "--arch", "plain", "--widths", "0.25,1,2,4,8,8"],
-        "thin-60": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8", "--epochs", "60"],
-        "thin-rotate": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8",
-                        "--augment", "flip,rotate"],
-        "thin-rotate-shift": ["--preset", "default", "--arch", "resunet", "--widths", "0.25,1,2,4,8,8",
-                              "--augment", "flip,rotate,shift"],
+        **{name: ["--preset", "default", "--arch", arch, "--widths", widths] for name, (arch, widths) in {
+            "resunet": ("resunet", "1,2,4,8,8,8"),
+            "resunet-f4": ("resunet", "0.5,1,2,4,4,4"),  # = --filters 4
+            # the same widths, named for a table at other filters (at 16 the layers of "resunet" at 8; at the
+            # card's 64 filters nnU-Net's residual encoder's 32 features at full resolution and a cap of 256)
+            "half": ("resunet", "0.5,1,2,4,4,4"),
+            "thin": ("resunet", "0.25,1,2,4,8,8"),
+            "thin-capped": ("resunet", "0.25,0.5,1,2,4,4"),
+            "half-capped": ("resunet", "0.5,0.5,1,2,4,4"),
+            "plain-half-capped": ("plain", "0.5,0.5,1,2,4,4"),
+            "plain-thin": ("plain", "0.25,1,2,4,8,8"),
+        }.items()},
     },
 }
+# The schedule and augmentation arms of a width row: 60 epochs against the table's, and rotations (and
+# shifts) besides the flips
+WIDTH_VARIANTS = {"60": ["--epochs", "60"], "rotate": ["--augment", "flip,rotate"],
+                  "rotate-shift": ["--augment", "flip,rotate,shift"]}
+TABLES["width"].update({f"{body}-{variant}": [*TABLES["width"][body], *flags]
+                        for body in ("thin", "half") for variant, flags in WIDTH_VARIANTS.items()})
 
 
 def run_name(row: str, seed: int) -> str:
