@@ -3,10 +3,10 @@
     python scripts/bench_data.py --data-dir ../shared/openkbp-sample/train-pats [--patients N]
     python scripts/bench_data.py --data-dir ../shared/openkbp-sample/train-pats --part csv
 
-``--part csv`` alone: writing the first patient's CT (every non-zero voxel, two million lines at 128³) and
-its dose (every voxel of the possible-dose mask) as sparse CSVs with ``write_sparse_csv``, against the
-same lines composed one Python string a voxel (how it wrote them before), alternating, processor
-seconds (medians of ``--repeats``), and whether both wrote the same bytes.
+``--part csv`` alone: writing the first patient's CT (every non-zero voxel) and its dose (every voxel
+of the possible-dose mask) as sparse CSVs with ``write_sparse_csv``, against the same lines composed
+one Python string a voxel (how it wrote them before), alternating, processor seconds (medians of
+``--repeats``), and whether both wrote the same bytes.
 
 Side by side on the same patients, in one run: CSV parse per patient; cache build per patient
 (parallel over the machine's cores); cache-to-arrays load and RAM per patient; batch assembly

@@ -98,12 +98,13 @@ def write_phantom_archive(root: Path):
     B: per-beam (BEAM) doses of an approved plan, and a newer approved plan without a dose;
     C: two VMAT arcs and a FRACTION dose, a couch at 10°;
     D: a plan and a dose whose structure set is not in the archive.
-    Plus a DICOMDIR and a text file, under ``root``. Returns (archive, {patient id: volumes})."""
+    Plus a DICOMDIR and a text file, under ``root``. Returns (archive, {patient id: its dose}): what the
+    tests compare with, and all the fixture keeps (the workers share it through a file)."""
     staging, archive = root / "staging", root / "archive"
-    patients = {}
+    doses = {}
     for seed, patient_id in ((11, "PAT-A"), (12, "PAT-B"), (13, "PAT-C"), (14, "PAT-D")):
         volumes, masks = volumes_of(seed)
-        patients[patient_id] = volumes
+        doses[patient_id] = volumes["dose"]
         folder = staging / patient_id
         written = write_clinic(folder, volumes, masks, patient_id, seed=seed)
         dose = volumes["dose"]
@@ -134,26 +135,26 @@ def write_phantom_archive(root: Path):
     (archive / "DICOMDIR").write_bytes(next(p for p in archive.rglob("*") if p.is_file() and
                                             pydicom.dcmread(p, stop_before_pixels=True, force=True).get(
                                                 "DirectoryRecordSequence") is not None).read_bytes())
-    return archive, patients
+    return archive, doses
 
 
 @pytest.fixture(scope="module")
 def archive_and_import(tmp_path_factory):
     """The phantom archive (:func:`write_phantom_archive`) and its import (validation half, seed 1),
     made once per test run and shared by the workers: read-only, a test that changes either copies it.
-    (archive, patients, the data folder, the import's report)."""
+    (archive, {patient id: its dose}, the data folder, the import's report)."""
     def make(root):
-        archive, patients = write_phantom_archive(root)
+        archive, doses = write_phantom_archive(root)
         out = root / "data"
-        return archive, patients, out, import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
+        return archive, doses, out, import_cohort(archive, out, validation=0.5, seed=1, site=OPENKBP)
 
     return made_once_with_value(tmp_path_factory, "cohort-phantom-archive", make)
 
 
 @pytest.fixture(scope="module")
 def phantom_archive(archive_and_import):
-    archive, patients, _, _ = archive_and_import
-    return archive, patients
+    archive, doses, _, _ = archive_and_import
+    return archive, doses
 
 
 @pytest.fixture(scope="module")
@@ -192,13 +193,13 @@ def test_every_patient_and_every_junk_item_is_a_manifest_row_with_its_reason(pha
 
 def test_doses_are_summed_and_multiplied_and_the_plan_files_written(phantom_archive, imported):
     out, _ = imported
-    _, patients = phantom_archive
+    _, doses = phantom_archive
     names = identity(out)
     for patient_id in ("PAT-A", "PAT-B", "PAT-C"):
         folder = folder_of(out, names[patient_id])
         dose = read_patient(folder, site=openkbp()).dose
         # 16-bit RT Doses (steps of 1.2 mg at 70 Gy; × 35 for the fraction dose), 3 decimals, 9 summed
-        assert np.abs(dose - patients[patient_id]["dose"]).max() <= (0.05 if patient_id == "PAT-C" else 0.01), patient_id
+        assert np.abs(dose - doses[patient_id]).max() <= (0.05 if patient_id == "PAT-C" else 0.01), patient_id
     b = folder_of(out, names["PAT-B"])
     assert read_prescriptions(b, OPENKBP) == {"PTV56": 54.0, "PTV63": 60.0, "PTV70": 66.0}
     assert read_beams(b) == NINE
