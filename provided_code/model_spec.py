@@ -33,8 +33,10 @@ MOVES = (VOLUME, STRUCTURE_BITS, ANGLES, UNCHANGED)
 ARCHS = ("generator", "resunet", "plain")
 # The dose head's last activation (--head): "relu", max(0, x) (the generator's, and the residual U-Net's
 # before it could die: a ReLU whose input is negative everywhere passes no gradient back); "softplus",
-# log(1 + e^x), positive with a gradient everywhere (Adam's steps are the same size however small it is)
-HEADS = ("relu", "softplus")
+# log(1 + e^x), positive with a gradient everywhere (Adam's steps are the same size however small it is);
+# "leaky", linear above zero as the ReLU, a LeakyReLU's small slope below it while training (a gradient
+# everywhere) and clipped at zero when predicting (networks/layers.py: DoseFloor)
+HEADS = ("relu", "softplus", "leaky")
 STAGES = 6  # encoder stages (levels) at 128³: 128, 64, 32, 16, 8, 4; fewer at a lower resolution
 
 

@@ -98,6 +98,8 @@ WIDTH_VARIANTS = {"60": ["--epochs", "60"], "rotate": ["--augment", "flip,rotate
                   "rotate-shift": ["--augment", "flip,rotate,shift"]}
 TABLES["width"].update({f"{body}-{variant}": [*TABLES["width"][body], *flags]
                         for body in ("thin", "half") for variant, flags in WIDTH_VARIANTS.items()})
+# The head arms on the half body: the ReLU head's fit with a gradient below zero while training
+TABLES["width"].update({f"half-{head}": [*TABLES["width"]["half"], "--head", head] for head in ("leaky", "relu")})
 
 
 def run_name(row: str, seed: int) -> str:

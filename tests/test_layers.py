@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from provided_code.constants import CT_MAX
-from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, site_unpacking
+from provided_code.networks.layers import AveragePool3x3x3, CompactInputs, DoseFloor, site_unpacking
 from provided_code.sites import load_site, openkbp
 
 STRUCTURES = load_site("openkbp").names  # OpenKBP's channel order
@@ -120,3 +120,20 @@ def test_each_patients_own_prescriptions_make_its_prescription_channel():
     assert np.array_equal(own[0], run_wide[0])
     np.testing.assert_allclose(own[1, 0, 0], np.float32([50.0, 66.0, 60.0, 0.0]) / np.float32(70.0), rtol=1e-7)
     assert not np.array_equal(own[1], run_wide[1])
+
+
+def test_the_dose_floor_is_leaky_while_training_and_zero_below_when_predicting(tmp_path):
+    x = np.array([[-20.0, -0.5, 0.0, 0.25, 70.0]], np.float32)
+    layer = DoseFloor(0.01)
+    # one float32 product each: within float32's rounding (6e-8 relative) of the decimal slopes
+    np.testing.assert_allclose(np.asarray(layer(x, training=True)), [[-0.2, -0.005, 0.0, 0.25, 70.0]], rtol=1e-7)
+    np.testing.assert_array_equal(np.asarray(layer(x)), [[0.0, 0.0, 0.0, 0.25, 70.0]])
+    inputs = keras.Input((5,))
+    keras.Model(inputs, DoseFloor(0.05, name="dose")(inputs)).save(tmp_path / "floor.keras")
+    loaded = keras.models.load_model(tmp_path / "floor.keras").get_layer("dose")
+    assert isinstance(loaded, DoseFloor) and loaded.negative_slope == 0.05
+
+
+def test_a_dose_floor_without_a_slope_below_zero_is_refused():
+    with pytest.raises(ValueError, match="Invalid `negative_slope`. Expected a number above 0. Received: negative_slope=0"):
+        DoseFloor(0)

@@ -86,7 +86,8 @@ def test_the_builder_builds_the_body_the_spec_names_and_the_generators_refuses_a
         build_unet(resunet_spec(resolution=16, filters=2))
 
 
-@pytest.mark.parametrize("arch,head", [("resunet", "softplus"), ("resunet", "relu"), ("plain", "softplus")])
+@pytest.mark.parametrize("arch,head", [("resunet", "softplus"), ("resunet", "relu"), ("resunet", "leaky"),
+                                       ("plain", "softplus")])
 def test_every_weighted_layer_is_in_a_recompute_block_and_the_encoder_is_named_as_such(arch, head):
     body = network_body(arch)
     model = build_network(resunet_spec(resolution=16, filters=2, dropout=0.2, arch=arch, head=head))
@@ -148,6 +149,22 @@ def test_the_softplus_head_starts_low_and_keeps_a_gradient_below_zero():
         loss = tf.reduce_mean(tf.abs(dose - 10.0))
     gradient = tape.gradient(loss, head.bias)
     assert np.all(np.asarray(dose) > 0) and float(gradient[0]) < 0  # pushed up, not ignored
+
+
+def test_the_leaky_head_is_the_relu_heads_with_a_gradient_below_zero_while_training():
+    model = build_resunet(resunet_spec(resolution=16, filters=2, head="leaky"))
+    assert [layer.name for layer in model.layers[-3:]] == ["dose_head", "dose_scale", "dose"]
+    ct = np.random.default_rng(0).integers(0, 4000, (2, 16, 16, 16)).astype(np.uint16)
+    inputs = {"ct": ct, "structure_masks": np.zeros_like(ct)}
+    head = model.get_layer("dose_head")
+    kernel, bias = head.get_weights()
+    head.set_weights([kernel, bias - 30.0])  # below zero on every voxel: where the ReLU head dies
+    assert not np.asarray(model(inputs)).any()  # predicting: 0 Gy, never below
+    with tf.GradientTape() as tape:
+        dose = model(inputs, training=True)
+        loss = tf.reduce_mean(tf.abs(dose - 10.0))
+    gradient = tape.gradient(loss, head.bias)
+    assert np.all(np.asarray(dose) < 0) and float(gradient[0]) < 0  # training: below zero, and pushed up
 
 
 def test_the_relu_head_of_models_saved_before_softplus_is_built_as_it_was():

@@ -50,7 +50,8 @@ CACHE_DIR_HELP = ("Cache folder [default: $OPENKBP_CACHE_DIR, else $XDG_CACHE_HO
                    "--filters, e.g. 0.25,1,2,4,8,8 [default: the body's own, model_spec.BODIES].")
 @click.option("--head", type=click.Choice(HEADS), default=None, show_default=False,
               help="The dose head's last activation: softplus (positive with a gradient everywhere: it cannot "
-                   "die) or relu [default: the body's own: softplus, the generator's relu].")
+                   "die), relu, or leaky (relu when predicting, a LeakyReLU while training: it cannot die) "
+                   "[default: the body's own: softplus, the generator's relu].")
 @click.option("--dropout", type=float, default=DEFAULTS.dropout, help="SpatialDropout3D rate (0: none).")
 @click.option("--prescription-channel/--no-prescription-channel", default=DEFAULTS.prescription_channel,
               help="One more input channel: each voxel's highest target prescription over the site's highest "

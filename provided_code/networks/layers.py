@@ -266,6 +266,31 @@ def structures_of_patterns(count: int) -> np.ndarray:
 
 
 @keras.saving.register_keras_serializable(package="provided_code")
+class DoseFloor(keras.layers.Layer):
+    """The ``"leaky"`` dose head's last step: ``x`` above zero; below it ``negative_slope × x`` while
+    training (a LeakyReLU: the loss's gradient reaches a head that is below zero on every voxel,
+    so the output cannot die) and 0 when predicting or evaluating (a dose is never negative)."""
+
+    def __init__(self, negative_slope: float = 0.01, **kwargs):
+        super().__init__(**kwargs)
+        if not negative_slope > 0:
+            raise ValueError(f"Invalid `negative_slope`. Expected a number above 0. "
+                             f"Received: negative_slope={negative_slope!r}")
+        self.negative_slope = float(negative_slope)
+
+    def call(self, x, training=False):
+        if training:
+            return ops.leaky_relu(x, negative_slope=self.negative_slope)
+        return ops.relu(x)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "negative_slope": self.negative_slope}
+
+
+@keras.saving.register_keras_serializable(package="provided_code")
 class AveragePool3x3x3(keras.layers.Layer):
     """What ``AveragePooling3D(3, strides=1, padding="same")`` computes, written separably.
 

@@ -14,7 +14,7 @@ import keras
 
 from provided_code.model_spec import STAGES, ModelSpec
 from provided_code.networks.blocks import block_map
-from provided_code.networks.layers import unpacked_inputs
+from provided_code.networks.layers import DoseFloor, unpacked_inputs
 
 BLOCKS_PER_STAGE = 1  # residual blocks in each encoder stage
 NEGATIVE_SLOPE = 0.01  # nnU-Net's LeakyReLU
@@ -64,7 +64,9 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
       ``spec.head``: ``"softplus"``, the site's highest prescription × softplus (positive, with a
       gradient everywhere: the output cannot die; its bias starts at ``SOFTPLUS_START``); ``"relu"`` (models saved before the softplus
       head), times the highest prescription, then a ReLU (a convolution negative on every voxel
-      passes no gradient back, and the model predicts 0 Gy from then on). The scaling makes the
+      passes no gradient back, and the model predicts 0 Gy from then on); ``"leaky"``, the ReLU head
+      with :class:`~provided_code.networks.layers.DoseFloor` for its ReLU (a LeakyReLU(0.01) while
+      training, so a gradient reaches it below zero; clipped at zero when predicting). The scaling makes the
       convolution's output a dose relative to the prescription, of the order of its normalised
       features, so that Adam's small steps reach doses of tens of Gy.
 
@@ -132,10 +134,13 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
             x = keras.layers.SpatialDropout3D(spec.dropout, name=f"decoder_{stage}_dropout")(x)
 
     scale = spec.site.max_prescription_gy
-    if spec.head == "relu":
+    if spec.head in ("relu", "leaky"):
         x = keras.layers.Conv3D(1, 1, dtype="float32", name="dose_head")(x)
         x = keras.layers.Rescaling(scale, dtype="float32", name="dose_scale")(x)
-        dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+        if spec.head == "relu":
+            dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+        else:
+            dose = DoseFloor(NEGATIVE_SLOPE, dtype="float32", name="dose")(x)
     else:
         x = keras.layers.Conv3D(1, 1, dtype="float32", bias_initializer=keras.initializers.Constant(SOFTPLUS_START),
                                 name="dose_head")(x)

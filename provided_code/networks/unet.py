@@ -8,7 +8,7 @@ import keras
 
 from provided_code.model_spec import STAGES, ModelSpec
 from provided_code.networks.blocks import block_map
-from provided_code.networks.layers import AveragePool3x3x3, unpacked_inputs
+from provided_code.networks.layers import AveragePool3x3x3, DoseFloor, unpacked_inputs
 
 # The generator's recompute blocks (networks/blocks.py): the input unpacking with the first
 # convolution (and without the first batch norm, so that the block can run one sample at a time),
@@ -45,8 +45,8 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
     level's ``spec.widths``: 1, 2, 4, 8, 8, 8 × ``filters`` unless set otherwise). Decoder: Conv3DTranspose
     (kernel 4, stride 2, no bias) + normalisation + ReLU (+ SpatialDropout3D(``spec.dropout``) on
     alternate blocks), concatenating the encoder's features of the same size. Then a
-    Conv3DTranspose to one channel, a 3×3×3 average pooling and ``spec.head`` (a ReLU), all float32 whatever the
-    dtype policy.
+    Conv3DTranspose to one channel, a 3×3×3 average pooling and ``spec.head`` (a ReLU; ``"leaky"``:
+    :class:`~provided_code.networks.layers.DoseFloor`), all float32 whatever the dtype policy.
 
     With ``spec.prescription_channel`` the inputs carry one more channel, each voxel's highest
     target prescription (:class:`CompactInputs`; each patient's own with
@@ -99,6 +99,8 @@ def build_unet(spec: ModelSpec, keras_pooling: bool = False) -> keras.Model:
         x = AveragePool3x3x3(dtype="float32", name="dose_smooth")(x)
     if spec.head == "relu":
         dose = keras.layers.ReLU(dtype="float32", name="dose")(x)
+    elif spec.head == "leaky":
+        dose = DoseFloor(dtype="float32", name="dose")(x)
     else:
         dose = keras.layers.Activation(spec.head, dtype="float32", name="dose")(x)
     return keras.Model(inputs=inputs, outputs=dose, name="unet")
