@@ -42,7 +42,7 @@ class TrainConfig:
     filters: int = 64  # base filters: stage k has widths[k] × filters features
     widths: str = ""  # the features of each of the 6 stages as multiples of filters, full resolution first
     #                   ("0.25,1,2,4,8,8"); "": the body's own (model_spec.BODIES); resolved when saved
-    head: str = ""  # the dose head's last activation (model_spec.HEADS): relu or softplus; "": the body's own
+    head: str = ""  # the dose head's last activation (model_spec.HEADS): relu, softplus or leaky; "": the body's own
     resolution: int = 128  # 128, 64 or 32: train on block-averaged volumes at this size
     dropout: float = 0.0  # SpatialDropout3D rate on alternate decoder blocks (0: none; --preset v2: 0.2)
     prescription_channel: bool = True  # one more input channel: each voxel's highest PTV prescription / 70 Gy
