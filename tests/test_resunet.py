@@ -151,12 +151,17 @@ def test_the_softplus_head_starts_low_and_keeps_a_gradient_below_zero():
     assert np.all(np.asarray(dose) > 0) and float(gradient[0]) < 0  # pushed up, not ignored
 
 
-def test_the_leaky_head_is_the_relu_heads_with_a_gradient_below_zero_while_training():
+def test_the_leaky_head_starts_at_a_twentieth_of_the_prescription_and_keeps_a_gradient_below_zero():
     model = build_resunet(resunet_spec(resolution=16, filters=2, head="leaky"))
     assert [layer.name for layer in model.layers[-3:]] == ["dose_head", "dose_scale", "dose"]
     ct = np.random.default_rng(0).integers(0, 4000, (2, 16, 16, 16)).astype(np.uint16)
     inputs = {"ct": ct, "structure_masks": np.zeros_like(ct)}
+    highest = model.get_layer("dose_scale").scale
+    np.testing.assert_allclose(np.asarray(model(inputs)), 0.05 * highest, rtol=1e-6)  # one dose: the kernel is 0
     head = model.get_layer("dose_head")
+    kernel, bias = head.get_weights()
+    head.set_weights([np.random.default_rng(1).normal(0, 0.1, kernel.shape).astype(np.float32), bias])
+    assert np.ptp(np.asarray(model(inputs))) > 0.1  # the features reach the dose once the kernel moves
     kernel, bias = head.get_weights()
     head.set_weights([kernel, bias - 30.0])  # below zero on every voxel: where the ReLU head dies
     assert not np.asarray(model(inputs)).any()  # predicting: 0 Gy, never below
