@@ -27,6 +27,7 @@ import csv
 import json
 import os
 import queue
+import shlex
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,8 @@ TABLES["width"].update({f"{body}-{variant}": [*TABLES["width"][body], *flags]
                         for body in ("thin", "half") for variant, flags in WIDTH_VARIANTS.items()})
 # The head arms on the half body: the ReLU head's fit with a gradient below zero while training
 TABLES["width"].update({f"half-{head}": [*TABLES["width"]["half"], "--head", head] for head in ("leaky", "relu")})
+# The dose heads on the default body, for short runs on phantoms (--phantoms): does each learn them at all?
+TABLES["head"] = {head: ["--preset", "default", "--head", head] for head in ("softplus", "leaky", "relu")}
 
 
 def run_name(row: str, seed: int) -> str:
@@ -168,6 +171,22 @@ class Lanes:
             self.cores.put(core)
 
 
+def write_phantoms(data_dir: Path, count: int, site_name: str) -> None:
+    """``count`` training phantoms (pt_1 …) and ``max(1, count // 2)`` validation phantoms (pt_201 …)
+    of the site, where missing: the numbering of the tests' phantoms (their doses follow their beams)."""
+    from provided_code.data.phantoms import write_site_phantom
+    from provided_code.data_folder import split_dir
+    from provided_code.sites import load_site, openkbp
+
+    site = load_site(site_name)
+    own_plans = not site.same_as(openkbp())
+    for split, number in [("train", n) for n in range(1, count + 1)] + [
+            ("validation", 201 + n) for n in range(max(1, count // 2))]:
+        folder = split_dir(data_dir, split) / f"pt_{number}"
+        if not (folder / "voxel_dimensions.csv").exists():
+            write_site_phantom(folder, seed=number, site=site, own_plan=own_plans and number % 4 == 0)
+
+
 @click.command()
 @click.option("--table", type=click.Choice(sorted(TABLES)), default="network", show_default=True)
 @click.option("--data-dir", required=True, help="make-data-dir.sh's folder: 55 training, 30 validation patients.")
@@ -182,9 +201,17 @@ class Lanes:
 @click.option("--jobs", type=int, default=1, show_default=True, help="Runs trained at once (one core each).")
 @click.option("--ensemble", "ensemble_rows", default="", help="Comma list of rows whose seeds are also ensembled.")
 @click.option("--first-seed-only", default="", help="Comma list of rows trained with the first seed only.")
+@click.option("--flags", "common_flags", default="", help="Training flags every row adds, e.g. \"--site prostate "
+              "--batch-size 1 --learning-rate 3e-3\".")
+@click.option("--phantoms", type=int, default=0, show_default=True,
+              help="Write this many training phantoms of the --flags' --site (and half as many, at least one, "
+                   "validation phantoms) into --data-dir first, where missing (numbered as the tests' phantoms).")
 def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score_every, tail, rows, jobs,
-         ensemble_rows, first_seed_only):
+         ensemble_rows, first_seed_only, common_flags, phantoms):
     recipes = TABLES[table]
+    extra = shlex.split(common_flags)
+    if phantoms:
+        write_phantoms(Path(data_dir), phantoms, extra[extra.index("--site") + 1] if "--site" in extra else "openkbp")
     seeds = [int(seed) for seed in seeds.split(",")]
     single = {name.strip() for name in first_seed_only.split(",") if name.strip()}
 
@@ -197,7 +224,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
     if unknown:
         raise click.BadParameter(f"unknown row(s) {unknown}; expected names from {list(recipes)}")
     common = ["--data-dir", data_dir, "--results-dir", results_dir, "--epochs", str(epochs), "--resolution",
-              resolution, "--filters", str(filters), "--score-every", str(score_every), "--save-every", "5"]
+              resolution, "--filters", str(filters), "--score-every", str(score_every), "--save-every", "5", *extra]
     lanes = Lanes(jobs)
     todo = []
     for row in chosen:
@@ -248,7 +275,7 @@ def main(table, data_dir, results_dir, seeds, epochs, resolution, filters, score
               f"{run['final_loss']:.2f} Gy | {run['median_epoch_seconds']:.0f} s |", file=sys.stderr)
     print(json.dumps({"settings": {"table": table, "epochs": epochs, "resolution": int(resolution),
                                    "filters": filters, "seeds": seeds, "score_every": score_every, "tail": tail,
-                                   "data_dir": data_dir, "jobs": jobs},
+                                   "data_dir": data_dir, "jobs": jobs, "flags": extra},
                       "table": summary, "ensembles": ensembles, "runs": runs}, indent=2))
 
 

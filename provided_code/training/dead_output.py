@@ -66,8 +66,8 @@ class DeadOutputGuard(EpochMeasure):
             return
         newest = self.newest_checkpoint()
         advice = ("its head ends in a ReLU whose input is below zero everywhere, so no gradient reaches the "
-                  "network: train it anew (--start-over) with --head softplus, which keeps a gradient, or a "
-                  "lower --learning-rate" if self.spec.head == "relu" else
+                  "network: train it anew (--start-over) with --head leaky or --head softplus, which keep a "
+                  "gradient, or a lower --learning-rate" if self.spec.head == "relu" else
                   "train it anew (--start-over) with a lower --learning-rate, or check the data (are the doses "
                   "and possible-dose masks what they should be?)")
         raise DeadOutputError(
