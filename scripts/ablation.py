@@ -10,11 +10,14 @@ with one TensorFlow thread (on a 2-core machine about 1.4 times the throughput o
 both cores). ``--ensemble ROW`` also averages that row's seeds (``--predict-only --ensemble``)
 and scores the average.
 
-Three tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
+Five tables: ``--table recipe`` (the 30-epoch recipe chain, each row adding one thing to the row
 above), ``--table network`` (the longer comparison: every row is ``--preset v1`` plus one change,
 ``combined`` the changes the single rows supported, ``--preset v2``, and the rows after it
-``combined`` plus one change) and ``--table body`` (the residual U-Net against the generator of
-``--preset v2``, each with and without ``--physics``; ``--filters 8`` and ``16``).
+``combined`` plus one change), ``--table body`` (the residual U-Net against the generator of
+``--preset v2``, each with and without ``--physics``; ``--filters 8`` and ``16``), ``--table width`` (the
+body's stage widths, its plain control and its head by quality per compute) and ``--table head`` (the
+dose heads on the default body; with ``--phantoms`` on phantoms written into ``--data-dir``, as the
+learns test trains them: docs/recipe.md).
 
     bash ../shared/openkbp-more/make-data-dir.sh /tmp/openkbp-55
     python scripts/ablation.py --table network --data-dir /tmp/openkbp-55 --results-dir /tmp/ablation-network \\
