@@ -102,8 +102,10 @@ WIDTH_VARIANTS = {"60": ["--epochs", "60"], "rotate": ["--augment", "flip,rotate
                   "rotate-shift": ["--augment", "flip,rotate,shift"]}
 TABLES["width"].update({f"{body}-{variant}": [*TABLES["width"][body], *flags]
                         for body in ("thin", "half") for variant, flags in WIDTH_VARIANTS.items()})
-# The head arms on the half body: the ReLU head's fit with a gradient below zero while training
-TABLES["width"].update({f"half-{head}": [*TABLES["width"]["half"], "--head", head] for head in ("leaky", "relu")})
+# The head arms: the ReLU head's fit with a gradient below zero while training, on the half body and on the
+# best body within the card's budget
+TABLES["width"].update({f"{body}-{head}": [*TABLES["width"][body], "--head", head]
+                        for body in ("half", "half-capped") for head in ("leaky", "relu")})
 # The dose heads on the default body, for short runs on phantoms (--phantoms): does each learn them at all?
 TABLES["head"] = {head: ["--preset", "default", "--head", head] for head in ("softplus", "leaky", "relu")}
 
