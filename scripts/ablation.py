@@ -177,19 +177,15 @@ class Lanes:
 
 
 def write_phantoms(data_dir: Path, count: int, site_name: str) -> None:
-    """``count`` training phantoms (pt_1 …) and ``max(1, count // 2)`` validation phantoms (pt_201 …)
-    of the site, where missing: the numbering of the tests' phantoms (their doses follow their beams)."""
-    from provided_code.data.phantoms import write_site_phantom
-    from provided_code.data_folder import split_dir
-    from provided_code.sites import load_site, openkbp
+    """``count`` training phantoms and ``max(1, count // 2)`` validation phantoms of the site, where
+    missing, numbered as the demo's and the tests' (their doses follow their beams)."""
+    from provided_code.data.phantoms import missing_numbered_phantoms, write_numbered_phantom
+    from provided_code.sites import load_site
 
     site = load_site(site_name)
-    own_plans = not site.same_as(openkbp())
-    for split, number in [("train", n) for n in range(1, count + 1)] + [
-            ("validation", 201 + n) for n in range(max(1, count // 2))]:
-        folder = split_dir(data_dir, split) / f"pt_{number}"
-        if not (folder / "voxel_dimensions.csv").exists():
-            write_site_phantom(folder, seed=number, site=site, own_plan=own_plans and number % 4 == 0)
+    for folders in missing_numbered_phantoms(data_dir, count, max(1, count // 2)).values():
+        for folder in folders:
+            write_numbered_phantom(folder, site)
 
 
 @click.command()

@@ -27,7 +27,7 @@ from provided_code.infra.environment import configure_tensorflow
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 configure_tensorflow()  # oneDNN CPU kernels for every test and the processes tests start (before TensorFlow loads)
 
-from provided_code.data.phantoms import write_phantom_split, write_prostate_phantom_split  # noqa: E402
+from provided_code.data.phantoms import OWN_PLAN_EVERY, write_phantom_split, write_prostate_phantom_split  # noqa: E402
 from tests.kit.made_once import leave_only, made_once, made_once_in_parts  # noqa: E402
 from tests.kit.ordering import slow_first  # noqa: E402
 from tests.kit.tiers import heavy_calls_allowed, heavy_calls_refused, unmarked_users_of_training_fixtures  # noqa: E402
@@ -129,7 +129,7 @@ def prostate_data(tmp_path_factory) -> Path:
     ``write_prostate_phantom_split`` writes them; the workers write them together."""
     return made_once_in_parts(tmp_path_factory, "prostate-data", {
         f"{split}/pt_{number}": functools.partial(lambda number, folder: write_prostate_phantom_split(
-            folder.parent, 1, first_number=number, own_plan_every=4, site=load_site("prostate")), number)
+            folder.parent, 1, first_number=number, own_plan_every=OWN_PLAN_EVERY, site=load_site("prostate")), number)
         for split, number in PHANTOM_PATIENTS})
 
 

@@ -44,7 +44,7 @@ LEARNED_SHARE = 0.5  # a dose score under this share of zero dose's: the model l
 def main(results_dir, train_patients, validation_patients, epochs, filters, arch, learning_rate, resolution, site_spec):
     """Run the whole pipeline on synthetic phantoms and print where everything landed."""
     setup_logging()
-    from provided_code.data.phantoms import write_site_phantom
+    from provided_code.data.phantoms import missing_numbered_phantoms, write_numbered_phantom
     from provided_code.sites import load_site, openkbp
 
     try:
@@ -52,12 +52,9 @@ def main(results_dir, train_patients, validation_patients, epochs, filters, arch
         is_openkbp = site.same_as(openkbp())
         results = Path(results_dir)
         data = results / ("demo-data" if is_openkbp else f"demo-data-{site.name}")
-        for split, count, first in (("train", train_patients, 1), ("validation", validation_patients, 201)):
-            folders = [split_dir(data, split) / f"pt_{first + i}" for i in range(count)]
-            missing = [f for f in folders if not (f / "voxel_dimensions.csv").exists()]
+        for split, missing in missing_numbered_phantoms(data, train_patients, validation_patients).items():
             for folder in click_progress(missing, len(missing), f"Writing {split_folder_name(split)} phantoms"):
-                number = int(folder.name[3:])
-                write_site_phantom(folder, seed=number, site=site, own_plan=not is_openkbp and number % 4 == 0)
+                write_numbered_phantom(folder, site)
     except UserError as error:
         raise click.ClickException(str(error)) from None
 

@@ -23,6 +23,7 @@ from provided_code.constants import (
     VOXEL_DIMENSIONS_FILE,
 )
 from provided_code.data.csv_io import write_sparse_csv
+from provided_code.data_folder import split_dir as split_dir_of  # (a parameter below is named split_dir)
 from provided_code.data.patient_plan import read_beams, read_prescriptions, write_beams, write_prescriptions
 from provided_code.errors import UserError
 from provided_code.infra.atomic import write_text_atomic
@@ -361,3 +362,28 @@ def write_site_phantom(folder: os.PathLike | str, seed: int, site: Site, with_do
         return write_phantom_patient(folder, seed, with_dose=with_dose)
     raise PhantomSiteError(f"No phantoms for site {site.name}: synthetic patients exist for the openkbp site and for "
                            f"sites with the prostate's structures ({', '.join(PROSTATE_STRUCTURES)})")
+
+
+# The numbered phantoms of a data folder (the demo's, ablation.py's --phantoms): training patients pt_1, pt_2 …,
+# validation patients from pt_201, each patient's number its seed; a prostate phantom whose number is a
+# multiple of OWN_PLAN_EVERY has a plan of its own
+FIRST_VALIDATION_NUMBER = 201
+OWN_PLAN_EVERY = 4
+
+
+def missing_numbered_phantoms(data_dir: os.PathLike | str, train: int, validation: int) -> dict[str, list[Path]]:
+    """The folders of ``train`` training and ``validation`` validation numbered phantoms not yet
+    written under ``data_dir`` (no ``voxel_dimensions.csv``), by split (``"train"``, ``"validation"``)."""
+    missing = {}
+    for split, count, first in (("train", train, 1), ("validation", validation, FIRST_VALIDATION_NUMBER)):
+        folders = [split_dir_of(Path(data_dir), split) / f"pt_{first + i}" for i in range(count)]
+        missing[split] = [folder for folder in folders if not (folder / VOXEL_DIMENSIONS_FILE).exists()]
+    return missing
+
+
+def write_numbered_phantom(folder: os.PathLike | str, site: Site) -> Path:
+    """The phantom of ``site`` whose number (``.../pt_<N>``) is its seed; a prostate's with a plan
+    of its own when N is a multiple of ``OWN_PLAN_EVERY``."""
+    number = int(Path(folder).name[3:])
+    own_plan = not site.same_as(openkbp()) and number % OWN_PLAN_EVERY == 0
+    return write_site_phantom(folder, seed=number, site=site, own_plan=own_plan)

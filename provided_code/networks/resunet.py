@@ -72,9 +72,9 @@ def build_resunet(spec: ModelSpec) -> keras.Model:
       passes no gradient back, and the model predicts 0 Gy from then on); ``"leaky"``, the ReLU head
       with :class:`~provided_code.networks.layers.DoseFloor` for its ReLU (a LeakyReLU(0.01) while
       training, so a gradient reaches it below zero; clipped at zero when predicting), its kernel
-      starting at zero and its bias at ``LEAKY_START`` (5 % of the highest prescription everywhere). The scaling makes the
-      convolution's output a dose relative to the prescription, of the order of its normalised
-      features, so that Adam's small steps reach doses of tens of Gy.
+      starting at zero and its bias at ``LEAKY_START`` (5 % of the highest prescription everywhere).
+      The scaling makes the convolution's output a dose relative to the prescription, of the order of
+      its normalised features, so that Adam's small steps reach doses of tens of Gy.
 
     Convolutions have no bias (a normalisation follows each), but the head's. Normalisation as the
     generator's (``spec.norm``: instance or synchronised batch norm).
